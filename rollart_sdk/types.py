@@ -1,0 +1,202 @@
+"""Plain data that crosses plane boundaries (and Ray process boundaries).
+
+Everything here is a dataclass of built-in types so it pickles cheaply through Ray and
+imports nothing heavy. Tensors appear only inside :class:`WeightBucket`, typed as ``Any``
+so that the core never imports torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+FinishReason = Literal["stop", "length", "abort"]
+
+
+@dataclass
+class SamplingParams:
+    """How one generation request samples. ``top_k=0`` and ``top_p=1.0`` mean "off"."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    max_new_tokens: int = 64
+    stop_token_ids: list[int] = field(default_factory=list)
+    seed: int | None = None
+    # Restrict sampling to these ids (an environment's action vocabulary); None = all.
+    allowed_token_ids: list[int] | None = None
+
+
+@dataclass
+class GenerationRequest:
+    """One turn of one trajectory, token in: the full context so far as ids."""
+
+    request_id: str
+    prompt_ids: list[int]
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    tag: str = "default"  # task tag: routes the request to its hardware (hw_mapping)
+    trajectory_id: str = ""  # keeps a trajectory on the worker holding its prefix
+
+
+@dataclass
+class GenerationResult:
+    """Token out: exactly what the engine sampled, with the behaviour policy's numbers."""
+
+    request_id: str
+    token_ids: list[int]
+    logprobs: list[float]  # log p(token) under the policy version that produced it
+    versions: list[int]  # policy version of each generated token
+    finish_reason: FinishReason
+    recomputed: int = 0  # times this request's KV cache was rebuilt after a weight update
+    worker: str = ""  # which engine worker served it (filled by the data plane)
+
+
+@dataclass
+class WeightBucket:
+    """A named, size-bounded slice of a model's weights for one policy version."""
+
+    version: int
+    index: int  # position in the version's bucket list
+    tensors: dict[str, Any]  # name -> torch.Tensor (CPU, contiguous)
+    checksum: str = ""  # sha256 over names, dtypes, shapes and bytes; see weights.checksum
+
+    @property
+    def nbytes(self) -> int:
+        return sum(int(t.numel()) * int(t.element_size()) for t in self.tensors.values())
+
+
+@dataclass
+class BucketRef:
+    """Where one bucket of a published version lives (transport-specific ``handle``)."""
+
+    index: int
+    names: list[str]
+    nbytes: int
+    checksum: str
+    handle: Any = None  # e.g. a Ray ObjectRef, a Mooncake key, a NCCL broadcast slot
+
+
+@dataclass
+class WeightManifest:
+    """What a trainer published for one version; engines fetch by it."""
+
+    version: int
+    transport: str
+    buckets: list[BucketRef]
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(b.nbytes for b in self.buckets)
+
+
+@dataclass
+class WeightUpdateReport:
+    """Timing of one weight update on one engine worker (seconds)."""
+
+    version: int
+    transfer_s: float  # time spent receiving buckets, background part included
+    exposed_s: float  # time generation was blocked (the swap at the suspend point)
+    nbytes: int
+    recomputed_requests: int = 0
+
+
+@dataclass
+class Turn:
+    """One (observation, action) exchange of a trajectory, as tokens."""
+
+    obs_ids: list[int]  # tokens added by the environment/template this turn (not trained)
+    action_ids: list[int]  # tokens the engine produced (trained)
+    logprobs: list[float]
+    versions: list[int]
+    action_text: str = ""
+    env_reward: float = 0.0
+
+
+@dataclass
+class Trajectory:
+    """One environment episode from reset to done, token in / token out."""
+
+    trajectory_id: str
+    tag: str
+    group_id: str
+    start_version: int
+    turns: list[Turn] = field(default_factory=list)
+    env_return: float = 0.0
+    terminated: bool = False
+    truncated: bool = False
+    info: dict[str, Any] = field(default_factory=dict)  # last env info (e.g. ground truth)
+    reward: float | None = None
+    dropped: str | None = None  # reason, when the trajectory will not be trained on
+    timings: list[tuple[str, float, float]] = field(default_factory=list)  # (span, t0, t1)
+
+    def input_ids(self) -> list[int]:
+        ids: list[int] = []
+        for t in self.turns:
+            ids += t.obs_ids + t.action_ids
+        return ids
+
+    def to_sample(self) -> TrainSample:
+        ids: list[int] = []
+        mask: list[int] = []
+        lps: list[float] = []
+        vers: list[int] = []
+        for t in self.turns:
+            ids += t.obs_ids
+            mask += [0] * len(t.obs_ids)
+            lps += [0.0] * len(t.obs_ids)
+            vers += [-1] * len(t.obs_ids)
+            ids += t.action_ids
+            mask += [1] * len(t.action_ids)
+            lps += list(t.logprobs)
+            vers += list(t.versions)
+        return TrainSample(
+            input_ids=ids,
+            loss_mask=mask,
+            behaviour_logprobs=lps,
+            token_versions=vers,
+            reward=float(self.reward if self.reward is not None else 0.0),
+            group_id=self.group_id,
+            tag=self.tag,
+            start_version=self.start_version,
+        )
+
+
+@dataclass
+class TrainSample:
+    """One trajectory flattened for the trainer. All lists have the same length.
+
+    ``loss_mask`` is 1 on tokens the policy produced; ``behaviour_logprobs`` and
+    ``token_versions`` are meaningful only there. ``advantage`` is filled by the trainer
+    from ``reward`` and ``group_id`` (GRPO) unless the caller already set it.
+    """
+
+    input_ids: list[int]
+    loss_mask: list[int]
+    behaviour_logprobs: list[float]
+    token_versions: list[int]
+    reward: float
+    group_id: str
+    tag: str = "default"
+    start_version: int = 0
+    advantage: float | None = None
+
+
+@dataclass
+class RewardRequest:
+    """What a reward backend scores: one finished trajectory, as text and numbers."""
+
+    trajectory_id: str
+    tag: str
+    prompt: str  # first observation
+    responses: list[str]  # action text of each turn
+    env_return: float
+    terminated: bool
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class RewardResult:
+    trajectory_id: str
+    reward: float
+    details: dict[str, Any] = field(default_factory=dict)
