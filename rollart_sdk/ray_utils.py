@@ -1,0 +1,46 @@
+"""Starting and reaching Ray the way this project needs it (127.0.0.1, no dashboard)."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+
+def local_ray_env() -> None:
+    """Keep a local Ray on 127.0.0.1 (Ray 2.60 otherwise binds the routed address) and keep
+    each worker process to one torch/BLAS thread (processes share few cores)."""
+    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    os.environ.setdefault("MKL_NUM_THREADS", "1")
+    os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+
+
+def init_ray(
+    address: str | None = None,
+    num_cpus: int | None = None,
+    resources: dict[str, float] | None = None,
+    labels: dict[str, str] | None = None,
+    **kwargs: Any,
+) -> Any:
+    """Connect to ``address`` (or RAY_ADDRESS), or start a local Ray bound to 127.0.0.1."""
+    import ray
+
+    local_ray_env()
+    if ray.is_initialized():
+        return ray.get_runtime_context()
+    address = address or os.environ.get("RAY_ADDRESS")
+    runtime_env = {"env_vars": {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
+                                "TOKENIZERS_PARALLELISM": "false"}}
+    if address:
+        return ray.init(address=address, runtime_env=runtime_env, **kwargs)
+    kwargs.setdefault("log_to_driver", True)
+    return ray.init(
+        num_cpus=num_cpus,
+        resources=resources or None,
+        labels=labels or None,
+        include_dashboard=False,
+        _node_ip_address="127.0.0.1",
+        runtime_env=runtime_env,
+        **kwargs,
+    )
