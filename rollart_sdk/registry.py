@@ -15,7 +15,7 @@ from rollart_sdk.interfaces import KINDS
 # Names that first-party plugin packages provide, so an unknown name can say what to install.
 FIRST_PARTY: dict[tuple[str, str], str] = {
     ("env", "frozenlake"): "rollart-env-frozenlake (plugins/envs/rollart-env-frozenlake)",
-    ("env", "arithmetic"): "rollart-env-frozenlake (plugins/envs/rollart-env-frozenlake)",
+    ("env", "arithmetic"): "rollart-env-arithmetic (plugins/envs/rollart-env-arithmetic)",
     ("reward", "rule"): "rollart-reward-rule (plugins/rewards/rollart-reward-rule)",
     ("engine", "torch"): "rollart-engine-torch (plugins/engines/rollart-engine-torch)",
     ("engine", "vllm"): "rollart-engine-vllm (plugins/engines/rollart-engine-vllm)",
