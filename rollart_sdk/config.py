@@ -243,9 +243,8 @@ class RunConfig(_Strict):
                 problems.append((f"tasks.{i}.affinity", f"no pool named {t.affinity!r}; pools: {allowed}"))
         for role in ("actor_train", "actor_gen", "environment", "reward"):
             rc: RoleConfig = getattr(self.roles, role)
-            for j, p in enumerate([rc.pool] if rc.pool else []):
-                if p not in names:
-                    problems.append((f"roles.{role}.pool", f"no pool named {p!r}; pools: {allowed}"))
+            if rc.pool and rc.pool not in names:
+                problems.append((f"roles.{role}.pool", f"no pool named {rc.pool!r}; pools: {allowed}"))
             for j, p in enumerate(rc.fallback or []):
                 if p not in names:
                     problems.append((f"roles.{role}.fallback.{j}", f"no pool named {p!r}; pools: {allowed}"))
@@ -367,6 +366,9 @@ def load_config(
             mark = getattr(exc, "problem_mark", None)
             where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "?"
             problem = getattr(exc, "problem", None) or str(exc)
+            ctx, ctx_mark = getattr(exc, "context", None), getattr(exc, "context_mark", None)
+            if ctx and ctx_mark:
+                problem += f" ({ctx} at line {ctx_mark.line + 1}, column {ctx_mark.column + 1})"
             raise ConfigError([(where, f"malformed YAML: {problem}")], source) from None
         if data is None:
             data = {}

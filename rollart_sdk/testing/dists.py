@@ -1,0 +1,35 @@
+"""Helpers for testing plugin discovery for real: fake installed distributions and the CLI."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+
+def make_dist(site: Path, dist: str, module: str, source: str, entry: str | None = None) -> Path:
+    """Install a real (minimal) distribution into ``site``: a module plus a .dist-info with
+    an entry point in group ``rollart``; importlib.metadata finds it via sys.path."""
+    site.mkdir(parents=True, exist_ok=True)
+    (site / f"{module}.py").write_text(textwrap.dedent(source))
+    info = site / f"{dist.replace('-', '_')}-0.1.0.dist-info"
+    info.mkdir(exist_ok=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: 0.1.0\n")
+    (info / "entry_points.txt").write_text(f"[rollart]\n{entry or dist} = {module}\n")
+    return site
+
+
+def run_cli(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None):
+    """Run the real `rollart` CLI in a subprocess."""
+    full_env = dict(os.environ)
+    full_env.update(env or {})
+    return subprocess.run(
+        [sys.executable, "-m", "rollart_sdk.cli", *args],
+        capture_output=True,
+        text=True,
+        env=full_env,
+        cwd=cwd,
+        timeout=120,
+    )
