@@ -16,7 +16,9 @@ console = Console()
 err_console = Console(stderr=True)
 
 # name -> "module:function(argv) -> int"; each benchmark owns its arguments.
-BENCHMARKS: dict[str, tuple[str, str]] = {}
+BENCHMARKS: dict[str, tuple[str, str]] = {
+    "dispatch": ("rollart_sdk.bench.dispatch:main", "Cluster call overhead vs a raw Ray actor call"),
+}
 
 
 def cmd_plugins(args: argparse.Namespace) -> int:
@@ -105,17 +107,15 @@ def _extra_commands() -> list[Callable[[argparse._SubParsersAction], None]]:
     """Commands that live with the plane they drive (train, report, status)."""
     from rollart_sdk.registry import import_string
 
-    out = []
-    for spec in EXTRA_COMMANDS:
-        try:
-            out.append(import_string(spec))
-        except ImportError:
-            continue
-    return out
+    return [import_string(spec) for spec in EXTRA_COMMANDS]
 
 
 # "module:add_parser(subparsers)" for commands that belong to a plane.
-EXTRA_COMMANDS: list[str] = []
+EXTRA_COMMANDS: list[str] = [
+    "rollart_sdk.train:add_parser",
+    "rollart_sdk.report:add_parser",
+    "rollart_sdk.resources.status:add_parser",
+]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -141,6 +141,9 @@ class TaskConfig(_Strict):
     max_turns: int = Field(1, ge=1)
     sampling: SamplingConfig = Field(default_factory=SamplingConfig)
     constrain_actions: bool = False  # sample only tokens of env.action_vocabulary
+    # "env": the environment's own instructions; a string: these; null: none (a tiny model
+    # trained from scratch cannot read instructions, and they cost prefill on every turn).
+    system_prompt: str | None = "env"
     reset_timeout_s: float = Field(30.0, gt=0)
     step_timeout_s: float = Field(30.0, gt=0)
     generate_timeout_s: float = Field(300.0, gt=0)

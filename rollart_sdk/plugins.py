@@ -31,6 +31,7 @@ ENTRY_POINT_GROUP = "rollart"
 # Built-in defaults, registered like any plugin (name -> module).
 DEFAULT_PLUGINS: dict[str, str] = {
     "rollart-builtins": "rollart_sdk.builtins.placements",
+    "rollart-builtins-transports": "rollart_sdk.builtins.transports",
 }
 
 

@@ -1,0 +1,213 @@
+"""The four role workers that host plugin backends: ActorGen, ActorTrain, Environment, Reward.
+
+Each is a plain class: the data plane runs it as a Ray actor on its bound pool, and tests
+may run it in-process. A worker creates its backend from a registry ``Descriptor`` and
+validated options, so the backend's heavy imports happen inside the worker process only.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+from rollart_sdk.config import ModelConfig
+from rollart_sdk.registry import Descriptor
+from rollart_sdk.types import (
+    GenerationRequest,
+    GenerationResult,
+    RewardRequest,
+    RewardResult,
+    TrainSample,
+    WeightManifest,
+    WeightUpdateReport,
+)
+
+
+def _one_thread() -> None:
+    """Processes share few cores: one torch thread each (oversubscription is 10x slower)."""
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    try:
+        import torch
+
+        torch.set_num_threads(int(os.environ.get("ROLLART_TORCH_THREADS", "1")))
+    except ImportError:
+        pass
+
+
+class EngineWorker:
+    """ActorGen: one inference engine + the receiving side of the weight transport."""
+
+    role = "actor_gen"
+
+    def __init__(self, name: str, engine: Descriptor, engine_options: Any, model: ModelConfig,
+                 transport: Descriptor, transport_options: Any) -> None:
+        _one_thread()
+        from rollart_sdk.staging import WeightStager
+
+        self.name = name
+        self.engine = engine.create(engine_options, model=model)
+        self.transport = transport.create(transport_options, role="receiver")
+        self.stager = WeightStager(self.transport)
+
+    async def generate(self, request: GenerationRequest) -> GenerationResult:
+        result = await self.engine.generate(request)
+        result.worker = self.name
+        return result
+
+    async def abort(self, request_id: str) -> bool:
+        return await self.engine.abort(request_id)
+
+    async def suspend(self) -> None:
+        await self.engine.suspend()
+
+    async def resume(self) -> None:
+        await self.engine.resume()
+
+    async def stage_weights(self, manifest: WeightManifest) -> None:
+        """Start receiving the next version in the background; generation continues."""
+        self.stager.start(manifest)
+
+    async def commit_weights(self) -> WeightUpdateReport:
+        """At the suspend point: finish the receive and swap (step 3 + 5 of the protocol)."""
+        return await self.stager.commit(self.engine)
+
+    async def version(self) -> int:
+        return self.engine.version
+
+    async def stats(self) -> dict[str, Any]:
+        return {"name": self.name, **self.engine.stats()}
+
+    async def shutdown(self) -> None:
+        await self.engine.shutdown()
+        self.transport.close()
+
+
+class TrainerWorker:
+    """ActorTrain: one data-parallel rank of the trainer + the sending side of the transport."""
+
+    role = "actor_train"
+
+    def __init__(self, name: str, trainer: Descriptor, trainer_options: Any, model: ModelConfig,
+                 transport: Descriptor, transport_options: Any, rank: int = 0,
+                 world_size: int = 1, init_method: str | None = None) -> None:
+        _one_thread()
+        self.name = name
+        self.rank = rank
+        self.trainer = trainer.create(
+            trainer_options, model=model, rank=rank, world_size=world_size, init_method=init_method
+        )
+        self.transport = transport.create(transport_options, role="sender") if rank == 0 else None
+
+    def train_step(self, batch: list[TrainSample]) -> dict[str, float]:
+        t0 = time.perf_counter()
+        metrics = dict(self.trainer.train_step(batch))
+        metrics["time/train_compute"] = time.perf_counter() - t0
+        return metrics
+
+    def publish_weights(self, bucket_bytes: int) -> WeightManifest:
+        """Export the current version as buckets and publish them (rank 0 only)."""
+        assert self.transport is not None, "only rank 0 publishes weights"
+        version = self.trainer.version
+        manifest = self.transport.publish(version, self.trainer.export_weights(bucket_bytes))
+        return manifest
+
+    def version(self) -> int:
+        return self.trainer.version
+
+    def save_checkpoint(self, path: str) -> None:
+        self.trainer.save_checkpoint(path)
+
+    def load_checkpoint(self, path: str) -> None:
+        self.trainer.load_checkpoint(path)
+
+    def save_pretrained(self, path: str) -> None:
+        self.trainer.save_pretrained(path)
+
+
+class EnvWorker:
+    """Environment: hosts many environments of any tasks, each addressed by ``env_id``.
+
+    Run as a threaded Ray actor (``max_concurrency``) so that a slow ``reset`` or ``step``
+    of one environment never blocks the others (R2).
+    """
+
+    role = "environment"
+
+    def __init__(self, name: str, envs: dict[str, tuple[Descriptor, Any]]) -> None:
+        _one_thread()
+        self.name = name
+        self._specs = envs  # tag -> (descriptor, options)
+        self._envs: dict[str, Any] = {}
+        self._factories: dict[str, Any] = {}
+
+    def describe(self, tag: str) -> dict[str, Any]:
+        """Static facts of a task's env: action vocabulary and system prompt."""
+        env = self._make(tag)
+        try:
+            return {
+                "action_vocabulary": getattr(env, "action_vocabulary", None),
+                "system_prompt": getattr(env, "system_prompt", None),
+            }
+        finally:
+            _close(env)
+
+    def _make(self, tag: str) -> Any:
+        if tag not in self._factories:
+            desc, options = self._specs[tag]
+            self._factories[tag] = (desc.load(), options)
+        factory, options = self._factories[tag]
+        return factory(**options.model_dump())
+
+    def reset(self, env_id: str, tag: str, seed: int) -> tuple[str, dict[str, Any]]:
+        env = self._envs.get(env_id)
+        if env is None:
+            env = self._envs[env_id] = self._make(tag)
+        obs, info = env.reset(seed=seed)
+        return str(obs), _plain(info)
+
+    def step(self, env_id: str, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        obs, reward, terminated, truncated, info = self._envs[env_id].step(action)
+        return str(obs), float(reward), bool(terminated), bool(truncated), _plain(info)
+
+    def close(self, env_id: str) -> None:
+        env = self._envs.pop(env_id, None)
+        if env is not None:
+            _close(env)
+
+    def count(self) -> int:
+        return len(self._envs)
+
+
+class RewardWorker:
+    """Reward: the reward backend of every task, called once per finished trajectory."""
+
+    role = "reward"
+
+    def __init__(self, name: str, rewards: dict[str, tuple[Descriptor, Any]]) -> None:
+        _one_thread()
+        self.name = name
+        self._backends = {tag: desc.create(opts) for tag, (desc, opts) in rewards.items()}
+
+    async def score(self, tag: str, request: RewardRequest) -> RewardResult:
+        return await self._backends[tag].score(request)
+
+
+def _close(env: Any) -> None:
+    try:
+        env.close()
+    except Exception:  # noqa: BLE001 - closing a broken env must not hide the real error
+        pass
+
+
+def _plain(info: Any) -> dict[str, Any]:
+    """Env info made safe to ship between processes (numpy scalars -> Python)."""
+    out: dict[str, Any] = {}
+    for k, v in dict(info or {}).items():
+        if hasattr(v, "item") and callable(v.item):
+            try:
+                v = v.item()
+            except (ValueError, TypeError):
+                v = str(v)
+        out[str(k)] = v
+    return out

@@ -1,0 +1,133 @@
+"""SampleBuffer: scored trajectories waiting to be trained, handed out in whole GRPO groups.
+
+Each trajectory carries the policy version that started it. A group's version is the
+oldest of its members. With trainer version ``n`` and bound ``alpha`` a batch only takes
+groups started at ``>= n - alpha``; older groups are evicted (counted, with the reason).
+Every trajectory that enters is either handed out in a batch or counted as dropped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter, OrderedDict
+from dataclasses import dataclass, field
+
+from rollart_sdk.types import Trajectory
+
+
+@dataclass
+class Group:
+    group_id: str
+    tag: str
+    size: int
+    members: list[Trajectory] = field(default_factory=list)
+
+    @property
+    def done(self) -> bool:
+        return len(self.members) >= self.size
+
+    @property
+    def start_version(self) -> int:
+        return min(t.start_version for t in self.members)
+
+    @property
+    def usable(self) -> list[Trajectory]:
+        return [t for t in self.members if t.dropped is None]
+
+
+class SampleBuffer:
+    """Collects finished trajectories by group; ``get_batch`` blocks for whole groups."""
+
+    def __init__(self, group_size: int) -> None:
+        self.group_size = group_size
+        self._open: dict[str, Group] = {}
+        self._ready: OrderedDict[str, Group] = OrderedDict()
+        self._cond = asyncio.Condition()
+        self.dropped: Counter[str] = Counter()  # reason -> trajectories
+        self.trained = 0
+        self.max_ready_trajectories = 0  # high-water mark, for the O(alpha * E) bound
+
+    # ------------------------------------------------------------------ producers
+    async def put(self, traj: Trajectory) -> None:
+        """Add a finished (scored or dropped) trajectory to its group."""
+        async with self._cond:
+            group = self._open.get(traj.group_id)
+            if group is None:
+                group = self._open[traj.group_id] = Group(traj.group_id, traj.tag, self.group_size)
+            group.members.append(traj)
+            if not group.done:
+                return
+            del self._open[traj.group_id]
+            for t in group.members:
+                if t.dropped is not None:
+                    self.dropped[t.dropped.split(": ", 1)[0]] += 1
+            usable = group.usable
+            if len(usable) < 2:
+                # GRPO needs at least two scored members to compare; count the rest.
+                for t in usable:
+                    t.dropped = "group_incomplete"
+                    self.dropped["group_incomplete"] += 1
+                return
+            group.members = usable
+            self._ready[group.group_id] = group
+            self.max_ready_trajectories = max(self.max_ready_trajectories, self.ready_trajectories)
+            self._cond.notify_all()
+
+    # ------------------------------------------------------------------ consumer
+    @property
+    def ready_trajectories(self) -> int:
+        return sum(len(g.members) for g in self._ready.values())
+
+    @property
+    def ready_groups(self) -> int:
+        return len(self._ready)
+
+    def evict_older_than(self, min_version: int) -> list[Trajectory]:
+        """Remove ready groups started before ``min_version``; returns the evicted."""
+        evicted: list[Trajectory] = []
+        for gid in [g for g, grp in self._ready.items() if grp.start_version < min_version]:
+            for t in self._ready.pop(gid).members:
+                t.dropped = "stale"
+                evicted.append(t)
+        self.dropped["stale"] += len(evicted)
+        return evicted
+
+    async def get_batch(self, num_trajectories: int, min_version: int) -> list[Trajectory]:
+        """Block until whole groups totalling ``num_trajectories`` (at least) are ready,
+        evicting groups older than ``min_version`` first; return them oldest first."""
+        async with self._cond:
+            while True:
+                self.evict_older_than(min_version)
+                if self.ready_trajectories >= num_trajectories:
+                    break
+                await self._cond.wait()
+            batch: list[Trajectory] = []
+            while len(batch) < num_trajectories:
+                _, group = self._ready.popitem(last=False)
+                batch.extend(group.members)
+            self.trained += len(batch)
+            return batch
+
+    async def wake(self) -> None:
+        """Re-check waiting consumers (e.g. after the version moved)."""
+        async with self._cond:
+            self._cond.notify_all()
+
+    def drain(self, reason: str) -> int:
+        """Drop everything still held (end of run); returns how many were dropped."""
+        n = 0
+        for group in self._ready.values():
+            for t in group.members:
+                t.dropped = reason
+                n += 1
+        for group in self._open.values():
+            for t in group.members:
+                if t.dropped is None:
+                    t.dropped = reason
+                    n += 1
+                else:
+                    self.dropped[t.dropped.split(": ", 1)[0]] += 1
+        self._ready.clear()
+        self._open.clear()
+        self.dropped[reason] += n
+        return n

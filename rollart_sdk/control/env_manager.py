@@ -1,0 +1,222 @@
+"""EnvManager: one environment's life on its own timeline (R2).
+
+reset -> (generate through the LLMProxy -> env.step)* -> done -> reward, token in / token
+out. Every call has a timeout; a failing or hanging environment ends only its own
+trajectory (recorded as dropped, with the reason) and blocks nobody. An ABORT (eviction
+by the staleness bound, surplus of a redundant rollout, shutdown) ends it the same way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from rollart_sdk.config import TaskConfig
+from rollart_sdk.control.chat import ChatFormat
+from rollart_sdk.control.handles import WorkerHandle
+from rollart_sdk.control.proxy import LLMProxy
+from rollart_sdk.types import (
+    GenerationRequest,
+    RewardRequest,
+    SamplingParams,
+    Trajectory,
+    Turn,
+)
+
+
+@dataclass
+class TaskRuntime:
+    """What an EnvManager needs to know about its task, resolved once at start-up."""
+
+    config: TaskConfig
+    system_prompt: str | None = None
+    allowed_token_ids: list[int] | None = None
+
+    def sampling(self, seed: int) -> SamplingParams:
+        s = self.config.sampling
+        return SamplingParams(
+            temperature=s.temperature,
+            top_p=s.top_p,
+            top_k=s.top_k,
+            max_new_tokens=1 if self.allowed_token_ids else s.max_new_tokens,
+            seed=seed,
+            allowed_token_ids=self.allowed_token_ids,
+        )
+
+
+class EnvManager:
+    """Runs one trajectory. ``abort(reason)`` ends it from outside at any point."""
+
+    def __init__(
+        self,
+        trajectory: Trajectory,
+        seed: int,
+        sample_seed: int,
+        task: TaskRuntime,
+        chat: ChatFormat,
+        proxy: LLMProxy,
+        env_worker: WorkerHandle,
+        reward_worker: WorkerHandle,
+        version: Callable[[], int],
+        event_sink: Callable[[dict[str, Any]], None] | None = None,
+    ) -> None:
+        self.traj = trajectory
+        self.seed = seed  # env seed: shared by a GRPO group (same start state / prompt)
+        self.sample_seed = sample_seed  # sampling seed: distinct per trajectory
+        self.task = task
+        self.chat = chat
+        self.proxy = proxy
+        self.env = env_worker
+        self.reward = reward_worker
+        self.version = version
+        self._emit = event_sink or (lambda e: None)
+        self._abort_reason: str | None = None
+        self._current_request: str | None = None
+        self.env_id = trajectory.trajectory_id
+
+    # ------------------------------------------------------------------ control
+    async def abort(self, reason: str) -> None:
+        """End the trajectory: ABORT its in-flight request (in the engine too)."""
+        if self._abort_reason is None:
+            self._abort_reason = reason
+        if self._current_request is not None:
+            await self.proxy.abort(self._current_request)
+
+    @property
+    def aborted(self) -> bool:
+        return self._abort_reason is not None
+
+    # ------------------------------------------------------------------ life
+    async def run(self) -> Trajectory:
+        traj = self.traj
+        try:
+            await self._rollout()
+            if self._abort_reason is None and traj.dropped is None:
+                await self._score()
+        except asyncio.CancelledError:
+            traj.dropped = traj.dropped or f"aborted:{self._abort_reason or 'cancelled'}"
+            raise
+        finally:
+            if self._abort_reason is not None and traj.dropped is None:
+                traj.dropped = f"aborted:{self._abort_reason}"
+            self.proxy.release(traj.trajectory_id)
+            try:
+                await asyncio.wait_for(self.env.call("close", self.env_id), timeout=10)
+            except Exception:  # noqa: BLE001 - a broken env's close must not hide the result
+                pass
+        return traj
+
+    async def _timed(self, span: str, coro: Any, timeout: float, worker: str | None) -> Any:
+        """Await ``coro`` with a timeout and record its span on the timeline; ``worker``
+        None means "whoever served it" (read from the result)."""
+        t0 = time.time()
+        result: Any = None
+        try:
+            result = await asyncio.wait_for(coro, timeout=timeout)
+            return result
+        finally:
+            t1 = time.time()
+            self.traj.timings.append((span, t0, t1))
+            who = worker if worker is not None else getattr(result, "worker", "") or "llm"
+            self._emit({"trajectory": self.traj.trajectory_id, "tag": self.traj.tag,
+                        "span": span, "worker": who, "t0": t0, "t1": t1})
+
+    async def _rollout(self) -> None:
+        traj, cfg = self.traj, self.task.config
+        try:
+            obs, info = await self._timed(
+                "env_reset", self.env.call("reset", self.env_id, traj.tag, self.seed),
+                cfg.reset_timeout_s, self.env.name,
+            )
+        except asyncio.TimeoutError:
+            traj.dropped = f"env_reset_timeout: no reset within {cfg.reset_timeout_s}s"
+            return
+        except Exception as exc:  # noqa: BLE001 - any env failure ends only this trajectory
+            traj.dropped = f"env_reset_failed: {type(exc).__name__}: {exc}"
+            return
+        traj.info = info
+        prompt_text = obs
+        context = self.chat.first_prompt(obs, self.task.system_prompt)
+        obs_ids = list(context)
+        responses: list[str] = []
+        for turn_index in range(cfg.max_turns):
+            if self._abort_reason:
+                return
+            if len(context) >= cfg.max_context_tokens:
+                traj.truncated = True
+                traj.info["truncated_reason"] = "max_context_tokens"
+                break
+            request = GenerationRequest(
+                request_id=f"{traj.trajectory_id}/t{turn_index}",
+                prompt_ids=list(context),
+                sampling=self.task.sampling(self.sample_seed * 1009 + turn_index),
+                tag=traj.tag,
+                trajectory_id=traj.trajectory_id,
+            )
+            self._current_request = request.request_id
+            try:
+                result = await self._timed(
+                    "generate", self.proxy.generate(request), cfg.generate_timeout_s, None
+                )
+            except asyncio.TimeoutError:
+                await self.proxy.abort(request.request_id)
+                traj.dropped = f"generate_timeout: no response within {cfg.generate_timeout_s}s"
+                return
+            finally:
+                self._current_request = None
+            if result.finish_reason == "abort" or self._abort_reason:
+                self._abort_reason = self._abort_reason or "engine"
+                return
+            text = self.chat.decode(result.token_ids)
+            responses.append(text)
+            turn = Turn(obs_ids=obs_ids, action_ids=list(result.token_ids),
+                        logprobs=list(result.logprobs), versions=list(result.versions),
+                        action_text=text)
+            traj.turns.append(turn)
+            context += turn.action_ids
+            try:
+                obs, reward, terminated, truncated, info = await self._timed(
+                    "env_step", self.env.call("step", self.env_id, text),
+                    cfg.step_timeout_s, self.env.name,
+                )
+            except asyncio.TimeoutError:
+                traj.dropped = f"env_step_timeout: no step within {cfg.step_timeout_s}s"
+                return
+            except Exception as exc:  # noqa: BLE001
+                traj.dropped = f"env_step_failed: {type(exc).__name__}: {exc}"
+                return
+            turn.env_reward = reward
+            traj.env_return += reward
+            traj.info = info
+            if terminated or truncated:
+                traj.terminated, traj.truncated = terminated, truncated
+                break
+            obs_ids = self.chat.next_observation(obs, turn.action_ids)
+            context += obs_ids
+        else:
+            traj.truncated = True
+            traj.info["truncated_reason"] = "max_turns"
+        if not traj.turns:
+            traj.dropped = "no_turns: the context was full before the first action"
+            return
+        self._reward_request = RewardRequest(
+            trajectory_id=traj.trajectory_id, tag=traj.tag, prompt=prompt_text,
+            responses=responses, env_return=traj.env_return, terminated=traj.terminated,
+            info=dict(traj.info),
+        )
+
+    async def _score(self) -> None:
+        traj = self.traj
+        try:
+            result = await self._timed(
+                "reward", self.reward.call("score", traj.tag, self._reward_request),
+                60.0, self.reward.name,
+            )
+        except Exception as exc:  # noqa: BLE001 - recorded, not raised: others continue
+            traj.dropped = f"reward_failed: {type(exc).__name__}: {exc}"
+            return
+        traj.reward = float(result.reward)
+        traj.info["reward_details"] = result.details

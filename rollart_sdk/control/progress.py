@@ -1,0 +1,69 @@
+"""Live progress of a run: step, rewards per task, staleness, throughput (rich)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+
+from rollart_sdk.config import RunConfig
+
+
+class ProgressDisplay:
+    def __init__(self, config: RunConfig, steps: int, enabled: bool = True) -> None:
+        self.cfg = config
+        self.steps = steps
+        self.enabled = enabled
+        self.console = Console(stderr=True)
+        self.live: Live | None = None
+        self.last: dict[str, Any] = {}
+        self.t0 = time.time()
+
+    def __enter__(self) -> ProgressDisplay:
+        if self.enabled and self.console.is_terminal:
+            self.live = Live(self._render(), console=self.console, refresh_per_second=4)
+            self.live.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.live is not None:
+            self.live.__exit__(*exc)
+
+    def update(self, metrics: dict[str, Any]) -> None:
+        self.last = metrics
+        if self.live is not None:
+            self.live.update(self._render())
+        else:
+            rewards = " ".join(
+                f"{k.split('/', 1)[1]}={v:.2f}" for k, v in metrics.items() if k.startswith("reward/")
+            )
+            self.console.print(
+                f"step {metrics['step'] + 1}/{self.steps}  {rewards}  "
+                f"staleness<={metrics['staleness/max']}  trained={metrics['trajectories/trained']} "
+                f"dropped={metrics['trajectories/dropped']}  t={metrics['wall_time']:.0f}s",
+                highlight=False,
+            )
+
+    def _render(self) -> Table:
+        m = self.last
+        elapsed = time.time() - self.t0
+        step = (m.get("step", -1) + 1) if m else 0
+        t = Table(title=f"rollart train: {self.cfg.name}  [{self.cfg.rollout.mode}, "
+                        f"alpha={self.cfg.rollout.alpha}]", show_header=False)
+        t.add_row("step", f"{step}/{self.steps}")
+        t.add_row("elapsed", f"{elapsed:.0f}s")
+        for k, v in sorted(m.items()):
+            if k.startswith(("reward/", "success/")):
+                t.add_row(k, f"{v:.3f}")
+        if m:
+            t.add_row("staleness max/mean", f"{m['staleness/max']} / {m['staleness/mean']:.2f}")
+            trained = m["trajectories/trained"]
+            t.add_row("trajectories trained / dropped", f"{trained} / {m['trajectories/dropped']}")
+            t.add_row("throughput", f"{trained / max(elapsed, 1e-9):.1f} traj/s")
+            t.add_row("get_batch wait / train / weight sync",
+                      f"{m['time/get_batch_wait']:.2f}s / {m['time/train']:.2f}s / "
+                      f"{m['time/weight_sync']:.3f}s")
+        return t

@@ -1,0 +1,171 @@
+"""RolloutScheduler: keeps environments running across tasks by their sampling weights.
+
+It launches trajectories in GRPO groups (``group_size`` trajectories sharing an env seed),
+each driven by its own EnvManager task, and puts every finished trajectory into the
+SampleBuffer. How many may run is set by the pipeline:
+
+- continuous (``async``): up to ``max_running`` at once, and at most
+  ``max_outstanding`` launched-but-untrained (running + buffered), i.e. O(alpha * E);
+- quota (``sync`` / ``one_off``): exactly ``allow(n)`` more trajectories, then wait.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Callable
+from typing import Any
+
+from rollart_sdk.control.buffer import SampleBuffer
+from rollart_sdk.control.chat import ChatFormat
+from rollart_sdk.control.env_manager import EnvManager, TaskRuntime
+from rollart_sdk.control.handles import WorkerHandle
+from rollart_sdk.control.proxy import LLMProxy
+from rollart_sdk.types import Trajectory
+
+
+class RolloutScheduler:
+    def __init__(
+        self,
+        tasks: dict[str, TaskRuntime],
+        chat: ChatFormat,
+        proxy: LLMProxy,
+        env_workers: list[WorkerHandle],
+        reward_worker: WorkerHandle,
+        buffer: SampleBuffer,
+        version: Callable[[], int],
+        group_size: int,
+        max_running: int,
+        max_outstanding: int | None = None,
+        seed: int = 0,
+        event_sink: Callable[[dict[str, Any]], None] | None = None,
+    ) -> None:
+        if max_running < group_size:
+            raise ValueError(f"max_running ({max_running}) must hold a group ({group_size})")
+        self.tasks = tasks
+        self.chat = chat
+        self.proxy = proxy
+        self.env_workers = env_workers
+        self.reward_worker = reward_worker
+        self.buffer = buffer
+        self.version = version
+        self.group_size = group_size
+        self.max_running = max_running
+        self.max_outstanding = max_outstanding
+        self._rng = random.Random(seed)
+        self._emit = event_sink
+        self._tags = list(tasks)
+        self._weights = [tasks[t].config.weight for t in self._tags]
+        self.running: dict[str, tuple[EnvManager, asyncio.Task[Trajectory]]] = {}
+        self._quota: int | None = None  # None: continuous
+        self._wakeup = asyncio.Event()
+        self._stopped = False
+        self._loop_task: asyncio.Task[None] | None = None
+        self._group_counter = 0
+        self._traj_counter = 0
+        self._env_rr = 0
+        self.launched = 0
+        self.finished = 0
+
+    # ------------------------------------------------------------------ control
+    def start(self, quota: int | None = None) -> None:
+        self._quota = quota
+        self._loop_task = asyncio.create_task(self._loop(), name="rollout-scheduler")
+
+    def allow(self, n: int) -> None:
+        """Quota mode: allow ``n`` more trajectory launches (whole groups)."""
+        self._quota = (self._quota or 0) + n
+        self._wakeup.set()
+
+    def set_continuous(self) -> None:
+        self._quota = None
+        self._wakeup.set()
+
+    async def abort_where(self, predicate: Callable[[Trajectory], bool], reason: str) -> int:
+        """ABORT running trajectories matching ``predicate`` (in the engine too)."""
+        victims = [m for m, _ in self.running.values() if predicate(m.traj) and not m.aborted]
+        await asyncio.gather(*(m.abort(reason) for m in victims))
+        return len(victims)
+
+    async def abort_all(self, reason: str) -> int:
+        if self._quota is not None:
+            self._quota = 0
+        return await self.abort_where(lambda t: True, reason)
+
+    async def stop(self, reason: str = "shutdown", timeout: float = 60.0) -> None:
+        self._stopped = True
+        self._wakeup.set()
+        await self.abort_all(reason)
+        tasks = [t for _, t in self.running.values()]
+        if tasks:
+            done, pending = await asyncio.wait(tasks, timeout=timeout)
+            for t in pending:
+                t.cancel()
+            if pending:
+                await asyncio.wait(pending, timeout=5)
+        if self._loop_task is not None:
+            self._loop_task.cancel()
+            try:
+                await self._loop_task
+            except asyncio.CancelledError:
+                pass
+
+    # ------------------------------------------------------------------ loop
+    def _can_launch(self) -> bool:
+        if self._stopped:
+            return False
+        if len(self.running) + self.group_size > self.max_running:
+            return False
+        if self._quota is not None:
+            return self._quota >= self.group_size
+        if self.max_outstanding is not None:
+            outstanding = len(self.running) + self.buffer.ready_trajectories
+            return outstanding + self.group_size <= self.max_outstanding
+        return True
+
+    async def _loop(self) -> None:
+        while not self._stopped:
+            while self._can_launch():
+                self._launch_group()
+            self._wakeup.clear()
+            await self._wakeup.wait()
+
+    def _launch_group(self) -> None:
+        tag = self._rng.choices(self._tags, weights=self._weights, k=1)[0]
+        self._group_counter += 1
+        group_id = f"g{self._group_counter}"
+        env_seed = self._rng.randrange(2**31)
+        version = self.version()
+        if self._quota is not None:
+            self._quota -= self.group_size
+        for _ in range(self.group_size):
+            self._traj_counter += 1
+            tid = f"{tag}-{group_id}-{self._traj_counter}"
+            traj = Trajectory(trajectory_id=tid, tag=tag, group_id=group_id, start_version=version)
+            worker = self._pick_env_worker()
+            mgr = EnvManager(
+                traj, env_seed, self._rng.randrange(2**31), self.tasks[tag], self.chat,
+                self.proxy, worker, self.reward_worker, self.version, self._emit,
+            )
+            task = asyncio.create_task(self._run(mgr), name=f"traj-{tid}")
+            self.running[tid] = (mgr, task)
+            self.launched += 1
+
+    def _pick_env_worker(self) -> WorkerHandle:
+        self._env_rr = (self._env_rr + 1) % len(self.env_workers)
+        return self.env_workers[self._env_rr]
+
+    async def _run(self, mgr: EnvManager) -> Trajectory:
+        traj = mgr.traj
+        try:
+            await mgr.run()
+        except asyncio.CancelledError:
+            traj.dropped = traj.dropped or "aborted:cancelled"
+        except Exception as exc:  # noqa: BLE001 - a bug in one trajectory stalls no other
+            traj.dropped = f"internal_error: {type(exc).__name__}: {exc}"
+        finally:
+            self.running.pop(traj.trajectory_id, None)
+            self.finished += 1
+            await self.buffer.put(traj)
+            self._wakeup.set()
+        return traj

@@ -1,0 +1,298 @@
+"""`rollart train`: assemble the installed plugins into ROLLART's pipeline and run it.
+
+resource plan -> Ray (local on 127.0.0.1, or --address) -> bind every worker to its pool ->
+spawn the role workers (env, reward, engines per task pool, trainer ranks) -> control
+plane (LLMProxy, RolloutScheduler, SampleBuffer, Pipeline) -> run directory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import socket
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rollart_sdk.config import RunConfig, load_config
+from rollart_sdk.errors import RollartError
+
+
+@dataclass
+class Job:
+    """Everything a started run holds; ``close()`` releases it."""
+
+    config: RunConfig
+    run_dir: Any
+    pipeline: Any
+    trainers: list[Any]
+    engines: list[Any]
+    spawner: Any
+
+    def close(self) -> None:
+        self.spawner.close()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class _RaySpawner:
+    """Binds each worker to a pool (ResourceManager) and starts it as a Ray actor there."""
+
+    def __init__(self, cfg: RunConfig, plan: Any, policy: Any, namespace: str) -> None:
+        import os
+
+        from rollart_sdk.ray_utils import init_ray
+        from rollart_sdk.resources.manager import ResourceManager
+
+        resources, labels = plan.local_node_resources()
+        init_ray(address=cfg.ray.address, num_cpus=cfg.ray.num_cpus or max(4, os.cpu_count() or 2),
+                 resources=resources, labels=labels)
+        self.namespace = namespace
+        self.rm = ResourceManager(plan, policy=policy, namespace=namespace)
+        self.actors: list[Any] = []
+
+    def spawn(self, cls: type, name: str, role: str, pool: str | None, *args: Any,
+              concurrency: int | None = None) -> Any:
+        import ray
+
+        from rollart_sdk.control.handles import WorkerHandle
+
+        binding = self.rm.bind(name, role, preferred_pool=pool, timeout_s=120)
+        opts = dict(binding.actor_options())
+        if concurrency:
+            opts["max_concurrency"] = concurrency
+        actor = ray.remote(cls).options(name=f"{self.namespace}:{name}", **opts).remote(name, *args)
+        self.actors.append(actor)
+        return WorkerHandle(name, actor, pool=binding.pool, hardware=binding.hardware)
+
+    def call(self, handle: Any, method: str, *args: Any, timeout: float = 600) -> Any:
+        import ray
+
+        return ray.get(getattr(handle.target, method).remote(*args), timeout=timeout)
+
+    def bindings(self) -> list[dict[str, Any]]:
+        return [b.to_json() for b in self.rm.bindings()]
+
+    def close(self) -> None:
+        import ray
+
+        for a in self.actors:
+            try:
+                ray.kill(a)
+            except Exception:  # noqa: BLE001 - best effort at shutdown
+                pass
+        self.rm.release_all()
+
+
+class _LocalSpawner:
+    """Every worker as an object in this process (tests, notebooks): same code paths above
+    the WorkerHandle, no Ray. Pools are recorded as asked; nothing is reserved."""
+
+    def __init__(self, plan: Any) -> None:
+        self.plan = plan
+        self._bindings: list[dict[str, Any]] = []
+
+    def spawn(self, cls: type, name: str, role: str, pool: str | None, *args: Any,
+              concurrency: int | None = None) -> Any:
+        from rollart_sdk.control.handles import WorkerHandle
+
+        pool = pool or self.plan.role(role).preferred
+        hardware = self.plan.pool(pool).hardware
+        self._bindings.append({"worker": name, "role": role, "pool": pool, "hardware": hardware})
+        return WorkerHandle(name, cls(name, *args), pool=pool, hardware=hardware, is_ray=False)
+
+    def call(self, handle: Any, method: str, *args: Any, timeout: float = 600) -> Any:
+        result = getattr(handle.target, method)(*args)
+        if asyncio.iscoroutine(result):
+            result = asyncio.run(result)
+        return result
+
+    def bindings(self) -> list[dict[str, Any]]:
+        return list(self._bindings)
+
+    def close(self) -> None:
+        pass
+
+
+def build_job(cfg: RunConfig, lines: Any = None, run_name: str | None = None,
+              log: Any = print, in_process: bool = False) -> Job:
+    """Bind and spawn every worker and wire the control plane.
+
+    ``in_process=True`` runs every worker in this process (no Ray): the control plane and
+    the backends are the same code; only placement and process boundaries are skipped.
+    """
+    from rollart_sdk.cluster.roles import EngineWorker, EnvWorker, RewardWorker, TrainerWorker
+    from rollart_sdk.control.buffer import SampleBuffer
+    from rollart_sdk.control.chat import ChatFormat
+    from rollart_sdk.control.env_manager import TaskRuntime
+    from rollart_sdk.control.pipeline import Pipeline
+    from rollart_sdk.control.proxy import LLMProxy
+    from rollart_sdk.control.run_dir import RunDir
+    from rollart_sdk.control.scheduler import RolloutScheduler
+    from rollart_sdk.models import load_tokenizer, prepare_model
+    from rollart_sdk.plugins import get_plugins
+    from rollart_sdk.resolve import resolve_run
+    from rollart_sdk.resources.plan import plan_resources
+
+    resolved = resolve_run(cfg, get_plugins().registry, lines)
+    plan = plan_resources(cfg, resolved)
+    run_dir = RunDir(cfg.output_dir, cfg, run_name)
+    log(f"run directory: {run_dir.path}")
+    if in_process:
+        spawner: Any = _LocalSpawner(plan)
+    else:
+        spawner = _RaySpawner(cfg, plan, resolved.placement.create(), run_dir.path.name)
+    spawn = spawner.spawn
+
+    r = cfg.rollout
+    launch = -(-int(r.batch_size * (1 + r.redundancy)) // r.group_size) * r.group_size
+    max_running = r.max_envs or launch
+    max_running = max(r.group_size, (max_running // r.group_size) * r.group_size)
+
+    env_spec = {tag: (res.descriptor, res.options) for tag, res in resolved.envs.items()}
+    env_workers = [
+        spawn(EnvWorker, f"env-{i}", "environment", None, env_spec, concurrency=max_running + 8)
+        for i in range(cfg.roles.environment.workers)
+    ]
+    described = {tag: spawner.call(env_workers[0], "describe", tag) for tag in env_spec}
+    extra_tokens = sorted({w for d in described.values() for w in (d["action_vocabulary"] or [])})
+    model = prepare_model(cfg.model, Path(cfg.output_dir) / ".models", extra_tokens)
+    log(f"model: {model.path}")
+
+    reward_spec = {tag: (res.descriptor, res.options) for tag, res in resolved.rewards.items()}
+    reward_worker = spawn(RewardWorker, "reward-0", "reward", None, reward_spec, concurrency=64)
+
+    engines: list[Any] = []
+    intended: dict[str, str] = {}  # engine worker -> the pool it was asked for
+    gen_pools = sorted(set(plan.task_pools.values()) or {plan.role("actor_gen").preferred})
+    for pool in gen_pools:
+        for i in range(cfg.roles.actor_gen.workers):
+            h = spawn(EngineWorker, f"gen-{pool}-{i}", "actor_gen", pool,
+                      resolved.engine.descriptor, resolved.engine.options, model,
+                      resolved.transport.descriptor, resolved.transport.options)
+            engines.append(h)
+            intended[h.name] = pool
+    # hw_mapping: a task's requests go to the engines bound for its pool; when that pool
+    # was full, those engines run on the recorded fallback and still serve the task.
+    routes: dict[str, list[str]] = {"default": [e.name for e in engines]}
+    for task in cfg.tasks:
+        pool = plan.task_pools.get(task.tag, plan.role("actor_gen").preferred)
+        routes[task.tag] = [e.name for e in engines if intended[e.name] == pool]
+
+    world = cfg.roles.actor_train.workers
+    init_method = f"tcp://127.0.0.1:{_free_port()}" if world > 1 else None
+    trainers = [
+        spawn(TrainerWorker, f"train-{rank}", "actor_train", None, resolved.trainer.descriptor,
+              resolved.trainer.options, model, resolved.transport.descriptor,
+              resolved.transport.options, rank, world, init_method)
+        for rank in range(world)
+    ]
+    for h in engines + trainers:  # fail fast, with the worker's own error
+        spawner.call(h, "version")
+
+    chat = ChatFormat(load_tokenizer(model.path))
+    tasks: dict[str, TaskRuntime] = {}
+    for task in cfg.tasks:
+        d = described[task.tag]
+        allowed = None
+        if task.constrain_actions:
+            if not d["action_vocabulary"]:
+                raise RollartError(
+                    f"task {task.tag!r}: constrain_actions is set but env "
+                    f"{task.env.name!r} has no action_vocabulary; set constrain_actions: false"
+                )
+            allowed = chat.action_token_ids(d["action_vocabulary"])
+        system = d["system_prompt"] if task.system_prompt == "env" else task.system_prompt
+        tasks[task.tag] = TaskRuntime(task, system or None, allowed)
+
+    buffer = SampleBuffer(r.group_size)
+    proxy = LLMProxy(engines, routes)
+    alpha = 0 if r.mode == "sync" else (1 if r.mode == "one_off" else r.alpha)
+    holder: dict[str, Any] = {}
+    scheduler = RolloutScheduler(
+        tasks, chat, proxy, env_workers, reward_worker, buffer,
+        version=lambda: holder["pipeline"].engine_version, group_size=r.group_size,
+        max_running=max_running,
+        max_outstanding=(alpha + 1) * launch if r.mode == "async" else None,
+        seed=cfg.seed, event_sink=run_dir.log_event,
+    )
+    pipeline = Pipeline(cfg, proxy, scheduler, buffer, trainers,
+                        checkpoint_dir=str(run_dir.checkpoints), event_sink=run_dir.log_event)
+    holder["pipeline"] = pipeline  # trajectories are stamped with the version engines serve
+    run_dir.write_json("plan.json", plan.to_json())
+    run_dir.write_json("bindings.json", spawner.bindings())
+    return Job(cfg, run_dir, pipeline, trainers, engines, spawner)
+
+
+def run_job(job: Job, steps: int, progress: bool = True) -> list[Any]:
+    """Run the pipeline with a live display; a final checkpoint even on Ctrl-C."""
+    from rollart_sdk.control.progress import ProgressDisplay
+
+    display = ProgressDisplay(job.config, steps, enabled=progress)
+
+    def on_step(rec: Any, metrics: dict[str, Any]) -> None:
+        job.run_dir.log_metrics(metrics)
+        display.update(metrics)
+
+    job.pipeline.on_step = on_step
+    interrupted = False
+    with display:
+        try:
+            asyncio.run(job.pipeline.run(steps))
+        except KeyboardInterrupt:
+            interrupted = True
+    trainer = job.trainers[0]
+    job.spawner.call(trainer, "save_checkpoint", str(job.run_dir.checkpoints / "final"))
+    if job.config.train.save_final_model:
+        job.spawner.call(trainer, "save_pretrained", str(job.run_dir.path / "final_model"))
+    p = job.pipeline
+    summary = {
+        "steps": len(p.records),
+        "interrupted": interrupted,
+        "trajectories_trained": p.buffer.trained,
+        "dropped": dict(p.buffer.dropped),
+        "launched": p.scheduler.launched,
+        "served": {f"{tag}@{w}": n for (tag, w), n in p.proxy.served.items()},
+        "weight_updates": [vars(r) for r in p.update_reports],
+        "wall_time_s": time.time() - p.started,
+    }
+    job.run_dir.write_json("summary.json", summary)
+    job.run_dir.close()
+    if interrupted:
+        raise KeyboardInterrupt
+    return p.records
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from rollart_sdk.ray_utils import local_ray_env
+
+    local_ray_env()
+    if args.address:
+        os.environ["RAY_ADDRESS"] = args.address
+    cfg, lines = load_config(args.config, args.overrides)
+    job = build_job(cfg, lines)
+    try:
+        run_job(job, args.steps or cfg.train.steps, progress=not args.no_progress)
+    except KeyboardInterrupt:
+        print(f"interrupted; final checkpoint in {job.run_dir.checkpoints / 'final'}")
+        return 130
+    finally:
+        job.close()
+    print(f"done: {job.run_dir.path}")
+    return 0
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser("train", help="run the pipeline (starts Ray locally unless --address)")
+    p.add_argument("config")
+    p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. rollout.alpha=2")
+    p.add_argument("--address", help="Ray cluster address (default: RAY_ADDRESS or local)")
+    p.add_argument("--steps", type=int, help="override train.steps")
+    p.add_argument("--no-progress", action="store_true", help="plain log lines only")
+    p.set_defaults(func=cmd_train)

