@@ -18,6 +18,7 @@ err_console = Console(stderr=True)
 # name -> "module:function(argv) -> int"; each benchmark owns its arguments.
 BENCHMARKS: dict[str, tuple[str, str]] = {
     "dispatch": ("rollart_sdk.bench.dispatch:main", "Cluster call overhead vs a raw Ray actor call"),
+    "engine": ("rollart_engine_torch.bench:main", "torch engine vs static generate"),
 }
 
 
@@ -112,6 +113,7 @@ def _extra_commands() -> list[Callable[[argparse._SubParsersAction], None]]:
 
 # "module:add_parser(subparsers)" for commands that belong to a plane.
 EXTRA_COMMANDS: list[str] = [
+    "rollart_sdk.models:add_parser",
     "rollart_sdk.train:add_parser",
     "rollart_sdk.report:add_parser",
     "rollart_sdk.resources.status:add_parser",

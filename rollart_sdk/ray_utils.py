@@ -35,7 +35,10 @@ def init_ray(
     if address:
         return ray.init(address=address, runtime_env=runtime_env, **kwargs)
     kwargs.setdefault("log_to_driver", True)
+    # "local": always start our own instance; with no address Ray would attach to any
+    # cluster another process started on this machine (/tmp/ray/ray_current_cluster).
     return ray.init(
+        address="local",
         num_cpus=num_cpus,
         resources=resources or None,
         labels=labels or None,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import math
 import os
 import socket
 import time
@@ -42,7 +43,8 @@ def _free_port() -> int:
 
 
 class _RaySpawner:
-    """Binds each worker to a pool (ResourceManager) and starts it as a Ray actor there."""
+    """Builds each role's Cluster: workers bound to their pools by the ResourceManager and
+    started there as Ray actors."""
 
     def __init__(self, cfg: RunConfig, plan: Any, policy: Any, namespace: str) -> None:
         import os
@@ -53,23 +55,27 @@ class _RaySpawner:
         resources, labels = plan.local_node_resources()
         init_ray(address=cfg.ray.address, num_cpus=cfg.ray.num_cpus or max(4, os.cpu_count() or 2),
                  resources=resources, labels=labels)
-        self.namespace = namespace
+        self.plan = plan
         self.rm = ResourceManager(plan, policy=policy, namespace=namespace)
-        self.actors: list[Any] = []
+        self.clusters: dict[str, Any] = {}
 
-    def spawn(self, cls: type, name: str, role: str, pool: str | None, *args: Any,
-              concurrency: int | None = None) -> Any:
-        import ray
-
+    def cluster(self, cls: type, name: str, init_args: tuple[Any, ...],
+                workers_per_pool: dict[str, int] | None = None, num_workers: int = 1,
+                concurrency: int | None = None, hw_affinity: dict[str, str] | None = None,
+                ) -> list[Any]:
+        from rollart_sdk.cluster import Cluster
         from rollart_sdk.control.handles import WorkerHandle
 
-        binding = self.rm.bind(name, role, preferred_pool=pool, timeout_s=120)
-        opts = dict(binding.actor_options())
-        if concurrency:
-            opts["max_concurrency"] = concurrency
-        actor = ray.remote(cls).options(name=f"{self.namespace}:{name}", **opts).remote(name, *args)
-        self.actors.append(actor)
-        return WorkerHandle(name, actor, pool=binding.pool, hardware=binding.hardware)
+        opts = {"max_concurrency": concurrency} if concurrency else None
+        cl = Cluster(cls, cls.role, self.rm, num_workers=None if workers_per_pool else num_workers,
+                     workers_per_pool=workers_per_pool, init_args=init_args, name=name,
+                     hw_affinity=hw_affinity, actor_options=opts, timeout_s=300)
+        self.clusters[name] = cl
+        return [WorkerHandle(w.name, w.actor, pool=w.pool, hardware=w.hardware) for w in cl.workers]
+
+    def routes(self, cluster: str, tags: list[str]) -> dict[str, list[str]]:
+        cl = self.clusters[cluster]
+        return {tag: [w.name for w in cl.workers_for_tag("generate", tag)] for tag in tags}
 
     def call(self, handle: Any, method: str, *args: Any, timeout: float = 600) -> Any:
         import ray
@@ -80,32 +86,51 @@ class _RaySpawner:
         return [b.to_json() for b in self.rm.bindings()]
 
     def close(self) -> None:
-        import ray
-
-        for a in self.actors:
+        for cl in self.clusters.values():
             try:
-                ray.kill(a)
+                cl.shutdown()
             except Exception:  # noqa: BLE001 - best effort at shutdown
                 pass
-        self.rm.release_all()
 
 
 class _LocalSpawner:
-    """Every worker as an object in this process (tests, notebooks): same code paths above
-    the WorkerHandle, no Ray. Pools are recorded as asked; nothing is reserved."""
+    """Every worker as an object in this process (tests, notebooks): the same worker classes
+    and control plane, no Ray. Pools are recorded as planned; nothing is reserved."""
 
     def __init__(self, plan: Any) -> None:
         self.plan = plan
         self._bindings: list[dict[str, Any]] = []
+        self._workers: dict[str, list[Any]] = {}
 
-    def spawn(self, cls: type, name: str, role: str, pool: str | None, *args: Any,
-              concurrency: int | None = None) -> Any:
+    def cluster(self, cls: type, name: str, init_args: tuple[Any, ...],
+                workers_per_pool: dict[str, int] | None = None, num_workers: int = 1,
+                concurrency: int | None = None, hw_affinity: dict[str, str] | None = None,
+                ) -> list[Any]:
+        from rollart_sdk.cluster.worker import WorkerContext, bound_worker_class
         from rollart_sdk.control.handles import WorkerHandle
 
-        pool = pool or self.plan.role(role).preferred
-        hardware = self.plan.pool(pool).hardware
-        self._bindings.append({"worker": name, "role": role, "pool": pool, "hardware": hardware})
-        return WorkerHandle(name, cls(name, *args), pool=pool, hardware=hardware, is_ray=False)
+        pools = ([p for p, n in workers_per_pool.items() for _ in range(n)] if workers_per_pool
+                 else [self.plan.role(cls.role).preferred] * num_workers)
+        handles = []
+        for rank, pool in enumerate(pools):
+            wname = f"{name}-{rank}"
+            hw = self.plan.pool(pool).hardware
+            binding = {"worker": wname, "role": cls.role, "pool": pool, "preferred": pool,
+                       "hardware": hw}
+            self._bindings.append(binding)
+            ctx = WorkerContext(rank, len(pools), cls.role, name, wname, binding, {})
+            obj = bound_worker_class(cls)(ctx, *init_args)
+            handles.append(WorkerHandle(wname, obj, pool=pool, hardware=hw, is_ray=False))
+        self._workers[name] = handles
+        return handles
+
+    def routes(self, cluster: str, tags: list[str]) -> dict[str, list[str]]:
+        affinity = self.plan.hw_affinity()
+        out = {}
+        for tag in tags:
+            target = affinity.get(tag, affinity["default"])
+            out[tag] = [h.name for h in self._workers[cluster] if target in (h.pool, h.hardware)]
+        return out
 
     def call(self, handle: Any, method: str, *args: Any, timeout: float = 600) -> Any:
         result = getattr(handle.target, method)(*args)
@@ -127,11 +152,16 @@ def build_job(cfg: RunConfig, lines: Any = None, run_name: str | None = None,
     ``in_process=True`` runs every worker in this process (no Ray): the control plane and
     the backends are the same code; only placement and process boundaries are skipped.
     """
-    from rollart_sdk.cluster.roles import EngineWorker, EnvWorker, RewardWorker, TrainerWorker
+    from rollart_sdk.cluster.roles import (
+        EngineWorker,
+        EnvWorker,
+        RewardBackendWorker,
+        TrainerWorker,
+    )
     from rollart_sdk.control.buffer import SampleBuffer
     from rollart_sdk.control.chat import ChatFormat
     from rollart_sdk.control.env_manager import TaskRuntime
-    from rollart_sdk.control.pipeline import Pipeline
+    from rollart_sdk.control.pipeline import Pipeline, task_quota
     from rollart_sdk.control.proxy import LLMProxy
     from rollart_sdk.control.run_dir import RunDir
     from rollart_sdk.control.scheduler import RolloutScheduler
@@ -148,51 +178,48 @@ def build_job(cfg: RunConfig, lines: Any = None, run_name: str | None = None,
         spawner: Any = _LocalSpawner(plan)
     else:
         spawner = _RaySpawner(cfg, plan, resolved.placement.create(), run_dir.path.name)
-    spawn = spawner.spawn
 
     r = cfg.rollout
-    launch = -(-int(r.batch_size * (1 + r.redundancy)) // r.group_size) * r.group_size
+    launch = sum(math.ceil(n * (1 + r.redundancy) / r.group_size) * r.group_size
+                 for n in task_quota(cfg).values())
     max_running = r.max_envs or launch
     max_running = max(r.group_size, (max_running // r.group_size) * r.group_size)
 
     env_spec = {tag: (res.descriptor, res.options) for tag, res in resolved.envs.items()}
-    env_workers = [
-        spawn(EnvWorker, f"env-{i}", "environment", None, env_spec, concurrency=max_running + 8)
-        for i in range(cfg.roles.environment.workers)
-    ]
+    env_workers = spawner.cluster(EnvWorker, "env", (env_spec,),
+                                  num_workers=cfg.roles.environment.workers,
+                                  concurrency=max_running + 8)
     described = {tag: spawner.call(env_workers[0], "describe", tag) for tag in env_spec}
     extra_tokens = sorted({w for d in described.values() for w in (d["action_vocabulary"] or [])})
     model = prepare_model(cfg.model, Path(cfg.output_dir) / ".models", extra_tokens)
     log(f"model: {model.path}")
 
     reward_spec = {tag: (res.descriptor, res.options) for tag, res in resolved.rewards.items()}
-    reward_worker = spawn(RewardWorker, "reward-0", "reward", None, reward_spec, concurrency=64)
+    (reward_worker,) = spawner.cluster(RewardBackendWorker, "reward", (reward_spec,),
+                                       concurrency=64)
 
-    engines: list[Any] = []
-    intended: dict[str, str] = {}  # engine worker -> the pool it was asked for
+    # ActorGen: engines on every pool a task's generation is bound to (hw_mapping routes
+    # each task's requests there; if a pool was full, its engines run on the recorded
+    # fallback and still serve the task).
     gen_pools = sorted(set(plan.task_pools.values()) or {plan.role("actor_gen").preferred})
-    for pool in gen_pools:
-        for i in range(cfg.roles.actor_gen.workers):
-            h = spawn(EngineWorker, f"gen-{pool}-{i}", "actor_gen", pool,
-                      resolved.engine.descriptor, resolved.engine.options, model,
-                      resolved.transport.descriptor, resolved.transport.options)
-            engines.append(h)
-            intended[h.name] = pool
-    # hw_mapping: a task's requests go to the engines bound for its pool; when that pool
-    # was full, those engines run on the recorded fallback and still serve the task.
-    routes: dict[str, list[str]] = {"default": [e.name for e in engines]}
-    for task in cfg.tasks:
-        pool = plan.task_pools.get(task.tag, plan.role("actor_gen").preferred)
-        routes[task.tag] = [e.name for e in engines if intended[e.name] == pool]
+    engines = spawner.cluster(
+        EngineWorker, "gen",
+        (resolved.engine.descriptor, resolved.engine.options, model,
+         resolved.transport.descriptor, resolved.transport.options),
+        workers_per_pool={p: cfg.roles.actor_gen.workers for p in gen_pools},
+        hw_affinity=plan.hw_affinity(),
+    )
+    routes = spawner.routes("gen", [t.tag for t in cfg.tasks])
+    routes["default"] = [e.name for e in engines]
 
     world = cfg.roles.actor_train.workers
     init_method = f"tcp://127.0.0.1:{_free_port()}" if world > 1 else None
-    trainers = [
-        spawn(TrainerWorker, f"train-{rank}", "actor_train", None, resolved.trainer.descriptor,
-              resolved.trainer.options, model, resolved.transport.descriptor,
-              resolved.transport.options, rank, world, init_method)
-        for rank in range(world)
-    ]
+    trainers = spawner.cluster(
+        TrainerWorker, "train",
+        (resolved.trainer.descriptor, resolved.trainer.options, model,
+         resolved.transport.descriptor, resolved.transport.options, init_method),
+        num_workers=world,
+    )
     for h in engines + trainers:  # fail fast, with the worker's own error
         spawner.call(h, "version")
 
@@ -221,6 +248,7 @@ def build_job(cfg: RunConfig, lines: Any = None, run_name: str | None = None,
         max_running=max_running,
         max_outstanding=(alpha + 1) * launch if r.mode == "async" else None,
         seed=cfg.seed, event_sink=run_dir.log_event,
+        shares={tag: n / r.batch_size for tag, n in task_quota(cfg).items()},
     )
     pipeline = Pipeline(cfg, proxy, scheduler, buffer, trainers,
                         checkpoint_dir=str(run_dir.checkpoints), event_sink=run_dir.log_event)

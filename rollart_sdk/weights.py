@@ -1,7 +1,9 @@
-"""Weight buckets: checksums and splitting a state dict into size-bounded buckets.
+"""Weight buckets: checksums, splitting a state dict into size-bounded buckets, manifests.
 
-Shared by every trainer (export) and transport (verify) so that a checksum computed on
-one side is checked identically on the other. torch is imported lazily.
+Shared by every trainer (export), transport (publish / verify) and engine worker (staging)
+so that a checksum computed on one side is checked identically on the other, and so that
+every transport fails in the same, catchable way (:class:`WeightSyncError`). torch is
+imported lazily.
 """
 
 from __future__ import annotations
@@ -10,7 +12,29 @@ import hashlib
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from rollart_sdk.types import WeightBucket
+from rollart_sdk.errors import RollartError
+from rollart_sdk.types import BucketRef, WeightBucket, WeightManifest
+
+
+class WeightSyncError(RollartError):
+    """A policy version's weights could not be delivered to an engine worker.
+
+    Raised by transports (``fetch``: missing, released, timed-out or corrupt bucket) and by
+    :class:`rollart_sdk.staging.WeightStager` (``commit``). Whoever catches it knows the
+    engine was not touched: it keeps serving ``version - 1`` (or whatever it had), never a
+    mix of two versions. ``bucket`` is the bucket index when one bucket is to blame.
+    """
+
+    def __init__(self, version: int, reason: str, bucket: int | None = None) -> None:
+        self.version = version
+        self.reason = reason
+        self.bucket = bucket
+        where = f"bucket {bucket} of " if bucket is not None else ""
+        super().__init__(f"weight sync of {where}version {version} failed: {reason}")
+
+
+class CorruptBucketError(WeightSyncError, ValueError):
+    """A bucket's bytes do not match its checksum (also a ``ValueError``, as it always was)."""
 
 
 def checksum(tensors: dict[str, Any]) -> str:
@@ -50,11 +74,119 @@ def split_buckets(
         yield WeightBucket(version, index, current, checksum(current))
 
 
-def verify(bucket: WeightBucket) -> None:
-    """Raise ValueError when a bucket's content does not match its checksum."""
-    actual = checksum(bucket.tensors)
-    if actual != bucket.checksum:
-        raise ValueError(
-            f"weight bucket {bucket.index} of version {bucket.version} is corrupt: "
-            f"checksum {actual[:12]} != expected {bucket.checksum[:12]}"
+def verify(
+    bucket: WeightBucket, ref: BucketRef | None = None, version: int | None = None
+) -> None:
+    """Raise :class:`CorruptBucketError` (a ``ValueError``) when a bucket's content does
+    not match its checksum.
+
+    With ``ref`` (the manifest's entry) the checksum checked against is the manifest's, the
+    one the publisher computed, so a bucket whose own ``checksum`` field was damaged or
+    rewritten is caught too; index and tensor names must match the entry. With ``version``
+    the bucket must belong to that policy version (a stale bucket is as bad as a corrupt
+    one: loading it would mix two versions).
+    """
+    if version is not None and bucket.version != version:
+        raise CorruptBucketError(
+            version,
+            f"received a bucket of version {bucket.version} (a stale or mixed-up transfer); "
+            "the engine keeps its current weights",
+            bucket.index,
         )
+    expected = bucket.checksum
+    if ref is not None:
+        if bucket.index != ref.index:
+            raise CorruptBucketError(
+                bucket.version, f"expected bucket index {ref.index}, got {bucket.index}",
+                ref.index,
+            )
+        if sorted(bucket.tensors) != sorted(ref.names):
+            missing = sorted(set(ref.names) - set(bucket.tensors))
+            extra = sorted(set(bucket.tensors) - set(ref.names))
+            raise CorruptBucketError(
+                bucket.version,
+                f"tensor names differ from the manifest (missing {missing[:5]}, "
+                f"unexpected {extra[:5]})",
+                bucket.index,
+            )
+        expected = ref.checksum
+    if not expected:
+        raise CorruptBucketError(
+            bucket.version,
+            "it carries no checksum; publishers must fill WeightBucket.checksum "
+            "(rollart_sdk.weights.checksum or split_buckets do)",
+            bucket.index,
+        )
+    actual = checksum(bucket.tensors)
+    if actual != expected:
+        raise CorruptBucketError(
+            bucket.version,
+            f"weight bucket {bucket.index} of version {bucket.version} is corrupt: "
+            f"checksum {actual[:12]} != expected {expected[:12]}",
+            bucket.index,
+        )
+
+
+def bucket_ref(bucket: WeightBucket, handle: Any = None) -> BucketRef:
+    """The manifest entry of ``bucket`` (its checksum is computed when still empty)."""
+    if not bucket.checksum:
+        bucket.checksum = checksum(bucket.tensors)
+    return BucketRef(
+        index=bucket.index,
+        names=list(bucket.tensors),
+        nbytes=bucket.nbytes,
+        checksum=bucket.checksum,
+        handle=handle,
+    )
+
+
+def plan_manifest(
+    version: int, transport: str, buckets: Iterable[WeightBucket], **meta: Any
+) -> WeightManifest:
+    """A manifest known before anything is sent (every ``handle`` is None).
+
+    Push-style transports need it: their receivers ``fetch`` concurrently with the
+    sender's ``publish``, so the receivers cannot wait for ``publish`` to return one.
+    """
+    return WeightManifest(
+        version=version,
+        transport=transport,
+        buckets=[bucket_ref(b) for b in buckets],
+        meta=dict(meta),
+    )
+
+
+def check_complete(manifest: WeightManifest, buckets: list[WeightBucket]) -> None:
+    """Raise :class:`WeightSyncError` unless ``buckets`` is exactly the manifest's set:
+    every index once, of the manifest's version, names and checksum as listed.
+
+    Cheap (no hashing): the guard a receiver runs before swapping weights in, so that an
+    incomplete or mixed transfer never reaches an engine.
+    """
+    by_index = {b.index: b for b in buckets}
+    expected = {r.index for r in manifest.buckets}
+    if len(by_index) != len(buckets):
+        raise WeightSyncError(manifest.version, "a bucket index was received twice")
+    missing = sorted(expected - set(by_index))
+    if missing:
+        raise WeightSyncError(
+            manifest.version,
+            f"{len(missing)} of {len(expected)} buckets never arrived (indices {missing[:8]})",
+        )
+    extra = sorted(set(by_index) - expected)
+    if extra:
+        raise WeightSyncError(manifest.version, f"unexpected bucket indices {extra[:8]}")
+    for ref in manifest.buckets:
+        b = by_index[ref.index]
+        if b.version != manifest.version:
+            raise WeightSyncError(
+                manifest.version, f"bucket carries version {b.version}", ref.index
+            )
+        if sorted(b.tensors) != sorted(ref.names):
+            raise WeightSyncError(
+                manifest.version, "bucket's tensor names differ from the manifest", ref.index
+            )
+        if b.checksum and b.checksum != ref.checksum:
+            raise WeightSyncError(
+                manifest.version, "bucket's checksum differs from the manifest", ref.index
+            )

@@ -1,8 +1,14 @@
 """The four role workers that host plugin backends: ActorGen, ActorTrain, Environment, Reward.
 
-Each is a plain class: the data plane runs it as a Ray actor on its bound pool, and tests
-may run it in-process. A worker creates its backend from a registry ``Descriptor`` and
-validated options, so the backend's heavy imports happen inside the worker process only.
+Each subclasses its role's :class:`~rollart_sdk.cluster.worker.Worker` base, so a
+:class:`~rollart_sdk.cluster.Cluster` runs it as Ray actors on the pools the resource plan
+bound (and tests may run it in-process through ``bound_worker_class``). A worker creates
+its backend from a registry ``Descriptor`` and validated options, so the backend's heavy
+imports happen inside the worker process only.
+
+``EngineWorker.generate`` is ``@hw_mapping``-routed: the Cluster is given the config's task
+affinities (``ResourcePlan.hw_affinity()``), and the LLMProxy routes each task's requests to
+``cluster.workers_for_tag("generate", tag)``.
 """
 
 from __future__ import annotations
@@ -11,6 +17,13 @@ import os
 import time
 from typing import Any
 
+from rollart_sdk.cluster.decorators import hw_mapping, register
+from rollart_sdk.cluster.worker import (
+    ActorGenWorker,
+    ActorTrainWorker,
+    EnvironmentWorker,
+    RewardWorker,
+)
 from rollart_sdk.config import ModelConfig
 from rollart_sdk.registry import Descriptor
 from rollart_sdk.types import (
@@ -35,21 +48,20 @@ def _one_thread() -> None:
         pass
 
 
-class EngineWorker:
+class EngineWorker(ActorGenWorker):
     """ActorGen: one inference engine + the receiving side of the weight transport."""
 
-    role = "actor_gen"
-
-    def __init__(self, name: str, engine: Descriptor, engine_options: Any, model: ModelConfig,
+    def __init__(self, engine: Descriptor, engine_options: Any, model: ModelConfig,
                  transport: Descriptor, transport_options: Any) -> None:
         _one_thread()
         from rollart_sdk.staging import WeightStager
 
-        self.name = name
+        self.name = self.worker_name
         self.engine = engine.create(engine_options, model=model)
         self.transport = transport.create(transport_options, role="receiver")
         self.stager = WeightStager(self.transport)
 
+    @hw_mapping({})  # the table comes from the config: Cluster(hw_affinity=plan.hw_affinity())
     async def generate(self, request: GenerationRequest) -> GenerationResult:
         result = await self.engine.generate(request)
         result.worker = self.name
@@ -58,16 +70,20 @@ class EngineWorker:
     async def abort(self, request_id: str) -> bool:
         return await self.engine.abort(request_id)
 
+    @register("execute_all")
     async def suspend(self) -> None:
         await self.engine.suspend()
 
+    @register("execute_all")
     async def resume(self) -> None:
         await self.engine.resume()
 
+    @register("execute_all")
     async def stage_weights(self, manifest: WeightManifest) -> None:
         """Start receiving the next version in the background; generation continues."""
         self.stager.start(manifest)
 
+    @register("execute_all")
     async def commit_weights(self) -> WeightUpdateReport:
         """At the suspend point: finish the receive and swap (step 3 + 5 of the protocol)."""
         return await self.stager.commit(self.engine)
@@ -83,28 +99,32 @@ class EngineWorker:
         self.transport.close()
 
 
-class TrainerWorker:
-    """ActorTrain: one data-parallel rank of the trainer + the sending side of the transport."""
+class TrainerWorker(ActorTrainWorker):
+    """ActorTrain: one data-parallel rank of the trainer + the sending side of the transport.
 
-    role = "actor_train"
+    ``rank`` and ``world_size`` come from the Cluster (set before ``__init__``)."""
 
-    def __init__(self, name: str, trainer: Descriptor, trainer_options: Any, model: ModelConfig,
-                 transport: Descriptor, transport_options: Any, rank: int = 0,
-                 world_size: int = 1, init_method: str | None = None) -> None:
+    def __init__(self, trainer: Descriptor, trainer_options: Any, model: ModelConfig,
+                 transport: Descriptor, transport_options: Any,
+                 init_method: str | None = None) -> None:
         _one_thread()
-        self.name = name
-        self.rank = rank
+        self.name = self.worker_name
         self.trainer = trainer.create(
-            trainer_options, model=model, rank=rank, world_size=world_size, init_method=init_method
+            trainer_options, model=model, rank=self.rank, world_size=self.world_size,
+            init_method=init_method,
         )
-        self.transport = transport.create(transport_options, role="sender") if rank == 0 else None
+        self.transport = (
+            transport.create(transport_options, role="sender") if self.rank == 0 else None
+        )
 
+    @register("dp_split", collect="list")
     def train_step(self, batch: list[TrainSample]) -> dict[str, float]:
         t0 = time.perf_counter()
         metrics = dict(self.trainer.train_step(batch))
         metrics["time/train_compute"] = time.perf_counter() - t0
         return metrics
 
+    @register("rank0")
     def publish_weights(self, bucket_bytes: int) -> WeightManifest:
         """Export the current version as buckets and publish them (rank 0 only)."""
         assert self.transport is not None, "only rank 0 publishes weights"
@@ -115,28 +135,29 @@ class TrainerWorker:
     def version(self) -> int:
         return self.trainer.version
 
+    @register("execute_all")
     def save_checkpoint(self, path: str) -> None:
         self.trainer.save_checkpoint(path)
 
+    @register("execute_all")
     def load_checkpoint(self, path: str) -> None:
         self.trainer.load_checkpoint(path)
 
+    @register("execute_all")
     def save_pretrained(self, path: str) -> None:
         self.trainer.save_pretrained(path)
 
 
-class EnvWorker:
+class EnvWorker(EnvironmentWorker):
     """Environment: hosts many environments of any tasks, each addressed by ``env_id``.
 
     Run as a threaded Ray actor (``max_concurrency``) so that a slow ``reset`` or ``step``
     of one environment never blocks the others (R2).
     """
 
-    role = "environment"
-
-    def __init__(self, name: str, envs: dict[str, tuple[Descriptor, Any]]) -> None:
+    def __init__(self, envs: dict[str, tuple[Descriptor, Any]]) -> None:
         _one_thread()
-        self.name = name
+        self.name = self.worker_name
         self._specs = envs  # tag -> (descriptor, options)
         self._envs: dict[str, Any] = {}
         self._factories: dict[str, Any] = {}
@@ -179,14 +200,12 @@ class EnvWorker:
         return len(self._envs)
 
 
-class RewardWorker:
+class RewardBackendWorker(RewardWorker):
     """Reward: the reward backend of every task, called once per finished trajectory."""
 
-    role = "reward"
-
-    def __init__(self, name: str, rewards: dict[str, tuple[Descriptor, Any]]) -> None:
+    def __init__(self, rewards: dict[str, tuple[Descriptor, Any]]) -> None:
         _one_thread()
-        self.name = name
+        self.name = self.worker_name
         self._backends = {tag: desc.create(opts) for tag, (desc, opts) in rewards.items()}
 
     async def score(self, tag: str, request: RewardRequest) -> RewardResult:

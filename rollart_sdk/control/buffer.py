@@ -92,19 +92,45 @@ class SampleBuffer:
         self.dropped["stale"] += len(evicted)
         return evicted
 
-    async def get_batch(self, num_trajectories: int, min_version: int) -> list[Trajectory]:
-        """Block until whole groups totalling ``num_trajectories`` (at least) are ready,
-        evicting groups older than ``min_version`` first; return them oldest first."""
+    def ready_by_tag(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for g in self._ready.values():
+            out[g.tag] = out.get(g.tag, 0) + len(g.members)
+        return out
+
+    async def get_batch(
+        self, num_trajectories: int, min_version: int, quota: dict[str, int] | None = None
+    ) -> list[Trajectory]:
+        """Block until whole groups are ready, evicting groups older than ``min_version``
+        first; return them oldest first.
+
+        Without ``quota``: groups of any task totalling ``num_trajectories`` (at least).
+        With ``quota`` (task tag -> trajectories): each task's share, so that tasks whose
+        trajectories finish faster (fewer turns) do not crowd out the slower ones.
+        """
         async with self._cond:
             while True:
                 self.evict_older_than(min_version)
-                if self.ready_trajectories >= num_trajectories:
-                    break
+                if quota is None:
+                    if self.ready_trajectories >= num_trajectories:
+                        break
+                else:
+                    ready = self.ready_by_tag()
+                    if all(ready.get(tag, 0) >= n for tag, n in quota.items()):
+                        break
                 await self._cond.wait()
             batch: list[Trajectory] = []
-            while len(batch) < num_trajectories:
-                _, group = self._ready.popitem(last=False)
-                batch.extend(group.members)
+            if quota is None:
+                while len(batch) < num_trajectories:
+                    _, group = self._ready.popitem(last=False)
+                    batch.extend(group.members)
+            else:
+                need = dict(quota)
+                for gid in list(self._ready):
+                    group = self._ready[gid]
+                    if need.get(group.tag, 0) > 0:
+                        need[group.tag] -= len(group.members)
+                        batch.extend(self._ready.pop(gid).members)
             self.trained += len(batch)
             return batch
 

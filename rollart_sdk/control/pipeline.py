@@ -57,6 +57,7 @@ class StepRecord:
     train_metrics: dict[str, float] = field(default_factory=dict)
     aborted_stale: int = 0
     aborted_surplus: int = 0
+    trained_total: int = 0  # trajectories trained on, this step included
 
 
 class Pipeline:
@@ -88,8 +89,13 @@ class Pipeline:
         self.started = time.time()
         self.update_reports: list[WeightUpdateReport] = []
         r = config.rollout
-        self.launch_per_step = math.ceil(r.batch_size * (1 + r.redundancy) / r.group_size) * r.group_size
         self.alpha = 0 if r.mode == "sync" else (1 if r.mode == "one_off" else r.alpha)
+        self.quota = task_quota(config)
+        # Launches per iteration in sync / one_off: each task's share plus redundancy.
+        self.launch_per_step = {
+            tag: math.ceil(n * (1 + r.redundancy) / r.group_size) * r.group_size
+            for tag, n in self.quota.items()
+        }
         if r.mode == "async" and self.alpha < 1:
             raise ValueError(
                 "rollout.mode async needs rollout.alpha >= 1 (engines receive version n only "
@@ -167,8 +173,11 @@ class Pipeline:
                 self.log.append(f"get_batch:{step}")
                 t0 = time.perf_counter()
                 # The batch is trained at trainer version `step`: bound its staleness.
-                batch = await self.buffer.get_batch(batch_size, min_version=step - self.alpha)
-                rec = StepRecord(step, step, batch, time.perf_counter() - t0)
+                batch = await self.buffer.get_batch(
+                    batch_size, min_version=step - self.alpha, quota=self.quota
+                )
+                rec = StepRecord(step, step, batch, time.perf_counter() - t0,
+                                 trained_total=self.buffer.trained)
                 self.records.append(rec)
                 if mode != "async":
                     rec.aborted_surplus = await self.scheduler.abort_all("surplus")
@@ -207,6 +216,27 @@ class Pipeline:
             self.on_step(rec, metrics)
 
 
+def task_quota(config: RunConfig) -> dict[str, int]:
+    """Trajectories of each task in a batch: whole groups, by sampling weight (largest
+    remainder). Every task gets at least one group."""
+    r = config.rollout
+    groups = r.batch_size // r.group_size
+    tasks = config.tasks
+    if groups < len(tasks):
+        raise ValueError(
+            f"rollout.batch_size {r.batch_size} holds {groups} group(s) of {r.group_size}, "
+            f"fewer than the {len(tasks)} tasks; raise batch_size to at least "
+            f"{len(tasks) * r.group_size}"
+        )
+    total = sum(t.weight for t in tasks)
+    exact = {t.tag: 1 + (groups - len(tasks)) * t.weight / total for t in tasks}
+    alloc = {tag: int(x) for tag, x in exact.items()}
+    left = groups - sum(alloc.values())
+    for tag in sorted(exact, key=lambda k: exact[k] - alloc[k], reverse=True)[:left]:
+        alloc[tag] += 1
+    return {tag: n * r.group_size for tag, n in alloc.items()}
+
+
 def step_metrics(rec: StepRecord, buffer: SampleBuffer, wall: float, proxy: LLMProxy) -> dict[str, Any]:
     by_tag: dict[str, list[Trajectory]] = {}
     for t in rec.batch:
@@ -219,7 +249,7 @@ def step_metrics(rec: StepRecord, buffer: SampleBuffer, wall: float, proxy: LLMP
         "staleness/max": max(staleness),
         "staleness/mean": sum(staleness) / len(staleness),
         "staleness/hist": dict(sorted(Counter(staleness).items())),
-        "trajectories/trained": buffer.trained,
+        "trajectories/trained": rec.trained_total,
         "trajectories/dropped": sum(buffer.dropped.values()),
         "trajectories/aborted_stale": rec.aborted_stale,
         "trajectories/aborted_surplus": rec.aborted_surplus,

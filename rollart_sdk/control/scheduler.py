@@ -38,6 +38,7 @@ class RolloutScheduler:
         max_running: int,
         max_outstanding: int | None = None,
         seed: int = 0,
+        shares: dict[str, float] | None = None,
         event_sink: Callable[[dict[str, Any]], None] | None = None,
     ) -> None:
         if max_running < group_size:
@@ -56,8 +57,11 @@ class RolloutScheduler:
         self._emit = event_sink
         self._tags = list(tasks)
         self._weights = [tasks[t].config.weight for t in self._tags]
+        total = sum(self._weights)
+        # Fraction of launches (and of the outstanding bound) each task may take.
+        self.shares = shares or {t: w / total for t, w in zip(self._tags, self._weights, strict=True)}
         self.running: dict[str, tuple[EnvManager, asyncio.Task[Trajectory]]] = {}
-        self._quota: int | None = None  # None: continuous
+        self._quota: dict[str, int] | None = None  # per-task launches left; None: continuous
         self._wakeup = asyncio.Event()
         self._stopped = False
         self._loop_task: asyncio.Task[None] | None = None
@@ -68,13 +72,16 @@ class RolloutScheduler:
         self.finished = 0
 
     # ------------------------------------------------------------------ control
-    def start(self, quota: int | None = None) -> None:
-        self._quota = quota
+    def start(self, quota: dict[str, int] | None = None) -> None:
+        self._quota = dict(quota) if quota is not None else None
         self._loop_task = asyncio.create_task(self._loop(), name="rollout-scheduler")
 
-    def allow(self, n: int) -> None:
-        """Quota mode: allow ``n`` more trajectory launches (whole groups)."""
-        self._quota = (self._quota or 0) + n
+    def allow(self, per_task: dict[str, int]) -> None:
+        """Quota mode: allow more launches, per task tag (trajectories, whole groups)."""
+        quota = self._quota or {}
+        for tag, n in per_task.items():
+            quota[tag] = quota.get(tag, 0) + n
+        self._quota = quota
         self._wakeup.set()
 
     def set_continuous(self) -> None:
@@ -89,7 +96,7 @@ class RolloutScheduler:
 
     async def abort_all(self, reason: str) -> int:
         if self._quota is not None:
-            self._quota = 0
+            self._quota = {}
         return await self.abort_where(lambda t: True, reason)
 
     async def stop(self, reason: str = "shutdown", timeout: float = 60.0) -> None:
@@ -111,33 +118,40 @@ class RolloutScheduler:
                 pass
 
     # ------------------------------------------------------------------ loop
-    def _can_launch(self) -> bool:
-        if self._stopped:
-            return False
-        if len(self.running) + self.group_size > self.max_running:
-            return False
+    def _launchable_tags(self) -> list[str]:
+        """Tasks that may start a group now (all, or none, outside the async bound)."""
+        if self._stopped or len(self.running) + self.group_size > self.max_running:
+            return []
         if self._quota is not None:
-            return self._quota >= self.group_size
-        if self.max_outstanding is not None:
-            outstanding = len(self.running) + self.buffer.ready_trajectories
-            return outstanding + self.group_size <= self.max_outstanding
-        return True
+            return [t for t in self._tags if self._quota.get(t, 0) >= self.group_size]
+        if self.max_outstanding is None:
+            return self._tags
+        # Per task: running + buffered <= its share of the O(alpha * E) bound, so a task
+        # whose trajectories finish fast cannot fill the buffer and starve the others.
+        ready = self.buffer.ready_by_tag()
+        running: dict[str, int] = {}
+        for m, _ in self.running.values():
+            running[m.traj.tag] = running.get(m.traj.tag, 0) + 1
+        limit = {t: max(self.group_size, self.max_outstanding * self.shares[t]) for t in self._tags}
+        return [t for t in self._tags
+                if running.get(t, 0) + ready.get(t, 0) + self.group_size <= limit[t]]
 
     async def _loop(self) -> None:
         while not self._stopped:
-            while self._can_launch():
-                self._launch_group()
+            while tags := self._launchable_tags():
+                self._launch_group(tags)
             self._wakeup.clear()
             await self._wakeup.wait()
 
-    def _launch_group(self) -> None:
-        tag = self._rng.choices(self._tags, weights=self._weights, k=1)[0]
+    def _launch_group(self, tags: list[str]) -> None:
+        weights = [self.tasks[t].config.weight for t in tags]
+        tag = self._rng.choices(tags, weights=weights, k=1)[0]
         self._group_counter += 1
         group_id = f"g{self._group_counter}"
         env_seed = self._rng.randrange(2**31)
         version = self.version()
         if self._quota is not None:
-            self._quota -= self.group_size
+            self._quota[tag] -= self.group_size
         for _ in range(self.group_size):
             self._traj_counter += 1
             tid = f"{tag}-{group_id}-{self._traj_counter}"

@@ -1,0 +1,1 @@
+"""Example rollart plugin: guess-the-number (see docs/plugins.md)."""

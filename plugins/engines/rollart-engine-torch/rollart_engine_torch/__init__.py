@@ -1,0 +1,1 @@
+"""rollart-engine-torch: the embedded continuous-batching inference engine."""

@@ -1,0 +1,29 @@
+"""engine 'torch' passes the SDK's engine conformance kit."""
+
+from __future__ import annotations
+
+from rollart_engine_torch.engine import TorchEngine
+
+from rollart_sdk.models import load_tokenizer
+from rollart_sdk.testing.engine import check_engine
+from rollart_sdk.weights import split_buckets
+
+
+def test_check_engine(tiny_model, reference, other_weights):
+    tok = load_tokenizer(tiny_model.path)
+
+    def update(version):
+        # Several small buckets, as a transport would deliver them.
+        return split_buckets(other_weights.items(), bucket_bytes=16_000, version=version)
+
+    report = check_engine(
+        lambda: TorchEngine(model=tiny_model, max_running=8, max_seq_len=1024),
+        tokenizer_vocab_size=len(tok),
+        reference_logprobs=reference,
+        update_buckets=update,
+        prompt_ids=tok.encode("You are on a frozen lake. Move:"),
+        eos_token_ids=[tok.eos_token_id],
+    )
+    assert report["skipped"] == []
+    assert "update" in report["passed"] and "logprobs" in report["passed"]
+    assert report["stats"]["recomputed"] >= 1

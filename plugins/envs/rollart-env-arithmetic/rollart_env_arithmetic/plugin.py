@@ -1,0 +1,15 @@
+"""Registers env ``arithmetic``; imports nothing but the SDK's hook marker (cheap)."""
+
+from __future__ import annotations
+
+from rollart_sdk.hookspecs import hookimpl
+
+
+@hookimpl
+def rollart_register_envs(registry):
+    registry.register(
+        "arithmetic",
+        factory="rollart_env_arithmetic.env:ArithmeticEnv",
+        options="rollart_env_arithmetic.env:ArithmeticOptions",
+        summary="compute a+b / a-b / a*b; free-text answer, reward 1 when the final number is right",
+    )

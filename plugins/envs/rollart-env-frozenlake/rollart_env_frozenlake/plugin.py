@@ -1,0 +1,15 @@
+"""Registers env ``frozenlake``; imports nothing but the SDK's hook marker (cheap)."""
+
+from __future__ import annotations
+
+from rollart_sdk.hookspecs import hookimpl
+
+
+@hookimpl
+def rollart_register_envs(registry):
+    registry.register(
+        "frozenlake",
+        factory="rollart_env_frozenlake.env:FrozenLakeTextEnv",
+        options="rollart_env_frozenlake.env:FrozenLakeOptions",
+        summary="gymnasium FrozenLake: text grid observations, actions Left/Down/Right/Up",
+    )

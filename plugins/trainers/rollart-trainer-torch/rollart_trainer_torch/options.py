@@ -1,0 +1,50 @@
+"""Options of trainer ``torch`` (``trainer.options`` in a run config).
+
+Kept free of torch so that validating a config does not import it.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class TorchTrainerOptions(BaseModel):
+    """Optimiser, loss and parallelism settings; see the package README for formulas."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    # AdamW
+    lr: float = Field(1e-5, gt=0)
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = Field(1e-8, gt=0)
+    weight_decay: float = Field(0.0, ge=0)
+    grad_clip: float = Field(1.0, ge=0)  # max global grad norm; 0 = no clipping
+    # Batching: sequences per forward/backward; gradients accumulate over micro-batches.
+    micro_batch_size: int = Field(4, ge=1)
+    # Loss
+    clip_eps: float = Field(0.2, gt=0, lt=1)  # PPO clip, lower side (and upper by default)
+    clip_eps_high: float | None = Field(None, gt=0)  # DAPO clip-higher; None = clip_eps
+    tis_cap: float = Field(2.0, gt=0)  # truncation of importance weights of stale tokens
+    tis_on_fresh: bool = False  # also correct engine/trainer numeric mismatch on fresh tokens
+    loss_agg: Literal["token-mean", "seq-mean"] = "token-mean"
+    kl_coef: float = Field(0.0, ge=0)  # 0 = no reference model is loaded
+    kl_kind: Literal["k1", "k2", "k3"] = "k3"
+    # Advantages (when samples arrive without one): GRPO over the whole batch.
+    adv_eps: float = Field(1e-6, ge=0)
+    adv_normalize_std: bool = True
+    # Runtime
+    seed: int = 0
+    device: str = "auto"  # auto | cpu | cuda | cuda:N
+    dist_backend: Literal["auto", "gloo", "nccl"] = "auto"
+    num_threads: int | None = Field(None, ge=1)  # torch intra-op threads (CPU)
+    gradient_checkpointing: bool = False
+    compute_entropy: bool = True  # entropy metric: one softmax over the vocabulary per token
+    grad_bucket_mb: float = Field(64.0, gt=0)  # all-reduce gradients in buckets of this size
+
+    @model_validator(mode="after")
+    def _betas(self) -> TorchTrainerOptions:
+        if not all(0.0 <= b < 1.0 for b in self.betas):
+            raise ValueError(f"betas must each be in [0, 1), got {list(self.betas)}")
+        return self

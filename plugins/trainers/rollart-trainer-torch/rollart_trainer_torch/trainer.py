@@ -1,0 +1,504 @@
+"""Trainer ``torch``: one GRPO / PPO-clip optimiser step per batch of trajectories.
+
+What one ``train_step`` does, in order (the README has the formulas):
+
+1. advantages: samples without one get GRPO advantages over the *whole* batch (with
+   data parallelism, rewards are gathered from every rank first);
+2. micro-batches: samples sorted by length, right-padded, ``micro_batch_size`` at a time;
+3. per token: log-probs under the current weights, the policy loss anchored at the
+   behaviour policy for fresh tokens and at the current weights with a truncated
+   importance weight for stale ones (decoupled PPO), plus an optional KL to a frozen
+   reference; every micro-batch loss is normalised by the token (or sequence) count of
+   the whole batch on all ranks, so accumulated gradients equal the full-batch gradient;
+4. gradients summed over ranks (torch.distributed all-reduce), clipped, AdamW step;
+5. ``version`` + 1.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import random
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from safetensors.torch import load_file, load_model, save_file, save_model
+from transformers import AutoModelForCausalLM
+
+from rollart_sdk.algorithms import (
+    aggregate,
+    fill_advantages,
+    kl_penalty,
+    ppo_clip_loss,
+    token_entropy,
+    token_logprobs,
+    truncated_is_weights,
+)
+from rollart_sdk.config import ModelConfig
+from rollart_sdk.types import TrainSample, WeightBucket
+from rollart_sdk.weights import split_buckets
+from rollart_trainer_torch.options import TorchTrainerOptions
+
+CHECKPOINT_FORMAT = 1
+_MODEL_FILE = "model.safetensors"
+_OPTIM_FILE = "optimizer.safetensors"
+_RNG_FILE = "rng.safetensors"
+_STATE_FILE = "trainer_state.json"  # written last: its presence marks a complete checkpoint
+# Files of a checkpoint folder that save_pretrained copies along (tokenizer, templates).
+_SIDE_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "vocab.json",
+    "vocab.txt",
+    "merges.txt",
+    "tokenizer.model",
+    "added_tokens.json",
+    "chat_template.jinja",
+    "chat_template.json",
+)
+
+
+class TorchTrainer:
+    """Implements :class:`rollart_sdk.interfaces.Trainer` on a Hugging Face causal LM.
+
+    ``model.path`` must be a checkpoint folder (the pipeline turns ``gguf`` / ``tiny``
+    models into one before workers start). With ``world_size > 1`` every rank builds
+    one ``TorchTrainer`` with the same options and ``init_method`` (``tcp://host:port``
+    or ``file:///shared/path``), receives its shard of each batch, and all ranks stay in
+    lockstep: same number of collectives per step, identical weights after each step.
+    """
+
+    def __init__(
+        self,
+        model: ModelConfig | str,
+        rank: int = 0,
+        world_size: int = 1,
+        init_method: str | None = None,
+        **options: Any,
+    ) -> None:
+        self.options = TorchTrainerOptions.model_validate(options)
+        o = self.options
+        self.rank, self.world_size = int(rank), int(world_size)
+        if not 0 <= self.rank < self.world_size:
+            raise ValueError(f"trainer rank {rank} is outside world_size {world_size}")
+        self.model_path = _checkpoint_path(model)
+        dtype = getattr(torch, model.dtype) if isinstance(model, ModelConfig) else torch.float32
+        if o.num_threads:
+            torch.set_num_threads(o.num_threads)
+        random.seed(o.seed)
+        torch.manual_seed(o.seed)
+        self.device = _resolve_device(o.device, self.rank)
+        if self.world_size > 1:
+            self._init_distributed(init_method)
+
+        self.model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=dtype)
+        self.model.to(self.device)
+        self.model.train()
+        if o.gradient_checkpointing:
+            self.model.gradient_checkpointing_enable()
+        if self.world_size > 1:  # same start on every rank whatever each one loaded
+            with torch.no_grad():
+                for t in self.model.state_dict().values():
+                    dist.broadcast(t, src=0)
+        # A frozen copy of the starting policy, only when the KL term needs it.
+        self.ref_model = None
+        if o.kl_coef > 0:
+            self.ref_model = copy.deepcopy(self.model).eval().requires_grad_(False)
+        self.params = [p for p in self.model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(
+            self.params, lr=o.lr, betas=o.betas, eps=o.eps, weight_decay=o.weight_decay
+        )
+        self.pad_id = int(getattr(self.model.config, "pad_token_id", None) or 0)
+        self._version = 0
+        self._step = 0
+
+    # ------------------------------------------------------------------ protocol
+
+    @property
+    def version(self) -> int:
+        """Policy version: the number of optimiser steps taken (engines tag tokens with it)."""
+        return self._version
+
+    def train_step(self, batch: list[TrainSample]) -> dict[str, float]:
+        """One AdamW step on ``batch`` (this rank's shard); returns whole-batch metrics."""
+        o = self.options
+        if not batch and self.world_size == 1:
+            raise ValueError("train_step got an empty batch")
+        for i, s in enumerate(batch):
+            _check_sample(i, s)
+        self._fill_advantages(batch)
+
+        # Whole-batch denominators (all ranks), so micro-batch losses add up exactly.
+        n_tokens = sum(sum(s.loss_mask[1:]) for s in batch)
+        n_seqs = sum(1 for s in batch if any(s.loss_mask[1:]))
+        counts = self._all_reduce(torch.tensor([n_tokens, n_seqs], dtype=torch.float64))
+        normalizer = float(counts[0] if o.loss_agg == "token-mean" else counts[1])
+        normalizer = max(normalizer, 1.0)
+
+        self.optimizer.zero_grad(set_to_none=True)
+        # Metric sums over tokens (reduced over ranks at the end).
+        sums = dict.fromkeys(
+            ("loss", "pg_loss", "kl", "clip", "approx_kl", "ratio", "entropy", "stale",
+             "tis_w", "tokens"), 0.0
+        )
+        ratio_max = 0.0
+        order = sorted(range(len(batch)), key=lambda i: -len(batch[i].input_ids))
+        for start in range(0, len(order), o.micro_batch_size):
+            mb = [batch[i] for i in order[start : start + o.micro_batch_size]]
+            t = self._pad(mb)
+            logits = self.model(input_ids=t["ids"], attention_mask=t["attn"]).logits
+            logp = token_logprobs(logits, t["ids"])
+            mask = t["mask"][:, 1:]
+            beh = t["beh"][:, 1:]
+            m = mask.bool()
+            # Decoupled PPO: a token sampled by an older version is anchored at the current
+            # (proximal) weights and reweighted by min(pi_prox / mu, cap); a fresh token is
+            # anchored at its behaviour log-prob (same weights as ours).
+            stale = (t["vers"][:, 1:] < self._version) & m
+            corrected = m if o.tis_on_fresh else stale
+            old = torch.where(corrected, logp.detach(), beh)
+            w = torch.where(corrected, truncated_is_weights(logp, beh, o.tis_cap), torch.ones_like(beh))
+            pg_loss, st = ppo_clip_loss(
+                logp, old, t["adv"], mask, o.clip_eps, o.clip_eps_high, o.loss_agg,
+                is_weights=w, normalizer=normalizer,
+            )
+            loss = pg_loss
+            if self.ref_model is not None:
+                with torch.no_grad():
+                    ref_logits = self.ref_model(input_ids=t["ids"], attention_mask=t["attn"]).logits
+                    ref_lp = token_logprobs(ref_logits, t["ids"])
+                kl = kl_penalty(logp, ref_lp, o.kl_kind)
+                loss = loss + o.kl_coef * aggregate(kl, mask, o.loss_agg, normalizer)
+                sums["kl"] += float((kl.detach() * mask).sum())
+            loss.backward()
+
+            ntok = float(st["tokens"])
+            sums["loss"] += float(loss.detach())
+            sums["pg_loss"] += float(pg_loss.detach())
+            sums["clip"] += float(st["clip_frac"]) * ntok
+            sums["approx_kl"] += float(st["approx_kl"]) * ntok
+            sums["ratio"] += float(st["ratio_mean"]) * ntok
+            sums["stale"] += float(stale.sum())
+            sums["tis_w"] += float((w * stale).sum())
+            sums["tokens"] += ntok
+            ratio_max = max(ratio_max, float(st["ratio_max"]))
+            if o.compute_entropy:
+                with torch.no_grad():
+                    sums["entropy"] += float((token_entropy(logits.detach()) * mask).sum())
+            del logits, logp, loss
+
+        self._all_reduce_grads()
+        keys = list(sums)
+        reduced = self._all_reduce(torch.tensor([sums[k] for k in keys], dtype=torch.float64))
+        sums = dict(zip(keys, reduced.tolist(), strict=True))
+        ratio_max = float(self._all_reduce(torch.tensor([ratio_max]), op="max")[0])
+
+        max_norm = o.grad_clip if o.grad_clip > 0 else math.inf
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, max_norm))
+        skipped = not math.isfinite(grad_norm)
+        if not skipped:  # a non-finite gradient would poison AdamW's moments for good
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self._version += 1
+        self._step += 1
+
+        ntok = max(sums["tokens"], 1.0)
+        rewards = [s.reward for s in batch]
+        advs = [float(s.advantage or 0.0) for s in batch]
+        return {
+            "loss": sums["loss"],
+            "pg_loss": sums["pg_loss"],
+            "kl": sums["kl"] / ntok,
+            "grad_norm": grad_norm,
+            "clip_frac": sums["clip"] / ntok,
+            "approx_kl": sums["approx_kl"] / ntok,
+            "ratio_mean": sums["ratio"] / ntok,
+            "ratio_max": ratio_max,
+            "entropy": sums["entropy"] / ntok if o.compute_entropy else float("nan"),
+            "stale_frac": sums["stale"] / ntok,
+            "tis_weight_mean": sums["tis_w"] / max(sums["stale"], 1.0),
+            "tokens": sums["tokens"],
+            "sequences": float(counts[1]),
+            # reward/advantage means are of this rank's shard (the pipeline logs the batch's)
+            "reward_mean": sum(rewards) / max(len(rewards), 1),
+            "advantage_abs_mean": sum(abs(a) for a in advs) / max(len(advs), 1),
+            "lr": float(self.optimizer.param_groups[0]["lr"]),
+            "skipped": float(skipped),
+            "version": float(self._version),
+        }
+
+    def export_weights(self, bucket_bytes: int) -> Iterator[WeightBucket]:
+        """This version's weights as checksummed buckets (CPU copies, taken lazily bucket
+        by bucket, so a later step cannot change a bucket already handed out)."""
+        named = ((k, v.detach().to("cpu", copy=True)) for k, v in self.model.state_dict().items())
+        return split_buckets(named, bucket_bytes, self._version)
+
+    def save_checkpoint(self, path: str) -> None:
+        """Model, AdamW moments, step/version and RNG states, as safetensors + JSON.
+
+        Ranks hold identical state, so only rank 0 writes; ``path`` is a folder.
+        """
+        if self.rank != 0:
+            return
+        out = Path(path)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / _STATE_FILE).unlink(missing_ok=True)  # incomplete until rewritten below
+        save_model(self.model, str(out / _MODEL_FILE))
+        sd = self.optimizer.state_dict()
+        tensors: dict[str, torch.Tensor] = {}
+        scalars: dict[str, dict[str, Any]] = {}
+        for pid, state in sd["state"].items():
+            for name, value in state.items():
+                if isinstance(value, torch.Tensor):
+                    tensors[f"{pid}.{name}"] = value.detach().cpu().contiguous()
+                else:
+                    scalars.setdefault(str(pid), {})[name] = value
+        save_file(tensors, str(out / _OPTIM_FILE))
+        rng = {"torch_cpu": torch.get_rng_state()}
+        if torch.cuda.is_available():
+            for i, s in enumerate(torch.cuda.get_rng_state_all()):
+                rng[f"torch_cuda_{i}"] = s
+        save_file(rng, str(out / _RNG_FILE))
+        state = {
+            "format": CHECKPOINT_FORMAT,
+            "version": self._version,
+            "step": self._step,
+            "world_size": self.world_size,
+            "param_groups": sd["param_groups"],
+            "optimizer_scalars": scalars,
+            "python_random": _jsonable(random.getstate()),
+            "options": self.options.model_dump(mode="json"),
+        }
+        (out / _STATE_FILE).write_text(json.dumps(state, indent=1))
+
+    def load_checkpoint(self, path: str) -> None:
+        """Restore what :meth:`save_checkpoint` wrote; the next step is then the same as
+        the one the saving trainer would have taken. Every rank loads (shared storage)."""
+        src = Path(path)
+        if not (src / _STATE_FILE).is_file():
+            raise FileNotFoundError(
+                f"{src} is not a complete torch-trainer checkpoint ({_STATE_FILE} missing): "
+                "give the folder passed to save_checkpoint, or an earlier checkpoint if the "
+                "save was interrupted"
+            )
+        state = json.loads((src / _STATE_FILE).read_text())
+        if state.get("format") != CHECKPOINT_FORMAT:
+            raise ValueError(
+                f"{src / _STATE_FILE}: checkpoint format {state.get('format')!r} is not "
+                f"supported (this trainer reads format {CHECKPOINT_FORMAT})"
+            )
+        missing, unexpected = load_model(self.model, str(src / _MODEL_FILE), strict=False,
+                                         device=str(self.device))
+        if missing or unexpected:
+            raise ValueError(
+                f"{src / _MODEL_FILE} does not match the model at {self.model_path}: "
+                f"missing {sorted(missing)[:5]}, unexpected {sorted(unexpected)[:5]} "
+                "(was it saved from a different architecture?)"
+            )
+        flat = load_file(str(src / _OPTIM_FILE), device=str(self.device))
+        opt_state: dict[int, dict[str, Any]] = {}
+        for key, value in flat.items():
+            pid, name = key.split(".", 1)
+            # AdamW keeps 'step' on the CPU unless capturable/fused.
+            opt_state.setdefault(int(pid), {})[name] = value.cpu() if name == "step" else value
+        for pid, values in state["optimizer_scalars"].items():
+            opt_state.setdefault(int(pid), {}).update(values)
+        self.optimizer.load_state_dict({"state": opt_state, "param_groups": state["param_groups"]})
+        rng = load_file(str(src / _RNG_FILE))
+        torch.set_rng_state(rng["torch_cpu"])
+        if torch.cuda.is_available():
+            cuda = [rng[k] for k in sorted(rng) if k.startswith("torch_cuda_")]
+            if len(cuda) == torch.cuda.device_count():
+                torch.cuda.set_rng_state_all(cuda)
+        random.setstate(_tuplify(state["python_random"]))
+        self._version = int(state["version"])
+        self._step = int(state["step"])
+
+    def save_pretrained(self, path: str) -> None:
+        """A Hugging Face checkpoint folder (``AutoModelForCausalLM.from_pretrained``
+        loads it), with the source folder's tokenizer files copied along. Rank 0 writes."""
+        if self.rank != 0:
+            return
+        out = Path(path)
+        self.model.save_pretrained(out)
+        for name in _SIDE_FILES:
+            f = Path(self.model_path) / name
+            if f.is_file() and not (out / name).exists():
+                shutil.copy2(f, out / name)
+
+    def close(self) -> None:
+        """Leave the process group (if this trainer created one)."""
+        if self.world_size > 1 and dist.is_initialized():
+            dist.destroy_process_group()
+
+    # ------------------------------------------------------------------ internals
+
+    def _init_distributed(self, init_method: str | None) -> None:
+        if dist.is_initialized():
+            if dist.get_world_size() != self.world_size or dist.get_rank() != self.rank:
+                raise RuntimeError(
+                    f"torch.distributed is already initialised as rank {dist.get_rank()} of "
+                    f"{dist.get_world_size()}, but this trainer is rank {self.rank} of "
+                    f"{self.world_size}"
+                )
+            return
+        if not init_method:
+            raise ValueError(
+                f"trainer rank {self.rank} of {self.world_size}: data parallelism needs "
+                "init_method (tcp://HOST:PORT reachable by every rank, or file:///shared/path)"
+            )
+        backend = self.options.dist_backend
+        if backend == "auto":
+            backend = "nccl" if self.device.type == "cuda" else "gloo"
+        dist.init_process_group(backend, init_method=init_method, rank=self.rank,
+                                world_size=self.world_size)
+
+    def _all_reduce(self, t: torch.Tensor, op: str = "sum") -> torch.Tensor:
+        """Reduce a small CPU tensor over ranks (identity with one rank)."""
+        if self.world_size == 1:
+            return t
+        x = t.to(self.device)
+        dist.all_reduce(x, op=dist.ReduceOp.MAX if op == "max" else dist.ReduceOp.SUM)
+        return x.cpu()
+
+    def _all_reduce_grads(self) -> None:
+        """Sum gradients over ranks in flat buckets (one collective per bucket).
+
+        Losses are already divided by the whole-batch count, so the sum is the
+        full-batch gradient. A rank with no samples contributes zeros.
+        """
+        for p in self.params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        if self.world_size == 1:
+            return
+        limit = int(self.options.grad_bucket_mb * 2**20)
+        bucket: list[torch.Tensor] = []
+        size = 0
+        for p in self.params:
+            bucket.append(p.grad)
+            size += p.grad.numel() * p.grad.element_size()
+            if size >= limit:
+                _all_reduce_flat(bucket)
+                bucket, size = [], 0
+        if bucket:
+            _all_reduce_flat(bucket)
+
+    def _fill_advantages(self, batch: list[TrainSample]) -> None:
+        """GRPO advantages for samples without one, over the batch on *all* ranks."""
+        o = self.options
+        if self.world_size == 1:
+            fill_advantages(batch, o.adv_eps, o.adv_normalize_std)
+            return
+        # Every rank takes part in the same collectives, needed or not (lockstep).
+        need = any(s.advantage is None for s in batch)
+        if not self._all_reduce(torch.tensor([float(need)]), op="max")[0]:
+            return
+        mine = [(s.reward, s.group_id, s.advantage) for s in batch]
+        gathered: list[Any] = [None] * self.world_size
+        dist.all_gather_object(gathered, mine)
+        full = [
+            TrainSample([], [], [], [], reward=r, group_id=g, advantage=a)
+            for part in gathered
+            for r, g, a in part
+        ]
+        fill_advantages(full, o.adv_eps, o.adv_normalize_std)
+        offset = sum(len(part) for part in gathered[: self.rank])
+        for s, f in zip(batch, full[offset : offset + len(batch)], strict=True):
+            s.advantage = f.advantage
+
+    def _pad(self, mb: list[TrainSample]) -> dict[str, torch.Tensor]:
+        """Right-pad a micro-batch (causal attention: padding after a sequence never
+        influences its tokens, and the loss mask is 0 there)."""
+        n, length = len(mb), max(len(s.input_ids) for s in mb)
+        ids = torch.full((n, length), self.pad_id, dtype=torch.long)
+        attn = torch.zeros((n, length), dtype=torch.long)
+        mask = torch.zeros((n, length), dtype=torch.float32)
+        beh = torch.zeros((n, length), dtype=torch.float32)
+        vers = torch.full((n, length), self._version, dtype=torch.long)
+        for i, s in enumerate(mb):
+            k = len(s.input_ids)
+            ids[i, :k] = torch.tensor(s.input_ids, dtype=torch.long)
+            attn[i, :k] = 1
+            mask[i, :k] = torch.tensor(s.loss_mask, dtype=torch.float32)
+            beh[i, :k] = torch.tensor(s.behaviour_logprobs, dtype=torch.float32)
+            vers[i, :k] = torch.tensor(s.token_versions, dtype=torch.long)
+        adv = torch.tensor([float(s.advantage) for s in mb], dtype=torch.float32)
+        out = {"ids": ids, "attn": attn, "mask": mask, "beh": beh, "vers": vers, "adv": adv}
+        return {k: v.to(self.device) for k, v in out.items()}
+
+
+def _all_reduce_flat(tensors: list[torch.Tensor]) -> None:
+    flat = torch.cat([t.reshape(-1) for t in tensors])
+    dist.all_reduce(flat)
+    offset = 0
+    for t in tensors:
+        n = t.numel()
+        t.copy_(flat[offset : offset + n].view_as(t))
+        offset += n
+
+
+def _check_sample(i: int, s: TrainSample) -> None:
+    n = len(s.input_ids)
+    lengths = {
+        "loss_mask": len(s.loss_mask),
+        "behaviour_logprobs": len(s.behaviour_logprobs),
+        "token_versions": len(s.token_versions),
+    }
+    bad = {k: v for k, v in lengths.items() if v != n}
+    if bad:
+        raise ValueError(
+            f"batch[{i}] (group {s.group_id!r}): input_ids has {n} tokens but {bad}; "
+            "all per-token lists of a TrainSample must have the same length"
+        )
+    if n < 2:
+        raise ValueError(f"batch[{i}] (group {s.group_id!r}) has {n} token(s); need >= 2")
+    if s.loss_mask[0]:
+        raise ValueError(
+            f"batch[{i}] (group {s.group_id!r}): loss_mask[0] is 1, but the first token has "
+            "no context to be predicted from; a trajectory starts with prompt tokens (mask 0)"
+        )
+
+
+def _checkpoint_path(model: ModelConfig | str) -> str:
+    path = model if isinstance(model, str) else model.path
+    if path is None:
+        raise ValueError(
+            "trainer 'torch' needs model.path (a Hugging Face checkpoint folder); the "
+            "pipeline converts model.gguf / model.tiny to one before starting trainers. "
+            "When constructing TorchTrainer directly, pass ModelConfig(path=...)"
+        )
+    if not (Path(path) / "config.json").is_file():
+        raise FileNotFoundError(
+            f"model.path {path!r} is not a Hugging Face checkpoint folder (no config.json)"
+        )
+    return str(path)
+
+
+def _resolve_device(spec: str, rank: int) -> torch.device:
+    if spec == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda", rank % torch.cuda.device_count())
+        return torch.device("cpu")
+    dev = torch.device(spec)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"trainer option device={spec!r} but CUDA is not available here; use cpu")
+    return dev
+
+
+def _jsonable(obj: Any) -> Any:
+    if isinstance(obj, tuple):
+        return [_jsonable(x) for x in obj]
+    return obj
+
+
+def _tuplify(obj: Any) -> Any:
+    if isinstance(obj, list):
+        return tuple(_tuplify(x) for x in obj)
+    return obj

@@ -1,0 +1,144 @@
+"""Trainer ``torch`` on a tiny Llama: conformance kit, learning, options and errors."""
+
+from __future__ import annotations
+
+import copy
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from rollart_trainer_torch.trainer import TorchTrainer
+from trainer_torch_helpers import behaviour_logprobs, make_batch, make_tiny_checkpoint
+from transformers import AutoModelForCausalLM
+
+from rollart_sdk.config import ModelConfig
+from rollart_sdk.errors import ConfigError
+from rollart_sdk.interfaces import Trainer
+from rollart_sdk.plugins import load_plugins
+from rollart_sdk.testing.trainer import check_trainer
+from rollart_sdk.types import TrainSample
+
+torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_tiny_checkpoint(tmp_path_factory.mktemp("tiny"))
+
+
+def _trainer(path: Path, **options: object) -> TorchTrainer:
+    opts = {"lr": 1e-3, "micro_batch_size": 3, "seed": 0, "num_threads": 1, **options}
+    return TorchTrainer(model=ModelConfig(path=str(path)), **opts)
+
+
+@pytest.mark.parametrize("tie", [False, True], ids=["untied", "tied-embeddings"])
+def test_conformance_kit(tmp_path: Path, tie: bool) -> None:
+    path = make_tiny_checkpoint(tmp_path / "model", tie=tie)
+    batch = make_batch(path)
+    report = check_trainer(lambda: _trainer(path, kl_coef=0.05), batch, bucket_bytes=8192)
+    assert report["loss_after"] < report["loss_before"]
+    assert report["buckets"] > 1  # the bound was exercised
+    m = report["metrics"]
+    assert m["tokens"] == sum(sum(s.loss_mask) for s in batch)
+    assert m["stale_frac"] == 0.0 and m["clip_frac"] == 0.0  # fresh, on-policy batch
+    assert m["ratio_mean"] == pytest.approx(1.0, abs=1e-4)  # engine == trainer numerics
+    assert m["kl"] == pytest.approx(0.0, abs=1e-6)  # reference == policy at step 0
+    assert m["entropy"] > 0
+
+
+def test_learns_to_prefer_positive_actions(ckpt: Path) -> None:
+    """Same prompt, two actions: reward 1 vs 0. A few steps (on the now stale batch,
+    through the TIS path) must raise log p(good) and lower log p(bad)."""
+    model = AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.float32).eval()
+    prompt, good, bad = [3, 4, 5], [10, 11, 12], [20, 21, 22]
+
+    def sample(action: list[int], reward: float) -> TrainSample:
+        ids = prompt + action
+        mask = [0, 0, 0, 1, 1, 1]
+        lps = behaviour_logprobs(model, ids)
+        return TrainSample(ids, mask, [lp * m for lp, m in zip(lps, mask, strict=True)],
+                           [-1, -1, -1, 0, 0, 0], reward, "g")
+
+    batch = [sample(good, 1.0), sample(bad, 0.0)] * 2
+    trainer = _trainer(ckpt, lr=3e-3)
+
+    def seq_logprob(action: list[int]) -> float:
+        return sum(behaviour_logprobs(trainer.model, prompt + action)[3:])
+
+    start_good, start_bad = seq_logprob(good), seq_logprob(bad)
+    metrics = [trainer.train_step(copy.deepcopy(batch)) for _ in range(5)]
+    assert trainer.version == 5
+    assert seq_logprob(good) > start_good + 0.5
+    assert seq_logprob(bad) < start_bad - 0.5
+    # steps 2.. train on tokens of version 0: stale, importance-weighted and capped
+    assert metrics[0]["stale_frac"] == 0.0
+    assert all(m["stale_frac"] == 1.0 for m in metrics[1:])
+    assert all(0 < m["tis_weight_mean"] <= 2.0 for m in metrics[1:])
+    assert any(m["tis_weight_mean"] != pytest.approx(1.0, abs=1e-3) for m in metrics[1:])
+
+
+def test_micro_batching_gives_the_full_batch_gradient(ckpt: Path) -> None:
+    batch = make_batch(ckpt, seed=3)
+    weights = []
+    for mbs in (1, 8):
+        t = _trainer(ckpt, micro_batch_size=mbs, loss_agg="seq-mean", grad_clip=0.0)
+        m = t.train_step(copy.deepcopy(batch))
+        weights.append((m, {k: v.clone() for k, v in t.model.state_dict().items()}))
+    (m1, w1), (m8, w8) = weights
+    assert m1["loss"] == pytest.approx(m8["loss"], abs=1e-6)
+    assert m1["grad_norm"] == pytest.approx(m8["grad_norm"], rel=1e-4)
+    for k in w1:
+        assert torch.allclose(w1[k], w8[k], atol=1e-5), k
+
+
+def test_save_pretrained_loads_with_transformers(ckpt: Path, tmp_path: Path) -> None:
+    t = _trainer(ckpt)
+    t.train_step(make_batch(ckpt))
+    t.save_pretrained(str(tmp_path / "out"))
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "out", dtype=torch.float32)
+    for k, v in t.model.state_dict().items():
+        assert torch.equal(loaded.state_dict()[k], v), k
+
+
+def test_registered_through_the_entry_point_without_importing_torch() -> None:
+    code = (
+        "import sys; from rollart_sdk.plugins import load_plugins;"
+        "ps = load_plugins(autoload=True, strict=False);"
+        "d = ps.registry.get('trainer', 'torch');"
+        "assert d.factory == 'rollart_trainer_torch.trainer:TorchTrainer', d;"
+        "d.validate_options({'lr': 1e-4, 'loss_agg': 'seq-mean'});"
+        "assert 'torch' not in sys.modules, 'registration imported torch'"
+    )
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr[-2000:]
+
+
+def test_options_errors_name_the_key(ckpt: Path) -> None:
+    desc = load_plugins(autoload=True, strict=False).registry.get("trainer", "torch")
+    with pytest.raises(ConfigError, match="trainer.options.learning_rate.*allowed keys: lr"):
+        desc.validate_options({"learning_rate": 1e-3}, where="trainer.options")
+    with pytest.raises(ConfigError, match="trainer.options.loss_agg"):
+        desc.validate_options({"loss_agg": "sum"}, where="trainer.options")
+    t = desc.create({"lr": 1e-3, "num_threads": 1}, model=ModelConfig(path=str(ckpt)),
+                    rank=0, world_size=1, init_method=None)
+    assert isinstance(t, Trainer) and t.version == 0
+
+
+def test_user_errors_say_what_and_how(ckpt: Path, tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match="no config.json"):
+        _trainer(tmp_path)
+    with pytest.raises(ValueError, match="needs model.path"):
+        TorchTrainer(model=ModelConfig(gguf="x.gguf"))
+    with pytest.raises(ValueError, match="init_method"):
+        TorchTrainer(model=ModelConfig(path=str(ckpt)), rank=1, world_size=2)
+    t = _trainer(ckpt)
+    bad = TrainSample([1, 2, 3], [1, 1, 1], [0.0] * 3, [0] * 3, 1.0, "g")
+    with pytest.raises(ValueError, match=r"batch\[0\].*loss_mask\[0\] is 1"):
+        t.train_step([bad])
+    bad = TrainSample([1, 2, 3], [0, 1], [0.0] * 3, [0] * 3, 1.0, "g")
+    with pytest.raises(ValueError, match="same length"):
+        t.train_step([bad])
+    with pytest.raises(FileNotFoundError, match="not a complete torch-trainer checkpoint"):
+        t.load_checkpoint(str(tmp_path))

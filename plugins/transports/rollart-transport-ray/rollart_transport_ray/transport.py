@@ -1,0 +1,247 @@
+"""Weight transport through Ray's object store: publish once, every engine pulls.
+
+The trainer-side transport (``role="sender"``) ``ray.put``s each bucket of a version once
+and keeps the ObjectRefs; the manifest it returns carries those refs as
+``BucketRef.handle``, so it can travel to any actor of the job (Ray serialises refs nested
+in dataclasses and tracks the receivers as borrowers). Engine-side transports
+(``role="receiver"``) ``ray.get`` each bucket and verify it against the manifest.
+
+Releasing a version is the sender's decision, not a side effect of who still holds a
+manifest: Ray frees an object only once every holder of its ref has dropped it, so a
+stale manifest lying in some actor would otherwise keep an old version fetchable. The
+sender therefore also records each live version in Ray's GCS key-value store; ``release``
+deletes that key and drops the sender's refs, and ``fetch`` refuses a version whose key
+is gone. The memory itself is reclaimed once the last manifest copy is dropped.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import uuid
+from collections import OrderedDict
+from collections.abc import Iterable, Iterator
+from typing import Any, ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from rollart_sdk.types import WeightBucket, WeightManifest
+from rollart_sdk.weights import WeightSyncError, bucket_ref, verify
+
+TRANSPORT_NAME = "ray"
+_KV_NAMESPACE = "rollart"
+
+
+class RayTransportOptions(BaseModel):
+    """Options of ``transport: {backend: ray, options: {...}}``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    keep_versions: int = Field(
+        2,
+        ge=1,
+        description="published versions the sender keeps fetchable; publishing a newer "
+        "one releases the oldest beyond this count (2 lets slow engines finish pulling "
+        "version n while n+1 lands)",
+    )
+    fetch_timeout_s: float = Field(
+        300.0,
+        gt=0,
+        description="seconds a receiver waits for one bucket (ray.get timeout) before the "
+        "fetch fails with WeightSyncError",
+    )
+
+
+def _ray() -> Any:
+    """Import ray and insist on a connected driver/worker (a clear error otherwise)."""
+    import ray
+
+    if not ray.is_initialized():
+        raise RuntimeError(
+            "the 'ray' weight transport needs a running Ray: call "
+            "rollart_sdk.ray_utils.init_ray() first (inside Ray actors it already is)"
+        )
+    return ray
+
+
+def _kv() -> Any:
+    from ray.experimental import internal_kv
+
+    return internal_kv
+
+
+def _live_key(sender: str, version: int) -> bytes:
+    return f"transport/ray/{sender}/{version}".encode()
+
+
+def _get(handle: Any, timeout_s: float) -> Any:
+    """``ray.get`` with a timeout, through the ref's future.
+
+    Engine workers are async actors and fetch runs in a stager's background thread; a
+    plain ``ray.get`` there is fine but makes Ray warn that it "blocks the event loop".
+    """
+    future = handle.future()
+    try:
+        return future.result(timeout=timeout_s)
+    except concurrent.futures.TimeoutError:  # not the builtin TimeoutError before 3.11
+        future.cancel()
+        raise TimeoutError(f"no result within {timeout_s}s") from None
+
+
+class RayObjectStoreTransport:
+    """:class:`rollart_sdk.interfaces.WeightTransport` over Ray's object store (pull).
+
+    Factory call: ``RayObjectStoreTransport(role="sender"|"receiver", keep_versions=2,
+    fetch_timeout_s=300.0)``. Only a sender may ``publish`` and ``release``; any role may
+    ``fetch``.
+    """
+
+    style: ClassVar[Literal["push", "pull"]] = "pull"
+
+    def __init__(
+        self,
+        role: str = "sender",
+        keep_versions: int = 2,
+        fetch_timeout_s: float = 300.0,
+    ) -> None:
+        if role not in ("sender", "receiver"):
+            raise ValueError(f"role must be 'sender' or 'receiver', got {role!r}")
+        opts = RayTransportOptions(keep_versions=keep_versions, fetch_timeout_s=fetch_timeout_s)
+        self.role = role
+        self.keep_versions = opts.keep_versions
+        self.fetch_timeout_s = opts.fetch_timeout_s
+        self.sender_id = uuid.uuid4().hex[:16]
+        # version -> the ObjectRefs that keep its buckets alive, oldest first.
+        self._published: OrderedDict[int, list[Any]] = OrderedDict()
+
+    # -- sender side ---------------------------------------------------------------
+    @property
+    def published_versions(self) -> list[int]:
+        """Versions this sender still keeps fetchable, oldest first."""
+        return list(self._published)
+
+    def publish(self, version: int, buckets: Iterable[WeightBucket]) -> WeightManifest:
+        """Put every bucket into the object store once; returns at once with the manifest.
+
+        A bucket's ``checksum`` (computed at export) is trusted and carried to receivers,
+        which verify the bytes they get against it; an empty one is computed here.
+        """
+        self._require_sender("publish")
+        ray = _ray()
+        if self._published and version <= next(reversed(self._published)):
+            raise ValueError(
+                f"publish(version={version}): versions must increase; this sender already "
+                f"published {next(reversed(self._published))}"
+            )
+        refs = []
+        handles: list[Any] = []
+        for bucket in buckets:
+            if bucket.version != version:
+                raise ValueError(
+                    f"publish(version={version}) got bucket {bucket.index} of version "
+                    f"{bucket.version}; export buckets with the version being published"
+                )
+            entry = bucket_ref(bucket)  # fills bucket.checksum when empty
+            entry.handle = ray.put(bucket)
+            handles.append(entry.handle)
+            refs.append(entry)
+        if not refs:
+            raise ValueError(f"publish(version={version}) got no buckets")
+        self._published[version] = handles
+        _kv()._internal_kv_put(
+            _live_key(self.sender_id, version), b"1", overwrite=True, namespace=_KV_NAMESPACE
+        )
+        for old in list(self._published)[: -self.keep_versions]:
+            self.release(old)
+        return WeightManifest(
+            version=version,
+            transport=TRANSPORT_NAME,
+            buckets=refs,
+            meta={"sender": self.sender_id, "keep_versions": self.keep_versions},
+        )
+
+    def release(self, version: int) -> None:
+        """Make ``version`` unfetchable and drop the sender's refs (no-op if unknown)."""
+        self._require_sender("release")
+        handles = self._published.pop(version, None)
+        if handles is None:
+            return
+        handles.clear()
+        import ray
+
+        if ray.is_initialized():
+            _kv()._internal_kv_del(
+                _live_key(self.sender_id, version), namespace=_KV_NAMESPACE
+            )
+
+    def close(self) -> None:
+        """Release every version this sender still holds (a receiver holds nothing)."""
+        if self.role == "sender":
+            for version in list(self._published):
+                self.release(version)
+
+    # -- receiver side -------------------------------------------------------------
+    def fetch(self, manifest: WeightManifest) -> Iterator[WeightBucket]:
+        """Yield each bucket of ``manifest`` whole and verified, or raise WeightSyncError."""
+        _ray()
+        from ray.exceptions import GetTimeoutError, ObjectLostError, RayError
+
+        version = manifest.version
+        if manifest.transport != TRANSPORT_NAME:
+            raise WeightSyncError(
+                version,
+                f"manifest was published by transport {manifest.transport!r}, this is "
+                f"{TRANSPORT_NAME!r}; configure the same transport for trainer and engines",
+            )
+        sender = manifest.meta.get("sender")
+        if not sender:
+            raise WeightSyncError(
+                version, "manifest has no meta['sender']; it was not made by publish()"
+            )
+        if not _kv()._internal_kv_exists(_live_key(sender, version), namespace=_KV_NAMESPACE):
+            raise WeightSyncError(
+                version,
+                f"version {version} was released by its sender (it keeps the newest "
+                f"{manifest.meta.get('keep_versions')} versions, keep_versions) or the "
+                "sender closed; fetch the newest manifest instead",
+            )
+        for ref in manifest.buckets:
+            if ref.handle is None:
+                raise WeightSyncError(
+                    version, "manifest entry has no ObjectRef handle", ref.index
+                )
+            try:
+                bucket = _get(ref.handle, self.fetch_timeout_s)
+            except (GetTimeoutError, TimeoutError):
+                raise WeightSyncError(
+                    version,
+                    f"ray.get timed out after {self.fetch_timeout_s:g}s "
+                    "(transport option fetch_timeout_s); is the object store overloaded "
+                    "or the sender's node gone?",
+                    ref.index,
+                ) from None
+            except ObjectLostError as exc:
+                raise WeightSyncError(
+                    version,
+                    f"bucket is gone from Ray's object store ({type(exc).__name__}): the "
+                    "sender released it or its process died; fetch a newer manifest",
+                    ref.index,
+                ) from exc
+            except RayError as exc:
+                raise WeightSyncError(
+                    version, f"ray.get failed: {type(exc).__name__}: {exc}", ref.index
+                ) from exc
+            if not isinstance(bucket, WeightBucket):
+                raise WeightSyncError(
+                    version,
+                    f"object store entry holds {type(bucket).__name__}, not a WeightBucket",
+                    ref.index,
+                )
+            verify(bucket, ref, version)
+            yield bucket
+
+    def _require_sender(self, what: str) -> None:
+        if self.role != "sender":
+            raise RuntimeError(
+                f"{what}() is for the trainer-side transport; this one was created with "
+                f"role={self.role!r}"
+            )

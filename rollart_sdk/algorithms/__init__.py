@@ -1,0 +1,31 @@
+"""The algorithm layer: pure functions on torch tensors (advantages, policy losses,
+off-policy correction), shared by every trainer backend.
+
+Each function does one thing and is unit-tested on hand-computed numbers
+(``tests/algorithms``). Importing this package imports torch, so the core imports it
+only where training happens (trainer workers, and the pipeline when it fills
+advantages), never at plugin registration.
+"""
+
+from rollart_sdk.algorithms.advantages import fill_advantages, grpo_advantages
+from rollart_sdk.algorithms.losses import (
+    AGGREGATIONS,
+    aggregate,
+    kl_penalty,
+    ppo_clip_loss,
+    token_entropy,
+    token_logprobs,
+    truncated_is_weights,
+)
+
+__all__ = [
+    "AGGREGATIONS",
+    "aggregate",
+    "fill_advantages",
+    "grpo_advantages",
+    "kl_penalty",
+    "ppo_clip_loss",
+    "token_entropy",
+    "token_logprobs",
+    "truncated_is_weights",
+]

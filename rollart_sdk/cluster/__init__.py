@@ -1,0 +1,60 @@
+"""Data plane: Workers, the Cluster that runs them on Ray, and the method decorators.
+
+Importing this package does not import Ray; the Cluster does when it is built.
+"""
+
+from rollart_sdk.cluster.cluster import Cluster, ClusterMethod, WorkerHandle
+from rollart_sdk.cluster.decorators import (
+    DispatchSpec,
+    check_worker_class,
+    dispatch_specs,
+    hw_mapping,
+    register,
+    register_serverless,
+)
+from rollart_sdk.cluster.serverless import (
+    ServerlessError,
+    ServerlessProxy,
+    known_schemes,
+    register_scheme,
+    serve_function,
+)
+from rollart_sdk.cluster.worker import (
+    ActorGenCls,
+    ActorGenWorker,
+    ActorTrainCls,
+    ActorTrainWorker,
+    EnvironmentCls,
+    EnvironmentWorker,
+    RewardCls,
+    RewardWorker,
+    Worker,
+    WorkerContext,
+)
+
+__all__ = [
+    "ActorGenCls",
+    "ActorGenWorker",
+    "ActorTrainCls",
+    "ActorTrainWorker",
+    "Cluster",
+    "ClusterMethod",
+    "DispatchSpec",
+    "EnvironmentCls",
+    "EnvironmentWorker",
+    "RewardCls",
+    "RewardWorker",
+    "ServerlessError",
+    "ServerlessProxy",
+    "Worker",
+    "WorkerContext",
+    "WorkerHandle",
+    "check_worker_class",
+    "dispatch_specs",
+    "hw_mapping",
+    "known_schemes",
+    "register",
+    "register_scheme",
+    "register_serverless",
+    "serve_function",
+]

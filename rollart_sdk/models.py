@@ -1,0 +1,289 @@
+"""Model preparation: tiny random models, GGUF conversion, loading.
+
+Engines and trainers always receive a :class:`~rollart_sdk.config.ModelConfig` whose
+``path`` is set: :func:`prepare_model` turns ``tiny`` and ``gguf`` sources into an
+ordinary Hugging Face checkpoint folder once, before any worker starts, and caches it by
+content so every worker (and every rerun) loads the same bytes.
+
+torch / transformers / tokenizers are imported inside functions only, so importing this
+module (e.g. by the CLI) stays cheap.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import shutil
+import string
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from rollart_sdk.config import ModelConfig, TinyModelConfig
+from rollart_sdk.errors import ConfigError, RollartError
+
+if TYPE_CHECKING:  # pragma: no cover - typing only
+    from transformers import PreTrainedModel, PreTrainedTokenizerFast
+
+# Bump when the layout of built checkpoints changes, so old cache entries are not reused.
+_FORMAT = 1
+
+PAD, EOS, UNK = "<pad>", "<eos>", "<unk>"
+ROLE_TOKENS = ("<|system|>", "<|user|>", "<|assistant|>")
+
+# Each message is "<|role|>\n<content><eos>\n"; the generation prompt opens the assistant
+# turn, so the model's answer ends when it emits <eos> (the engine's default stop token).
+CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|' + message['role'] + '|>\\n' + message['content'] + '<eos>\\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|assistant|>\\n' }}{% endif %}"
+)
+
+
+def _charset() -> list[str]:
+    """Printable ASCII (space included) plus newline and tab, in a fixed order."""
+    chars = [c for c in string.printable if c not in "\r\x0b\x0c"]
+    return sorted(set(chars), key=chars.index)
+
+
+def build_tokenizer(extra_tokens: Sequence[str] = ()) -> PreTrainedTokenizerFast:
+    """A character-level tokenizer made locally (no hub access).
+
+    Every string in ``extra_tokens`` becomes ONE token (e.g. an environment's action words
+    such as ``"Left"``), so an environment's actions can be constrained to single ids.
+    """
+    from tokenizers import AddedToken, Tokenizer, decoders, models
+    from transformers import PreTrainedTokenizerFast
+
+    specials = [PAD, EOS, UNK, *ROLE_TOKENS]
+    vocab: dict[str, int] = {tok: i for i, tok in enumerate(specials)}
+    for ch in _charset():
+        vocab.setdefault(ch, len(vocab))
+    # A BPE model without merges splits any text into single characters.
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token=UNK, fuse_unk=False))
+    tok.decoder = decoders.Fuse()
+    tok.add_special_tokens([AddedToken(s, special=True, normalized=False) for s in specials])
+    extras = []
+    for word in dict.fromkeys(extra_tokens):  # de-duplicated, order kept
+        if not word:
+            raise ValueError("extra_tokens must not contain empty strings")
+        if word not in vocab:
+            extras.append(AddedToken(word, special=False, normalized=False))
+    if extras:
+        tok.add_tokens(extras)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        pad_token=PAD,
+        eos_token=EOS,
+        unk_token=UNK,
+        additional_special_tokens=list(ROLE_TOKENS),
+        model_max_length=1 << 20,
+    )
+    fast.chat_template = CHAT_TEMPLATE
+    return fast
+
+
+def build_tiny_checkpoint(
+    tiny: TinyModelConfig, out_dir: str | os.PathLike[str], extra_tokens: Sequence[str] = ()
+) -> str:
+    """Write a seeded, randomly initialised LlamaForCausalLM plus its tokenizer to ``out_dir``.
+
+    The result loads with ``AutoModelForCausalLM`` / ``AutoTokenizer`` like any checkpoint.
+    """
+    import torch
+    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
+
+    if tiny.hidden_size % tiny.num_heads:
+        raise ConfigError(
+            [("model.tiny.hidden_size", f"{tiny.hidden_size} is not divisible by "
+              f"num_heads={tiny.num_heads}; choose sizes with hidden_size % num_heads == 0")]
+        )
+    tokenizer = build_tokenizer(extra_tokens)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=tiny.hidden_size,
+        intermediate_size=tiny.intermediate_size,
+        num_hidden_layers=tiny.num_layers,
+        num_attention_heads=tiny.num_heads,
+        num_key_value_heads=tiny.num_heads,
+        max_position_embeddings=tiny.max_position_embeddings,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=None,
+        tie_word_embeddings=False,
+    )
+    # Seed a private generator state so building a model never disturbs the caller's RNG.
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(tiny.seed)
+        model = LlamaForCausalLM(config).to(torch.float32).eval()
+    model.generation_config = GenerationConfig(
+        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id
+    )
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return str(out)
+
+
+def convert_gguf(gguf_path: str | os.PathLike[str], out_dir: str | os.PathLike[str]) -> str:
+    """Dequantise a GGUF file into an fp32 safetensors checkpoint (+ tokenizer) in ``out_dir``.
+
+    Uses transformers' GGUF reader directly (config from the GGUF metadata, tensors
+    dequantised into a model built from that config), which avoids needing ``accelerate``.
+    """
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+
+    src = Path(gguf_path)
+    if not src.is_file():
+        raise RollartError(
+            f"GGUF file not found: {src}. Give an existing file, or "
+            "package:<python package>/<file> for a GGUF shipped in an installed package."
+        )
+    folder, name = str(src.parent), src.name
+    config = AutoConfig.from_pretrained(folder, gguf_file=name)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    tensors = load_gguf_checkpoint(str(src), return_tensors=True, model_to_load=model)["tensors"]
+    result = model.load_state_dict(tensors, strict=False)
+    missing = [k for k in result.missing_keys if not _is_tied(model, k)]
+    if missing or result.unexpected_keys:
+        raise RollartError(
+            f"GGUF {src} does not match its declared architecture "
+            f"{config.model_type!r}: missing {missing[:5]}, unexpected "
+            f"{list(result.unexpected_keys)[:5]}. Convert it with llama.cpp's tools instead."
+        )
+    model.tie_weights()
+    model.eval()
+    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return str(out)
+
+
+def _is_tied(model: PreTrainedModel, key: str) -> bool:
+    return key == "lm_head.weight" and bool(getattr(model.config, "tie_word_embeddings", False))
+
+
+def _digest(payload: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def prepare_model(
+    model: ModelConfig, cache_dir: str | os.PathLike[str], extra_tokens: Sequence[str] = ()
+) -> ModelConfig:
+    """Return a ModelConfig with ``path`` set, building or converting at most once.
+
+    - ``path``: returned unchanged;
+    - ``tiny``: built under ``cache_dir/tiny-<hash>`` (hash of the tiny config and
+      ``extra_tokens``, which become single tokens of its vocabulary);
+    - ``gguf``: converted under ``cache_dir/gguf-<name>-<hash>`` (hash of the file's path,
+      size and mtime). ``extra_tokens`` are ignored: a pretrained vocabulary is kept.
+
+    Builds go to a temporary folder renamed into place, so a half-written checkpoint is
+    never picked up and concurrent callers agree on one result.
+    """
+    if model.path is not None:
+        return model
+    cache = Path(cache_dir)
+    cache.mkdir(parents=True, exist_ok=True)
+    if model.tiny is not None:
+        key = _digest({"f": _FORMAT, "tiny": model.tiny.model_dump(), "extra": list(extra_tokens)})
+        target = cache / f"tiny-{key}"
+
+        def build(tmp: str) -> None:
+            assert model.tiny is not None
+            build_tiny_checkpoint(model.tiny, tmp, extra_tokens)
+
+    else:
+        src = model.gguf_path()
+        if not src.is_file():
+            raise ConfigError([("model.gguf", f"file not found: {src}")])
+        st = src.stat()
+        key = _digest({"f": _FORMAT, "src": str(src.resolve()), "size": st.st_size,
+                       "mtime": int(st.st_mtime)})
+        target = cache / f"gguf-{src.stem}-{key}"
+
+        def build(tmp: str) -> None:
+            convert_gguf(src, tmp)
+
+    if not (target / "config.json").is_file():
+        tmp = tempfile.mkdtemp(prefix=f".{target.name}-", dir=cache)
+        try:
+            build(tmp)
+            try:
+                os.rename(tmp, target)
+            except OSError:
+                if not (target / "config.json").is_file():
+                    raise
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return model.model_copy(update={"path": str(target), "tiny": None, "gguf": None})
+
+
+def load_tokenizer(path: str | os.PathLike[str]) -> Any:
+    """The tokenizer saved beside a checkpoint (AutoTokenizer, local files only)."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+
+
+def load_causal_lm(path: str | os.PathLike[str], dtype: str = "float32") -> PreTrainedModel:
+    """A causal LM in eval mode with the given dtype name ("float32", "bfloat16", ...)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    torch_dtype = getattr(torch, dtype, None)
+    if not isinstance(torch_dtype, torch.dtype):
+        raise ValueError(f"unknown dtype {dtype!r}; use float32, bfloat16 or float16")
+    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch_dtype, local_files_only=True)
+    return model.eval()
+
+
+# --------------------------------------------------------------------------- CLI
+
+
+def _cmd_convert(args: argparse.Namespace) -> int:
+    src = args.src
+    if src.startswith("package:"):
+        src = str(ModelConfig(gguf=src).gguf_path())
+    out = convert_gguf(src, args.out)
+    print(f"converted {args.src} -> {out}")
+    return 0
+
+
+def _cmd_tiny(args: argparse.Namespace) -> int:
+    tiny = TinyModelConfig(
+        hidden_size=args.hidden_size, num_layers=args.num_layers, num_heads=args.num_heads,
+        intermediate_size=args.intermediate_size, seed=args.seed,
+    )
+    out = build_tiny_checkpoint(tiny, args.out, args.extra_token)
+    print(f"tiny model written to {out}")
+    return 0
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    """``rollart model convert-gguf SRC OUT`` and ``rollart model tiny OUT``."""
+    p = subparsers.add_parser("model", help="prepare model checkpoints (GGUF conversion, tiny)")
+    sub = p.add_subparsers(dest="model_command", required=True)
+    c = sub.add_parser("convert-gguf", help="dequantise a GGUF file into an fp32 checkpoint")
+    c.add_argument("src", help="GGUF file, or package:<pkg>/<file>")
+    c.add_argument("out", help="output folder")
+    c.set_defaults(func=_cmd_convert)
+    t = sub.add_parser("tiny", help="build a small random Llama model with a char tokenizer")
+    t.add_argument("out", help="output folder")
+    t.add_argument("--extra-token", action="append", default=[], metavar="T",
+                   help="a string to add as one token (repeatable), e.g. an action word")
+    t.add_argument("--hidden-size", type=int, default=64)
+    t.add_argument("--num-layers", type=int, default=2)
+    t.add_argument("--num-heads", type=int, default=4)
+    t.add_argument("--intermediate-size", type=int, default=128)
+    t.add_argument("--seed", type=int, default=0)
+    t.set_defaults(func=_cmd_tiny)

@@ -1,0 +1,284 @@
+"""The resource plan: which pool each role and each task prefers, checked before anything runs.
+
+``plan_resources`` is pure (no Ray): ``rollart validate`` calls it so that a config naming a
+pool that cannot host a role, a task affinity on a serverless endpoint, a serverless URL
+with no transport, or more workers than the pools can hold is rejected with the key to fix,
+not discovered mid-run.
+
+Role defaults follow the paper (section 5.2), chosen by each pool's ``profile``:
+ActorTrain -> compute pool, ActorGen -> bandwidth pool, Environment -> CPU pool,
+Reward -> a local GPU pool (compute first). A role whose profiles no pool offers lands on
+the first non-serverless pool, so the default single ``local`` pool hosts everything.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlparse
+
+from rollart_sdk.config import PoolConfig, RunConfig
+from rollart_sdk.errors import ConfigError
+
+if TYPE_CHECKING:
+    from rollart_sdk.resolve import ResolvedRun
+
+ROLES: tuple[str, ...] = ("actor_train", "actor_gen", "environment", "reward")
+
+# Profiles each role prefers, best first (paper section 5.2). Anything else is a fallback
+# only when the config says so (roles.<role>.fallback).
+ROLE_PROFILES: dict[str, tuple[str, ...]] = {
+    "actor_train": ("compute", "bandwidth"),
+    "actor_gen": ("bandwidth", "compute"),
+    "environment": ("cpu",),
+    "reward": ("compute", "bandwidth", "cpu"),
+}
+
+POOL_RESOURCE_PREFIX = "pool:"
+
+
+def pool_resource(pool: str) -> str:
+    """The Ray custom resource that stands for one slot of ``pool``."""
+    return f"{POOL_RESOURCE_PREFIX}{pool}"
+
+
+@dataclass
+class RolePlan:
+    """Where one role's workers go: a preferred pool, compatible fallbacks, worker counts."""
+
+    role: str
+    preferred: str
+    fallbacks: list[str]
+    workers: int
+    workers_per_pool: dict[str, int]
+
+    @property
+    def candidates(self) -> list[str]:
+        """Preferred pool first, then the fallbacks in order."""
+        return [self.preferred, *[p for p in self.fallbacks if p != self.preferred]]
+
+
+@dataclass
+class ResourcePlan:
+    """Pools, role placements and task-to-pool routing for one run."""
+
+    pools: list[PoolConfig]
+    roles: dict[str, RolePlan]
+    task_pools: dict[str, str] = field(default_factory=dict)  # task tag -> generation pool
+    warnings: list[str] = field(default_factory=list)
+
+    def pool(self, name: str) -> PoolConfig:
+        for p in self.pools:
+            if p.name == name:
+                return p
+        raise KeyError(f"no pool named {name!r}; pools: {', '.join(p.name for p in self.pools)}")
+
+    def role(self, role: str) -> RolePlan:
+        if role not in self.roles:
+            raise KeyError(f"unknown role {role!r}; roles: {', '.join(self.roles)}")
+        return self.roles[role]
+
+    def hw_affinity(self) -> dict[str, str]:
+        """``{tag: pool, "default": actor_gen pool}`` for ``Cluster(hw_affinity=...)``:
+        the config's ``tasks[].affinity`` in the shape of the ``hw_mapping`` decorator."""
+        out = dict(self.task_pools)
+        out["default"] = self.roles["actor_gen"].preferred
+        return out
+
+    def local_node_resources(self) -> tuple[dict[str, float], dict[str, str]]:
+        """Custom resources and labels that make one machine look like every pool.
+
+        Each pool becomes ``pool:<name>`` with its slot count. Pool labels are merged where
+        they agree; a key two pools set differently is left out (one node cannot carry
+        both values), and the ResourceManager then places by the resource alone.
+        """
+        resources = {pool_resource(p.name): float(p.count) for p in self.pools}
+        labels: dict[str, str] = {}
+        clashing: set[str] = set()
+        for p in self.pools:
+            for k, v in p.labels.items():
+                if k in labels and labels[k] != v:
+                    clashing.add(k)
+                labels.setdefault(k, v)
+        for k in clashing:
+            labels.pop(k, None)
+        return resources, labels
+
+    def check_worker_class(self, worker_cls: type, where: str | None = None) -> None:
+        """Reject decorator misuse on a Worker class against these pools (ConfigError)."""
+        from rollart_sdk.cluster.decorators import check_worker_class
+
+        check_worker_class(worker_cls, self.pools, where=where)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "pools": [p.model_dump() for p in self.pools],
+            "roles": {
+                r.role: {
+                    "preferred": r.preferred,
+                    "fallbacks": r.fallbacks,
+                    "workers": r.workers,
+                    "workers_per_pool": r.workers_per_pool,
+                }
+                for r in self.roles.values()
+            },
+            "task_pools": self.task_pools,
+            "warnings": self.warnings,
+        }
+
+
+def default_role_pools(pools: list[PoolConfig], role: str) -> list[str]:
+    """Pools compatible with ``role`` by profile, best first (config order within a profile).
+
+    When no pool has one of the role's profiles, every non-serverless pool qualifies, so a
+    single CPU pool (the embedded default) hosts all roles.
+    """
+    out: list[str] = []
+    for profile in ROLE_PROFILES[role]:
+        out += [p.name for p in pools if p.profile == profile and p.kind != "serverless"]
+    if not out:
+        out = [p.name for p in pools if p.kind != "serverless"]
+    return out
+
+
+def role_plan_from_pools(
+    pools: list[PoolConfig],
+    role: str,
+    pool: str | None = None,
+    fallback: list[str] | None = None,
+    workers: int = 1,
+) -> RolePlan:
+    """One role's plan from pools alone (no config): the paper defaults unless overridden."""
+    compatible = default_role_pools(pools, role)
+    preferred = pool or (compatible[0] if compatible else pools[0].name)
+    fallbacks = list(fallback) if fallback is not None else [p for p in compatible if p != preferred]
+    return RolePlan(role, preferred, fallbacks, workers, {preferred: workers})
+
+
+def plan_resources(
+    cfg: RunConfig,
+    resolved: ResolvedRun | None = None,
+    workers: Mapping[str, type] | None = None,
+) -> ResourcePlan:
+    """Resolve every role's and task's pool and reject misuse with the key to fix.
+
+    ``workers`` (role -> Worker class) additionally checks the classes' decorators
+    (``hw_mapping`` hardware, ``register_serverless`` URL schemes) against the pools.
+    ``resolved`` is accepted so the pipeline and ``rollart validate`` share one call; the
+    plan itself needs only the config.
+    """
+    from rollart_sdk.cluster.serverless import known_schemes
+
+    del resolved  # the plan depends on pools, roles and tasks only
+    problems: list[tuple[str, str]] = []
+    pools = list(cfg.pools)
+    by_name = {p.name: p for p in pools}
+    schemes = known_schemes()
+
+    for i, p in enumerate(pools):
+        if p.kind == "serverless" and p.url:
+            scheme = urlparse(p.url).scheme
+            if scheme not in schemes:
+                problems.append(
+                    (f"pools.{i}.url", f"no serverless transport for scheme {scheme!r} in "
+                     f"{p.url!r}; known schemes: {', '.join(sorted(schemes))} (a plugin can add "
+                     "one under the entry-point group 'rollart.serverless')")
+                )
+
+    roles: dict[str, RolePlan] = {}
+    for role in ROLES:
+        rc = getattr(cfg.roles, role)
+        rp = role_plan_from_pools(pools, role, rc.pool, rc.fallback, rc.workers)
+        pref = by_name.get(rp.preferred)
+        if pref is not None and pref.kind == "serverless" and role != "reward":
+            problems.append(
+                (f"roles.{role}.pool", f"pool {pref.name!r} is a serverless endpoint; only the "
+                 "reward role can run there (pick a gpu or cpu pool)")
+            )
+        for j, fb in enumerate(rp.fallbacks):
+            fbp = by_name.get(fb)
+            if fbp is not None and fbp.kind == "serverless" and role != "reward":
+                problems.append(
+                    (f"roles.{role}.fallback.{j}", f"pool {fb!r} is serverless; only reward can use it")
+                )
+        roles[role] = rp
+
+    # Generation pools: each task's affinity, else the actor_gen pool (hw_mapping in config).
+    gen = roles["actor_gen"]
+    task_pools: dict[str, str] = {}
+    for i, t in enumerate(cfg.tasks):
+        target = t.affinity or gen.preferred
+        tp = by_name.get(target)
+        if tp is not None and tp.kind == "serverless":
+            problems.append(
+                (f"tasks.{i}.affinity", f"pool {target!r} is a serverless endpoint; generation "
+                 "needs a gpu or cpu pool")
+            )
+        task_pools[t.tag] = target
+
+    warnings: list[str] = []
+    gen_pools = [gen.preferred] + [p for p in dict.fromkeys(task_pools.values()) if p != gen.preferred]
+    per_pool = {p: 0 for p in gen_pools}
+    for k in range(gen.workers):
+        per_pool[gen_pools[k % len(gen_pools)]] += 1
+    starved = [p for p, n in per_pool.items() if n == 0]
+    if starved:
+        tags = [t for t, p in task_pools.items() if p in starved]
+        warnings.append(
+            f"roles.actor_gen.workers={gen.workers} is fewer than the generation pools "
+            f"({', '.join(gen_pools)}); tasks {', '.join(tags)} will use the fallback workers "
+            "(raise roles.actor_gen.workers to give every pool one)"
+        )
+    gen.workers_per_pool = {p: n for p, n in per_pool.items() if n}
+
+    # Capacity: place every worker greedily (preferred first, then fallbacks), as the
+    # affinity policy would on an idle cluster; a worker that fits nowhere is a config error.
+    free = {p.name: float(p.count) for p in pools}
+    for role in ROLES:
+        rp = roles[role]
+        for pool_name, n in rp.workers_per_pool.items():
+            order = [pool_name, *[c for c in rp.candidates if c != pool_name]]
+            for _ in range(n):
+                spot = next((c for c in order if free.get(c, 0.0) >= 1.0), None)
+                if spot is None:
+                    caps = ", ".join(f"{c} ({by_name[c].count:g} slots)" for c in order if c in by_name)
+                    problems.append(
+                        (f"roles.{role}.workers", f"{rp.workers} {role} workers do not fit in "
+                         f"{caps} next to the other roles; raise pools[].count, add a pool to "
+                         f"roles.{role}.fallback, or lower roles.{role}.workers")
+                    )
+                    break
+                free[spot] -= 1.0
+
+    if workers:
+        for role, cls in workers.items():
+            try:
+                from rollart_sdk.cluster.decorators import check_worker_class
+
+                check_worker_class(cls, pools, where=f"roles.{role}")
+            except ConfigError as exc:
+                problems.extend(exc.problems)
+
+    if problems:
+        raise ConfigError(problems)
+    return ResourcePlan(pools=pools, roles=roles, task_pools=task_pools, warnings=warnings)
+
+
+def pools_from_spec(spec: Any) -> list[PoolConfig]:
+    """Pools from a ResourcePlan, a list of PoolConfig/dicts, or the paper's shorthand
+    ``{"H800": 8, "H20": range(8, 32)}`` (name -> slot count or list of device ids)."""
+    if isinstance(spec, ResourcePlan):
+        return list(spec.pools)
+    if isinstance(spec, Mapping):
+        out = []
+        for name, v in spec.items():
+            if isinstance(v, PoolConfig):
+                out.append(v)
+            elif isinstance(v, Mapping):
+                out.append(PoolConfig(name=name, **{"hardware": name, **v}))
+            else:
+                count = float(v) if isinstance(v, (int, float)) else float(len(list(v)))
+                out.append(PoolConfig(name=name, hardware=name, count=count))
+        return out
+    return [p if isinstance(p, PoolConfig) else PoolConfig(**p) for p in spec]

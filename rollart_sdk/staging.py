@@ -1,0 +1,209 @@
+"""Staging a weight update inside an engine worker: receive in the background, swap at once.
+
+ROLLART hides the cost of weight sync by pulling the next version's buckets while rollout
+continues and only swapping them in at the protocol's suspend point. :class:`WeightStager`
+is that mechanism, engine- and transport-agnostic: any ``WeightTransport`` (its blocking
+``fetch`` runs in a background thread) and any ``InferenceEngine`` (only ``version`` and
+``load_weights`` are used).
+
+Error policy (one choice, used everywhere): ``commit`` RAISES :class:`WeightSyncError`
+carrying the version and the reason, and never calls ``load_weights`` with an incomplete,
+corrupt or mixed set of buckets. An engine that saw the error is still on its old version
+and keeps serving; the caller (the training protocol) logs it and moves on to the next
+manifest.
+
+Timing: ``transfer_s`` is how long the background receive took; ``exposed_s`` is what the
+suspend point costs: waiting for whatever of the receive is still outstanding plus the
+engine's ``load_weights``. With enough rollout time between ``start`` and ``commit``,
+``exposed_s`` is close to the swap alone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import threading
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+from rollart_sdk.interfaces import WeightTransport
+from rollart_sdk.types import WeightBucket, WeightManifest, WeightUpdateReport
+from rollart_sdk.weights import WeightSyncError, check_complete
+
+__all__ = ["WeightLoader", "WeightStager", "WeightSyncError"]
+
+
+@runtime_checkable
+class WeightLoader(Protocol):
+    """The part of :class:`rollart_sdk.interfaces.InferenceEngine` the stager uses."""
+
+    @property
+    def version(self) -> int: ...
+
+    async def load_weights(self, buckets: Iterable[WeightBucket], version: int) -> int: ...
+
+
+class _Superseded(Exception):
+    """A newer ``start`` (or ``cancel``) made this transfer pointless."""
+
+
+@dataclass
+class _Transfer:
+    manifest: WeightManifest
+    future: concurrent.futures.Future[list[WeightBucket]] = field(
+        default_factory=concurrent.futures.Future
+    )
+    cancelled: threading.Event = field(default_factory=threading.Event)
+    transfer_s: float = 0.0
+
+
+class WeightStager:
+    """Receives the next policy version in the background and swaps it in on ``commit``.
+
+    One per engine worker. ``start(manifest)`` as soon as a manifest is known (rollout
+    keeps running); ``await commit(engine)`` at the suspend point. A newer ``start``
+    supersedes an older transfer, finished or not (its buckets are dropped).
+    """
+
+    def __init__(self, transport: WeightTransport, *, name: str = "weight-stager") -> None:
+        self.transport = transport
+        self.name = name
+        self._transfer: _Transfer | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def staged_version(self) -> int | None:
+        """The version being received (or received and not yet committed), if any."""
+        t = self._transfer
+        return None if t is None else t.manifest.version
+
+    @property
+    def ready(self) -> bool:
+        """True once the staged version's transfer has finished (successfully or not)."""
+        t = self._transfer
+        return t is not None and t.future.done()
+
+    def start(self, manifest: WeightManifest) -> None:
+        """Begin receiving ``manifest``'s buckets in a background thread; returns at once."""
+        transfer = _Transfer(manifest)
+        with self._lock:
+            old, self._transfer = self._transfer, transfer
+        if old is not None:
+            old.cancelled.set()
+        thread = threading.Thread(
+            target=self._receive,
+            args=(transfer,),
+            name=f"{self.name}-v{manifest.version}",
+            daemon=True,
+        )
+        thread.start()
+
+    def cancel(self) -> None:
+        """Drop the staged transfer (the background fetch stops at its next bucket)."""
+        with self._lock:
+            old, self._transfer = self._transfer, None
+        if old is not None:
+            old.cancelled.set()
+
+    close = cancel
+
+    async def commit(
+        self, engine: WeightLoader, timeout_s: float | None = None
+    ) -> WeightUpdateReport:
+        """Wait for the staged transfer, then ``await engine.load_weights(buckets, version)``.
+
+        Raises :class:`WeightSyncError` (engine untouched) when nothing is staged, the
+        transfer failed, it is older than the engine's version, or it did not finish
+        within ``timeout_s`` (then it stays staged and a later ``commit`` may succeed).
+        A ``start`` that lands while ``commit`` waits supersedes the awaited transfer, so
+        that ``commit`` raises too; the next ``commit`` takes the newer version.
+        """
+        t0 = time.perf_counter()
+        transfer = self._transfer
+        if transfer is None:
+            raise WeightSyncError(
+                engine.version,
+                "nothing is staged: call WeightStager.start(manifest) before commit()",
+            )
+        version = transfer.manifest.version
+        received = asyncio.wrap_future(transfer.future)
+        # The shield keeps a commit timeout from cancelling the transfer itself; the
+        # callback marks a late failure as seen (no "exception never retrieved" noise).
+        received.add_done_callback(lambda f: f.cancelled() or f.exception())
+        try:
+            buckets = await asyncio.wait_for(asyncio.shield(received), timeout_s)
+        except asyncio.TimeoutError:
+            raise WeightSyncError(
+                version,
+                f"the transfer did not finish within {timeout_s}s; the engine stays on "
+                f"version {engine.version} (the transfer stays staged)",
+            ) from None
+        except WeightSyncError:
+            self._clear(transfer)
+            raise
+        except Exception as exc:
+            self._clear(transfer)
+            raise WeightSyncError(
+                version,
+                f"transport fetch failed with {type(exc).__name__}: {exc}; the engine "
+                f"stays on version {engine.version}",
+            ) from exc
+        self._clear(transfer)
+        if version < engine.version:
+            raise WeightSyncError(
+                version,
+                f"it is older than the engine's version {engine.version}; refusing to go back",
+            )
+        try:
+            recomputed = await engine.load_weights(buckets, version)
+        except Exception as exc:
+            raise WeightSyncError(
+                version,
+                f"engine.load_weights raised {type(exc).__name__}: {exc} (every bucket had "
+                f"arrived verified; the engine reports version {engine.version})",
+            ) from exc
+        exposed = time.perf_counter() - t0
+        return WeightUpdateReport(
+            version=version,
+            transfer_s=transfer.transfer_s,
+            exposed_s=exposed,
+            nbytes=sum(b.nbytes for b in buckets),
+            recomputed_requests=int(recomputed or 0),
+        )
+
+    # -- internals -------------------------------------------------------------------
+    def _clear(self, transfer: _Transfer) -> None:
+        with self._lock:
+            if self._transfer is transfer:
+                self._transfer = None
+
+    def _receive(self, transfer: _Transfer) -> None:
+        """Thread body: drain ``transport.fetch`` into a list, then check it is complete."""
+        t0 = time.perf_counter()
+        buckets: list[WeightBucket] = []
+        try:
+            stream = self.transport.fetch(transfer.manifest)
+            try:
+                for bucket in stream:
+                    if transfer.cancelled.is_set():
+                        raise _Superseded()
+                    buckets.append(bucket)
+            finally:
+                close = getattr(stream, "close", None)
+                if close is not None:
+                    close()
+            if transfer.cancelled.is_set():
+                raise _Superseded()
+            check_complete(transfer.manifest, buckets)
+        except BaseException as exc:  # noqa: BLE001 - handed to commit() via the future
+            transfer.transfer_s = time.perf_counter() - t0
+            if isinstance(exc, _Superseded):
+                exc = WeightSyncError(
+                    transfer.manifest.version, "superseded by a newer start()"
+                )
+            transfer.future.set_exception(exc)
+            return
+        transfer.transfer_s = time.perf_counter() - t0
+        transfer.future.set_result(buckets)

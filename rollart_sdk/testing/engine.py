@@ -1,0 +1,354 @@
+"""``check_engine``: the conformance kit every inference-engine plugin runs in its tests.
+
+Like gymnasium's ``check_env``, it drives a real engine through the contract the control
+plane relies on (:class:`rollart_sdk.interfaces.InferenceEngine`) and raises
+``AssertionError`` naming the first broken rule::
+
+    from rollart_sdk.testing.engine import check_engine
+
+    def test_conformance(tmp_path):
+        report = check_engine(
+            lambda: MyEngine(model=prepared),
+            tokenizer_vocab_size=vocab,
+            reference_logprobs=teacher_forced,   # same model, plain forward pass
+            update_buckets=lambda version: [...],  # a different set of weights
+        )
+        assert not report["skipped"]
+
+Rules checked:
+
+- token out: ids inside the vocabulary; ``token_ids``, ``logprobs`` and ``versions`` of
+  equal length; ``max_new_tokens``, ``stop_token_ids`` and ``allowed_token_ids`` obeyed;
+- logprobs are the behaviour policy's: equal (within ``tolerance``) to a teacher-forced
+  forward pass of the same model, ``log_softmax`` over the full vocabulary at temperature
+  1 without masks (this is what trainers recompute for the importance ratio);
+- a seeded request samples the same tokens alone and inside a busy batch;
+- ABORT: an aborted request returns promptly with ``finish_reason="abort"`` and the
+  tokens so far; aborting an unknown id returns False;
+- suspend/resume: while suspended no new request starts and in-flight ones do not
+  advance; after resume everything completes;
+- update: ``load_weights`` bumps ``version``; a request in flight across the update
+  continues (not restarted) with ``recomputed >= 1`` and tokens of both versions.
+
+``stats()`` must report at least ``running``, ``waiting``, ``version``,
+``tokens_generated`` and ``steps``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import time
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any
+
+from rollart_sdk.interfaces import InferenceEngine
+from rollart_sdk.types import GenerationRequest, GenerationResult, SamplingParams, WeightBucket
+
+ReferenceLogprobs = Callable[[list[int], list[int]], list[float]]
+EngineFactory = Callable[[], "InferenceEngine | Awaitable[InferenceEngine]"]
+STATS_KEYS = ("running", "waiting", "version", "tokens_generated", "steps")
+
+
+def check_engine(
+    make_engine: EngineFactory,
+    tokenizer_vocab_size: int,
+    reference_logprobs: ReferenceLogprobs | None = None,
+    update_buckets: Callable[[int], Iterable[WeightBucket]] | None = None,
+    **kwargs: Any,
+) -> dict[str, Any]:
+    """Synchronous wrapper around :func:`check_engine_async` (runs its own event loop)."""
+    return asyncio.run(
+        check_engine_async(
+            make_engine,
+            tokenizer_vocab_size=tokenizer_vocab_size,
+            reference_logprobs=reference_logprobs,
+            update_buckets=update_buckets,
+            **kwargs,
+        )
+    )
+
+
+async def check_engine_async(
+    make_engine: EngineFactory,
+    tokenizer_vocab_size: int,
+    reference_logprobs: ReferenceLogprobs | None = None,
+    update_buckets: Callable[[int], Iterable[WeightBucket]] | None = None,
+    prompt_ids: list[int] | None = None,
+    tolerance: float = 1e-4,
+    long_tokens: int = 400,
+    eos_token_ids: Iterable[int] = (),
+    timeout_s: float = 60.0,
+) -> dict[str, Any]:
+    """Run every check on one engine; return ``{"passed": [...], "skipped": [...]}``.
+
+    ``make_engine`` builds the engine (sync or async); it is shut down at the end.
+    ``reference_logprobs(prompt_ids, token_ids)`` gives the teacher-forced logprob of each
+    token under the engine's initial weights; without it the logprob check is skipped.
+    ``update_buckets(version)`` gives weights to load (ideally different from the initial
+    ones); without it the update check is skipped. ``long_tokens`` is the length of the
+    requests used to observe abort/suspend/update mid-flight: the engine must allow
+    prompt + ``long_tokens`` tokens; they exclude ``eos_token_ids`` (via
+    ``allowed_token_ids``) so they cannot stop early. ``timeout_s`` bounds each check.
+    """
+    engine = make_engine()
+    if inspect.isawaitable(engine):
+        engine = await engine
+    assert isinstance(engine, InferenceEngine), (
+        f"{type(engine).__name__} does not implement rollart_sdk.interfaces.InferenceEngine "
+        "(needs version, generate, abort, suspend, resume, load_weights, stats, shutdown)"
+    )
+    kit = _Kit(engine, tokenizer_vocab_size, prompt_ids, tolerance, long_tokens, eos_token_ids)
+    report: dict[str, Any] = {"passed": [], "skipped": []}
+    checks: list[tuple[str, Callable[[], Awaitable[None]], bool]] = [
+        ("stats", kit.check_stats, True),
+        ("generate", kit.check_generate, True),
+        ("logprobs", lambda: kit.check_logprobs(reference_logprobs), reference_logprobs is not None),
+        ("seeded_determinism", kit.check_determinism, True),
+        ("stop_and_allowed", kit.check_stop_and_allowed, True),
+        ("abort", kit.check_abort, True),
+        ("suspend_resume", kit.check_suspend_resume, True),
+        ("update", lambda: kit.check_update(update_buckets), update_buckets is not None),
+    ]
+    try:
+        for name, check, enabled in checks:
+            if not enabled:
+                report["skipped"].append(name)
+                continue
+            try:
+                await asyncio.wait_for(check(), timeout_s)
+            except asyncio.TimeoutError:
+                raise AssertionError(
+                    f"check_engine[{name}]: did not finish within {timeout_s}s "
+                    "(a request was left waiting?)"
+                ) from None
+            report["passed"].append(name)
+    finally:
+        await engine.shutdown()
+    report["stats"] = engine.stats()
+    return report
+
+
+class _Kit:
+    def __init__(
+        self,
+        engine: InferenceEngine,
+        vocab: int,
+        prompt_ids: list[int] | None,
+        tolerance: float,
+        long_tokens: int,
+        eos_token_ids: Iterable[int],
+    ) -> None:
+        self.engine = engine
+        self.vocab = vocab
+        self.prompt = list(prompt_ids) if prompt_ids else [(7 * i + 3) % vocab for i in range(12)]
+        self.tol = tolerance
+        self.long = long_tokens
+        eos = set(eos_token_ids)
+        self.no_eos = [i for i in range(vocab) if i not in eos]
+        self._n = 0
+
+    def long_req(self, seed: int) -> GenerationRequest:
+        """A request that runs ``long_tokens`` tokens (no stop token can be sampled)."""
+        return self.req(temperature=1.0, seed=seed, max_new_tokens=self.long,
+                        allowed_token_ids=self.no_eos)
+
+    def req(self, **sampling: Any) -> GenerationRequest:
+        self._n += 1
+        prompt = sampling.pop("prompt", self.prompt)
+        return GenerationRequest(f"check-{self._n}", list(prompt), SamplingParams(**sampling))
+
+    def well_formed(self, res: GenerationResult, req: GenerationRequest, what: str) -> None:
+        n = len(res.token_ids)
+        assert res.request_id == req.request_id, f"{what}: result for {res.request_id!r}"
+        assert len(res.logprobs) == n and len(res.versions) == n, (
+            f"{what}: token_ids ({n}), logprobs ({len(res.logprobs)}) and versions "
+            f"({len(res.versions)}) must have equal length"
+        )
+        assert n <= req.sampling.max_new_tokens, (
+            f"{what}: {n} tokens > max_new_tokens={req.sampling.max_new_tokens}"
+        )
+        bad = [t for t in res.token_ids if not 0 <= t < self.vocab]
+        assert not bad, f"{what}: token ids {bad[:5]} outside [0, {self.vocab})"
+        assert all(lp <= 1e-6 for lp in res.logprobs), f"{what}: a logprob is positive"
+        assert res.finish_reason in ("stop", "length", "abort"), (
+            f"{what}: finish_reason {res.finish_reason!r}"
+        )
+
+    async def wait_tokens(
+        self, at_least: int, task: asyncio.Future[Any], deadline_s: float = 30.0
+    ) -> None:
+        """Wait until the engine reports ``at_least`` generated tokens in total while
+        ``task`` (the long request) is still running; its error, if any, is raised."""
+        end = time.monotonic() + deadline_s
+        while self.engine.stats()["tokens_generated"] < at_least:
+            if task.done():
+                res = task.result()  # raises the request's error, if it failed
+                raise AssertionError(
+                    f"the long request ended early ({res.finish_reason}, "
+                    f"{len(res.token_ids)} tokens) before tokens_generated reached {at_least}"
+                )
+            assert time.monotonic() < end, (
+                f"engine produced no tokens within {deadline_s}s (stats: {self.engine.stats()})"
+            )
+            await asyncio.sleep(0.001)
+
+    # ------------------------------------------------------------------ checks
+
+    async def check_stats(self) -> None:
+        stats = self.engine.stats()
+        missing = [k for k in STATS_KEYS if k not in stats]
+        assert not missing, f"stats() lacks keys {missing}; it returned {sorted(stats)}"
+        assert isinstance(self.engine.version, int), "version must be an int"
+
+    async def check_generate(self) -> None:
+        req = self.req(temperature=0.0, max_new_tokens=8)
+        res = await self.engine.generate(req)
+        self.well_formed(res, req, "greedy generate")
+        assert res.token_ids, "greedy generate returned no tokens"
+        assert set(res.versions) == {self.engine.version}, (
+            f"versions {set(res.versions)} != engine version {self.engine.version}"
+        )
+        again = await self.engine.generate(self.req(temperature=0.0, max_new_tokens=8))
+        assert again.token_ids == res.token_ids, "greedy decoding is not deterministic"
+        # Many concurrent requests of different lengths all complete.
+        reqs = [self.req(temperature=1.0, seed=i, max_new_tokens=3 + 2 * i,
+                         prompt=self.prompt[: 2 + i % len(self.prompt)]) for i in range(12)]
+        results = await asyncio.gather(*(self.engine.generate(r) for r in reqs))
+        for r, q in zip(results, reqs, strict=True):
+            self.well_formed(r, q, f"concurrent {q.request_id}")
+            assert r.finish_reason != "abort", f"{q.request_id} was aborted unasked"
+
+    async def check_logprobs(self, reference: ReferenceLogprobs | None) -> None:
+        assert reference is not None
+        for sampling in ({"temperature": 0.0}, {"temperature": 1.0, "seed": 3},
+                         {"temperature": 0.7, "top_k": 5, "seed": 4},
+                         {"temperature": 1.0, "top_p": 0.5, "seed": 5}):
+            req = self.req(max_new_tokens=12, **sampling)
+            res = await self.engine.generate(req)
+            ref = reference(list(req.prompt_ids), list(res.token_ids))
+            assert len(ref) == len(res.token_ids), "reference_logprobs returned a wrong length"
+            worst = max((abs(a - b) for a, b in zip(res.logprobs, ref, strict=True)), default=0.0)
+            assert worst <= self.tol, (
+                f"logprobs with {sampling} differ from a teacher-forced forward pass by "
+                f"{worst:.2e} (> {self.tol}); report log_softmax of the unmodified logits "
+                "(temperature 1, no top-k/top-p/allowed-ids mask) of the serving weights"
+            )
+
+    async def check_determinism(self) -> None:
+        sampling = {"temperature": 1.0, "seed": 1234, "max_new_tokens": 16}
+        alone = await self.engine.generate(self.req(**sampling))
+        others = [self.engine.generate(self.req(temperature=1.0, seed=i, max_new_tokens=20,
+                                                prompt=self.prompt[i:]))
+                  for i in range(1, 6)]
+        busy, *_ = await asyncio.gather(self.engine.generate(self.req(**sampling)), *others)
+        assert busy.token_ids == alone.token_ids, (
+            "the same seed and prompt sampled different tokens alone and in a batch "
+            f"({alone.token_ids} vs {busy.token_ids}); use a per-request generator"
+        )
+
+    async def check_stop_and_allowed(self) -> None:
+        greedy = await self.engine.generate(self.req(temperature=0.0, max_new_tokens=4))
+        stop = greedy.token_ids[0]
+        res = await self.engine.generate(
+            self.req(temperature=0.0, max_new_tokens=4, stop_token_ids=[stop])
+        )
+        assert res.token_ids == [stop] and res.finish_reason == "stop", (
+            f"stop_token_ids=[{stop}] should end after that token with 'stop'; got "
+            f"{res.token_ids} ({res.finish_reason})"
+        )
+        allowed = sorted({3 % self.vocab, 5 % self.vocab, 11 % self.vocab})
+        for temp in (0.0, 1.0):
+            req = self.req(temperature=temp, seed=9, max_new_tokens=10, allowed_token_ids=allowed)
+            res = await self.engine.generate(req)
+            self.well_formed(res, req, "allowed_token_ids")
+            bad = [t for t in res.token_ids if t not in allowed]
+            assert not bad, f"allowed_token_ids={allowed} but sampled {bad}"
+
+    async def check_abort(self) -> None:
+        assert await self.engine.abort("check-no-such-request") is False, (
+            "abort of an unknown request id must return False"
+        )
+        before = self.engine.stats()["tokens_generated"]
+        req = self.long_req(5)
+        task = asyncio.ensure_future(self.engine.generate(req))
+        await self.wait_tokens(before + 2, task)
+        assert await self.engine.abort(req.request_id) is True, "abort of a running request"
+        t0 = time.monotonic()
+        res = await asyncio.wait_for(task, 10.0)
+        took = time.monotonic() - t0
+        self.well_formed(res, req, "aborted request")
+        assert res.finish_reason == "abort", f"aborted request finished with {res.finish_reason!r}"
+        assert 0 < len(res.token_ids) < self.long, (
+            f"an aborted request should return the {len(res.token_ids)} tokens made so far"
+        )
+        assert took < 10.0, f"abort took {took:.1f}s to return"
+        # Abort of a request still waiting (engine suspended) returns too.
+        await self.engine.suspend()
+        queued = self.req(max_new_tokens=4)
+        task = asyncio.ensure_future(self.engine.generate(queued))
+        await asyncio.sleep(0.05)
+        assert await self.engine.abort(queued.request_id) is True, (
+            "abort of a request queued while suspended returned False (did it run anyway? "
+            "suspend must stop admitting new requests)"
+        )
+        res = await asyncio.wait_for(task, 10.0)
+        assert res.finish_reason == "abort" and res.token_ids == [], (
+            f"a queued request aborted before it started: {res.token_ids} ({res.finish_reason})"
+        )
+        await self.engine.resume()
+
+    async def check_suspend_resume(self) -> None:
+        before = self.engine.stats()["tokens_generated"]
+        inflight = self.long_req(6)
+        t_in = asyncio.ensure_future(self.engine.generate(inflight))
+        await self.wait_tokens(before + 2, t_in)
+        await self.engine.suspend()
+        frozen = self.engine.stats()["tokens_generated"]
+        queued = self.req(temperature=0.0, max_new_tokens=3)
+        t_q = asyncio.ensure_future(self.engine.generate(queued))
+        await asyncio.sleep(0.3)
+        assert not t_q.done(), "a request finished while the engine was suspended"
+        assert not t_in.done(), "an in-flight request finished while the engine was suspended"
+        assert self.engine.stats()["tokens_generated"] == frozen, (
+            "the engine kept generating while suspended (in-flight requests must pause)"
+        )
+        assert self.engine.stats()["waiting"] >= 1, "a request sent while suspended must wait"
+        await self.engine.resume()
+        res_q, res_in = await asyncio.gather(t_q, t_in)
+        self.well_formed(res_q, queued, "request queued while suspended")
+        self.well_formed(res_in, inflight, "request paused by suspend")
+        assert res_in.finish_reason != "abort" and res_q.finish_reason != "abort", (
+            "suspend must keep requests, not abort them"
+        )
+
+    async def check_update(self, update_buckets: Callable[[int], Iterable[WeightBucket]] | None) -> None:
+        assert update_buckets is not None
+        old = self.engine.version
+        before = self.engine.stats()["tokens_generated"]
+        req = self.long_req(8)
+        task = asyncio.ensure_future(self.engine.generate(req))
+        await self.wait_tokens(before + 2, task)
+        await self.engine.suspend()
+        assert not task.done(), (
+            f"the {self.long}-token request ended before the update; raise long_tokens"
+        )
+        recomputed = await self.engine.load_weights(update_buckets(old + 1), old + 1)
+        assert self.engine.version == old + 1, (
+            f"version after load_weights(..., {old + 1}) is {self.engine.version}"
+        )
+        assert recomputed >= 1, f"load_weights reported {recomputed} in-flight requests recomputed"
+        await self.engine.resume()
+        res = await task
+        self.well_formed(res, req, "request in flight across an update")
+        assert res.finish_reason != "abort", "an update must not abort in-flight requests"
+        assert res.recomputed >= 1, "GenerationResult.recomputed must count the KV rebuild"
+        assert res.versions == sorted(res.versions), "token versions must not go backwards"
+        assert res.versions[0] == old and res.versions[-1] == old + 1, (
+            f"expected tokens of versions {old} then {old + 1}; got {sorted(set(res.versions))}"
+        )
+        assert len(res.token_ids) == self.long or res.finish_reason == "stop", (
+            "the request restarted or lost tokens across the update"
+        )
+        after = await self.engine.generate(self.req(temperature=0.0, max_new_tokens=3))
+        assert set(after.versions) == {old + 1}, "new requests must use the new version"
