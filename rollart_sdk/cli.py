@@ -124,6 +124,10 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     args, rest = parser.parse_known_args(argv)
+    if rest and hasattr(args, "overrides"):
+        # `rollart train CONFIG --steps 3 a.b=1`: overrides may follow options too.
+        args.overrides = list(args.overrides or []) + [r for r in rest if "=" in r and not r.startswith("-")]
+        rest = [r for r in rest if not ("=" in r and not r.startswith("-"))]
     if rest and not getattr(args, "takes_rest", False):
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
     try:

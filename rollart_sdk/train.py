@@ -146,11 +146,12 @@ class _LocalSpawner:
 
 
 def build_job(cfg: RunConfig, lines: Any = None, run_name: str | None = None,
-              log: Any = print, in_process: bool = False) -> Job:
+              log: Any = print, in_process: bool = False, registry: Any = None) -> Job:
     """Bind and spawn every worker and wire the control plane.
 
     ``in_process=True`` runs every worker in this process (no Ray): the control plane and
     the backends are the same code; only placement and process boundaries are skipped.
+    ``registry``: resolve backends there instead of the installed plugins (tests).
     """
     from rollart_sdk.cluster.roles import (
         EngineWorker,
@@ -170,7 +171,7 @@ def build_job(cfg: RunConfig, lines: Any = None, run_name: str | None = None,
     from rollart_sdk.resolve import resolve_run
     from rollart_sdk.resources.plan import plan_resources
 
-    resolved = resolve_run(cfg, get_plugins().registry, lines)
+    resolved = resolve_run(cfg, registry or get_plugins().registry, lines)
     plan = plan_resources(cfg, resolved)
     run_dir = RunDir(cfg.output_dir, cfg, run_name)
     log(f"run directory: {run_dir.path}")

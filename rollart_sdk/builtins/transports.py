@@ -35,14 +35,18 @@ class LocalTransport:
         self.role = role
         self.channel = channel
         self.keep_versions = keep_versions
+        self._published: list[int] = []
+        if role == "sender":  # a new sender owns its channel: drop a previous run's versions
+            self.close()
 
     def publish(self, version: int, buckets: Iterable[WeightBucket]) -> WeightManifest:
         stored = list(buckets)
         with _LOCK:
             _STORE[(self.channel, version)] = stored
-            mine = sorted(v for (c, v) in _STORE if c == self.channel)
-            for old in mine[: -self.keep_versions]:
+            self._published.append(version)
+            for old in self._published[: -self.keep_versions]:
                 _STORE.pop((self.channel, old), None)
+            self._published = self._published[-self.keep_versions :]
         refs = [BucketRef(b.index, sorted(b.tensors), b.nbytes, b.checksum, handle=b.index)
                 for b in stored]
         return WeightManifest(version, "local", refs, meta={"channel": self.channel})

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter, OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from rollart_sdk.types import Trajectory
@@ -46,6 +47,9 @@ class SampleBuffer:
         self.dropped: Counter[str] = Counter()  # reason -> trajectories
         self.trained = 0
         self.max_ready_trajectories = 0  # high-water mark, for the O(alpha * E) bound
+        # Called whenever room is freed (a batch taken, groups evicted): the scheduler
+        # listens so that it launches again.
+        self.on_room: list[Callable[[], None]] = []
 
     # ------------------------------------------------------------------ producers
     async def put(self, traj: Trajectory) -> None:
@@ -90,7 +94,13 @@ class SampleBuffer:
                 t.dropped = "stale"
                 evicted.append(t)
         self.dropped["stale"] += len(evicted)
+        if evicted:
+            self._notify_room()
         return evicted
+
+    def _notify_room(self) -> None:
+        for fn in self.on_room:
+            fn()
 
     def ready_by_tag(self) -> dict[str, int]:
         out: dict[str, int] = {}
@@ -132,6 +142,7 @@ class SampleBuffer:
                         need[group.tag] -= len(group.members)
                         batch.extend(self._ready.pop(gid).members)
             self.trained += len(batch)
+            self._notify_room()
             return batch
 
     async def wake(self) -> None:

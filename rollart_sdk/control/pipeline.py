@@ -110,7 +110,6 @@ class Pipeline:
         samples: list[TrainSample] = [t.to_sample() for t in batch]
         fill_advantages(samples)
         shards = [samples[i :: len(self.trainers)] for i in range(len(self.trainers))]
-        self.log.append(f"train_step:{step}")
         t0 = time.perf_counter()
         results = await asyncio.gather(
             *(w.call("train_step", shard) for w, shard in zip(self.trainers, shards, strict=True))
@@ -195,6 +194,7 @@ class Pipeline:
                     )
                 elif mode == "one_off" and step + 1 < steps:
                     self.scheduler.allow(self.launch_per_step)
+                self.log.append(f"train_step:{step}")
                 pending = asyncio.create_task(self._train(step, batch))
                 if mode == "sync":
                     self._report(await pending)

@@ -44,7 +44,7 @@ class ProgressDisplay:
                 f"step {metrics['step'] + 1}/{self.steps}  {rewards}  "
                 f"staleness<={metrics['staleness/max']}  trained={metrics['trajectories/trained']} "
                 f"dropped={metrics['trajectories/dropped']}  t={metrics['wall_time']:.0f}s",
-                highlight=False,
+                highlight=False, soft_wrap=True,
             )
 
     def _render(self) -> Table:

@@ -65,6 +65,7 @@ class RolloutScheduler:
         self._wakeup = asyncio.Event()
         self._stopped = False
         self._loop_task: asyncio.Task[None] | None = None
+        buffer.on_room.append(self._wakeup.set)
         self._group_counter = 0
         self._traj_counter = 0
         self._env_rr = 0

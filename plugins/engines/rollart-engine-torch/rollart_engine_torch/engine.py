@@ -123,6 +123,7 @@ class TorchEngine:
         self._prefill_tokens = 0
         self._steps = 0
         self._recomputed_total = 0
+        self._aborted_total = 0  # requests ended by ABORT (freed before finishing)
         self._name = f"torch-engine:{model.path}"
         # Created on first use: the engine may be built outside the loop that drives it.
         self._loop_task: asyncio.Task[None] | None = None
@@ -202,6 +203,7 @@ class TorchEngine:
             "steps": self._steps,
             "suspended": self._suspended,
             "recomputed": self._recomputed_total,
+            "aborted": self._aborted_total,
             "max_running": self._max_running,
             "max_seq_len": self._runner.max_seq_len,
             "kv_cache_bytes": self._runner.kv_bytes(),
@@ -279,6 +281,7 @@ class TorchEngine:
                 self._waiting.remove(seq)
             else:
                 self._release([seq])
+            self._aborted_total += 1
             self._resolve(seq, "abort")
 
     def _admit(self) -> None:

@@ -1,0 +1,205 @@
+"""The control plane end to end, in-process: real torch engine, trainer, envs, rewards.
+
+Every worker runs in this process (``build_job(in_process=True)``), so these tests check
+the protocol itself - order, staleness bound, on-policy sync, aborts, failure isolation -
+without Ray start-up; the Ray path is covered by tests/control/test_train_ray.py.
+"""
+
+from __future__ import annotations
+
+import time
+from types import SimpleNamespace
+
+import pytest
+
+from rollart_sdk.config import load_config
+from rollart_sdk.plugins import load_plugins
+from rollart_sdk.train import build_job, run_job
+
+BASE = {
+    "name": "t",
+    "seed": 0,
+    "model": {"tiny": {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "intermediate_size": 64}},
+    "pools": [
+        {"name": "H800", "hardware": "H800", "kind": "gpu", "profile": "compute", "count": 4},
+        {"name": "H20", "hardware": "H20", "kind": "gpu", "profile": "bandwidth", "count": 4},
+        {"name": "cpu", "hardware": "cpu", "kind": "cpu", "count": 8},
+    ],
+    "tasks": [
+        {
+            "tag": "FrozenLake",
+            "env": {"name": "frozenlake", "options": {"desc": ["SFF", "FHF", "FFG"], "obs_format": "compact"}},
+            "reward": {"name": "rule", "options": {"mode": "success"}},
+            "affinity": "H800",
+            "max_turns": 4,
+            "constrain_actions": True,
+            "system_prompt": None,
+        },
+        {
+            "tag": "Arithmetic",
+            "env": {"name": "arithmetic", "options": {"num_digits": 1, "ops": ["+"]}},
+            "reward": {"name": "rule", "options": {"mode": "exact_match"}},
+            "affinity": "H20",
+            "max_turns": 1,
+            "system_prompt": None,
+            "sampling": {"max_new_tokens": 4},
+        },
+    ],
+    "engine": {"name": "torch", "options": {"max_running": 32}},
+    "trainer": {"name": "torch", "options": {"lr": 0.003, "micro_batch_size": 16}},
+    "transport": {"name": "local"},
+    "rollout": {"batch_size": 8, "group_size": 4, "mode": "async", "alpha": 1},
+    "train": {"steps": 4, "bucket_mb": 1},
+}
+
+
+def run(tmp_path, overrides=(), steps=4, registry=None, data=None):
+    import copy
+
+    cfg, lines = load_config(data=copy.deepcopy(data or BASE),
+                             overrides=[f"output_dir={tmp_path}", *overrides])
+    job = build_job(cfg, lines, in_process=True, log=lambda *a: None, registry=registry)
+    try:
+        records = run_job(job, steps, progress=False)
+    finally:
+        job.close()
+    return job, records
+
+
+def trained_tokens_versions(records):
+    for rec in records:
+        for traj in rec.batch:
+            for turn in traj.turns:
+                yield rec, traj, turn
+
+
+def test_async_protocol_order_and_alpha_bound(tmp_path):
+    job, records = run(tmp_path, steps=4)
+    log = job.pipeline.log
+    # Six-step order in every iteration after the first: get_batch -> suspend -> update ->
+    # resume -> train_step (train_step k ran after update k was loaded; publish follows it).
+    protocol = [e for e in log if not e.startswith("publish:")]  # publish runs in the background
+    for k in range(1, 4):
+        i = protocol.index(f"get_batch:{k}")
+        assert protocol[i + 1 : i + 5] == ["suspend", f"update:{k}", "resume", f"train_step:{k}"], log
+        assert log.index(f"publish:{k}") < log.index(f"update:{k}")  # published, then loaded
+    assert [r.version for r in records] == [0, 1, 2, 3]
+    # alpha = 1: no trained trajectory started more than one version before the trainer.
+    assert all(r.version - t.start_version <= 1 for r in records for t in r.batch)
+    # Per-task share of every batch (weights 1:1, groups of 4): one group each.
+    for r in records:
+        assert sorted(t.tag for t in r.batch) == ["Arithmetic"] * 4 + ["FrozenLake"] * 4
+    # Token in / token out: the trained sample is the exact concatenation of turns.
+    for rec, traj, turn in trained_tokens_versions(records):
+        assert len(turn.logprobs) == len(turn.action_ids) == len(turn.versions)
+        assert all(traj.start_version <= v <= rec.version for v in turn.versions)
+    # Nothing lost: every launched trajectory is trained or counted as dropped.
+    p = job.pipeline
+    assert p.scheduler.launched == p.buffer.trained + sum(p.buffer.dropped.values())
+    # Routing by task affinity: each task only on its pool's engine.
+    served = {tag: w for (tag, w) in p.proxy.served}
+    assert served == {"FrozenLake": "gen-0", "Arithmetic": "gen-1"} or \
+        served == {"FrozenLake": "gen-1", "Arithmetic": "gen-0"}
+    pools = {h.name: h.pool for h in p.proxy.workers.values()}
+    assert pools[served["FrozenLake"]] == "H800" and pools[served["Arithmetic"]] == "H20"
+
+
+def test_alpha_two_allows_older_but_bounded(tmp_path):
+    _, records = run(tmp_path, ["rollout.alpha=2"], steps=5)
+    staleness = [r.version - t.start_version for r in records for t in r.batch]
+    assert max(staleness) <= 2
+
+
+def test_sync_mode_is_on_policy(tmp_path):
+    job, records = run(tmp_path, ["rollout.mode=sync"], steps=3)
+    for rec, traj, turn in trained_tokens_versions(records):
+        assert traj.start_version == rec.version
+        assert set(turn.versions) == {rec.version}  # every token from the trained version
+    log = job.pipeline.log
+    # sync: the update of version k+1 happens before batch k+1 is collected.
+    assert log.index("update:1") < log.index("get_batch:1")
+
+
+def test_surplus_of_redundant_rollout_is_aborted(tmp_path):
+    job, records = run(tmp_path, ["rollout.mode=sync", "rollout.redundancy=1.0"], steps=2)
+    p = job.pipeline
+    assert p.launch_per_step == {"FrozenLake": 8, "Arithmetic": 8}  # twice what a batch needs
+    assert sum(r.aborted_surplus for r in records) > 0
+    assert p.buffer.dropped["aborted:surplus"] > 0
+    assert p.scheduler.launched == p.buffer.trained + sum(p.buffer.dropped.values())
+    trained_ids = {t.trajectory_id for r in records for t in r.batch}
+    assert all(t.dropped is None for r in records for t in r.batch) and len(trained_ids) == 16
+
+
+def test_stale_trajectories_are_aborted_in_async(tmp_path):
+    # Slow the trainer down relative to rollout with more turns, so that trajectories are
+    # still running when the version moves past their bound.
+    job, records = run(tmp_path, ["tasks.0.max_turns=8"], steps=4)
+    p = job.pipeline
+    assert sum(r.aborted_stale for r in records) == p.buffer.dropped["aborted:stale"]
+    assert all(r.version - t.start_version <= 1 for r in records for t in r.batch)
+
+
+FLAKY = """
+import time
+import gymnasium as gym
+from pydantic import BaseModel, ConfigDict
+
+
+class FlakyOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class FlakyEnv(gym.Env):
+    '''Seeds = 0 mod 3 fail at reset, = 1 mod 3 hang in step, the rest answer at once.'''
+
+    action_vocabulary = None
+    system_prompt = None
+
+    def reset(self, *, seed=None, options=None):
+        self.kind = (seed or 0) % 3
+        if self.kind == 0:
+            raise RuntimeError("container failed to start")
+        return "say something", {"answer": "1"}
+
+    def step(self, action):
+        if self.kind == 1:
+            time.sleep(3)
+        return "done", 1.0, True, False, {"answer": "1", "success": True}
+"""
+
+
+def test_failing_env_does_not_stall_others(tmp_path, monkeypatch):
+    import sys
+
+    mod_dir = tmp_path / "mods"
+    mod_dir.mkdir()
+    (mod_dir / "flaky_env_mod.py").write_text(FLAKY)
+    monkeypatch.syspath_prepend(str(mod_dir))
+
+    def rollart_register_envs(registry):
+        registry.register("flaky", factory="flaky_env_mod:FlakyEnv",
+                          options="flaky_env_mod:FlakyOptions")
+
+    from rollart_sdk import hookimpl
+
+    ps = load_plugins(strict=True, extra={"flaky": SimpleNamespace(
+        rollart_register_envs=hookimpl(rollart_register_envs))})
+    data = dict(BASE)
+    data["tasks"] = [
+        {"tag": "Flaky", "env": {"name": "flaky"}, "reward": {"name": "rule", "options": {"mode": "env_return"}},
+         "max_turns": 1, "system_prompt": None, "step_timeout_s": 0.5, "sampling": {"max_new_tokens": 2}},
+    ]
+    t0 = time.time()
+    job, records = run(tmp_path, steps=2, registry=ps.registry, data=data)
+    assert len(records) == 2
+    dropped = job.pipeline.buffer.dropped
+    assert dropped["env_reset_failed"] > 0 and dropped["env_step_timeout"] > 0
+    assert all(t.reward == 1.0 for r in records for t in r.batch)
+    assert time.time() - t0 < 120
+    sys.modules.pop("flaky_env_mod", None)
+
+
+def test_batch_too_small_for_tasks_is_a_clear_error(tmp_path):
+    with pytest.raises(ValueError, match="raise batch_size to at least 8"):
+        run(tmp_path, ["rollout.batch_size=4"], steps=1)
