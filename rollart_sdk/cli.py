@@ -13,6 +13,8 @@ from rich.table import Table
 from rollart_sdk.errors import RollartError
 
 console = Console()
+if not console.is_terminal:  # piped or captured: do not wrap names at 80 columns
+    console = Console(width=200)
 err_console = Console(stderr=True)
 
 # name -> "module:function(argv) -> int"; each benchmark owns its arguments.

@@ -145,6 +145,20 @@ class _LocalSpawner:
         pass
 
 
+def describe_env(descriptor: Any, options: Any) -> dict[str, Any]:
+    """Build one env in this process to read its action vocabulary and instructions."""
+    env = descriptor.load()(**options.model_dump())
+    try:
+        return {
+            "action_vocabulary": getattr(env, "action_vocabulary", None),
+            "system_prompt": getattr(env, "system_prompt", None),
+        }
+    finally:
+        close = getattr(env, "close", None)
+        if callable(close):
+            close()
+
+
 def build_job(cfg: RunConfig, lines: Any = None, run_name: str | None = None,
               log: Any = print, in_process: bool = False, registry: Any = None) -> Job:
     """Bind and spawn every worker and wire the control plane.
@@ -186,19 +200,23 @@ def build_job(cfg: RunConfig, lines: Any = None, run_name: str | None = None,
     max_running = r.max_envs or launch
     max_running = max(r.group_size, (max_running // r.group_size) * r.group_size)
 
-    env_spec = {tag: (res.descriptor, res.options) for tag, res in resolved.envs.items()}
-    env_workers = spawner.cluster(EnvWorker, "env", (env_spec,),
-                                  num_workers=cfg.roles.environment.workers,
-                                  concurrency=max_running + 8)
-    described = {tag: spawner.call(env_workers[0], "describe", tag) for tag in env_spec}
+    # Static facts of each task's env (action vocabulary, instructions): the tiny model's
+    # tokenizer needs the action words before any worker starts.
+    described = {tag: describe_env(res.descriptor, res.options) for tag, res in resolved.envs.items()}
     extra_tokens = sorted({w for d in described.values() for w in (d["action_vocabulary"] or [])})
     model = prepare_model(cfg.model, Path(cfg.output_dir) / ".models", extra_tokens)
     log(f"model: {model.path}")
 
-    reward_spec = {tag: (res.descriptor, res.options) for tag, res in resolved.rewards.items()}
-    (reward_worker,) = spawner.cluster(RewardBackendWorker, "reward", (reward_spec,),
-                                       concurrency=64)
-
+    # Bind in order of placement priority: the trainer gets its compute pool first, then
+    # the engines their task pools, then reward and environments take what fits.
+    world = cfg.roles.actor_train.workers
+    init_method = f"tcp://127.0.0.1:{_free_port()}" if world > 1 else None
+    trainers = spawner.cluster(
+        TrainerWorker, "train",
+        (resolved.trainer.descriptor, resolved.trainer.options, model,
+         resolved.transport.descriptor, resolved.transport.options, init_method),
+        num_workers=world,
+    )
     # ActorGen: engines on every pool a task's generation is bound to (hw_mapping routes
     # each task's requests there; if a pool was full, its engines run on the recorded
     # fallback and still serve the task).
@@ -212,15 +230,13 @@ def build_job(cfg: RunConfig, lines: Any = None, run_name: str | None = None,
     )
     routes = spawner.routes("gen", [t.tag for t in cfg.tasks])
     routes["default"] = [e.name for e in engines]
-
-    world = cfg.roles.actor_train.workers
-    init_method = f"tcp://127.0.0.1:{_free_port()}" if world > 1 else None
-    trainers = spawner.cluster(
-        TrainerWorker, "train",
-        (resolved.trainer.descriptor, resolved.trainer.options, model,
-         resolved.transport.descriptor, resolved.transport.options, init_method),
-        num_workers=world,
-    )
+    reward_spec = {tag: (res.descriptor, res.options) for tag, res in resolved.rewards.items()}
+    (reward_worker,) = spawner.cluster(RewardBackendWorker, "reward", (reward_spec,),
+                                       concurrency=64)
+    env_spec = {tag: (res.descriptor, res.options) for tag, res in resolved.envs.items()}
+    env_workers = spawner.cluster(EnvWorker, "env", (env_spec,),
+                                  num_workers=cfg.roles.environment.workers,
+                                  concurrency=max_running + 8)
     for h in engines + trainers:  # fail fast, with the worker's own error
         spawner.call(h, "version")
 

@@ -162,17 +162,6 @@ class EnvWorker(EnvironmentWorker):
         self._envs: dict[str, Any] = {}
         self._factories: dict[str, Any] = {}
 
-    def describe(self, tag: str) -> dict[str, Any]:
-        """Static facts of a task's env: action vocabulary and system prompt."""
-        env = self._make(tag)
-        try:
-            return {
-                "action_vocabulary": getattr(env, "action_vocabulary", None),
-                "system_prompt": getattr(env, "system_prompt", None),
-            }
-        finally:
-            _close(env)
-
     def _make(self, tag: str) -> Any:
         if tag not in self._factories:
             desc, options = self._specs[tag]
