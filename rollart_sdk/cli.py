@@ -59,11 +59,15 @@ def cmd_validate(args: argparse.Namespace) -> int:
     from rollart_sdk.plugins import get_plugins
     from rollart_sdk.resolve import resolve_run
 
-    cfg, lines = load_config(args.config, args.overrides)
-    resolved = resolve_run(cfg, get_plugins().registry, lines)
+    from rollart_sdk.errors import ConfigError
     from rollart_sdk.resources.plan import plan_resources
 
-    plan_resources(cfg, resolved)  # decorator and affinity misuse is rejected here
+    cfg, lines = load_config(args.config, args.overrides)
+    try:
+        resolved = resolve_run(cfg, get_plugins().registry, lines)
+        plan_resources(cfg, resolved)  # decorator and affinity misuse is rejected here
+    except ConfigError as exc:
+        raise ConfigError(exc.problems, source=args.config) from None
     console.print(f"[green]ok[/green]: {args.config} is valid")
     for kind in ("engine", "trainer", "transport", "placement"):
         r = getattr(resolved, kind)

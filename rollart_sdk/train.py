@@ -360,8 +360,13 @@ def cmd_train(args: argparse.Namespace) -> int:
     local_ray_env()
     if args.address:
         os.environ["RAY_ADDRESS"] = args.address
+    from rollart_sdk.errors import ConfigError
+
     cfg, lines = load_config(args.config, args.overrides)
-    job = build_job(cfg, lines)
+    try:
+        job = build_job(cfg, lines)
+    except ConfigError as exc:
+        raise ConfigError(exc.problems, source=args.config) from None
     try:
         run_job(job, args.steps or cfg.train.steps, progress=not args.no_progress)
     except KeyboardInterrupt:

@@ -44,7 +44,8 @@ def test_validate_bad_options_and_override(tmp_path):
     res = run_cli("validate", str(cfg), "engine.options.max_runing=3",
                   "engine.options.max_running=0")
     assert res.returncode == 2
-    assert "engine.options.max_runing: unknown key; allowed keys:" in res.stderr
+    assert f"invalid configuration in {cfg}" in res.stderr
+    assert "engine.options.max_runing (line 6): unknown key; allowed keys:" in res.stderr
     assert "engine.options.max_running" in res.stderr
 
 
