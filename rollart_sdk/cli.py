@@ -56,10 +56,9 @@ def cmd_plugins(args: argparse.Namespace) -> int:
 
 def cmd_validate(args: argparse.Namespace) -> int:
     from rollart_sdk.config import load_config
+    from rollart_sdk.errors import ConfigError
     from rollart_sdk.plugins import get_plugins
     from rollart_sdk.resolve import resolve_run
-
-    from rollart_sdk.errors import ConfigError
     from rollart_sdk.resources.plan import plan_resources
 
     cfg, lines = load_config(args.config, args.overrides)
