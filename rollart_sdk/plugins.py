@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import sys
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from types import ModuleType
@@ -168,12 +169,17 @@ def load_plugins(
             raise PluginError(f"plugin {name!r} is invalid: {record.error}")
 
     registry = Registry()
+    # Each plugin's hook is called on its own so its registrations carry its name;
+    # ROLLART_TRACE_HOOKS=1 prints these calls (pluggy's tracing sees only pm.hook calls).
+    tracing = bool(os.environ.get("ROLLART_TRACE_HOOKS"))
     for kind, hook_name in hookspecs.KIND_HOOKS.items():
         caller = getattr(pm.hook, hook_name)
         for impl in caller.get_hookimpls():
             record = records[impl.plugin_name]
             registrar = Registrar(kind, registry, record.name, record.distribution, record.version)
             kwargs = {"registry": registrar}
+            if tracing:
+                print(f"rollart hook: {hook_name}(registry) -> plugin {record.name}", file=sys.stderr)
             try:
                 impl.function(*[kwargs[a] for a in impl.argnames])
             except PluginError:

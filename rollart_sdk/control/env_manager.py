@@ -125,7 +125,8 @@ class EnvManager:
         finally:
             t1 = time.time()
             self.traj.timings.append((span, t0, t1))
-            who = worker if worker is not None else getattr(result, "worker", "") or "llm"
+            # worker None: whoever answered; "llm-proxy" when none did (aborted, timed out)
+            who = worker if worker is not None else getattr(result, "worker", "") or "llm-proxy"
             self._emit({"trajectory": self.traj.trajectory_id, "tag": self.traj.tag,
                         "span": span, "worker": who, "t0": t0, "t1": t1})
 
