@@ -50,15 +50,15 @@ class SampleBuffer:
         # Called whenever room is freed (a batch taken, groups evicted): the scheduler
         # listens so that it launches again.
         self.on_room: list[Callable[[], None]] = []
-        self._discarded: set[str] = set()  # groups dropped whole; late members are counted
-        self._discard_reason = "discarded"
+        # Groups dropped whole -> reason; members that finish later are counted under it.
+        self._discarded: dict[str, str] = {}
 
     # ------------------------------------------------------------------ producers
     async def put(self, traj: Trajectory) -> None:
         """Add a finished (scored or dropped) trajectory to its group."""
         async with self._cond:
             if traj.group_id in self._discarded:
-                traj.dropped = traj.dropped or self._discard_reason
+                traj.dropped = traj.dropped or self._discarded[traj.group_id]
                 self.dropped[traj.dropped.split(": ", 1)[0]] += 1
                 return
             group = self._open.get(traj.group_id)
@@ -151,11 +151,6 @@ class SampleBuffer:
             self._notify_room()
             return batch
 
-    async def wake(self) -> None:
-        """Re-check waiting consumers (e.g. after the version moved)."""
-        async with self._cond:
-            self._cond.notify_all()
-
     def discard_all(self, reason: str) -> int:
         """Drop every group not handed out yet, ready or still running (e.g. the surplus of
         a redundant rollout once the batch is full). Members that finish later are counted
@@ -172,30 +167,10 @@ class SampleBuffer:
                     n += 1
                 else:
                     self.dropped[t.dropped.split(": ", 1)[0]] += 1
-            self._discarded.add(gid)
+            self._discarded[gid] = reason
         self.dropped[reason] += n
-        self._discard_reason = reason
         self._ready.clear()
         self._open.clear()
         if n:
             self._notify_room()
-        return n
-
-    def drain(self, reason: str) -> int:
-        """Drop everything still held (end of run); returns how many were dropped."""
-        n = 0
-        for group in self._ready.values():
-            for t in group.members:
-                t.dropped = reason
-                n += 1
-        for group in self._open.values():
-            for t in group.members:
-                if t.dropped is None:
-                    t.dropped = reason
-                    n += 1
-                else:
-                    self.dropped[t.dropped.split(": ", 1)[0]] += 1
-        self._ready.clear()
-        self._open.clear()
-        self.dropped[reason] += n
         return n

@@ -214,7 +214,7 @@ class Pipeline:
             if pending is not None and not pending.done():
                 pending.cancel()
             await self.scheduler.stop("run_end")
-            self.buffer.drain("run_end")
+            self.buffer.discard_all("run_end")
         return self.records
 
     # ------------------------------------------------------------------ metrics

@@ -1,0 +1,135 @@
+"""SampleBuffer and LLMProxy on their own: grouping, staleness eviction, quotas, routing."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from rollart_sdk.control.buffer import SampleBuffer
+from rollart_sdk.control.handles import WorkerHandle
+from rollart_sdk.control.proxy import LLMProxy
+from rollart_sdk.types import GenerationRequest, GenerationResult, Trajectory
+
+
+def traj(tid, group, tag="A", version=0, dropped=None):
+    return Trajectory(tid, tag, group, version, reward=1.0, dropped=dropped)
+
+
+def test_groups_whole_stale_eviction_and_accounting():
+    async def main():
+        buf = SampleBuffer(group_size=2)
+        await buf.put(traj("a1", "g1", version=0))
+        assert buf.ready_groups == 0  # half a group is not ready
+        await buf.put(traj("a2", "g1", version=0))
+        await buf.put(traj("b1", "g2", version=1))
+        await buf.put(traj("b2", "g2", version=1, dropped="env_step_failed: boom"))
+        await buf.put(traj("c1", "g3", version=2))
+        await buf.put(traj("c2", "g3", version=2))
+        # g1 (version 0) is too old for min_version 1; g2 has one usable member only.
+        batch = await asyncio.wait_for(buf.get_batch(2, min_version=1), 5)
+        assert [t.trajectory_id for t in batch] == ["c1", "c2"]
+        assert buf.dropped == {"stale": 2, "env_step_failed": 1, "group_incomplete": 1}
+        assert buf.trained == 2
+
+    asyncio.run(main())
+
+
+def test_quota_waits_for_each_tasks_share():
+    async def main():
+        buf = SampleBuffer(group_size=2)
+        for i in range(4):
+            await buf.put(traj(f"a{i}", f"ga{i // 2}", tag="A"))
+        waiter = asyncio.create_task(buf.get_batch(4, 0, quota={"A": 2, "B": 2}))
+        await asyncio.sleep(0.05)
+        assert not waiter.done()  # plenty of A, no B yet
+        await buf.put(traj("b0", "gb", tag="B"))
+        await buf.put(traj("b1", "gb", tag="B"))
+        batch = await asyncio.wait_for(waiter, 5)
+        assert sorted(t.tag for t in batch) == ["A", "A", "B", "B"]
+        assert buf.ready_by_tag() == {"A": 2}
+
+    asyncio.run(main())
+
+
+def test_discard_all_counts_late_members():
+    async def main():
+        buf = SampleBuffer(group_size=2)
+        room = []
+        buf.on_room.append(lambda: room.append(1))
+        await buf.put(traj("a1", "g1"))
+        await buf.put(traj("a2", "g1"))
+        await buf.put(traj("b1", "g2"))  # g2 still running
+        assert buf.discard_all("surplus") == 3 and room
+        await buf.put(traj("b2", "g2", dropped="aborted:surplus"))
+        await buf.put(traj("c1", "g3"))  # a new group is unaffected
+        assert buf.dropped == {"surplus": 3, "aborted:surplus": 1}
+        assert buf.ready_groups == 0 and "g3" in buf._open
+
+    asyncio.run(main())
+
+
+class SlowEngine:
+    """A real in-process worker object: answers after a delay unless aborted."""
+
+    def __init__(self, name):
+        self.name = name
+        self.aborted = set()
+        self.suspended = False
+
+    async def generate(self, request):
+        for _ in range(100):
+            if request.request_id in self.aborted:
+                return GenerationResult(request.request_id, [], [], [], "abort", worker=self.name)
+            await asyncio.sleep(0.01)
+        return GenerationResult(request.request_id, [1], [0.0], [0], "stop", worker=self.name)
+
+    async def abort(self, request_id):
+        self.aborted.add(request_id)
+        return True
+
+    async def suspend(self):
+        self.suspended = True
+
+    async def resume(self):
+        self.suspended = False
+
+
+def test_proxy_routes_by_tag_sticks_and_aborts():
+    async def main():
+        workers = [WorkerHandle(n, SlowEngine(n), pool=p, is_ray=False)
+                   for n, p in (("h800-0", "H800"), ("h800-1", "H800"), ("h20-0", "H20"))]
+        proxy = LLMProxy(workers, {"FrozenLake": ["h800-0", "h800-1"], "default": ["h20-0"]})
+        req = lambda rid, tag, tid: GenerationRequest(rid, [1, 2], tag=tag, trajectory_id=tid)  # noqa: E731
+        # Two trajectories at once spread over the two H800 workers; others go to H20.
+        r1, r2, r3 = await asyncio.gather(
+            proxy.generate(req("t1/0", "FrozenLake", "t1")),
+            proxy.generate(req("t2/0", "FrozenLake", "t2")),
+            proxy.generate(req("m/0", "Math", "m")),
+        )
+        assert {r1.worker, r2.worker} == {"h800-0", "h800-1"} and r3.worker == "h20-0"
+        # Sticky: t1's next turn goes to the worker holding its prefix.
+        again = await proxy.generate(req("t1/1", "FrozenLake", "t1"))
+        assert again.worker == r1.worker
+        # ABORT reaches the worker holding the request; the caller gets "abort" promptly.
+        task = asyncio.create_task(proxy.generate(req("t3/0", "FrozenLake", "t3")))
+        await asyncio.sleep(0.05)
+        assert await proxy.abort("t3/0")
+        assert (await asyncio.wait_for(task, 1)).finish_reason == "abort"
+        # Suspended: new requests wait; one aborted while waiting never reaches a worker.
+        await proxy.suspend()
+        assert all(w.target.suspended for w in workers)
+        waiting = asyncio.create_task(proxy.generate(req("t4/0", "FrozenLake", "t4")))
+        await asyncio.sleep(0.05)
+        assert not waiting.done()
+        assert not await proxy.abort("t4/0")  # not at a worker yet
+        await proxy.resume()
+        res = await asyncio.wait_for(waiting, 1)
+        assert res.finish_reason == "abort" and res.worker == ""
+
+    asyncio.run(main())
+
+
+def test_proxy_rejects_routes_to_unknown_workers():
+    with pytest.raises(ValueError, match="unknown or no workers"):
+        LLMProxy([], {"default": ["nope"]})
