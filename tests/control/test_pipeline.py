@@ -134,15 +134,6 @@ def test_surplus_of_redundant_rollout_is_aborted(tmp_path):
     assert all(t.dropped is None for r in records for t in r.batch) and len(trained_ids) == 16
 
 
-def test_stale_trajectories_are_aborted_in_async(tmp_path):
-    # Slow the trainer down relative to rollout with more turns, so that trajectories are
-    # still running when the version moves past their bound.
-    job, records = run(tmp_path, ["tasks.0.max_turns=8"], steps=4)
-    p = job.pipeline
-    assert sum(r.aborted_stale for r in records) == p.buffer.dropped["aborted:stale"]
-    assert all(r.version - t.start_version <= 1 for r in records for t in r.batch)
-
-
 FLAKY = """
 import time
 import gymnasium as gym
@@ -169,38 +160,77 @@ class FlakyEnv(gym.Env):
         if self.kind == 1:
             time.sleep(3)
         return "done", 1.0, True, False, {"answer": "1", "success": True}
+
+
+class SlowEnv(gym.Env):
+    '''Four turns of 0.15 s each: trajectories outlive a training step.'''
+
+    action_vocabulary = None
+    system_prompt = None
+
+    def reset(self, *, seed=None, options=None):
+        self.t = 0
+        return "go", {}
+
+    def step(self, action):
+        time.sleep(0.15)
+        self.t += 1
+        done = self.t >= 4
+        return "go on", float(done), done, False, {"success": done}
 """
 
 
-def test_failing_env_does_not_stall_others(tmp_path, monkeypatch):
+@pytest.fixture
+def test_envs(tmp_path, monkeypatch):
+    """A plugin set with the installed plugins plus the test envs ``flaky`` and ``slow``."""
     import sys
 
     mod_dir = tmp_path / "mods"
     mod_dir.mkdir()
-    (mod_dir / "flaky_env_mod.py").write_text(FLAKY)
+    (mod_dir / "rollart_test_envs.py").write_text(FLAKY)
     monkeypatch.syspath_prepend(str(mod_dir))
-
-    def rollart_register_envs(registry):
-        registry.register("flaky", factory="flaky_env_mod:FlakyEnv",
-                          options="flaky_env_mod:FlakyOptions")
-
     from rollart_sdk import hookimpl
 
-    ps = load_plugins(strict=True, extra={"flaky": SimpleNamespace(
-        rollart_register_envs=hookimpl(rollart_register_envs))})
+    def rollart_register_envs(registry):
+        for name, cls in (("flaky", "FlakyEnv"), ("slow", "SlowEnv")):
+            registry.register(name, factory=f"rollart_test_envs:{cls}",
+                              options="rollart_test_envs:FlakyOptions")
+
+    yield load_plugins(strict=True, extra={"test-envs": SimpleNamespace(
+        rollart_register_envs=hookimpl(rollart_register_envs))}).registry
+    sys.modules.pop("rollart_test_envs", None)
+
+
+def single_task(**task):
     data = dict(BASE)
-    data["tasks"] = [
-        {"tag": "Flaky", "env": {"name": "flaky"}, "reward": {"name": "rule", "options": {"mode": "env_return"}},
-         "max_turns": 1, "system_prompt": None, "step_timeout_s": 0.5, "sampling": {"max_new_tokens": 2}},
-    ]
+    data["tasks"] = [{"tag": "T", "reward": {"name": "rule", "options": {"mode": "env_return"}},
+                      "system_prompt": None, "sampling": {"max_new_tokens": 2}, **task}]
+    return data
+
+
+def test_stale_trajectories_are_aborted_in_async(tmp_path, test_envs):
+    # Trajectories take 4 x 0.15 s, longer than a training step: after each update the
+    # ones started before the bound are aborted at once, not left running.
+    job, records = run(tmp_path, ["rollout.max_envs=16"], steps=4, registry=test_envs,
+                       data=single_task(env={"name": "slow"}, max_turns=4))
+    p = job.pipeline
+    assert p.buffer.dropped["aborted:stale"] > 0
+    assert sum(r.aborted_stale for r in records) == p.buffer.dropped["aborted:stale"]
+    assert all(r.version - t.start_version <= 1 for r in records for t in r.batch)
+    assert all(t.turns and len(t.turns) == 4 for r in records for t in r.batch)
+    # O(alpha * E): never more than (alpha + 1) x E launched and untrained.
+    assert p.buffer.max_ready_trajectories <= 2 * 16
+
+
+def test_failing_env_does_not_stall_others(tmp_path, test_envs):
     t0 = time.time()
-    job, records = run(tmp_path, steps=2, registry=ps.registry, data=data)
+    job, records = run(tmp_path, steps=2, registry=test_envs,
+                       data=single_task(env={"name": "flaky"}, max_turns=1, step_timeout_s=0.5))
     assert len(records) == 2
     dropped = job.pipeline.buffer.dropped
     assert dropped["env_reset_failed"] > 0 and dropped["env_step_timeout"] > 0
     assert all(t.reward == 1.0 for r in records for t in r.batch)
     assert time.time() - t0 < 120
-    sys.modules.pop("flaky_env_mod", None)
 
 
 def test_batch_too_small_for_tasks_is_a_clear_error(tmp_path):
