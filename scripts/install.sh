@@ -5,6 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-python3}"
+export PIP_ROOT_USER_ACTION=ignore
 pip_install() { "$PY" -m pip install --quiet --disable-pip-version-check "$@"; }
 
 # torch: the CPU build (a local wheel on the project's machines); other machines may
