@@ -162,6 +162,11 @@ class RolloutConfig(_Strict):
 
     @model_validator(mode="after")
     def _groups(self) -> RolloutConfig:
+        if self.mode == "async" and self.alpha < 1:
+            raise ValueError(
+                "mode async needs alpha >= 1 (engines receive version n only after batch n "
+                "is formed); use mode: sync for on-policy training"
+            )
         if self.batch_size % self.group_size:
             raise ValueError(
                 f"batch_size ({self.batch_size}) must be a multiple of group_size "
@@ -240,6 +245,14 @@ class RunConfig(_Strict):
         """References between sections: every pool a task or role names must exist."""
         names = [p.name for p in self.pools]
         problems: list[tuple[str, str]] = []
+        groups = self.rollout.batch_size // self.rollout.group_size
+        if groups < len(self.tasks):
+            problems.append((
+                "rollout.batch_size",
+                f"{self.rollout.batch_size} holds {groups} group(s) of {self.rollout.group_size}, "
+                f"fewer than the {len(self.tasks)} tasks (each batch holds every task's share); "
+                f"raise batch_size to at least {len(self.tasks) * self.rollout.group_size}",
+            ))
         allowed = ", ".join(names)
         for i, t in enumerate(self.tasks):
             if t.affinity is not None and t.affinity not in names:

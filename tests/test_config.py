@@ -100,3 +100,10 @@ def test_gguf_package_path_resolution():
     m = ModelConfig(gguf="package:no_such_pkg_abc/x.gguf")
     with pytest.raises(ConfigError, match="not installed"):
         m.gguf_path()
+
+
+def test_async_needs_alpha_at_least_one(tmp_path):
+    with pytest.raises(ConfigError, match="mode async needs alpha >= 1"):
+        load_config(write(tmp_path, BASE), ["rollout.alpha=0"])
+    cfg, _ = load_config(write(tmp_path, BASE), ["rollout.alpha=0", "rollout.mode=sync"])
+    assert cfg.rollout.alpha == 0

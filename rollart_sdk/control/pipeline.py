@@ -96,11 +96,6 @@ class Pipeline:
             tag: math.ceil(n * (1 + r.redundancy) / r.group_size) * r.group_size
             for tag, n in self.quota.items()
         }
-        if r.mode == "async" and self.alpha < 1:
-            raise ValueError(
-                "rollout.mode async needs rollout.alpha >= 1 (engines receive version n only "
-                "after batch n is formed); use mode: sync for on-policy training"
-            )
 
     # ------------------------------------------------------------------ protocol pieces
     async def _train(self, step: int, batch: list[Trajectory]) -> StepRecord:

@@ -234,5 +234,7 @@ def test_failing_env_does_not_stall_others(tmp_path, test_envs):
 
 
 def test_batch_too_small_for_tasks_is_a_clear_error(tmp_path):
-    with pytest.raises(ValueError, match="raise batch_size to at least 8"):
+    from rollart_sdk.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="raise batch_size to at least 8"):
         run(tmp_path, ["rollout.batch_size=4"], steps=1)
