@@ -76,7 +76,8 @@ def plot_rewards(metrics: list[dict[str, Any]], out: Path) -> Path:
     return path
 
 
-def plot_timeline(events: list[dict[str, Any]], out: Path, max_seconds: float | None = None) -> Path:
+def plot_timeline(events: list[dict[str, Any]], out: Path, max_seconds: float | None = None,
+                  pools: dict[str, str] | None = None) -> Path:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -98,7 +99,8 @@ def plot_timeline(events: list[dict[str, Any]], out: Path, max_seconds: float | 
                 height=0.8, color=colour, alpha=0.35 if e["span"] == "generate" else 0.8,
                 linewidth=0)
     ax.set_yticks(range(len(workers)))
-    ax.set_yticklabels(workers, fontsize=8)
+    pools = pools or {}
+    ax.set_yticklabels([f"{w} @{pools[w]}" if w in pools else w for w in workers], fontsize=8)
     ax.set_xlabel("seconds since the first event")
     ax.set_title("timeline per worker (overlapping trajectories stack translucently)")
     ax.legend(handles=[Patch(color=c, label=s) for s, c in SPAN_COLOURS.items()],
@@ -122,7 +124,10 @@ def make_report(run_dir: str | Path, max_seconds: float | None = None) -> list[P
     paths = [plot_rewards(metrics, run)]
     events = read_jsonl(run / "events.jsonl")
     if events:
-        paths.append(plot_timeline(events, run, max_seconds))
+        pools: dict[str, str] = {}
+        if (run / "bindings.json").exists():
+            pools = {b["worker"]: b["pool"] for b in json.loads((run / "bindings.json").read_text())}
+        paths.append(plot_timeline(events, run, max_seconds, pools))
     return paths
 
 
