@@ -13,6 +13,8 @@ pip_install() { "$PY" -m pip install --quiet --disable-pip-version-check "$@"; }
 if [ "${ROLLART_SKIP_TORCH:-0}" != "1" ]; then
   "$PY" -c "import torch" 2>/dev/null || pip_install "torch==2.13.0"
 fi
+# Ray: the release this project is tested with (the package itself accepts a range).
+pip_install "ray[default]==2.60.0"
 extras="hf,report"
 [ "${1:-}" = "--dev" ] && extras="$extras,dev"
 pip_install -e ".[${extras}]"
