@@ -64,10 +64,12 @@ def cmd_validate(args: argparse.Namespace) -> int:
     cfg, lines = load_config(args.config, args.overrides)
     try:
         resolved = resolve_run(cfg, get_plugins().registry, lines)
-        plan_resources(cfg, resolved)  # decorator and affinity misuse is rejected here
+        plan = plan_resources(cfg, resolved)  # decorator and affinity misuse is rejected here
     except ConfigError as exc:
         raise ConfigError(exc.problems, source=args.config) from None
     console.print(f"[green]ok[/green]: {args.config} is valid")
+    for warning in plan.warnings:
+        console.print(f"[yellow]warning[/yellow]: {warning}")
     for kind in ("engine", "trainer", "transport", "placement"):
         r = getattr(resolved, kind)
         console.print(f"  {kind}: {r.descriptor.name} ({r.descriptor.distribution or r.descriptor.plugin})")

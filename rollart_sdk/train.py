@@ -129,7 +129,10 @@ class _LocalSpawner:
         out = {}
         for tag in tags:
             target = affinity.get(tag, affinity["default"])
-            out[tag] = [h.name for h in self._workers[cluster] if target in (h.pool, h.hardware)]
+            handles = self._workers[cluster]
+            out[tag] = [h.name for h in handles if target in (h.pool, h.hardware)] or [
+                h.name for h in handles
+            ]
         return out
 
     def call(self, handle: Any, method: str, *args: Any, timeout: float = 600) -> Any:
@@ -189,6 +192,8 @@ def build_job(cfg: RunConfig, lines: Any = None, run_name: str | None = None,
     plan = plan_resources(cfg, resolved)
     run_dir = RunDir(cfg.output_dir, cfg, run_name)
     log(f"run directory: {run_dir.path}")
+    for warning in plan.warnings:
+        log(f"warning: {warning}")
     if in_process:
         spawner: Any = _LocalSpawner(plan)
     else:
@@ -217,15 +222,14 @@ def build_job(cfg: RunConfig, lines: Any = None, run_name: str | None = None,
          resolved.transport.descriptor, resolved.transport.options, init_method),
         num_workers=world,
     )
-    # ActorGen: engines on every pool a task's generation is bound to (hw_mapping routes
-    # each task's requests there; if a pool was full, its engines run on the recorded
-    # fallback and still serve the task).
-    gen_pools = sorted(set(plan.task_pools.values()) or {plan.role("actor_gen").preferred})
+    # ActorGen: roles.actor_gen.workers engines spread over the pools the tasks' generation
+    # is bound to (the plan); hw_mapping routes each task's requests to its pool's engines,
+    # or to the recorded fallback when that pool had no room.
     engines = spawner.cluster(
         EngineWorker, "gen",
         (resolved.engine.descriptor, resolved.engine.options, model,
          resolved.transport.descriptor, resolved.transport.options),
-        workers_per_pool={p: cfg.roles.actor_gen.workers for p in gen_pools},
+        workers_per_pool=plan.role("actor_gen").workers_per_pool,
         hw_affinity=plan.hw_affinity(),
     )
     routes = spawner.routes("gen", [t.tag for t in cfg.tasks])

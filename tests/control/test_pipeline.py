@@ -25,6 +25,7 @@ BASE = {
         {"name": "H20", "hardware": "H20", "kind": "gpu", "profile": "bandwidth", "count": 4},
         {"name": "cpu", "hardware": "cpu", "kind": "cpu", "count": 8},
     ],
+    "roles": {"actor_gen": {"workers": 2}},
     "tasks": [
         {
             "tag": "FrozenLake",

@@ -20,6 +20,7 @@ CONFIG = {
         {"name": "H20", "hardware": "H20", "kind": "gpu", "profile": "bandwidth", "count": 2},
         {"name": "cpu", "hardware": "cpu", "kind": "cpu", "count": 4},
     ],
+    "roles": {"actor_gen": {"workers": 2}},
     "tasks": [
         {"tag": "FrozenLake",
          "env": {"name": "frozenlake", "options": {"desc": ["SFF", "FHF", "FFG"], "obs_format": "compact"}},
