@@ -160,6 +160,11 @@ class RolloutConfig(_Strict):
     redundancy: float = Field(0.0, ge=0)  # extra environments, as a fraction of a batch
     max_envs: int | None = Field(None, ge=1)  # cap on concurrent environments
 
+    @property
+    def effective_alpha(self) -> int:
+        """The staleness bound the mode implies: 0 for sync, 1 for one_off, else alpha."""
+        return {"sync": 0, "one_off": 1}.get(self.mode, self.alpha)
+
     @model_validator(mode="after")
     def _groups(self) -> RolloutConfig:
         if self.mode == "async" and self.alpha < 1:

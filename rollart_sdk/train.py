@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import math
 import os
 import socket
 import time
@@ -179,7 +178,7 @@ def build_job(cfg: RunConfig, lines: Any = None, run_name: str | None = None,
     from rollart_sdk.control.buffer import SampleBuffer
     from rollart_sdk.control.chat import ChatFormat
     from rollart_sdk.control.env_manager import TaskRuntime
-    from rollart_sdk.control.pipeline import Pipeline, task_quota
+    from rollart_sdk.control.pipeline import Pipeline, launches_per_step, task_quota
     from rollart_sdk.control.proxy import LLMProxy
     from rollart_sdk.control.run_dir import RunDir
     from rollart_sdk.control.scheduler import RolloutScheduler
@@ -200,8 +199,7 @@ def build_job(cfg: RunConfig, lines: Any = None, run_name: str | None = None,
         spawner = _RaySpawner(cfg, plan, resolved.placement.create(), run_dir.path.name)
 
     r = cfg.rollout
-    launch = sum(math.ceil(n * (1 + r.redundancy) / r.group_size) * r.group_size
-                 for n in task_quota(cfg).values())
+    launch = sum(launches_per_step(cfg).values())
     max_running = r.max_envs or launch
     max_running = max(r.group_size, (max_running // r.group_size) * r.group_size)
 
@@ -261,13 +259,12 @@ def build_job(cfg: RunConfig, lines: Any = None, run_name: str | None = None,
 
     buffer = SampleBuffer(r.group_size)
     proxy = LLMProxy(engines, routes)
-    alpha = 0 if r.mode == "sync" else (1 if r.mode == "one_off" else r.alpha)
     holder: dict[str, Any] = {}
     scheduler = RolloutScheduler(
         tasks, chat, proxy, env_workers, reward_worker, buffer,
         version=lambda: holder["pipeline"].engine_version, group_size=r.group_size,
         max_running=max_running,
-        max_outstanding=(alpha + 1) * launch if r.mode == "async" else None,
+        max_outstanding=(r.effective_alpha + 1) * launch if r.mode == "async" else None,
         seed=cfg.seed, event_sink=run_dir.log_event,
         shares={tag: n / r.batch_size for tag, n in task_quota(cfg).items()},
     )
@@ -291,6 +288,7 @@ def run_job(job: Job, steps: int, progress: bool = True) -> list[Any]:
 
     job.pipeline.on_step = on_step
     interrupted = False
+
     async def main() -> None:
         # Blocking calls of in-process workers (env steps, engine steps) run on the loop's
         # default executor: give it room for every concurrent environment.

@@ -89,13 +89,9 @@ class Pipeline:
         self.started = time.time()
         self.update_reports: list[WeightUpdateReport] = []
         r = config.rollout
-        self.alpha = 0 if r.mode == "sync" else (1 if r.mode == "one_off" else r.alpha)
+        self.alpha = r.effective_alpha
         self.quota = task_quota(config)
-        # Launches per iteration in sync / one_off: each task's share plus redundancy.
-        self.launch_per_step = {
-            tag: math.ceil(n * (1 + r.redundancy) / r.group_size) * r.group_size
-            for tag, n in self.quota.items()
-        }
+        self.launch_per_step = launches_per_step(config)
 
     # ------------------------------------------------------------------ protocol pieces
     async def _train(self, step: int, batch: list[Trajectory]) -> StepRecord:
@@ -238,6 +234,16 @@ def task_quota(config: RunConfig) -> dict[str, int]:
     for tag in sorted(exact, key=lambda k: exact[k] - alloc[k], reverse=True)[:left]:
         alloc[tag] += 1
     return {tag: n * r.group_size for tag, n in alloc.items()}
+
+
+def launches_per_step(config: RunConfig) -> dict[str, int]:
+    """Trajectories launched per iteration in sync / one_off (and the environments async
+    keeps busy): each task's share of a batch plus ``redundancy``, in whole groups."""
+    r = config.rollout
+    return {
+        tag: math.ceil(n * (1 + r.redundancy) / r.group_size) * r.group_size
+        for tag, n in task_quota(config).items()
+    }
 
 
 def step_metrics(rec: StepRecord, buffer: SampleBuffer, wall: float, proxy: LLMProxy) -> dict[str, Any]:
