@@ -17,6 +17,7 @@ FIRST_PARTY: dict[tuple[str, str], str] = {
     ("env", "frozenlake"): "rollart-env-frozenlake (plugins/envs/rollart-env-frozenlake)",
     ("env", "arithmetic"): "rollart-env-arithmetic (plugins/envs/rollart-env-arithmetic)",
     ("reward", "rule"): "rollart-reward-rule (plugins/rewards/rollart-reward-rule)",
+    ("reward", "serverless"): "rollart-reward-serverless (plugins/rewards/rollart-reward-serverless)",
     ("engine", "torch"): "rollart-engine-torch (plugins/engines/rollart-engine-torch)",
     ("engine", "vllm"): "rollart-engine-vllm (plugins/engines/rollart-engine-vllm)",
     ("engine", "sglang"): "rollart-engine-sglang (plugins/engines/rollart-engine-sglang)",

@@ -54,6 +54,7 @@ class StepRecord:
     train_s: float = 0.0
     weight_sync_exposed_s: float = 0.0
     weight_transfer_s: float = 0.0
+    recomputed: int = 0  # in-flight requests whose KV cache the update rebuilt
     train_metrics: dict[str, float] = field(default_factory=dict)
     aborted_stale: int = 0
     aborted_surplus: int = 0
@@ -148,6 +149,7 @@ class Pipeline:
         if rec is not None:
             rec.weight_sync_exposed_s = max(r.exposed_s for r in reports)
             rec.weight_transfer_s = max(r.transfer_s for r in reports)
+            rec.recomputed = sum(r.recomputed_requests for r in reports)
 
     # ------------------------------------------------------------------ the loop
     async def run(self, steps: int) -> list[StepRecord]:
@@ -267,6 +269,7 @@ def step_metrics(rec: StepRecord, buffer: SampleBuffer, wall: float, proxy: LLMP
         "time/train": round(rec.train_s, 4),
         "time/weight_sync": round(rec.weight_sync_exposed_s, 4),
         "time/weight_transfer": round(rec.weight_transfer_s, 4),
+        "weight_sync/recomputed_requests": rec.recomputed,
     }
     for reason, n in sorted(buffer.dropped.items()):
         m[f"dropped/{reason}"] = n

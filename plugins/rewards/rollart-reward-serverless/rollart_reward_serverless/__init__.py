@@ -1,0 +1,1 @@
+"""Serverless reward (ROLLART R3): score trajectories on a stateless endpoint."""

@@ -1,0 +1,15 @@
+"""Registers reward ``serverless``; imports nothing but the SDK's hook marker (cheap)."""
+
+from __future__ import annotations
+
+from rollart_sdk.hookspecs import hookimpl
+
+
+@hookimpl
+def rollart_register_rewards(registry):
+    registry.register(
+        "serverless",
+        factory="rollart_reward_serverless.reward:ServerlessReward",
+        options="rollart_reward_serverless.reward:ServerlessRewardOptions",
+        summary="reward computed by a stateless HTTP/JSON endpoint (fc:// and plugin schemes too)",
+    )

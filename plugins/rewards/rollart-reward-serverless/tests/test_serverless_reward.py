@@ -1,0 +1,96 @@
+"""Reward ``serverless`` against real HTTP endpoints on 127.0.0.1."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import time
+
+import pytest
+
+from rollart_reward_serverless.reward import ServerlessReward, ServerlessRewardOptions
+from rollart_reward_serverless.serve import serve_reward
+from rollart_sdk.cluster.serverless import ServerlessError, serve_function
+from rollart_sdk.testing.reward import check_reward, make_request
+
+
+def test_scores_through_a_served_rule_reward():
+    with serve_reward("rule", {"mode": "success"}) as endpoint:
+        backend = ServerlessReward(endpoint.url, timeout_s=10)
+        results = check_reward(backend, [
+            (make_request(info={"success": True}, trajectory_id="a"), 1.0),
+            (make_request(info={"success": False}, trajectory_id="b"), 0.0),
+        ])
+        assert results[0].details["endpoint"] == endpoint.url
+        assert endpoint.calls >= 2  # really went over HTTP
+
+
+def test_retries_a_failing_call_then_succeeds():
+    calls = []
+
+    def flaky(request):
+        calls.append(request["trajectory_id"])
+        if len(calls) == 1:
+            raise RuntimeError("cold start")
+        return {"reward": 0.5, "details": {"seen": request["responses"]}}
+
+    with serve_function(flaky) as endpoint:
+        backend = ServerlessReward(endpoint.url, timeout_s=10, retries=2, backoff_s=0.01)
+        result = asyncio.run(backend.score(make_request(responses=["x"], trajectory_id="t")))
+    assert result.reward == 0.5 and result.details["attempts"] == 2
+    assert result.details["seen"] == ["x"] and calls == ["t", "t"]
+
+
+def test_dead_endpoint_fails_clearly_within_bounded_time():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed again: nobody listens there
+    backend = ServerlessReward(f"http://127.0.0.1:{port}/", timeout_s=2, retries=1, backoff_s=0.01)
+    t0 = time.monotonic()
+    with pytest.raises(ServerlessError, match=f"127.0.0.1:{port}.*failed 2 time"):
+        asyncio.run(backend.score(make_request()))
+    assert time.monotonic() - t0 < 30
+
+
+def test_malformed_answer_is_rejected():
+    with serve_function(lambda request: {"score": 1}) as endpoint:
+        backend = ServerlessReward(endpoint.url, retries=0)
+        with pytest.raises(ServerlessError, match="must answer"):
+            asyncio.run(backend.score(make_request()))
+
+
+def test_unknown_scheme_is_a_config_error():
+    with pytest.raises(ValueError, match="no serverless transport for scheme 'ftp'"):
+        ServerlessRewardOptions(url="ftp://example/x")
+
+
+def test_pipeline_rewards_through_the_endpoint(tmp_path):
+    """The control plane dispatches each finished trajectory to the endpoint (R3)."""
+    from rollart_sdk.config import load_config
+    from rollart_sdk.train import build_job, run_job
+
+    with serve_reward("rule", {"mode": "success"}) as endpoint:
+        data = {
+            "model": {"tiny": {"hidden_size": 32, "num_layers": 1, "num_heads": 2,
+                               "intermediate_size": 64}},
+            "tasks": [{"tag": "FrozenLake",
+                       "env": {"name": "frozenlake",
+                               "options": {"desc": ["SFF", "FHF", "FFG"], "obs_format": "compact"}},
+                       "reward": {"name": "serverless", "options": {"url": endpoint.url}},
+                       "max_turns": 4, "constrain_actions": True, "system_prompt": None}],
+            "engine": {"name": "torch"},
+            "trainer": {"name": "torch", "options": {"lr": 0.001, "micro_batch_size": 16}},
+            "transport": {"name": "local"},
+            "rollout": {"batch_size": 8, "group_size": 4},
+            "output_dir": str(tmp_path),
+        }
+        cfg, lines = load_config(data=data)
+        job = build_job(cfg, lines, in_process=True, log=lambda *a: None)
+        try:
+            records = run_job(job, 2, progress=False)
+        finally:
+            job.close()
+        trained = [t for r in records for t in r.batch]
+        assert len(trained) == 16
+        assert all(t.info["reward_details"]["endpoint"] == endpoint.url for t in trained)
+        assert endpoint.calls >= len(trained)
