@@ -7,9 +7,9 @@ import socket
 import time
 
 import pytest
-
 from rollart_reward_serverless.reward import ServerlessReward, ServerlessRewardOptions
 from rollart_reward_serverless.serve import serve_reward
+
 from rollart_sdk.cluster.serverless import ServerlessError, serve_function
 from rollart_sdk.testing.reward import check_reward, make_request
 
