@@ -335,6 +335,9 @@ class TorchTrainer:
     def close(self) -> None:
         """Leave the process group (if this trainer created one)."""
         if self.world_size > 1 and dist.is_initialized():
+            # Every rank reaches here before any tears gloo down: a rank destroying the
+            # group while a peer's last collective is still in flight aborts the peer.
+            dist.barrier()
             dist.destroy_process_group()
 
     # ------------------------------------------------------------------ internals
