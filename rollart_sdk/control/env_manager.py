@@ -76,6 +76,7 @@ class EnvManager:
         self._abort_reason: str | None = None
         self._current_request: str | None = None
         self._finished = False
+        self._reward_request: RewardRequest | None = None  # set when the rollout completes
         self.env_id = trajectory.trajectory_id
 
     # ------------------------------------------------------------------ control
@@ -216,6 +217,7 @@ class EnvManager:
 
     async def _score(self) -> None:
         traj = self.traj
+        assert self._reward_request is not None
         try:
             result = await self._timed(
                 "reward", self.reward.call("score", traj.tag, self._reward_request),
