@@ -299,11 +299,15 @@ def run_job(job: Job, steps: int, progress: bool = True) -> list[Any]:
         )
         await job.pipeline.run(steps)
 
+    error: Exception | None = None
     with display:
         try:
             asyncio.run(main())
         except KeyboardInterrupt:
             interrupted = True
+        except Exception as exc:  # noqa: BLE001 - re-raised after the final checkpoint
+            error = exc
+    # Whatever ended the run (done, Ctrl-C, a failed weight sync), keep what was trained.
     trainer = job.trainers[0]
     job.spawner.call(trainer, "save_checkpoint", str(job.run_dir.checkpoints / "final"))
     if job.config.train.save_final_model:
@@ -312,6 +316,7 @@ def run_job(job: Job, steps: int, progress: bool = True) -> list[Any]:
     summary = {
         "steps": len(p.records),
         "interrupted": interrupted,
+        "error": f"{type(error).__name__}: {error}" if error else None,
         "trajectories_trained": p.buffer.trained,
         "dropped": dict(p.buffer.dropped),
         "launched": p.scheduler.launched,
@@ -324,6 +329,8 @@ def run_job(job: Job, steps: int, progress: bool = True) -> list[Any]:
     job.run_dir.close()
     if interrupted:
         raise KeyboardInterrupt
+    if error is not None:
+        raise error
     return p.records
 
 

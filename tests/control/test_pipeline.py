@@ -163,6 +163,16 @@ class FlakyEnv(gym.Env):
         return "done", 1.0, True, False, {"answer": "1", "success": True}
 
 
+from rollart_sdk.builtins.transports import LocalTransport
+
+
+class BrokenTransport(LocalTransport):
+    '''Publishes fine; every receive fails (a link that went down).'''
+
+    def fetch(self, manifest):
+        raise ConnectionError("link to the weight store is down")
+
+
 class SlowEnv(gym.Env):
     '''Four turns of 0.15 s each: trajectories outlive a training step.'''
 
@@ -197,8 +207,13 @@ def test_envs(tmp_path, monkeypatch):
             registry.register(name, factory=f"rollart_test_envs:{cls}",
                               options="rollart_test_envs:FlakyOptions")
 
+    def rollart_register_transports(registry):
+        registry.register("broken", factory="rollart_test_envs:BrokenTransport",
+                          options="rollart_sdk.builtins.transports:LocalTransportOptions")
+
     yield load_plugins(strict=True, extra={"test-envs": SimpleNamespace(
-        rollart_register_envs=hookimpl(rollart_register_envs))}).registry
+        rollart_register_envs=hookimpl(rollart_register_envs),
+        rollart_register_transports=hookimpl(rollart_register_transports))}).registry
     sys.modules.pop("rollart_test_envs", None)
 
 
@@ -232,6 +247,19 @@ def test_failing_env_does_not_stall_others(tmp_path, test_envs):
     assert dropped["env_reset_failed"] > 0 and dropped["env_step_timeout"] > 0
     assert all(t.reward == 1.0 for r in records for t in r.batch)
     assert time.time() - t0 < 120
+
+
+def test_failed_weight_sync_stops_with_the_reason_and_a_final_checkpoint(tmp_path, test_envs):
+    import json
+
+    from rollart_sdk.weights import WeightSyncError
+
+    with pytest.raises(WeightSyncError, match="link to the weight store is down"):
+        run(tmp_path, ["transport.name=broken"], steps=3, registry=test_envs)
+    (run_dir,) = [p for p in tmp_path.iterdir() if p.name.startswith("t-")]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert "WeightSyncError" in summary["error"] and summary["steps"] >= 1
+    assert (run_dir / "checkpoints" / "final" / "trainer_state.json").exists()
 
 
 def test_batch_too_small_for_tasks_is_a_clear_error(tmp_path):
