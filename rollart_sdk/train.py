@@ -28,7 +28,6 @@ class Job:
     run_dir: Any
     pipeline: Any
     trainers: list[Any]
-    engines: list[Any]
     spawner: Any
 
     def close(self) -> None:
@@ -273,7 +272,7 @@ def build_job(cfg: RunConfig, lines: Any = None, run_name: str | None = None,
     holder["pipeline"] = pipeline  # trajectories are stamped with the version engines serve
     run_dir.write_json("plan.json", plan.to_json())
     run_dir.write_json("bindings.json", spawner.bindings())
-    return Job(cfg, run_dir, pipeline, trainers, engines, spawner)
+    return Job(cfg, run_dir, pipeline, trainers, spawner)
 
 
 def run_job(job: Job, steps: int, progress: bool = True) -> list[Any]:

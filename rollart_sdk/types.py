@@ -130,12 +130,6 @@ class Trajectory:
     dropped: str | None = None  # reason, when the trajectory will not be trained on
     timings: list[tuple[str, float, float]] = field(default_factory=list)  # (span, t0, t1)
 
-    def input_ids(self) -> list[int]:
-        ids: list[int] = []
-        for t in self.turns:
-            ids += t.obs_ids + t.action_ids
-        return ids
-
     def to_sample(self) -> TrainSample:
         ids: list[int] = []
         mask: list[int] = []

@@ -88,9 +88,5 @@ class LLMProxy:
         await asyncio.gather(*(w.call("resume") for w in self.workers.values()))
         self._accepting.set()
 
-    @property
-    def suspended(self) -> bool:
-        return not self._accepting.is_set()
-
     async def broadcast(self, method: str, *args: Any) -> list[Any]:
         return list(await asyncio.gather(*(w.call(method, *args) for w in self.workers.values())))

@@ -71,7 +71,6 @@ class RolloutScheduler:
         self._traj_counter = 0
         self._env_rr = 0
         self.launched = 0
-        self.finished = 0
 
     # ------------------------------------------------------------------ control
     def start(self, quota: dict[str, int] | None = None) -> None:
@@ -182,7 +181,6 @@ class RolloutScheduler:
             traj.dropped = f"internal_error: {type(exc).__name__}: {exc}"
         finally:
             self.running.pop(traj.trajectory_id, None)
-            self.finished += 1
             await self.buffer.put(traj)
             self._wakeup.set()
         return traj

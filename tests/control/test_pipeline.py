@@ -11,53 +11,16 @@ import time
 from types import SimpleNamespace
 
 import pytest
+from control_configs import TWO_TASKS
 
 from rollart_sdk.config import load_config
 from rollart_sdk.plugins import load_plugins
 from rollart_sdk.train import build_job, run_job
 
-BASE = {
-    "name": "t",
-    "seed": 0,
-    "model": {"tiny": {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "intermediate_size": 64}},
-    "pools": [
-        {"name": "H800", "hardware": "H800", "kind": "gpu", "profile": "compute", "count": 4},
-        {"name": "H20", "hardware": "H20", "kind": "gpu", "profile": "bandwidth", "count": 4},
-        {"name": "cpu", "hardware": "cpu", "kind": "cpu", "count": 8},
-    ],
-    "roles": {"actor_gen": {"workers": 2}},
-    "tasks": [
-        {
-            "tag": "FrozenLake",
-            "env": {"name": "frozenlake", "options": {"desc": ["SFF", "FHF", "FFG"], "obs_format": "compact"}},
-            "reward": {"name": "rule", "options": {"mode": "success"}},
-            "affinity": "H800",
-            "max_turns": 4,
-            "constrain_actions": True,
-            "system_prompt": None,
-        },
-        {
-            "tag": "Arithmetic",
-            "env": {"name": "arithmetic", "options": {"num_digits": 1, "ops": ["+"]}},
-            "reward": {"name": "rule", "options": {"mode": "exact_match"}},
-            "affinity": "H20",
-            "max_turns": 1,
-            "system_prompt": None,
-            "sampling": {"max_new_tokens": 4},
-        },
-    ],
-    "engine": {"name": "torch", "options": {"max_running": 32}},
-    "trainer": {"name": "torch", "options": {"lr": 0.003, "micro_batch_size": 16}},
-    "transport": {"name": "local"},
-    "rollout": {"batch_size": 8, "group_size": 4, "mode": "async", "alpha": 1},
-    "train": {"steps": 4, "bucket_mb": 1},
-}
-
-
 def run(tmp_path, overrides=(), steps=4, registry=None, data=None):
     import copy
 
-    cfg, lines = load_config(data=copy.deepcopy(data or BASE),
+    cfg, lines = load_config(data=copy.deepcopy(data or TWO_TASKS),
                              overrides=[f"output_dir={tmp_path}", *overrides])
     job = build_job(cfg, lines, in_process=True, log=lambda *a: None, registry=registry)
     try:
@@ -90,10 +53,18 @@ def test_async_protocol_order_and_alpha_bound(tmp_path):
     # Per-task share of every batch (weights 1:1, groups of 4): one group each.
     for r in records:
         assert sorted(t.tag for t in r.batch) == ["Arithmetic"] * 4 + ["FrozenLake"] * 4
-    # Token in / token out: the trained sample is the exact concatenation of turns.
+    # Token in / token out: the trained sample is the exact concatenation of the turns'
+    # ids, trained only on the engine's own tokens with the engine's own log-probs.
     for rec, traj, turn in trained_tokens_versions(records):
         assert len(turn.logprobs) == len(turn.action_ids) == len(turn.versions)
         assert all(traj.start_version <= v <= rec.version for v in turn.versions)
+    for traj in (t for r in records for t in r.batch):
+        sample = traj.to_sample()
+        assert sample.input_ids == [i for t in traj.turns for i in t.obs_ids + t.action_ids]
+        trained = [(i, lp) for i, m, lp in zip(sample.input_ids, sample.loss_mask,
+                                                sample.behaviour_logprobs, strict=True) if m]
+        assert trained == [(i, lp) for t in traj.turns
+                           for i, lp in zip(t.action_ids, t.logprobs, strict=True)]
     # Nothing lost: every launched trajectory is trained or counted as dropped.
     p = job.pipeline
     assert p.scheduler.launched == p.buffer.trained + sum(p.buffer.dropped.values())
@@ -218,7 +189,7 @@ def test_envs(tmp_path, monkeypatch):
 
 
 def single_task(**task):
-    data = dict(BASE)
+    data = dict(TWO_TASKS)
     data["tasks"] = [{"tag": "T", "reward": {"name": "rule", "options": {"mode": "env_return"}},
                       "system_prompt": None, "sampling": {"max_new_tokens": 2}, **task}]
     return data

@@ -9,34 +9,20 @@ import sys
 from pathlib import Path
 
 import yaml
+from control_configs import two_tasks
 
 ROOT = Path(__file__).resolve().parents[2]
 
-CONFIG = {
-    "name": "ray-e2e",
-    "model": {"tiny": {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "intermediate_size": 64}},
-    "pools": [
+CONFIG = two_tasks(
+    name="ray-e2e",
+    pools=[
         {"name": "H800", "hardware": "H800", "kind": "gpu", "profile": "compute", "count": 2},
         {"name": "H20", "hardware": "H20", "kind": "gpu", "profile": "bandwidth", "count": 2},
         {"name": "cpu", "hardware": "cpu", "kind": "cpu", "count": 4},
     ],
-    "roles": {"actor_gen": {"workers": 2}},
-    "tasks": [
-        {"tag": "FrozenLake",
-         "env": {"name": "frozenlake", "options": {"desc": ["SFF", "FHF", "FFG"], "obs_format": "compact"}},
-         "reward": {"name": "rule", "options": {"mode": "success"}},
-         "affinity": "H800", "max_turns": 4, "constrain_actions": True, "system_prompt": None},
-        {"tag": "Arithmetic",
-         "env": {"name": "arithmetic", "options": {"num_digits": 1, "ops": ["+"]}},
-         "reward": {"name": "rule", "options": {"mode": "exact_match"}},
-         "affinity": "H20", "max_turns": 1, "system_prompt": None, "sampling": {"max_new_tokens": 4}},
-    ],
-    "engine": {"name": "torch", "options": {"max_running": 32}},
-    "trainer": {"name": "torch", "options": {"lr": 0.003, "micro_batch_size": 16}},
-    "transport": {"name": "ray"},
-    "rollout": {"batch_size": 8, "group_size": 4, "mode": "async", "alpha": 1},
-    "train": {"steps": 3, "bucket_mb": 1, "checkpoint_every": 2},
-}
+    transport={"name": "ray"},
+    train={"steps": 3, "bucket_mb": 1, "checkpoint_every": 2},
+)
 
 REQUIRED = ["step", "wall_time", "reward/FrozenLake", "reward/Arithmetic", "staleness/max",
             "trajectories/trained", "trajectories/dropped", "time/get_batch_wait", "time/train",
