@@ -17,6 +17,7 @@ from rollart_sdk.config import load_config
 from rollart_sdk.plugins import load_plugins
 from rollart_sdk.train import build_job, run_job
 
+
 def run(tmp_path, overrides=(), steps=4, registry=None, data=None):
     import copy
 
