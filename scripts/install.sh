@@ -6,15 +6,15 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-python3}"
 export PIP_ROOT_USER_ACTION=ignore
-pip_install() { "$PY" -m pip install --quiet --disable-pip-version-check "$@"; }
+pip_install() { "$PY" -m pip install --quiet --disable-pip-version-check -c constraints.txt "$@"; }
 
 # torch: the CPU build (a local wheel on the project's machines); other machines may
 # preinstall any torch>=2.2 and set ROLLART_SKIP_TORCH=1.
 if [ "${ROLLART_SKIP_TORCH:-0}" != "1" ]; then
   "$PY" -c "import torch" 2>/dev/null || pip_install "torch==2.13.0"
 fi
-# Ray: the release this project is tested with (the package itself accepts a range).
-pip_install "ray[default]==2.60.0"
+# Ray: the release this project is tested with (constraints.txt; the package accepts a range).
+pip_install "ray[default]"
 extras="hf,report"
 [ "${1:-}" = "--dev" ] && extras="$extras,dev"
 pip_install -e ".[${extras}]"

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# The test command (README, .ci/run): install, lint, the core + light plugins' tests, then
+# every heavy plugin suite (a plugin folder with a ci.sh installs its own stack into its own
+# venv, reusing pip's cache, and runs its tests there).
+#   bash scripts/test.sh            # everything
+#   ROLLART_SKIP_HEAVY=1 bash scripts/test.sh   # core and light plugins only
+set -uo pipefail
+cd "$(dirname "$0")/.."
+PY="${PYTHON:-python3}"
+start=$(date +%s)
+bash scripts/install.sh --dev || exit 1
+ruff check . || exit 1
+"$PY" -m pytest -q || exit 1
+echo "core suite: $(( $(date +%s) - start )) s"
+failed=()
+if [ "${ROLLART_SKIP_HEAVY:-0}" != "1" ]; then
+  for ci in plugins/*/*/ci.sh; do
+    [ -f "$ci" ] || continue
+    t0=$(date +%s)
+    echo "== heavy suite: $ci"
+    if bash "$ci"; then echo "== $ci passed in $(( $(date +%s) - t0 )) s"
+    else echo "== $ci FAILED after $(( $(date +%s) - t0 )) s"; failed+=("$ci"); fi
+  done
+fi
+echo "total: $(( $(date +%s) - start )) s"
+if [ "${#failed[@]}" -gt 0 ]; then echo "failed heavy suites: ${failed[*]}"; exit 1; fi
