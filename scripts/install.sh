@@ -23,6 +23,7 @@ plugins=(
   plugins/envs/rollart-env-arithmetic
   plugins/rewards/rollart-reward-rule
   plugins/rewards/rollart-reward-serverless
+  plugins/rewards/rollart-reward-judge
   plugins/engines/rollart-engine-torch
   plugins/trainers/rollart-trainer-torch
   plugins/transports/rollart-transport-ray

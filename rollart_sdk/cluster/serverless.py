@@ -8,16 +8,22 @@ with the entry-point group ``rollart.serverless`` (``myscheme = "pkg.mod:factory
 ``register_scheme``; a factory takes ``(url, timeout_s)`` and returns a callable.
 
 ``serve_function`` runs a pure function behind such an endpoint (for tests, and for
-running a reward function as a local service).
+running a reward function as a local service). With a ``token`` it answers only requests
+carrying ``Authorization: Bearer <token>``; bodies are JSON only and size-limited, and an
+error answer never carries the exception's text (it is logged on the server with an id the
+answer gives).
 """
 
 from __future__ import annotations
 
 import asyncio
+import hmac
 import json
+import logging
 import threading
 import urllib.error
 import urllib.request
+import uuid
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from importlib.metadata import entry_points
@@ -27,6 +33,9 @@ from urllib.parse import urlparse
 from rollart_sdk.errors import RollartError
 
 ENTRY_POINT_GROUP = "rollart.serverless"
+MAX_BODY_BYTES = 1 << 20  # a request body larger than this is refused (413)
+
+log = logging.getLogger(__name__)
 
 TransportFactory = Callable[[str, float], Callable[..., Any]]
 
@@ -38,9 +47,14 @@ class ServerlessError(RollartError):
 class HttpJsonTransport:
     """POST the call as JSON and return the decoded ``result``."""
 
-    def __init__(self, url: str, timeout_s: float = 60.0) -> None:
+    def __init__(self, url: str, timeout_s: float = 60.0,
+                 headers: dict[str, str] | None = None) -> None:
         self.url = url
         self.timeout_s = timeout_s
+        self._headers = dict(headers or {})  # may carry credentials: never logged or shown
+
+    def __repr__(self) -> str:
+        return f"HttpJsonTransport({self.url!r}, headers={sorted(self._headers)})"
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         try:
@@ -51,7 +65,8 @@ class HttpJsonTransport:
                 f"numbers): {exc}"
             ) from None
         req = urllib.request.Request(
-            self.url, data=body, method="POST", headers={"Content-Type": "application/json"}
+            self.url, data=body, method="POST",
+            headers={**self._headers, "Content-Type": "application/json"},
         )
         try:
             with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
@@ -74,9 +89,10 @@ class HttpJsonTransport:
         return payload
 
 
-def _fc_transport(url: str, timeout_s: float = 60.0) -> HttpJsonTransport:
+def _fc_transport(url: str, timeout_s: float = 60.0,
+                  headers: dict[str, str] | None = None) -> HttpJsonTransport:
     p = urlparse(url)
-    return HttpJsonTransport(p._replace(scheme="https").geturl(), timeout_s)
+    return HttpJsonTransport(p._replace(scheme="https").geturl(), timeout_s, headers)
 
 
 _BUILTIN: dict[str, TransportFactory] = {
@@ -101,8 +117,12 @@ def known_schemes() -> set[str]:
     return set(_BUILTIN) | set(_REGISTERED) | set(_entry_point_schemes())
 
 
-def transport_for(url: str, timeout_s: float = 60.0) -> Callable[..., Any]:
-    """The callable that invokes ``url``'s function (scheme chooses the transport)."""
+def transport_for(url: str, timeout_s: float = 60.0,
+                  headers: dict[str, str] | None = None) -> Callable[..., Any]:
+    """The callable that invokes ``url``'s function (scheme chooses the transport).
+
+    ``headers`` (e.g. credentials) go to transports that take them; a plugin transport
+    that does not is given none, and asking for headers there is an error."""
     scheme = urlparse(url).scheme
     factory = _REGISTERED.get(scheme) or _BUILTIN.get(scheme)
     if factory is None:
@@ -113,6 +133,14 @@ def transport_for(url: str, timeout_s: float = 60.0) -> Callable[..., Any]:
                 f"{', '.join(sorted(known_schemes()))}"
             )
         factory = ep.load()
+    if headers:
+        try:
+            return factory(url, timeout_s, headers=headers)
+        except TypeError as exc:
+            raise ServerlessError(
+                f"the serverless transport for {scheme!r} takes no headers (credentials) "
+                f"({exc}); authenticate the way that transport documents"
+            ) from None
     return factory(url, timeout_s)
 
 
@@ -121,9 +149,10 @@ class ServerlessProxy:
     and returns its result; ``await proxy.acall(*args)`` does the same without blocking the
     actor's event loop."""
 
-    def __init__(self, url: str, timeout_s: float = 60.0) -> None:
+    def __init__(self, url: str, timeout_s: float = 60.0,
+                 headers: dict[str, str] | None = None) -> None:
         self.url = url
-        self._call = transport_for(url, timeout_s)
+        self._call = transport_for(url, timeout_s, headers)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self._call(*args, **kwargs)
@@ -136,24 +165,26 @@ class ServerlessProxy:
 
 
 class ServerlessEndpoint:
-    """A pure function served as a JSON-over-HTTP endpoint on a thread (``with`` closes it)."""
+    """A pure function served as a JSON-over-HTTP endpoint on a thread (``with`` closes it).
+
+    ``token``: when set, a request without ``Authorization: Bearer <token>`` gets 401.
+    Bodies must be ``application/json`` (415 otherwise) of at most ``max_body_bytes``
+    (413). A function that raises answers 500 with an error id; the exception is logged
+    here under that id, never sent to the caller.
+    """
 
     def __init__(self, fn: Callable[..., Any], host: str = "127.0.0.1", port: int = 0,
-                 path: str = "/") -> None:
+                 path: str = "/", token: str | None = None,
+                 max_body_bytes: int = MAX_BODY_BYTES) -> None:
         self.fn = fn
         self.calls = 0
+        self.rejected = 0
         endpoint = self
+        expected = f"Bearer {token}".encode() if token else None
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:  # noqa: N802 - http.server's naming
-                length = int(self.headers.get("Content-Length", 0))
-                try:
-                    req = json.loads(self.rfile.read(length) or b"{}")
-                    endpoint.calls += 1
-                    out = {"result": endpoint.fn(*req.get("args", []), **req.get("kwargs", {}))}
-                    code = 200
-                except Exception as exc:  # noqa: BLE001 - reported to the caller
-                    out, code = {"error": f"{type(exc).__name__}: {exc}"}, 500
+                code, out = endpoint._handle(self.headers, self.rfile, expected, max_body_bytes)
                 data = json.dumps(out).encode()
                 self.send_response(code)
                 self.send_header("Content-Type", "application/json")
@@ -166,9 +197,39 @@ class ServerlessEndpoint:
 
         self.server = ThreadingHTTPServer((host, port), Handler)
         self.server.daemon_threads = True
-        self.url = f"http://{host}:{self.server.server_address[1]}{path}"
+        self.url = f"http://{_url_host(host)}:{self.server.server_address[1]}{path}"
         self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
         self._thread.start()
+
+    def _handle(self, headers: Any, rfile: Any, expected: bytes | None,
+                limit: int) -> tuple[int, dict[str, Any]]:
+        given = (headers.get("Authorization") or "").encode()
+        if expected is not None and not hmac.compare_digest(given, expected):
+            self.rejected += 1
+            return 401, {"error": "unauthorized: send Authorization: Bearer <token>"}
+        if (headers.get("Content-Type") or "").split(";")[0].strip() != "application/json":
+            self.rejected += 1
+            return 415, {"error": "the body must be application/json"}
+        try:
+            length = int(headers.get("Content-Length") or 0)
+        except ValueError:
+            length = -1
+        if not 0 <= length <= limit:
+            self.rejected += 1
+            return 413, {"error": f"the body must be at most {limit} bytes"}
+        try:
+            req = json.loads(rfile.read(length) or b"{}")
+            args, kwargs = list(req.get("args", [])), dict(req.get("kwargs", {}))
+        except (ValueError, AttributeError, TypeError):
+            self.rejected += 1
+            return 400, {"error": 'the body must be {"args": [...], "kwargs": {...}}'}
+        self.calls += 1
+        try:
+            return 200, {"result": self.fn(*args, **kwargs)}
+        except Exception:  # noqa: BLE001 - logged with an id; the caller sees only the id
+            error_id = uuid.uuid4().hex[:12]
+            log.exception("serverless function failed (error id %s)", error_id)
+            return 500, {"error": f"the function failed (error id {error_id}; see the server log)"}
 
     def close(self) -> None:
         self.server.shutdown()
@@ -182,6 +243,13 @@ class ServerlessEndpoint:
         self.close()
 
 
-def serve_function(fn: Callable[..., Any], host: str = "127.0.0.1", port: int = 0) -> ServerlessEndpoint:
-    """Serve ``fn`` at ``http://host:port/`` until ``close()``."""
-    return ServerlessEndpoint(fn, host, port)
+def _url_host(host: str) -> str:
+    if host in ("", "0.0.0.0", "::"):
+        return "127.0.0.1"
+    return f"[{host}]" if ":" in host else host
+
+
+def serve_function(fn: Callable[..., Any], host: str = "127.0.0.1", port: int = 0,
+                   token: str | None = None) -> ServerlessEndpoint:
+    """Serve ``fn`` at ``http://host:port/`` until ``close()`` (``token``: bearer auth)."""
+    return ServerlessEndpoint(fn, host, port, token=token)

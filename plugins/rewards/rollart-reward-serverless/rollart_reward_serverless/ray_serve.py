@@ -1,0 +1,243 @@
+"""Deploy any reward backend as a Ray Serve application that scales from zero (paper R3).
+
+The function holds no state between calls, so Ray Serve may run 0..N replicas of it:
+``min_replicas: 0`` (the default) means no replica exists while nothing is scored; the
+first request starts one (a cold start, about 2 s for a rule reward here, more for a judge
+that loads a model), more start while ``target_ongoing_requests`` is exceeded, and they go
+away after ``downscale_to_zero_delay_s`` idle. The HTTP ingress binds 127.0.0.1 unless
+``host`` says otherwise.
+
+Each request is checked before the backend sees it: ``Authorization: Bearer <token>``
+(the deployment holds only the token's SHA-256, never the token), ``application/json``
+only (no pickle over HTTP), a body of at most ``max_body_bytes``. Error answers carry an
+error id, never the exception's text (that is logged by the replica under the id).
+
+Used by ``rollart serve-reward CONFIG`` (a standalone service) and by reward
+``serverless`` with ``deploy:`` (the run deploys the function on its own Ray cluster).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import logging
+import threading
+import time
+import uuid
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from rollart_sdk.config import Backend
+
+log = logging.getLogger(__name__)
+
+
+class DeployOptions(BaseModel):
+    """``tasks[].reward.options.deploy`` of reward ``serverless``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    via: Literal["ray-serve"] = "ray-serve"
+    backend: Backend = Field(description="the reward backend to serve, e.g. {name: judge}")
+    app: str | None = Field(None, description="Serve application name (default reward-<backend>)")
+    host: str = Field("127.0.0.1", description="HTTP ingress address")
+    port: int = Field(8123, ge=1, le=65535, description="HTTP ingress port (one per Ray cluster)")
+    min_replicas: int = Field(0, ge=0, description="0: scale to zero when idle")
+    max_replicas: int = Field(2, ge=1)
+    target_ongoing_requests: float = Field(
+        8, gt=0, description="in-flight requests per replica before another starts"
+    )
+    max_ongoing_requests: int = Field(32, ge=1, description="per replica; more wait in the proxy")
+    upscale_delay_s: float = Field(0.5, ge=0)
+    downscale_delay_s: float = Field(5.0, ge=0)
+    downscale_to_zero_delay_s: float = Field(10.0, ge=0)
+    num_cpus: float = Field(0.5, ge=0, description="Ray CPUs per replica")
+    max_body_bytes: int = Field(1 << 20, ge=1024)
+
+    @model_validator(mode="after")
+    def _bounds(self) -> DeployOptions:
+        from rollart_sdk.errors import RollartError
+        from rollart_sdk.plugins import get_registry
+
+        if self.min_replicas > self.max_replicas:
+            raise ValueError(f"min_replicas ({self.min_replicas}) > max_replicas "
+                             f"({self.max_replicas})")
+        if self.backend.name == "serverless":
+            raise ValueError("deploy.backend is the function to serve (e.g. judge, rule), not "
+                             "serverless itself")
+        try:  # the served backend's own options, checked now rather than in a replica
+            get_registry().get("reward", self.backend.name).validate_options(
+                self.backend.options, where="deploy.backend.options")
+        except RollartError as exc:
+            raise ValueError(str(exc)) from None
+        return self
+
+    @property
+    def app_name(self) -> str:
+        return self.app or f"reward-{self.backend.name}"
+
+    def url(self) -> str:
+        host = "127.0.0.1" if self.host in ("0.0.0.0", "::") else self.host
+        return f"http://{host}:{self.port}/{self.app_name}"
+
+
+def token_digest(token: str | None) -> str | None:
+    return None if token is None else hashlib.sha256(token.encode()).hexdigest()
+
+
+class RewardFunction:
+    """The body of one replica: checks the request, then ``backend.score``."""
+
+    def __init__(self, name: str, options: dict[str, Any], digest: str | None,
+                 max_body_bytes: int) -> None:
+        from rollart_sdk.plugins import get_registry
+
+        self.backend = get_registry().get("reward", name).create(options)
+        self.digest = digest
+        self.max_body = max_body_bytes
+        self.started = time.time()
+        self.calls = 0
+        self.busy_s = 0.0
+
+    def check(self, headers: Any, length: int | None) -> tuple[int, str] | None:
+        if self.digest is not None:
+            given = (headers.get("authorization") or "").removeprefix("Bearer ")
+            if not hmac.compare_digest(token_digest(given) or "", self.digest):
+                return 401, "unauthorized: send Authorization: Bearer <token>"
+        if (headers.get("content-type") or "").split(";")[0].strip() != "application/json":
+            return 415, "the body must be application/json"
+        if length is None or not 0 <= length <= self.max_body:
+            return 413, f"the body must be at most {self.max_body} bytes (Content-Length)"
+        return None
+
+    async def score_json(self, body: bytes) -> tuple[int, dict[str, Any]]:
+        from rollart_sdk.types import RewardRequest
+
+        try:
+            request = RewardRequest(**json.loads(body)["args"][0])
+        except (ValueError, KeyError, IndexError, TypeError):
+            return 400, {"error": 'the body must be {"args": [<RewardRequest as JSON>]}'}
+        t0 = time.monotonic()
+        self.calls += 1
+        try:
+            result = await self.backend.score(request)
+        except Exception:  # noqa: BLE001 - logged with an id; the caller sees only the id
+            error_id = uuid.uuid4().hex[:12]
+            log.exception("reward function failed (error id %s)", error_id)
+            return 500, {"error": f"the reward function failed (error id {error_id})"}
+        finally:
+            self.busy_s += time.monotonic() - t0
+        details = dict(result.details)
+        details["replica"] = {"calls": self.calls, "age_s": round(time.time() - self.started, 3)}
+        return 200, {"result": {"reward": result.reward, "details": details}}
+
+
+def _deployment(opts: DeployOptions) -> Any:
+    from ray import serve
+    from starlette.requests import Request
+    from starlette.responses import JSONResponse
+
+    @serve.deployment(
+        name=opts.app_name,
+        max_ongoing_requests=opts.max_ongoing_requests,
+        ray_actor_options={"num_cpus": opts.num_cpus},
+        autoscaling_config={
+            "min_replicas": opts.min_replicas,
+            "initial_replicas": opts.min_replicas,
+            "max_replicas": opts.max_replicas,
+            "target_ongoing_requests": opts.target_ongoing_requests,
+            "upscale_delay_s": opts.upscale_delay_s,
+            "downscale_delay_s": opts.downscale_delay_s,
+            "downscale_to_zero_delay_s": opts.downscale_to_zero_delay_s,
+            "metrics_interval_s": 0.5,
+            "look_back_period_s": 2.0,
+        },
+    )
+    class ServedReward(RewardFunction):
+        async def __call__(self, request: Request) -> JSONResponse:
+            length = request.headers.get("content-length")
+            refused = self.check(request.headers, int(length) if (length or "").isdigit() else None)
+            if refused is not None:
+                return JSONResponse({"error": refused[1]}, status_code=refused[0])
+            body = await request.body()
+            if len(body) > self.max_body:
+                return JSONResponse({"error": "body too large"}, status_code=413)
+            code, out = await self.score_json(body)
+            return JSONResponse(out, status_code=code)
+
+    return ServedReward
+
+
+def deploy(opts: DeployOptions, token: str | None) -> str:
+    """Deploy (or update) ``opts.backend`` on the connected Ray cluster; return its URL.
+
+    Idempotent per application name: a second caller with the same options gets the URL of
+    the running application."""
+    from ray import serve
+
+    serve.start(http_options={"host": opts.host, "port": opts.port})
+    app = _deployment(opts).bind(opts.backend.name, opts.backend.options,
+                                 token_digest(token), opts.max_body_bytes)
+    serve.run(app, name=opts.app_name, route_prefix=f"/{opts.app_name}", blocking=False)
+    return opts.url()
+
+
+def replica_count(app: str) -> int:
+    """Running replicas of ``app``'s deployment (0 when scaled to zero or not deployed)."""
+    from ray import serve
+
+    status = serve.status().applications.get(app)
+    if status is None:
+        return 0
+    total = 0
+    for dep in status.deployments.values():
+        total += int(dep.replica_states.get("RUNNING", 0))
+    return total
+
+
+class ReplicaMonitor:
+    """Polls an application's replica count and logs every change with its time: the
+    scale-up from zero, the scale-down to zero (``rollart serve-reward`` prints them)."""
+
+    def __init__(self, app: str, emit: Any = print, interval_s: float = 0.5) -> None:
+        self.app = app
+        self.emit = emit
+        self.interval_s = interval_s
+        self.history: list[tuple[float, int]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"monitor-{app}", daemon=True)
+
+    def start(self) -> ReplicaMonitor:
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        t0 = time.monotonic()
+        last = -1
+        while not self._stop.wait(self.interval_s):
+            try:
+                n = replica_count(self.app)
+            except Exception as exc:  # noqa: BLE001 - a status call can fail during shutdown
+                self.emit(f"[{self.app}] replica status unavailable: {exc}")
+                continue
+            if n != last:
+                self.history.append((time.monotonic() - t0, n))
+                self.emit(f"[{self.app}] replicas: {max(last, 0)} -> {n} at "
+                          f"t={time.monotonic() - t0:.1f}s")
+                last = n
+
+    def replica_seconds(self, until: float | None = None) -> float:
+        """Integral of the replica count over the monitored time."""
+        if not self.history:
+            return 0.0
+        end = until if until is not None else self.history[-1][0]
+        total = 0.0
+        for (t, n), (t_next, _) in zip(self.history, [*self.history[1:], (end, 0)], strict=True):
+            total += n * max(0.0, min(t_next, end) - t)
+        return total
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)

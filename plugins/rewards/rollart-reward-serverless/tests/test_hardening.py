@@ -1,0 +1,93 @@
+"""What a serverless reward does with credentials, exposure and faults (127.0.0.1 only)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+from rollart_reward_serverless.reward import (
+    CircuitOpenError,
+    ServerlessReward,
+    ServerlessRewardOptions,
+)
+from rollart_reward_serverless.serve import check_exposure, serve_reward
+
+from rollart_sdk.cluster.serverless import ServerlessError, serve_function
+from rollart_sdk.testing.reward import make_request
+
+
+def test_serve_refuses_to_run_open_unless_told_and_only_on_loopback():
+    with pytest.raises(SystemExit, match="no token"):
+        check_exposure("127.0.0.1", None, insecure=False)
+    with pytest.raises(SystemExit, match="--insecure on 0.0.0.0"):
+        check_exposure("0.0.0.0", None, insecure=True)
+    assert check_exposure("127.0.0.1", None, insecure=True) == []
+    assert check_exposure("::1", "t", insecure=False) == []
+    (warning,) = check_exposure("0.0.0.0", "t", insecure=False)
+    assert "not a loopback address" in warning
+
+
+def test_client_sends_the_token_from_the_environment(monkeypatch):
+    monkeypatch.setenv("REWARD_TOKEN_T", "tok-123")
+    with serve_reward("rule", {"mode": "success"}, token="tok-123") as endpoint:
+        good = ServerlessReward(endpoint.url, timeout_s=10, token_env="REWARD_TOKEN_T")
+        result = asyncio.run(good.score(make_request(info={"success": True})))
+        assert result.reward == 1.0
+        anonymous = ServerlessReward(endpoint.url, timeout_s=10, retries=0)
+        with pytest.raises(ServerlessError, match="HTTP 401"):
+            asyncio.run(anonymous.score(make_request(info={"success": True})))
+        assert endpoint.calls == 1 and endpoint.rejected == 1
+    assert "tok-123" not in repr(good._proxy._call)  # credentials never shown
+
+
+def test_missing_credential_variable_is_named_at_construction(monkeypatch):
+    monkeypatch.delenv("NO_SUCH_TOKEN_VAR", raising=False)
+    with pytest.raises(ServerlessError, match="NO_SUCH_TOKEN_VAR not set"):
+        ServerlessReward("http://127.0.0.1:9/", token_env="NO_SUCH_TOKEN_VAR")
+
+
+def test_options_need_an_endpoint_or_a_deployment():
+    with pytest.raises(ValueError, match="give url"):
+        ServerlessRewardOptions()
+
+
+def test_circuit_opens_after_repeated_failures_then_lets_a_trial_through():
+    def broken(request):
+        raise RuntimeError("backend down")
+
+    with serve_function(broken) as endpoint:
+        backend = ServerlessReward(endpoint.url, timeout_s=10, retries=0,
+                                   breaker_failures=3, breaker_cooldown_s=0.5)
+        for i in range(3):
+            with pytest.raises(ServerlessError, match="HTTP 500"):
+                asyncio.run(backend.score(make_request(trajectory_id=f"t{i}")))
+        assert endpoint.calls == 3
+        for i in range(5):  # open: fail at once, the endpoint sees nothing
+            with pytest.raises(CircuitOpenError, match="circuit open"):
+                asyncio.run(backend.score(make_request(trajectory_id=f"f{i}")))
+        assert endpoint.calls == 3 and backend.breaker.opened == 1
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:  # after the cooldown one trial call goes through
+            try:
+                asyncio.run(backend.score(make_request(trajectory_id="trial")))
+            except CircuitOpenError:
+                time.sleep(0.1)
+            except ServerlessError:
+                break
+        assert endpoint.calls == 4 and backend.breaker.opened == 2
+
+
+def test_slow_and_malformed_answers_fail_the_call_never_score_zero():
+    def slow(request):
+        time.sleep(3)
+        return {"reward": 1.0}
+
+    with serve_function(slow) as endpoint:
+        backend = ServerlessReward(endpoint.url, timeout_s=0.5, retries=1, backoff_s=0.01)
+        with pytest.raises(ServerlessError, match="failed 2 time"):
+            asyncio.run(backend.score(make_request()))
+    with serve_function(lambda request: {"reward": "lots"}) as endpoint:
+        backend = ServerlessReward(endpoint.url, timeout_s=5, retries=0)
+        with pytest.raises(ServerlessError, match="non-number reward"):
+            asyncio.run(backend.score(make_request()))
