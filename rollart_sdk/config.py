@@ -156,21 +156,30 @@ class RolloutConfig(_Strict):
     batch_size: int = Field(16, ge=1)  # trajectories per training step
     group_size: int = Field(4, ge=1)  # GRPO group: trajectories per prompt/seed
     mode: Literal["sync", "one_off", "async"] = "async"
-    alpha: int = Field(1, ge=0)  # staleness bound: start version >= current - alpha
+    # Staleness bound (the paper's): a batch formed while the engines serve version n takes
+    # only trajectories started at version >= n - alpha. docs/architecture.md maps it to
+    # ROLL's async_generation_ratio and AReaL's eta.
+    alpha: int = Field(1, ge=0)
     redundancy: float = Field(0.0, ge=0)  # extra environments, as a fraction of a batch
     max_envs: int | None = Field(None, ge=1)  # cap on concurrent environments
+    # "trajectory": each environment on its own timeline (Sync+ when mode is sync);
+    # "batched": the environments of one iteration step in lockstep, each turn waiting
+    # for the slowest (the paper's plain Sync baseline).
+    interaction: Literal["trajectory", "batched"] = "trajectory"
 
     @property
     def effective_alpha(self) -> int:
-        """The staleness bound the mode implies: 0 for sync, 1 for one_off, else alpha."""
-        return {"sync": 0, "one_off": 1}.get(self.mode, self.alpha)
+        """The staleness bound the mode implies: 0 for sync and one_off (every trajectory
+        starts under the version the engines serve when its batch is formed), else alpha."""
+        return self.alpha if self.mode == "async" else 0
 
     @model_validator(mode="after")
     def _groups(self) -> RolloutConfig:
-        if self.mode == "async" and self.alpha < 1:
+        if self.interaction == "batched" and self.mode == "async":
             raise ValueError(
-                "mode async needs alpha >= 1 (engines receive version n only after batch n "
-                "is formed); use mode: sync for on-policy training"
+                "interaction: batched steps the environments of one iteration in lockstep, "
+                "and async has no iterations of rollout; use mode: sync (the paper's Sync) "
+                "or one_off, or interaction: trajectory"
             )
         if self.batch_size % self.group_size:
             raise ValueError(

@@ -1,16 +1,25 @@
-"""`rollart report RUN_DIR`: reward curves and a per-worker timeline, as PNG files.
+"""`rollart report RUN_DIR`: learning curves, rollout health and a worker timeline (PNG).
 
-- ``rewards.png``: reward (and success rate, where the env reports it) per task per step,
-  plus staleness and stage times;
+- ``rewards.png``: four panels per training step: reward (and success rate, where the env
+  reports one and it differs from the reward) per task, smoothed over a window with the raw
+  values faint behind; rollout waste and length bias; trajectories launched and trained
+  across a weight update per step; stage times;
 - ``timeline.png``: trajectories' spans per worker over wall time, like the paper's
-  figures 8 and 9: generation on engine workers, env reset/step on env workers, reward
-  on reward workers, train and weight sync on the trainer / engines.
+  figures 8 and 9 (generation on engine workers, env reset/step on env workers, reward on
+  reward workers, train and weight sync on the trainer / engines). By default a readable
+  window: the three training steps in the middle of the run (``--window`` / ``--full``).
+
+Both files are streamed: metrics.jsonl and events.jsonl are read line by line and only the
+timeline window is kept, so that a long run's report takes seconds.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
+import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,59 +34,146 @@ SPAN_COLOURS = {
 }
 
 
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
+def iter_jsonl(path: Path, progress: bool = False) -> Iterator[dict[str, Any]]:
+    """Records of a JSON-lines file, one at a time (a run killed mid-write leaves a partial
+    last line: skipped). ``progress``: a line on stderr every 5 s for big files."""
     if not path.exists():
-        return []
-    out = []
-    for line in path.read_text().splitlines():
-        line = line.strip()
-        if line:
+        return
+    size = path.stat().st_size
+    last = time.monotonic()
+    with path.open("rb") as f:
+        for line in f:
+            line = line.strip()
+            if not line:
+                continue
             try:
-                out.append(json.loads(line))
+                yield json.loads(line)
             except json.JSONDecodeError:
-                continue  # a run killed mid-write leaves a partial last line
+                continue
+            if progress and time.monotonic() - last > 5:
+                last = time.monotonic()
+                print(f"reading {path.name}: {f.tell() / size:.0%} of {size / 2**20:.1f} MB",
+                      file=sys.stderr)
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    return list(iter_jsonl(path))
+
+
+def smooth(values: list[float], window: int) -> list[float]:
+    """Trailing moving average over ``window`` steps (NaN-aware)."""
+    out: list[float] = []
+    for i in range(len(values)):
+        xs = [v for v in values[max(0, i - window + 1) : i + 1] if v == v]
+        out.append(sum(xs) / len(xs) if xs else float("nan"))
     return out
 
 
-def plot_rewards(metrics: list[dict[str, Any]], out: Path) -> Path:
+def plot_rewards(metrics: list[dict[str, Any]], out: Path, window: int | None = None) -> Path:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    steps = [m["step"] + 1 for m in metrics]
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
-    ax = axes[0]
-    keys = sorted({k for m in metrics for k in m if k.startswith(("reward/", "success/"))})
-    for k in keys:
-        ax.plot(steps, [m.get(k, float("nan")) for m in metrics], label=k,
-                linestyle="--" if k.startswith("success/") else "-")
+    steps = [m["step"] for m in metrics]
+    w = window or max(1, len(metrics) // 20)
+    fig, axes = plt.subplots(2, 2, figsize=(13, 8))
+
+    def series(key: str) -> list[float]:
+        return [float(m.get(key, float("nan"))) for m in metrics]
+
+    ax = axes[0][0]
+    tags = sorted({k.split("/", 1)[1] for m in metrics for k in m if k.startswith("reward/")})
+    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for i, tag in enumerate(tags):
+        c = colours[i % len(colours)]
+        rew, succ = series(f"reward/{tag}"), series(f"success/{tag}")
+        same = all(a == b or (a != a and b != b) for a, b in zip(rew, succ, strict=True))
+        label = f"{tag} reward" + (" (= success)" if same and any(s == s for s in succ) else "")
+        ax.plot(steps, rew, color=c, alpha=0.2, linewidth=0.8)
+        ax.plot(steps, smooth(rew, w), color=c, label=label)
+        if not same and any(s == s for s in succ):
+            ax.plot(steps, smooth(succ, w), color=c, linestyle="--", label=f"{tag} success")
+    ax.set_ylim(-0.05, 1.05)
     ax.set_xlabel("training step")
-    ax.set_ylabel("mean over the batch")
-    ax.set_title("reward per task")
+    ax.set_title(f"reward per task (moving average over {w} steps; raw faint)")
     ax.legend(fontsize=8)
-    ax = axes[1]
-    ax.plot(steps, [m["staleness/max"] for m in metrics], label="staleness max")
-    ax.plot(steps, [m["staleness/mean"] for m in metrics], label="staleness mean")
+
+    ax = axes[0][1]
+    if any("rollout/waste" in m for m in metrics):
+        ax.plot(steps, series("rollout/waste"), label="waste: trajectories dropped / decided")
+        ax.plot(steps, series("rollout/waste_tokens"), label="waste: generated tokens")
+    for tag in tags:
+        lb = series(f"length_bias/{tag}")
+        if any(v == v for v in lb):
+            ax.plot(steps, smooth(lb, w), linestyle=":", label=f"length bias {tag} (trained / finished turns)")
+    ax.axhline(1.0, color="#999999", linewidth=0.5)
     ax.set_xlabel("training step")
-    ax.set_title("staleness (trainer version - start version)")
+    ax.set_title("rollout health (waste: lower is better; length bias: 1 = none)")
     ax.legend(fontsize=8)
-    ax = axes[2]
+
+    ax = axes[1][0]
+    for key, label in (("rollout/launched_step", "trajectories launched"),
+                       ("rollout/spanning_update", "trained, spanning a weight update"),
+                       ("trajectories/aborted_stale", "aborted: outlived the bound")):
+        if any(key in m for m in metrics):
+            ax.plot(steps, smooth(series(key), w), label=label)
+    smax = max((m.get("staleness/max", 0) for m in metrics), default=0)
+    ax.set_xlabel("training step")
+    ax.set_title(f"per step (moving average); staleness max over the run: {smax}")
+    ax.legend(fontsize=8)
+
+    ax = axes[1][1]
     for k in ("time/get_batch_wait", "time/train", "time/weight_sync"):
-        ax.plot(steps, [m.get(k, 0.0) for m in metrics], label=k.split("/", 1)[1])
+        ax.plot(steps, smooth(series(k), w), label=k.split("/", 1)[1])
     ax.set_xlabel("training step")
     ax.set_ylabel("seconds")
-    ax.set_title("stage times per step")
+    ax.set_title("stage times per step (moving average)")
     ax.legend(fontsize=8)
     fig.tight_layout()
     path = out / "rewards.png"
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=100)
     plt.close(fig)
     return path
 
 
-def plot_timeline(events: list[dict[str, Any]], out: Path, max_seconds: float | None = None,
-                  pools: dict[str, str] | None = None) -> Path:
+def default_window(train_spans: list[tuple[float, float]], start: float) -> tuple[float, float]:
+    """Three training steps in the middle of the run (seconds since ``start``), or the first
+    30 s when there is no training span."""
+    if len(train_spans) < 2:
+        return 0.0, 30.0
+    spans = sorted(train_spans)
+    mid = max(0, len(spans) // 2 - 1)
+    lo = spans[mid][0]
+    hi = spans[min(len(spans) - 1, mid + 3)][0]
+    return lo - start, max(hi - start, lo - start + 1.0)
+
+
+def load_timeline(path: Path, window: tuple[float, float] | None, progress: bool = True,
+                  ) -> tuple[list[dict[str, Any]], tuple[float, float], float]:
+    """Two streaming passes over events.jsonl: find the start and the training spans, then
+    keep the events that overlap the window. Returns (events with times in seconds since
+    the run's first event, window, run length)."""
+    start, end = float("inf"), float("-inf")
+    train: list[tuple[float, float]] = []
+    for e in iter_jsonl(path, progress):
+        t0, t1 = e.get("t0"), e.get("t1")
+        if t0 is None or t1 is None:
+            continue
+        start, end = min(start, t0), max(end, t1)
+        if e.get("span") == "train":
+            train.append((t0, t1))
+    if start == float("inf"):
+        raise ValueError(f"no timeline events to draw ({path} is empty)")
+    lo, hi = window if window is not None else default_window(train, start)
+    kept = [dict(e, t0=e["t0"] - start, t1=e["t1"] - start) for e in iter_jsonl(path, False)
+            if e.get("t0") is not None and e.get("t1") is not None
+            and e["t1"] - start >= lo and e["t0"] - start <= hi]
+    return kept, (lo, min(hi, end - start)), end - start
+
+
+def plot_timeline(events: list[dict[str, Any]], out: Path, window: tuple[float, float] | None = None,
+                  pools: dict[str, str] | None = None, run_length: float | None = None) -> Path:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -87,32 +183,40 @@ def plot_timeline(events: list[dict[str, Any]], out: Path, max_seconds: float | 
     events = [e for e in events if e.get("t0") is not None and e.get("t1") is not None]
     if not events:
         raise ValueError("no timeline events to draw (events.jsonl is empty)")
-    start = min(e["t0"] for e in events)
-    if max_seconds is not None:
-        events = [e for e in events if e["t0"] - start <= max_seconds]
+    start = min(e["t0"] for e in events) if window is None else 0.0
     workers = sorted({e["worker"] for e in events})
     row = {w: i for i, w in enumerate(workers)}
-    fig, ax = plt.subplots(figsize=(14, 1.0 + 0.45 * len(workers)))
+    fig, ax = plt.subplots(figsize=(14, 1.2 + 0.45 * len(workers)))
+    # One broken_barh call per (worker, span kind): fast for tens of thousands of spans.
+    groups: dict[tuple[str, str], list[tuple[float, float]]] = {}
     for e in events:
-        colour = SPAN_COLOURS.get(e["span"], "#999999")
-        ax.barh(row[e["worker"]], max(e["t1"] - e["t0"], 1e-3), left=e["t0"] - start,
-                height=0.8, color=colour, alpha=0.35 if e["span"] == "generate" else 0.8,
-                linewidth=0)
+        groups.setdefault((e["worker"], e["span"]), []).append(
+            (e["t0"] - start, max(e["t1"] - e["t0"], 1e-3)))
+    for (worker, span), bars in groups.items():
+        ax.broken_barh(bars, (row[worker] - 0.4, 0.8), facecolors=SPAN_COLOURS.get(span, "#999999"),
+                       alpha=0.35 if span == "generate" else 0.8, linewidth=0)
     ax.set_yticks(range(len(workers)))
     pools = pools or {}
     ax.set_yticklabels([f"{w} @{pools[w]}" if w in pools else w for w in workers], fontsize=8)
-    ax.set_xlabel("seconds since the first event")
-    ax.set_title("timeline per worker (overlapping trajectories stack translucently)")
+    ax.set_xlabel("seconds since the run's first event")
+    title = "timeline per worker (overlapping trajectories stack translucently)"
+    if window is not None:
+        ax.set_xlim(*window)
+        title += f"; window {window[0]:.0f}-{window[1]:.0f} s"
+        if run_length:
+            title += f" of {run_length:.0f} s (--window A:B or --full for another)"
+    ax.set_title(title)
     ax.legend(handles=[Patch(color=c, label=s) for s, c in SPAN_COLOURS.items()],
               loc="upper right", fontsize=7, ncol=len(SPAN_COLOURS))
     fig.tight_layout()
     path = out / "timeline.png"
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=100)
     plt.close(fig)
     return path
 
 
-def make_report(run_dir: str | Path, max_seconds: float | None = None) -> list[Path]:
+def make_report(run_dir: str | Path, window: tuple[float, float] | None = None,
+                full: bool = False, smoothing: int | None = None) -> list[Path]:
     run = Path(run_dir)
     if not (run / "metrics.jsonl").exists():
         raise FileNotFoundError(
@@ -121,24 +225,50 @@ def make_report(run_dir: str | Path, max_seconds: float | None = None) -> list[P
     metrics = read_jsonl(run / "metrics.jsonl")
     if not metrics:
         raise ValueError(f"{run / 'metrics.jsonl'} holds no step yet")
-    paths = [plot_rewards(metrics, run)]
-    events = read_jsonl(run / "events.jsonl")
-    if events:
+    paths = [plot_rewards(metrics, run, smoothing)]
+    events_path = run / "events.jsonl"
+    if events_path.exists() and events_path.stat().st_size:
         pools: dict[str, str] = {}
         if (run / "bindings.json").exists():
             pools = {b["worker"]: b["pool"] for b in json.loads((run / "bindings.json").read_text())}
-        paths.append(plot_timeline(events, run, max_seconds, pools))
+        win = (0.0, float("inf")) if full else window
+        try:
+            events, win, length = load_timeline(events_path, win)
+        except ValueError as exc:  # no spans yet: the curves alone are still worth drawing
+            print(f"no timeline: {exc}", file=sys.stderr)
+            return paths
+        if events:
+            paths.append(plot_timeline(events, run, win, pools, length))
     return paths
 
 
+def _window(text: str) -> tuple[float, float]:
+    try:
+        a, b = (float(x) for x in text.split(":"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--window wants START:END in seconds, e.g. 30:60; got {text!r}") from None
+    if b <= a:
+        raise argparse.ArgumentTypeError(f"--window {text!r}: END must be after START")
+    return a, b
+
+
 def cmd_report(args: argparse.Namespace) -> int:
-    for p in make_report(args.run_dir, args.max_seconds):
+    window = args.window
+    if args.max_seconds is not None:
+        window = (0.0, args.max_seconds)
+    for p in make_report(args.run_dir, window, args.full, args.smooth):
         print(p)
     return 0
 
 
 def add_parser(sub: Any) -> None:
-    p = sub.add_parser("report", help="draw reward curves and a worker timeline (PNG)")
+    p = sub.add_parser("report", help="draw learning curves, rollout health and a worker timeline (PNG)")
     p.add_argument("run_dir")
-    p.add_argument("--max-seconds", type=float, help="timeline: only the first N seconds")
+    p.add_argument("--window", type=_window, metavar="START:END",
+                   help="timeline: seconds since the first event (default: three training "
+                        "steps in the middle of the run)")
+    p.add_argument("--full", action="store_true", help="timeline: the whole run")
+    p.add_argument("--max-seconds", type=float, help="timeline: the first N seconds (= --window 0:N)")
+    p.add_argument("--smooth", type=int, metavar="STEPS",
+                   help="moving-average window for the curves (default: a twentieth of the run)")
     p.set_defaults(func=cmd_report)

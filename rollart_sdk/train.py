@@ -263,9 +263,8 @@ def build_job(cfg: RunConfig, lines: Any = None, run_name: str | None = None,
         tasks, chat, proxy, env_workers, reward_worker, buffer,
         version=lambda: holder["pipeline"].engine_version, group_size=r.group_size,
         max_running=max_running,
-        max_outstanding=(r.effective_alpha + 1) * launch if r.mode == "async" else None,
-        seed=cfg.seed, event_sink=run_dir.log_event,
-        shares={tag: n / r.batch_size for tag, n in task_quota(cfg).items()},
+        alpha=r.effective_alpha if r.mode == "async" else None, batch_quota=task_quota(cfg),
+        seed=cfg.seed, event_sink=run_dir.log_event, interaction=r.interaction,
     )
     pipeline = Pipeline(cfg, proxy, scheduler, buffer, trainers,
                         checkpoint_dir=str(run_dir.checkpoints), event_sink=run_dir.log_event)
@@ -277,6 +276,7 @@ def build_job(cfg: RunConfig, lines: Any = None, run_name: str | None = None,
 
 def run_job(job: Job, steps: int, progress: bool = True) -> list[Any]:
     """Run the pipeline with a live display; a final checkpoint even on Ctrl-C."""
+    from rollart_sdk.control.pipeline import run_rollout_summary
     from rollart_sdk.control.progress import ProgressDisplay
 
     display = ProgressDisplay(job.config, steps, enabled=progress)
@@ -319,6 +319,7 @@ def run_job(job: Job, steps: int, progress: bool = True) -> list[Any]:
         "trajectories_trained": p.buffer.trained,
         "dropped": dict(p.buffer.dropped),
         "launched": p.scheduler.launched,
+        "rollout": run_rollout_summary(p),
         "served": {f"{tag}@{w}": n for (tag, w), n in p.proxy.served.items()},
         "weight_updates": [vars(r) for r in p.update_reports],
         "wall_time_s": time.time() - p.started,

@@ -130,6 +130,16 @@ class Trajectory:
     dropped: str | None = None  # reason, when the trajectory will not be trained on
     timings: list[tuple[str, float, float]] = field(default_factory=list)  # (span, t0, t1)
 
+    @property
+    def generated_tokens(self) -> int:
+        """Tokens the engines produced for this trajectory (its rollout work)."""
+        return sum(len(t.action_ids) for t in self.turns)
+
+    @property
+    def versions(self) -> set[int]:
+        """Policy versions its tokens come from (more than one: it spanned an update)."""
+        return {v for t in self.turns for v in t.versions}
+
     def to_sample(self) -> TrainSample:
         ids: list[int] = []
         mask: list[int] = []

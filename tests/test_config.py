@@ -102,8 +102,12 @@ def test_gguf_package_path_resolution():
         m.gguf_path()
 
 
-def test_async_needs_alpha_at_least_one(tmp_path):
-    with pytest.raises(ConfigError, match="mode async needs alpha >= 1"):
-        load_config(write(tmp_path, BASE), ["rollout.alpha=0"])
-    cfg, _ = load_config(write(tmp_path, BASE), ["rollout.alpha=0", "rollout.mode=sync"])
-    assert cfg.rollout.alpha == 0
+def test_async_alpha_zero_is_valid_and_batched_needs_iterations(tmp_path):
+    cfg, _ = load_config(write(tmp_path, BASE), ["rollout.alpha=0", "rollout.mode=async"])
+    assert cfg.rollout.effective_alpha == 0
+    cfg, _ = load_config(write(tmp_path, BASE), ["rollout.alpha=3", "rollout.mode=one_off"])
+    assert cfg.rollout.effective_alpha == 0  # one_off: started under the serving version
+    with pytest.raises(ConfigError, match="interaction: batched"):
+        load_config(write(tmp_path, BASE), ["rollout.interaction=batched", "rollout.mode=async"])
+    cfg, _ = load_config(write(tmp_path, BASE), ["rollout.interaction=batched", "rollout.mode=sync"])
+    assert cfg.rollout.interaction == "batched"

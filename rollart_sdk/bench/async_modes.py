@@ -1,24 +1,32 @@
-"""``rollart bench async``: sync vs one_off vs async (alpha = 1, 2) on one workload.
+"""``rollart bench async``: the paper's baselines against async, at equal capacity.
 
 Each configuration runs the real pipeline in-process (``build_job(in_process=True)``: the
 torch engine behind the LLMProxy, the torch trainer, the ``local`` weight transport, the
-RolloutScheduler and SampleBuffer) for the same number of steps, with the same seed and
-the same task: a FrozenLake-like multi-turn env (``bench-latency``: one constrained action
-word per turn) whose every step takes a latency drawn from N(mu, sigma), truncated at 0,
-so that rollout is environment-bound with a long tail, as in agentic RL.
+RolloutScheduler and SampleBuffer) on the same task: a multi-turn env (``bench-latency``:
+one constrained action word per turn, episodes of ``turns/2..turns`` steps) whose every
+step sleeps a latency drawn from N(mu, sigma), truncated at 0 (a slow tool or container).
 
-All configurations get the same environment capacity (``--max-envs``, default two
-batches), so differences come from the protocol alone: sync launches one batch, waits
-for its slowest trajectory, for training and for the weight update before launching
-again; one_off launches the next batch right after the update so its rollout overlaps
-training; async keeps every environment busy and bounds staleness by alpha (aborting what
-could only land past it). sync and one_off launch by quota (one batch per step), so they
-use at most one batch of the capacity.
+What is held equal, so that differences come from the protocol alone:
 
-Reported per configuration: step time (wall / steps), trajectories trained per second,
-the staleness histogram of trained trajectories (trainer version - start version),
-trajectories aborted as stale or surplus, dropped ones by reason, exposed weight-sync and
-transfer time (the pipeline's ``time/weight_sync`` and ``time/weight_transfer``).
+- **capacity**: every configuration has ``--max-envs`` environments. sync and one_off fill
+  them with redundancy (``redundancy = max_envs / batch - 1``: that many launches per
+  iteration, the surplus aborted once the batch is full); async keeps them busy under its
+  admission control;
+- **draws**: episode lengths and latencies come from the env seed, and the scheduler
+  derives the env seed from the group's launch index (not from an RNG whose call sequence
+  depends on the mode): group k is the same episode in every configuration;
+- **workload**: the model and batch are sized so that a training step and the rollout of a
+  batch take time of the same order (the regime the paper targets); the stage times are
+  reported so that this can be checked;
+- **statistics**: ``--repeats`` runs per configuration (interleaved, so that drift in
+  machine load hits all alike), the median reported, the first step (cold) excluded.
+
+Rows: sync with ``interaction: batched`` (the paper's Sync: every turn waits for the
+slowest env), sync (Sync+), one_off, async at alpha 0, 1, 2. ``bound_speedup`` is the overlap
+bound computed from the sync row's own stage times: sync step = rollout + train + weight
+sync, async ideal = max(rollout, train). It says what overlapping training with rollout can
+give on this workload; async can also exceed it a little, because continuous rollout never
+waits for a straggler at the end of an iteration.
 """
 
 from __future__ import annotations
@@ -26,26 +34,29 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import statistics
 import tempfile
 import time
-from collections import Counter
 from pathlib import Path
 from typing import Any
 
 from rollart_sdk.bench.straggler import latency_config, latency_registry, wide_executor
 
-CONFIGS: list[tuple[str, int]] = [("sync", 0), ("one_off", 1), ("async", 1), ("async", 2)]
+# (mode, interaction, alpha)
+CONFIGS: list[tuple[str, str, int]] = [
+    ("sync", "batched", 0), ("sync", "trajectory", 0), ("one_off", "trajectory", 0),
+    ("async", "trajectory", 0), ("async", "trajectory", 1), ("async", "trajectory", 2),
+]
+# Sized so that one training step (micro-batches of one sequence through a 4-layer model)
+# and one batch's rollout are of the same order on a small CPU machine.
+BENCH_MODEL = {"hidden_size": 128, "num_layers": 4, "num_heads": 4, "intermediate_size": 256}
+TINY_MODEL = {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "intermediate_size": 64}
 
 
 async def _drive(job: Any, steps: int, threads: int) -> tuple[list[Any], list[dict[str, Any]], float]:
     pool = wide_executor(asyncio.get_running_loop(), threads)
     metrics: list[dict[str, Any]] = []
-
-    def on_step(rec: Any, m: dict[str, Any]) -> None:
-        metrics.append(m)
-        job.run_dir.log_metrics(m)
-
-    job.pipeline.on_step = on_step
+    job.pipeline.on_step = lambda rec, m: metrics.append(m)
     t0 = time.perf_counter()
     try:
         records = await job.pipeline.run(steps)
@@ -54,17 +65,22 @@ async def _drive(job: Any, steps: int, threads: int) -> tuple[list[Any], list[di
     return records, metrics, time.perf_counter() - t0
 
 
-def run_config(mode: str, alpha: int, steps: int, env_options: dict[str, Any], turns: int,
-               batch: int, group: int, max_envs: int, seed: int, registry: Any) -> dict[str, Any]:
+def run_config(mode: str, interaction: str, alpha: int, steps: int, env_options: dict[str, Any],
+               turns: int, batch: int, group: int, max_envs: int, seed: int, registry: Any,
+               model: dict[str, int] | None = None) -> dict[str, Any]:
     """One configuration, start to end, in its own temporary run directory."""
     from rollart_sdk.config import load_config
+    from rollart_sdk.control.pipeline import run_rollout_summary
     from rollart_sdk.train import build_job
 
-    rollout = {"batch_size": batch, "group_size": group, "mode": mode, "alpha": max(alpha, 1),
-               "max_envs": max_envs}
+    rollout = {"batch_size": batch, "group_size": group, "mode": mode, "alpha": alpha,
+               "max_envs": max_envs, "interaction": interaction,
+               "redundancy": 0.0 if mode == "async" else max_envs / batch - 1}
     with tempfile.TemporaryDirectory(prefix=f"rollart-bench-async-{mode}-") as tmp:
-        cfg, lines = load_config(data=latency_config(env_options, turns, tmp, seed, rollout,
-                                                     max_running=max_envs + 8))
+        data = latency_config(env_options, turns, tmp, seed, rollout, max_running=max_envs + 8)
+        data["model"] = {"tiny": dict(model or BENCH_MODEL)}
+        data["trainer"]["options"]["micro_batch_size"] = 1
+        cfg, lines = load_config(data=data)
         job = build_job(cfg, lines, in_process=True, log=lambda *a: None, registry=registry)
         try:
             records, metrics, wall = asyncio.run(_drive(job, steps, 2 * max_envs + 16))
@@ -72,51 +88,70 @@ def run_config(mode: str, alpha: int, steps: int, env_options: dict[str, Any], t
             job.run_dir.close()
             job.close()
         p = job.pipeline
-    hist: Counter[int] = Counter()
-    for rec in records:
-        hist.update(rec.version - t.start_version for t in rec.batch)
-    trained = sum(len(r.batch) for r in records)
-    synced = [r for r in records if r.weight_transfer_s or r.weight_sync_exposed_s]
-    dropped = dict(p.buffer.dropped)
+    summary = run_rollout_summary(p)
+    warm = records[1:] or records  # the first step includes start-up
+    walls = [m["wall_time"] for m in metrics]
+    timed = walls[-1] - walls[0] if len(walls) > 1 else wall
+    trained_warm = sum(len(r.batch) for r in records[1:]) or sum(len(r.batch) for r in records)
     return {
-        "mode": mode,
-        "alpha": p.alpha,
-        "steps": len(records),
+        "mode": mode, "interaction": interaction, "alpha": p.alpha, "steps": len(records),
+        "step_time_s": timed / max(1, len(warm)),
+        "trajectories_per_s": trained_warm / timed if timed > 0 else 0.0,
+        "waste": summary["waste"], "waste_tokens": summary["waste_tokens"],
+        "length_bias": summary["length_bias"].get("Latency", 1.0),
+        "staleness_hist": {str(k): v for k, v in summary["staleness_hist"].items()},
+        "spanning_update": summary["spanning_update"],
+        "launched": p.scheduler.launched, "trajectories_trained": p.buffer.trained,
+        "dropped": dict(p.buffer.dropped),
+        "rollout_s": statistics.mean(r.get_batch_wait_s for r in warm),
+        "train_s": statistics.mean(r.train_s for r in warm),
+        "weight_sync_s": statistics.mean(r.weight_sync_exposed_s for r in warm),
         "wall_s": wall,
-        "step_time_s": wall / max(1, len(records)),
-        "trajectories_per_s": trained / wall,
-        "trajectories_trained": trained,
-        "launched": p.scheduler.launched,
-        "staleness_hist": {str(k): v for k, v in sorted(hist.items())},
-        "staleness_max": max(hist) if hist else 0,
-        "aborted_stale": sum(r.aborted_stale for r in records),
-        "aborted_surplus": sum(r.aborted_surplus for r in records),
-        "dropped": dropped,
-        # What was lost while running (the run's end aborts what is still in flight).
-        "dropped_during_run": sum(n for k, n in dropped.items() if "run_end" not in k),
-        "get_batch_wait_s_mean": sum(r.get_batch_wait_s for r in records) / max(1, len(records)),
-        "train_s_mean": sum(r.train_s for r in records) / max(1, len(records)),
-        "weight_sync_exposed_s_mean": (sum(r.weight_sync_exposed_s for r in synced) / len(synced)
-                                       if synced else 0.0),
-        "weight_transfer_s_mean": (sum(r.weight_transfer_s for r in synced) / len(synced)
-                                   if synced else 0.0),
-        "step_wall_times": [m["wall_time"] for m in metrics],
     }
+
+
+def _median_row(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The run with the median step time, with the spread of all runs."""
+    ordered = sorted(runs, key=lambda r: r["step_time_s"])
+    row = dict(ordered[len(ordered) // 2])
+    row["step_time_s"] = statistics.median(r["step_time_s"] for r in runs)
+    row["trajectories_per_s"] = statistics.median(r["trajectories_per_s"] for r in runs)
+    row["step_time_runs_s"] = [round(r["step_time_s"], 4) for r in runs]
+    row["repeats"] = len(runs)
+    return row
 
 
 def run(steps: int = 8, turns: int = 4, mu: float = 0.1, sigma_over_mu: float = 0.5,
         batch: int = 8, group: int = 4, max_envs: int | None = None, seed: int = 0,
-        configs: list[tuple[str, int]] | None = None) -> dict[str, Any]:
+        repeats: int = 3, configs: list[tuple[str, str, int]] | None = None,
+        tiny: bool = False) -> dict[str, Any]:
     if batch % group:
         raise ValueError(f"--batch ({batch}) must be a multiple of --group ({group})")
     envs = max_envs or 2 * batch
+    if envs % batch:
+        raise ValueError(f"--max-envs ({envs}) must be a multiple of --batch ({batch}): sync and "
+                         "one_off launch whole batches to fill the same capacity")
     registry = latency_registry()
-    opts = {"turns": turns, "mu": mu, "sigma": sigma_over_mu * mu}
-    rows = [run_config(mode, alpha, steps, opts, turns, batch, group, envs, seed, registry)
-            for mode, alpha in (configs or CONFIGS)]
+    opts = {"turns": turns, "min_turns": max(1, turns // 2), "mu": mu, "sigma": sigma_over_mu * mu}
+    configs = configs or CONFIGS
+    runs: dict[int, list[dict[str, Any]]] = {i: [] for i in range(len(configs))}
+    for rep in range(repeats):
+        order = range(len(configs)) if rep % 2 == 0 else reversed(range(len(configs)))
+        for i in order:
+            mode, interaction, alpha = configs[i]
+            runs[i].append(run_config(mode, interaction, alpha, steps, opts, turns, batch, group,
+                                      envs, seed, registry, TINY_MODEL if tiny else BENCH_MODEL))
+    rows = [_median_row(runs[i]) for i in range(len(configs))]
+    base = next((r for r in rows if r["mode"] == "sync" and r["interaction"] == "trajectory"), rows[0])
+    bound = base["step_time_s"] / max(base["rollout_s"], base["train_s"], 1e-9)
+    for r in rows:
+        r["speedup_vs_sync"] = base["step_time_s"] / r["step_time_s"]
+        r["bound_speedup"] = bound
     return {"benchmark": "async", "steps": steps, "turns": turns, "mu": mu,
             "sigma_over_mu": sigma_over_mu, "batch_size": batch, "group_size": group,
-            "max_envs": envs, "seed": seed, "rows": rows}
+            "max_envs": envs, "seed": seed, "repeats": repeats,
+            "model": TINY_MODEL if tiny else BENCH_MODEL,
+            "rows": rows}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -124,45 +159,51 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="rollart bench async",
                                      description=__doc__.split("\n")[0] if __doc__ else None)
     parser.add_argument("--steps", type=int, default=8, help="training steps per configuration")
-    parser.add_argument("--turns", type=int, default=4, help="env steps per episode")
+    parser.add_argument("--turns", type=int, default=4, help="longest episode (env steps)")
     parser.add_argument("--mu", type=float, default=0.1, help="mean env step latency (s)")
     parser.add_argument("--sigma-over-mu", type=float, default=0.5, help="latency spread")
     parser.add_argument("--batch", type=int, default=8, help="trajectories per training step")
     parser.add_argument("--group", type=int, default=4, help="GRPO group size")
     parser.add_argument("--max-envs", type=int, default=None,
                         help="environment capacity, same for every configuration (default: 2 * --batch)")
+    parser.add_argument("--repeats", type=int, default=3, help="runs per configuration (median)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--tiny", action="store_true",
+                        help="a 1-layer model (smoke tests): training becomes negligible")
     parser.add_argument("--json", metavar="PATH", default=None, help="also write results here")
     args = parser.parse_args(argv)
-    if args.steps < 1 or args.turns < 1 or args.mu < 0 or args.sigma_over_mu < 0:
-        parser.error("--steps and --turns must be >= 1, --mu and --sigma-over-mu >= 0")
+    if args.steps < 2 or args.turns < 1 or args.mu < 0 or args.sigma_over_mu < 0 or args.repeats < 1:
+        parser.error("--steps must be >= 2 (the first is excluded), --turns and --repeats >= 1, "
+                     "--mu and --sigma-over-mu >= 0")
     if args.batch % args.group:
         parser.error(f"--batch ({args.batch}) must be a multiple of --group ({args.group})")
 
     from rich.console import Console
     from rich.table import Table
 
-    console = Console(width=max(Console().width, 110))
+    console = Console(width=max(Console().width, 130))
     with console.status("running sync / one_off / async pipelines..."):
         res = run(args.steps, args.turns, args.mu, args.sigma_over_mu, args.batch, args.group,
-                  args.max_envs, args.seed)
+                  args.max_envs, args.seed, args.repeats, tiny=args.tiny)
     table = Table(title=(
-        f"async modes: {res['steps']} steps, batch {res['batch_size']} (groups of "
-        f"{res['group_size']}), {res['max_envs']} envs, {res['turns']} turns, env latency "
+        f"async modes: {res['steps']} steps x {res['repeats']} repeats (median), batch "
+        f"{res['batch_size']} (groups of {res['group_size']}), {res['max_envs']} envs in every "
+        f"row, episodes of {max(1, res['turns'] // 2)}-{res['turns']} turns, env latency "
         f"N({res['mu']}, {res['sigma_over_mu']}*mu)"))
-    for col in ("mode", "alpha", "step s", "traj/s", "vs row 1", "staleness", "stale ab.",
-                "surplus ab.", "dropped", "wall s"):
-        table.add_column(col, justify="left" if col in ("mode", "staleness") else "right")
-    base = res["rows"][0]["trajectories_per_s"]
+    for col in ("mode", "alpha", "interaction", "step s", "traj/s", "vs sync", "waste",
+                "length bias", "staleness", "rollout / train s"):
+        table.add_column(col, justify="left" if col in ("mode", "interaction", "staleness") else "right")
     for r in res["rows"]:
         hist = " ".join(f"{k}:{v}" for k, v in r["staleness_hist"].items())
-        table.add_row(r["mode"], str(r["alpha"]), f"{r['step_time_s']:.2f}",
-                      f"{r['trajectories_per_s']:.1f}", f"{r['trajectories_per_s'] / base:.2f}x",
-                      hist, str(r["aborted_stale"]), str(r["aborted_surplus"]),
-                      str(r["dropped_during_run"]), f"{r['wall_s']:.1f}")
+        table.add_row(r["mode"], str(r["alpha"]), r["interaction"], f"{r['step_time_s']:.2f}",
+                      f"{r['trajectories_per_s']:.1f}", f"{r['speedup_vs_sync']:.2f}x",
+                      f"{r['waste']:.0%}", f"{r['length_bias']:.2f}", hist,
+                      f"{r['rollout_s']:.2f} / {r['train_s']:.2f}")
     console.print(table)
-    console.print("staleness: histogram 'versions behind: trajectories'; dropped = lost while "
-                  "running (run-end aborts of in-flight work not counted)")
+    console.print(f"bound_speedup (sync step / max(rollout, train), from the sync row): "
+                  f"{res['rows'][0]['bound_speedup']:.2f}x. staleness: 'engine version at "
+                  "get_batch - start version: trajectories'; waste: dropped / decided "
+                  "(run-end aborts not counted)")
     if args.json:
         Path(args.json).write_text(json.dumps(res, indent=2))
         console.print(f"wrote {args.json}")

@@ -1,9 +1,11 @@
 """SampleBuffer: scored trajectories waiting to be trained, handed out in whole GRPO groups.
 
 Each trajectory carries the policy version that started it. A group's version is the
-oldest of its members. With trainer version ``n`` and bound ``alpha`` a batch only takes
-groups started at ``>= n - alpha``; older groups are evicted (counted, with the reason).
-Every trajectory that enters is either handed out in a batch or counted as dropped.
+oldest of its members. When a batch is formed while the engines serve version ``n``, it
+only takes groups started at ``>= n - alpha`` (the paper's bound); older groups are evicted
+(counted, with the reason). Every trajectory that enters is either handed out in a batch
+or counted as dropped; the buffer also keeps what waste and length bias are measured from
+(dropped trajectories and generated tokens per task, turns of every finished episode).
 """
 
 from __future__ import annotations
@@ -52,14 +54,31 @@ class SampleBuffer:
         self.on_room: list[Callable[[], None]] = []
         # Groups dropped whole -> reason; members that finish later are counted under it.
         self._discarded: dict[str, str] = {}
+        self.dropped_by_tag: Counter[str] = Counter()  # admission control counts on it
+        self.tokens_dropped = 0  # generated tokens of dropped trajectories
+        self.tokens_trained = 0  # generated tokens of trajectories handed out in batches
+        # Episodes that ran to their end (trained or not), per task: [count, turns].
+        self.finished_turns: dict[str, list[int]] = {}
+
+    def _drop(self, t: Trajectory, reason: str | None = None) -> None:
+        """Count one dropped trajectory (``reason`` overrides one not set yet)."""
+        if reason is not None:
+            t.dropped = reason
+        assert t.dropped is not None
+        self.dropped[t.dropped.split(": ", 1)[0]] += 1
+        self.dropped_by_tag[t.tag] += 1
+        self.tokens_dropped += t.generated_tokens
 
     # ------------------------------------------------------------------ producers
     async def put(self, traj: Trajectory) -> None:
         """Add a finished (scored or dropped) trajectory to its group."""
         async with self._cond:
+            if traj.terminated or traj.truncated:
+                c = self.finished_turns.setdefault(traj.tag, [0, 0])
+                c[0] += 1
+                c[1] += len(traj.turns)
             if traj.group_id in self._discarded:
-                traj.dropped = traj.dropped or self._discarded[traj.group_id]
-                self.dropped[traj.dropped.split(": ", 1)[0]] += 1
+                self._drop(traj, traj.dropped or self._discarded[traj.group_id])
                 return
             group = self._open.get(traj.group_id)
             if group is None:
@@ -70,13 +89,12 @@ class SampleBuffer:
             del self._open[traj.group_id]
             for t in group.members:
                 if t.dropped is not None:
-                    self.dropped[t.dropped.split(": ", 1)[0]] += 1
+                    self._drop(t)
             usable = group.usable
             if len(usable) < 2:
                 # GRPO needs at least two scored members to compare; count the rest.
                 for t in usable:
-                    t.dropped = "group_incomplete"
-                    self.dropped["group_incomplete"] += 1
+                    self._drop(t, "group_incomplete")
                 return
             group.members = usable
             self._ready[group.group_id] = group
@@ -97,9 +115,8 @@ class SampleBuffer:
         evicted: list[Trajectory] = []
         for gid in [g for g, grp in self._ready.items() if grp.start_version < min_version]:
             for t in self._ready.pop(gid).members:
-                t.dropped = "stale"
+                self._drop(t, "stale")
                 evicted.append(t)
-        self.dropped["stale"] += len(evicted)
         if evicted:
             self._notify_room()
         return evicted
@@ -118,7 +135,8 @@ class SampleBuffer:
         self, num_trajectories: int, min_version: int, quota: dict[str, int] | None = None
     ) -> list[Trajectory]:
         """Block until whole groups are ready, evicting groups older than ``min_version``
-        first; return them oldest first.
+        first; return them oldest first (by start version, so that the groups closest to
+        the bound are trained before they fall out of it).
 
         Without ``quota``: groups of any task totalling ``num_trajectories`` (at least).
         With ``quota`` (task tag -> trajectories): each task's share, so that tasks whose
@@ -136,18 +154,21 @@ class SampleBuffer:
                         break
                 await self._cond.wait()
             batch: list[Trajectory] = []
+            oldest_first = sorted(self._ready, key=lambda g: self._ready[g].start_version)
             if quota is None:
-                while len(batch) < num_trajectories:
-                    _, group = self._ready.popitem(last=False)
-                    batch.extend(group.members)
+                for gid in oldest_first:
+                    if len(batch) >= num_trajectories:
+                        break
+                    batch.extend(self._ready.pop(gid).members)
             else:
                 need = dict(quota)
-                for gid in list(self._ready):
+                for gid in oldest_first:
                     group = self._ready[gid]
                     if need.get(group.tag, 0) > 0:
                         need[group.tag] -= len(group.members)
                         batch.extend(self._ready.pop(gid).members)
             self.trained += len(batch)
+            self.tokens_trained += sum(t.generated_tokens for t in batch)
             self._notify_room()
             return batch
 
@@ -158,17 +179,16 @@ class SampleBuffer:
         n = 0
         for group in self._ready.values():
             for t in group.members:
-                t.dropped = reason
+                self._drop(t, reason)
                 n += 1
         for gid, group in self._open.items():
             for t in group.members:
                 if t.dropped is None:
-                    t.dropped = reason
+                    self._drop(t, reason)
                     n += 1
                 else:
-                    self.dropped[t.dropped.split(": ", 1)[0]] += 1
+                    self._drop(t)
             self._discarded[gid] = reason
-        self.dropped[reason] += n
         self._ready.clear()
         self._open.clear()
         if n:

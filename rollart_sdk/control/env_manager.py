@@ -17,6 +17,7 @@ from typing import Any
 from rollart_sdk.config import TaskConfig
 from rollart_sdk.control.chat import ChatFormat
 from rollart_sdk.control.handles import WorkerHandle
+from rollart_sdk.control.lockstep import TurnBarrier
 from rollart_sdk.control.proxy import LLMProxy
 from rollart_sdk.types import (
     GenerationRequest,
@@ -62,6 +63,7 @@ class EnvManager:
         reward_worker: WorkerHandle,
         version: Callable[[], int],
         event_sink: Callable[[dict[str, Any]], None] | None = None,
+        barrier: TurnBarrier | None = None,
     ) -> None:
         self.traj = trajectory
         self.seed = seed  # env seed: shared by a GRPO group (same start state / prompt)
@@ -78,6 +80,10 @@ class EnvManager:
         self._finished = False
         self._reward_request: RewardRequest | None = None  # set when the rollout completes
         self.env_id = trajectory.trajectory_id
+        # Batched interaction: wait for the whole wave before each turn's generation.
+        self.barrier = barrier
+        if barrier is not None:
+            barrier.join(self.env_id)
 
     # ------------------------------------------------------------------ control
     async def abort(self, reason: str) -> bool:
@@ -86,6 +92,8 @@ class EnvManager:
         if self._finished or self._abort_reason is not None:
             return False
         self._abort_reason = reason
+        if self.barrier is not None:
+            self.barrier.leave(self.env_id)
         if self._current_request is not None:
             await self.proxy.abort(self._current_request)
         return True
@@ -99,6 +107,8 @@ class EnvManager:
         traj = self.traj
         try:
             await self._rollout()
+            if self.barrier is not None:  # the wave does not wait for this one's reward
+                self.barrier.leave(self.env_id)
             if self._abort_reason is None and traj.dropped is None:
                 await self._score()
         except asyncio.CancelledError:
@@ -108,6 +118,8 @@ class EnvManager:
             if self._abort_reason is not None and traj.dropped is None:
                 traj.dropped = f"aborted:{self._abort_reason}"
             self._finished = True
+            if self.barrier is not None:
+                self.barrier.leave(self.env_id)
             self.proxy.release(traj.trajectory_id)
             try:
                 await asyncio.wait_for(self.env.call("close", self.env_id), timeout=10)
@@ -150,6 +162,8 @@ class EnvManager:
         obs_ids = list(context)
         responses: list[str] = []
         for turn_index in range(cfg.max_turns):
+            if self.barrier is not None:
+                await self.barrier.arrive(self.env_id, turn_index)
             if self._abort_reason:
                 return
             if len(context) >= cfg.max_context_tokens:

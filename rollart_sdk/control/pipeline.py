@@ -3,13 +3,15 @@
 Every iteration:
 
 1. get_batch  - block until the SampleBuffer holds ``batch_size`` trajectories in whole
-                groups, evicting groups started before ``version - alpha``;
+                groups, evicting groups started before ``engine version - alpha`` (the
+                version the engines serve while the batch is formed: the paper's bound);
 2. suspend    - the LLMProxy stops admitting requests; in-flight trajectories are kept;
 3. update     - every engine worker swaps in the newest weights, which it has been
                 receiving in the background since the trainer published them;
 4. resume     - the LLMProxy admits requests again;
 5. recompute  - inside the engines' swap: in-flight requests get their KV cache rebuilt
-                under the new weights and continue (not restart);
+                under the new weights and continue (not restart); their tokens carry the
+                version that produced each one, and the trainer corrects the older ones;
 6. train_step - on the batch from step 1, overlapping the resumed rollout; when it ends
                 the trainer publishes the new version and engines start receiving it.
 
@@ -19,10 +21,14 @@ Every iteration:
   aborted once the batch is full, training and the update finish before the next launch:
   every trained token comes from the version being trained (on-policy);
 - ``one_off``: the next iteration's quota launches right after the update, so rollout of
-  batch k+1 overlaps training on batch k (staleness exactly 1);
-- ``async``: environments run continuously; staleness bounded by ``alpha``. After an
-  update, running trajectories that could only ever land in a batch beyond the bound are
-  aborted at once (in the engine too), not left running.
+  batch k+1 overlaps training on batch k (trained one version behind the trainer);
+- ``async``: environments run continuously under admission control (the scheduler starts
+  a trajectory only while it can still land in a batch within ``alpha``); trajectories in
+  flight across an update continue. Only a trajectory that can no longer land in any
+  batch (it outlived the bound) is aborted, counted as ``stale``.
+
+``rollout.interaction: batched`` makes the environments of one iteration step in lockstep
+(sync / one_off): the paper's plain Sync when mode is sync.
 """
 
 from __future__ import annotations
@@ -51,6 +57,15 @@ class StepRecord:
     version: int  # trainer version the batch was trained at
     batch: list[Trajectory]
     get_batch_wait_s: float
+    engine_version: int = 0  # version the engines served while the batch was formed
+    formed_at: float = 0.0  # wall time the batch was formed
+    # Run totals when the batch was formed (waste and length bias are read from them).
+    launched: int = 0
+    dropped: int = 0
+    dropped_during_run: int = 0  # dropped, the run's end aborts excluded
+    tokens_dropped: int = 0
+    tokens_trained: int = 0
+    finished_turns: dict[str, tuple[int, int]] = field(default_factory=dict)
     train_s: float = 0.0
     weight_sync_exposed_s: float = 0.0
     weight_transfer_s: float = 0.0
@@ -143,6 +158,7 @@ class Pipeline:
             await self.proxy.resume()
             self.log.append("resume")
         self.engine_version = self._published
+        self.scheduler.wake()  # admission control: the new version makes room
         self.update_reports.extend(reports)
         for w in self.proxy.workers.values():
             self._span("weight_sync", w.name, t0, self.trainer_version)
@@ -164,17 +180,11 @@ class Pipeline:
                     self.scheduler.allow(self.launch_per_step)
                 self.log.append(f"get_batch:{step}")
                 t0 = time.perf_counter()
-                # The batch is trained at trainer version `step`: bound its staleness.
+                # The paper's bound: measured against the version the engines serve now.
                 batch = await self.buffer.get_batch(
-                    batch_size, min_version=step - self.alpha, quota=self.quota
+                    batch_size, min_version=self.engine_version - self.alpha, quota=self.quota
                 )
-                rec = StepRecord(step, step, batch, time.perf_counter() - t0,
-                                 trained_total=self.buffer.trained)
-                self.records.append(rec)
-                if mode == "async" and self.engine_version < step + 1 - self.alpha:
-                    # Launches now would start at a version the coming update makes too old
-                    # for any batch: hold them until the new weights are in.
-                    self.scheduler.hold(True)
+                rec = self._record(step, batch, time.perf_counter() - t0)
                 if mode != "async":
                     # The batch is full: the rest of this iteration's launches is surplus.
                     self.buffer.discard_all("surplus")
@@ -185,13 +195,12 @@ class Pipeline:
                     pending = None
                 await self._update_weights(rec)
                 if mode == "async":
-                    # Started before `step + 1 - alpha`: could only enter a batch past the
-                    # bound, so abort now (the engine frees its slot) instead of evicting later.
-                    floor = step + 1 - self.alpha
+                    # Started before `engine version - alpha`: no batch can take it any more
+                    # (it outlived the bound despite admission control); free its slot.
+                    floor = self.engine_version - self.alpha
                     rec.aborted_stale = await self.scheduler.abort_where(
                         lambda t, floor=floor: t.start_version < floor, "stale"
                     )
-                    self.scheduler.hold(False)
                 elif mode == "one_off" and step + 1 < steps:
                     self.scheduler.allow(self.launch_per_step)
                 self.log.append(f"train_step:{step}")
@@ -211,8 +220,23 @@ class Pipeline:
         return self.records
 
     # ------------------------------------------------------------------ metrics
+    def _record(self, step: int, batch: list[Trajectory], wait_s: float) -> StepRecord:
+        b = self.buffer
+        run_end = sum(n for k, n in b.dropped.items() if k.endswith("run_end"))
+        rec = StepRecord(
+            step, step, batch, wait_s, engine_version=self.engine_version, formed_at=time.time(),
+            launched=self.scheduler.launched, dropped=sum(b.dropped.values()),
+            dropped_during_run=sum(b.dropped.values()) - run_end,
+            tokens_dropped=b.tokens_dropped, tokens_trained=b.tokens_trained,
+            finished_turns={k: (v[0], v[1]) for k, v in b.finished_turns.items()},
+            trained_total=b.trained,
+        )
+        self.records.append(rec)
+        return rec
+
     def _report(self, rec: StepRecord) -> None:
-        metrics = step_metrics(rec, self.buffer, time.time() - self.started, self.proxy)
+        prev = self.records[rec.step - 1] if rec.step > 0 else None
+        metrics = step_metrics(rec, prev, self.buffer, time.time() - self.started)
         if self.on_step is not None:
             self.on_step(rec, metrics)
 
@@ -248,22 +272,40 @@ def launches_per_step(config: RunConfig) -> dict[str, int]:
     }
 
 
-def step_metrics(rec: StepRecord, buffer: SampleBuffer, wall: float, proxy: LLMProxy) -> dict[str, Any]:
+def step_metrics(rec: StepRecord, prev: StepRecord | None, buffer: SampleBuffer,
+                 wall: float) -> dict[str, Any]:
+    """One line of metrics.jsonl. ``step`` counts steps done (1 for the first), as the
+    console does. Run totals (``rollout/waste``...) are as of the batch's formation."""
     by_tag: dict[str, list[Trajectory]] = {}
     for t in rec.batch:
         by_tag.setdefault(t.tag, []).append(t)
-    staleness = [rec.version - t.start_version for t in rec.batch]
+    # The paper's staleness: engine version when the batch was formed - start version;
+    # the trainer's: version the batch is trained at - start version (one more in async).
+    staleness = [rec.engine_version - t.start_version for t in rec.batch]
+    trainer_staleness = [rec.version - t.start_version for t in rec.batch]
+    decided = rec.trained_total + rec.dropped_during_run
+    tokens = rec.tokens_trained + rec.tokens_dropped
     m: dict[str, Any] = {
-        "step": rec.step,
+        "step": rec.step + 1,
         "wall_time": round(wall, 3),
         "version": rec.version,
+        "engine_version": rec.engine_version,
         "staleness/max": max(staleness),
         "staleness/mean": sum(staleness) / len(staleness),
         "staleness/hist": dict(sorted(Counter(staleness).items())),
+        "staleness/trainer_max": max(trainer_staleness),
         "trajectories/trained": rec.trained_total,
-        "trajectories/dropped": sum(buffer.dropped.values()),
+        "trajectories/dropped": rec.dropped,
         "trajectories/aborted_stale": rec.aborted_stale,
         "trajectories/aborted_surplus": rec.aborted_surplus,
+        "rollout/launched": rec.launched,
+        "rollout/launched_step": rec.launched - (prev.launched if prev else 0),
+        # Share of the trajectories decided so far (trained or dropped) that were thrown
+        # away, and the same in generated tokens.
+        "rollout/waste": round(rec.dropped_during_run / decided, 4) if decided else 0.0,
+        "rollout/waste_tokens": round(rec.tokens_dropped / tokens, 4) if tokens else 0.0,
+        # Trained trajectories whose tokens come from more than one policy version.
+        "rollout/spanning_update": sum(1 for t in rec.batch if len(t.versions) > 1),
         "buffer/max_ready": buffer.max_ready_trajectories,
         "time/get_batch_wait": round(rec.get_batch_wait_s, 4),
         "time/train": round(rec.train_s, 4),
@@ -280,6 +322,41 @@ def step_metrics(rec: StepRecord, buffer: SampleBuffer, wall: float, proxy: LLMP
             m[f"success/{tag}"] = sum(1.0 for s in succ if s) / len(succ)
         m[f"turns/{tag}"] = sum(len(t.turns) for t in trajs) / len(trajs)
         m[f"count/{tag}"] = len(trajs)
+        # Turns of every episode that ended since the previous batch, trained or not:
+        # turns/<tag> over it is the length bias of what gets trained (1: none).
+        n, turns = rec.finished_turns.get(tag, (0, 0))
+        if prev is not None:
+            n0, t0 = prev.finished_turns.get(tag, (0, 0))
+            n, turns = n - n0, turns - t0
+        if n:
+            m[f"turns_finished/{tag}"] = turns / n
+            m[f"length_bias/{tag}"] = round(m[f"turns/{tag}"] / (turns / n), 4)
     for k, v in rec.train_metrics.items():
         m[k if "/" in k else f"train/{k}"] = v
     return m
+
+
+def run_rollout_summary(pipeline: Pipeline) -> dict[str, Any]:
+    """Waste, length bias and spanning over the whole run (summary.json, the benches)."""
+    b = pipeline.buffer
+    run_end = sum(n for k, n in b.dropped.items() if k.endswith("run_end"))
+    during = sum(b.dropped.values()) - run_end
+    trained = [t for r in pipeline.records for t in r.batch]
+    out: dict[str, Any] = {
+        "launched": pipeline.scheduler.launched,
+        "trained": b.trained,
+        "dropped_during_run": during,
+        "waste": during / (b.trained + during) if b.trained + during else 0.0,
+        "waste_tokens": (b.tokens_dropped / (b.tokens_dropped + b.tokens_trained)
+                         if b.tokens_dropped + b.tokens_trained else 0.0),
+        "spanning_update": sum(1 for t in trained if len(t.versions) > 1),
+        "staleness_hist": dict(sorted(Counter(
+            r.engine_version - t.start_version for r in pipeline.records for t in r.batch
+        ).items())),
+        "length_bias": {},
+    }
+    for tag, (n, turns) in sorted(b.finished_turns.items()):
+        mine = [len(t.turns) for t in trained if t.tag == tag]
+        if n and mine and turns:
+            out["length_bias"][tag] = (sum(mine) / len(mine)) / (turns / n)
+    return out

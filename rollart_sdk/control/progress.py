@@ -41,16 +41,16 @@ class ProgressDisplay:
                 f"{k.split('/', 1)[1]}={v:.2f}" for k, v in metrics.items() if k.startswith("reward/")
             )
             self.console.print(
-                f"step {metrics['step'] + 1}/{self.steps}  {rewards}  "
+                f"step {metrics['step']}/{self.steps}  {rewards}  "
                 f"staleness<={metrics['staleness/max']}  trained={metrics['trajectories/trained']} "
-                f"dropped={metrics['trajectories/dropped']}  t={metrics['wall_time']:.0f}s",
+                f"waste={metrics['rollout/waste']:.0%}  t={metrics['wall_time']:.0f}s",
                 highlight=False, soft_wrap=True,
             )
 
     def _render(self) -> Table:
         m = self.last
         elapsed = time.time() - self.t0
-        step = (m.get("step", -1) + 1) if m else 0
+        step = m.get("step", 0)
         t = Table(title=f"rollart train: {self.cfg.name}  [{self.cfg.rollout.mode}, "
                         f"alpha={self.cfg.rollout.alpha}]", show_header=False)
         t.add_row("step", f"{step}/{self.steps}")
@@ -62,6 +62,8 @@ class ProgressDisplay:
             t.add_row("staleness max/mean", f"{m['staleness/max']} / {m['staleness/mean']:.2f}")
             trained = m["trajectories/trained"]
             t.add_row("trajectories trained / dropped", f"{trained} / {m['trajectories/dropped']}")
+            t.add_row("rollout waste (trajectories / tokens)",
+                      f"{m['rollout/waste']:.0%} / {m['rollout/waste_tokens']:.0%}")
             t.add_row("throughput", f"{trained / max(elapsed, 1e-9):.1f} traj/s")
             t.add_row("get_batch wait / train / weight sync",
                       f"{m['time/get_batch_wait']:.2f}s / {m['time/train']:.2f}s / "

@@ -4,15 +4,23 @@ It launches trajectories in GRPO groups (``group_size`` trajectories sharing an 
 each driven by its own EnvManager task, and puts every finished trajectory into the
 SampleBuffer. How many may run is set by the pipeline:
 
-- continuous (``async``): up to ``max_running`` at once, and at most
-  ``max_outstanding`` launched-but-untrained (running + buffered), i.e. O(alpha * E);
-- quota (``sync`` / ``one_off``): exactly ``allow(n)`` more trajectories, then wait.
+- continuous (``async``): up to ``max_running`` at once, under admission control
+  (AReaL's rule): a task starts a group only while the trajectories it launched and has not
+  lost stay within ``(version + alpha + 2) * share``, ``version`` being the one the engines
+  serve and ``share`` its trajectories per batch. Every trajectory started at version ``v``
+  is then one that batches up to the last one formed while the engines serve ``v + alpha``
+  can take, if trajectories finish about in launch order: staleness is bounded by not
+  starting work that could not be consumed, not by aborting it later;
+- quota (``sync`` / ``one_off``): exactly ``allow(n)`` more trajectories, then wait. With
+  ``interaction="batched"`` the trajectories of one allowance step in lockstep
+  (:class:`~rollart_sdk.control.lockstep.TurnBarrier`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import random
+from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
@@ -20,6 +28,7 @@ from rollart_sdk.control.buffer import SampleBuffer
 from rollart_sdk.control.chat import ChatFormat
 from rollart_sdk.control.env_manager import EnvManager, TaskRuntime
 from rollart_sdk.control.handles import WorkerHandle
+from rollart_sdk.control.lockstep import TurnBarrier
 from rollart_sdk.control.proxy import LLMProxy
 from rollart_sdk.types import Trajectory
 
@@ -36,10 +45,11 @@ class RolloutScheduler:
         version: Callable[[], int],
         group_size: int,
         max_running: int,
-        max_outstanding: int | None = None,
+        alpha: int | None = None,
+        batch_quota: dict[str, int] | None = None,
         seed: int = 0,
-        shares: dict[str, float] | None = None,
         event_sink: Callable[[dict[str, Any]], None] | None = None,
+        interaction: str = "trajectory",
     ) -> None:
         if max_running < group_size:
             raise ValueError(f"max_running ({max_running}) must hold a group ({group_size})")
@@ -52,29 +62,35 @@ class RolloutScheduler:
         self.version = version
         self.group_size = group_size
         self.max_running = max_running
-        self.max_outstanding = max_outstanding
-        self._rng = random.Random(seed)
+        # Admission control (continuous mode): bound alpha and each task's trajectories
+        # per batch; None: only max_running limits launches.
+        self.alpha = alpha
+        self.batch_quota = batch_quota
+        if alpha is not None and batch_quota is None:
+            raise ValueError("admission control (alpha) needs batch_quota: trajectories per batch per task")
+        self.interaction = interaction
+        self._wave: TurnBarrier | None = None
+        self.seed = seed
+        self._rng = random.Random(seed)  # task choice by weight
         self._emit = event_sink
         self._tags = list(tasks)
         self._weights = [tasks[t].config.weight for t in self._tags]
-        total = sum(self._weights)
-        # Fraction of launches (and of the outstanding bound) each task may take.
-        self.shares = shares or {t: w / total for t, w in zip(self._tags, self._weights, strict=True)}
         self.running: dict[str, tuple[EnvManager, asyncio.Task[Trajectory]]] = {}
         self._quota: dict[str, int] | None = None  # per-task launches left; None: continuous
         self._wakeup = asyncio.Event()
         self._stopped = False
-        self._held = False
         self._loop_task: asyncio.Task[None] | None = None
         buffer.on_room.append(self._wakeup.set)
         self._group_counter = 0
         self._traj_counter = 0
         self._env_rr = 0
         self.launched = 0
+        self.launched_by_tag: Counter[str] = Counter()
 
     # ------------------------------------------------------------------ control
     def start(self, quota: dict[str, int] | None = None) -> None:
         self._quota = dict(quota) if quota is not None else None
+        self._new_wave()
         self._loop_task = asyncio.create_task(self._loop(), name="rollout-scheduler")
 
     def allow(self, per_task: dict[str, int]) -> None:
@@ -83,13 +99,24 @@ class RolloutScheduler:
         for tag, n in per_task.items():
             quota[tag] = quota.get(tag, 0) + n
         self._quota = quota
+        self._new_wave()
         self._wakeup.set()
 
-    def hold(self, on: bool) -> None:
-        """Pause (or resume) launching; running trajectories are not affected."""
-        self._held = on
-        if not on:
-            self._wakeup.set()
+    def _new_wave(self) -> None:
+        """Batched interaction: the launches of one allowance step in lockstep."""
+        if self.interaction == "batched":
+            self._wave = TurnBarrier()
+
+    def wake(self) -> None:
+        """Re-check what may launch (the pipeline calls it after a weight update)."""
+        self._wakeup.set()
+
+    def admission_room(self, tag: str) -> int | None:
+        """Trajectories ``tag`` may still start under admission control (None: no rule)."""
+        if self.alpha is None or self.batch_quota is None:
+            return None
+        live = self.launched_by_tag[tag] - self.buffer.dropped_by_tag[tag]
+        return (self.version() + self.alpha + 2) * self.batch_quota[tag] - live
 
     async def abort_where(self, predicate: Callable[[Trajectory], bool], reason: str) -> int:
         """ABORT running trajectories matching ``predicate`` (in the engine too)."""
@@ -122,21 +149,15 @@ class RolloutScheduler:
     # ------------------------------------------------------------------ loop
     def _launchable_tags(self) -> list[str]:
         """Tasks that may start a group now (all, or none, outside the async bound)."""
-        if self._stopped or self._held or len(self.running) + self.group_size > self.max_running:
+        if self._stopped or len(self.running) + self.group_size > self.max_running:
             return []
         if self._quota is not None:
             return [t for t in self._tags if self._quota.get(t, 0) >= self.group_size]
-        if self.max_outstanding is None:
+        if self.alpha is None:
             return self._tags
-        # Per task: running + buffered <= its share of the O(alpha * E) bound, so a task
-        # whose trajectories finish fast cannot fill the buffer and starve the others.
-        ready = self.buffer.ready_by_tag()
-        running: dict[str, int] = {}
-        for m, _ in self.running.values():
-            running[m.traj.tag] = running.get(m.traj.tag, 0) + 1
-        limit = {t: max(self.group_size, self.max_outstanding * self.shares[t]) for t in self._tags}
-        return [t for t in self._tags
-                if running.get(t, 0) + ready.get(t, 0) + self.group_size <= limit[t]]
+        # Per task, so that a task whose trajectories finish fast cannot take the others'
+        # room. Outstanding work (running + buffered) stays O((alpha + 1) * batch).
+        return [t for t in self._tags if (self.admission_room(t) or 0) >= self.group_size]
 
     async def _loop(self) -> None:
         while not self._stopped:
@@ -150,7 +171,9 @@ class RolloutScheduler:
         tag = self._rng.choices(tags, weights=weights, k=1)[0]
         self._group_counter += 1
         group_id = f"g{self._group_counter}"
-        env_seed = self._rng.randrange(2**31)
+        # Seeds keyed by the launch index, not by this RNG's call sequence: group k gets
+        # the same env (and e.g. the same latency draws) whatever the mode launched before.
+        env_seed = _keyed_seed(self.seed, "env", self._group_counter)
         version = self.version()
         if self._quota is not None:
             self._quota[tag] -= self.group_size
@@ -160,12 +183,15 @@ class RolloutScheduler:
             traj = Trajectory(trajectory_id=tid, tag=tag, group_id=group_id, start_version=version)
             worker = self._pick_env_worker()
             mgr = EnvManager(
-                traj, env_seed, self._rng.randrange(2**31), self.tasks[tag], self.chat,
+                traj, env_seed, _keyed_seed(self.seed, "sample", self._traj_counter),
+                self.tasks[tag], self.chat,
                 self.proxy, worker, self.reward_worker, self.version, self._emit,
+                barrier=self._wave,
             )
             task = asyncio.create_task(self._run(mgr), name=f"traj-{tid}")
             self.running[tid] = (mgr, task)
             self.launched += 1
+            self.launched_by_tag[tag] += 1
 
     def _pick_env_worker(self) -> WorkerHandle:
         self._env_rr = (self._env_rr + 1) % len(self.env_workers)
@@ -184,3 +210,8 @@ class RolloutScheduler:
             await self.buffer.put(traj)
             self._wakeup.set()
         return traj
+
+
+def _keyed_seed(seed: int, kind: str, index: int) -> int:
+    """A seed determined by (run seed, kind, launch index) alone."""
+    return random.Random(f"{seed}/{kind}/{index}").randrange(2**31)

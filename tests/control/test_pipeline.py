@@ -18,12 +18,14 @@ from rollart_sdk.plugins import load_plugins
 from rollart_sdk.train import build_job, run_job
 
 
-def run(tmp_path, overrides=(), steps=4, registry=None, data=None):
+def run(tmp_path, overrides=(), steps=4, registry=None, data=None, prepare=None):
     import copy
 
     cfg, lines = load_config(data=copy.deepcopy(data or TWO_TASKS),
                              overrides=[f"output_dir={tmp_path}", *overrides])
     job = build_job(cfg, lines, in_process=True, log=lambda *a: None, registry=registry)
+    if prepare is not None:
+        prepare(job)
     try:
         records = run_job(job, steps, progress=False)
     finally:
@@ -38,8 +40,25 @@ def trained_tokens_versions(records):
                 yield rec, traj, turn
 
 
+def record_prompts(job):
+    """Wrap every engine's generate: request id -> the exact ids the engine was prompted
+    with and the ids it returned."""
+    seen = {}
+    for handle in job.pipeline.proxy.workers.values():
+        engine = handle.target.engine
+        inner = engine.generate
+
+        async def generate(request, inner=inner):
+            result = await inner(request)
+            seen[request.request_id] = (list(request.prompt_ids), list(result.token_ids))
+            return result
+
+        engine.generate = generate
+    job.prompts = seen
+
+
 def test_async_protocol_order_and_alpha_bound(tmp_path):
-    job, records = run(tmp_path, steps=4)
+    job, records = run(tmp_path, steps=4, prepare=record_prompts)
     log = job.pipeline.log
     # Six-step order in every iteration after the first: get_batch -> suspend -> update ->
     # resume -> train_step (train_step k ran after update k was loaded; publish follows it).
@@ -49,23 +68,33 @@ def test_async_protocol_order_and_alpha_bound(tmp_path):
         assert protocol[i + 1 : i + 5] == ["suspend", f"update:{k}", "resume", f"train_step:{k}"], log
         assert log.index(f"publish:{k}") < log.index(f"update:{k}")  # published, then loaded
     assert [r.version for r in records] == [0, 1, 2, 3]
-    # alpha = 1: no trained trajectory started more than one version before the trainer.
-    assert all(r.version - t.start_version <= 1 for r in records for t in r.batch)
+    # The engines serve the previous version while a batch is formed (update after get_batch).
+    assert [r.engine_version for r in records] == [0, 0, 1, 2]
+    # alpha = 1 (the paper's): started at >= (engine version at get_batch) - 1, so at most
+    # two versions behind the trainer.
+    assert all(r.engine_version - t.start_version <= 1 for r in records for t in r.batch)
+    assert all(r.version - t.start_version <= 2 for r in records for t in r.batch)
     # Per-task share of every batch (weights 1:1, groups of 4): one group each.
     for r in records:
         assert sorted(t.tag for t in r.batch) == ["Arithmetic"] * 4 + ["FrozenLake"] * 4
-    # Token in / token out: the trained sample is the exact concatenation of the turns'
-    # ids, trained only on the engine's own tokens with the engine's own log-probs.
+    # Token in / token out, checked at the engine: for every turn of every trained
+    # trajectory, the ids the engine was prompted with are exactly the trained sample's
+    # prefix, and the ids it returned follow that prefix, with the loss on them only.
     for rec, traj, turn in trained_tokens_versions(records):
         assert len(turn.logprobs) == len(turn.action_ids) == len(turn.versions)
         assert all(traj.start_version <= v <= rec.version for v in turn.versions)
+    checked = 0
     for traj in (t for r in records for t in r.batch):
         sample = traj.to_sample()
-        assert sample.input_ids == [i for t in traj.turns for i in t.obs_ids + t.action_ids]
-        trained = [(i, lp) for i, m, lp in zip(sample.input_ids, sample.loss_mask,
-                                                sample.behaviour_logprobs, strict=True) if m]
-        assert trained == [(i, lp) for t in traj.turns
-                           for i, lp in zip(t.action_ids, t.logprobs, strict=True)]
+        for k in range(len(traj.turns)):
+            prompt, produced = job.prompts[f"{traj.trajectory_id}/t{k}"]
+            n = len(prompt)
+            assert sample.input_ids[:n] == prompt, (traj.trajectory_id, k)
+            assert sample.input_ids[n : n + len(produced)] == produced
+            assert set(sample.loss_mask[n : n + len(produced)]) == {1}
+            assert set(sample.loss_mask[len(prompt) - len(traj.turns[k].obs_ids) : n]) <= {0}
+            checked += 1
+    assert checked >= 4 * 8
     # Nothing lost: every launched trajectory is trained or counted as dropped.
     p = job.pipeline
     assert p.scheduler.launched == p.buffer.trained + sum(p.buffer.dropped.values())
@@ -78,15 +107,26 @@ def test_async_protocol_order_and_alpha_bound(tmp_path):
 
 
 def test_alpha_two_allows_older_but_bounded(tmp_path):
-    _, records = run(tmp_path, ["rollout.alpha=2"], steps=5)
-    staleness = [r.version - t.start_version for r in records for t in r.batch]
+    job, records = run(tmp_path, ["rollout.alpha=2"], steps=5)
+    staleness = [r.engine_version - t.start_version for r in records for t in r.batch]
     assert max(staleness) <= 2
+
+
+def test_async_alpha_zero_runs_one_version_behind_the_trainer(tmp_path):
+    # alpha = 0: every trained trajectory started under the version the engines served
+    # when its batch was formed, i.e. exactly one version behind the trainer (after step 0).
+    job, records = run(tmp_path, ["rollout.alpha=0"], steps=4)
+    assert len(records) == 4
+    assert all(t.start_version == r.engine_version for r in records for t in r.batch)
+    assert {r.version - t.start_version for r in records[1:] for t in r.batch} == {1}
+    p = job.pipeline
+    assert p.scheduler.launched == p.buffer.trained + sum(p.buffer.dropped.values())
 
 
 def test_sync_mode_is_on_policy(tmp_path):
     job, records = run(tmp_path, ["rollout.mode=sync"], steps=3)
     for rec, traj, turn in trained_tokens_versions(records):
-        assert traj.start_version == rec.version
+        assert traj.start_version == rec.version == rec.engine_version
         assert set(turn.versions) == {rec.version}  # every token from the trained version
     log = job.pipeline.log
     # sync: the update of version k+1 happens before batch k+1 is collected.
@@ -160,6 +200,24 @@ class SlowEnv(gym.Env):
         self.t += 1
         done = self.t >= 4
         return "go on", float(done), done, False, {"success": done}
+
+
+class SlowVarEnv(gym.Env):
+    '''Episodes of 2, 4 or 6 turns (by seed) of 0.15 s each: long ones outlive several
+    training steps, short ones do not. Reward 1 for the action "a" at the last turn.'''
+
+    action_vocabulary = None
+    system_prompt = None
+
+    def reset(self, *, seed=None, options=None):
+        self.t, self.n = 0, 2 + 2 * ((seed or 0) % 3)
+        return "go", {}
+
+    def step(self, action):
+        time.sleep(0.15)
+        self.t += 1
+        done = self.t >= self.n
+        return "go on", float(done and action.strip().startswith("a")), done, False, {}
 """
 
 
@@ -175,7 +233,7 @@ def test_envs(tmp_path, monkeypatch):
     from rollart_sdk import hookimpl
 
     def rollart_register_envs(registry):
-        for name, cls in (("flaky", "FlakyEnv"), ("slow", "SlowEnv")):
+        for name, cls in (("flaky", "FlakyEnv"), ("slow", "SlowEnv"), ("slowvar", "SlowVarEnv")):
             registry.register(name, factory=f"rollart_test_envs:{cls}",
                               options="rollart_test_envs:FlakyOptions")
 
@@ -196,18 +254,58 @@ def single_task(**task):
     return data
 
 
-def test_stale_trajectories_are_aborted_in_async(tmp_path, test_envs):
-    # Trajectories take 4 x 0.15 s, longer than a training step: after each update the
-    # ones started before the bound are aborted at once, not left running.
-    job, records = run(tmp_path, ["rollout.max_envs=16"], steps=4, registry=test_envs,
-                       data=single_task(env={"name": "slow"}, max_turns=4))
+def test_long_episodes_are_trained_across_updates(tmp_path, test_envs):
+    # Episodes of 2-6 slow turns: the long ones live through several training steps. With
+    # the paper's alpha = 1 and admission control they continue across weight updates
+    # (tokens from two versions) and are trained, so the batches are not biased toward
+    # short episodes, and no trained trajectory exceeds the bound.
+    from rollart_sdk.control.pipeline import run_rollout_summary
+
+    job, records = run(tmp_path, ["rollout.max_envs=32"], steps=8, registry=test_envs,
+                       data=single_task(env={"name": "slowvar"}, max_turns=6))
     p = job.pipeline
-    assert p.buffer.dropped["aborted:stale"] > 0
+    s = run_rollout_summary(p)
+    assert s["spanning_update"] > 0, s
+    assert s["length_bias"]["T"] >= 0.9, s
+    assert all(r.engine_version - t.start_version <= 1 for r in records for t in r.batch)
+    assert max(len(t.turns) for r in records for t in r.batch) == 6
+    # The longest trained episodes lasted about three iterations (batch to batch).
+    formed = [r.formed_at for r in records]
+    gaps = sorted(b - a for a, b in zip(formed[1:-1], formed[2:], strict=True))
+    iteration = gaps[len(gaps) // 2]  # median, the first (start-up) left out
+    longest = max(t.timings[-1][2] - t.timings[0][1] for r in records for t in r.batch)
+    assert longest >= 2.5 * iteration, (longest, iteration)
+    # A trajectory that spanned an update was generated by both versions, token by token.
+    spans = [t for r in records for t in r.batch if len(t.versions) > 1]
+    assert all(len(t.turns) >= 4 for t in spans)
+    # Admission control, not abort-after-the-fact: few are lost while the run goes on.
+    assert s["waste"] <= 0.25, s
     assert sum(r.aborted_stale for r in records) == p.buffer.dropped["aborted:stale"]
-    assert all(r.version - t.start_version <= 1 for r in records for t in r.batch)
-    assert all(t.turns and len(t.turns) == 4 for r in records for t in r.batch)
-    # O(alpha * E): never more than (alpha + 1) x E launched and untrained.
-    assert p.buffer.max_ready_trajectories <= 2 * 16
+    assert p.scheduler.launched == p.buffer.trained + sum(p.buffer.dropped.values())
+    # O(alpha * E): never more than (alpha + 1) batches launched and untrained.
+    assert p.buffer.max_ready_trajectories <= 2 * 8
+
+
+def test_batched_interaction_steps_in_lockstep(tmp_path, test_envs):
+    # interaction: batched (the paper's plain Sync): no environment of an iteration starts
+    # generating turn t before every environment of that iteration finished turn t - 1.
+    job, records = run(tmp_path, ["rollout.mode=sync", "rollout.interaction=batched"], steps=2,
+                       registry=test_envs, data=single_task(env={"name": "slowvar"}, max_turns=6))
+    waves = {}
+    for r in records:
+        for t in r.batch:
+            waves.setdefault(t.start_version, []).append(t)
+    checked = 0
+    for members in waves.values():
+        gens = [[t0 for span, t0, _ in m.timings if span == "generate"] for m in members]
+        steps = [[t1 for span, _, t1 in m.timings if span == "env_step"] for m in members]
+        for turn in range(1, max(len(g) for g in gens)):
+            first_start = min(g[turn] for g in gens if len(g) > turn)
+            last_end = max(s[turn - 1] for s in steps if len(s) >= turn)
+            assert first_start >= last_end, (turn, first_start, last_end)
+            checked += 1
+    assert checked >= 4
+    assert {len(t.turns) for r in records for t in r.batch} > {2}  # lengths differ
 
 
 def test_failing_env_does_not_stall_others(tmp_path, test_envs):

@@ -42,7 +42,7 @@ def test_rollart_train_on_ray_writes_a_run_directory(tmp_path):
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     (run,) = [p for p in (tmp_path / "runs").iterdir() if p.name.startswith("ray-e2e")]
     metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    assert [m["step"] for m in metrics] == [0, 1, 2]
+    assert [m["step"] for m in metrics] == [1, 2, 3]
     for key in REQUIRED:
         assert all(key in m for m in metrics), key
     assert max(m["staleness/max"] for m in metrics) <= 1

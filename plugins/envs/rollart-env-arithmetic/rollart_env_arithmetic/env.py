@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 import gymnasium
 from gymnasium import spaces
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 Op = Literal["+", "-", "*"]
 _NUMBER_RE = re.compile(r"-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?")
@@ -37,6 +37,40 @@ class ArithmeticOptions(BaseModel):
         "number", description="'number': just the result; 'steps': worked steps, then the result"
     )
     turns: int = Field(1, ge=1, le=16, description="attempts per question before the episode ends")
+    max_operand: int | None = Field(
+        None, ge=0, description="draw operands from low..max_operand instead of every "
+                                "num_digits number (a smaller table to learn)")
+    answer_tokens: bool = Field(
+        False, description="expose every possible result as the action vocabulary, so that "
+                           "a task with constrain_actions: true answers with one result token")
+    partial_credit: bool = Field(
+        False, description="env reward 1 - |answer - truth| / (range of results) for a wrong "
+                           "number (1 only when exact; success stays exact): a dense signal "
+                           "for a policy trained from scratch")
+
+    @model_validator(mode="after")
+    def _ranges(self) -> ArithmeticOptions:
+        low = 0 if self.num_digits == 1 else 10 ** (self.num_digits - 1)
+        if self.max_operand is not None and not low <= self.max_operand < 10**self.num_digits:
+            raise ValueError(f"max_operand ({self.max_operand}) must be a {self.num_digits}-digit "
+                             f"number (>= {low}, < {10**self.num_digits})")
+        if self.answer_tokens and len(possible_results(self)) > 512:
+            raise ValueError(f"answer_tokens: {len(possible_results(self))} possible results, "
+                             "more than 512 action words; lower num_digits or max_operand")
+        return self
+
+
+def operand_range(o: ArithmeticOptions) -> tuple[int, int]:
+    """(lowest, highest) operand."""
+    low = 0 if o.num_digits == 1 else 10 ** (o.num_digits - 1)
+    high = o.max_operand if o.max_operand is not None else 10**o.num_digits - 1
+    return low, high
+
+
+def possible_results(o: ArithmeticOptions) -> list[int]:
+    low, high = operand_range(o)
+    return sorted({_apply(a, op, b) for op in o.ops for a in range(low, high + 1)
+                   for b in range(low, high + 1)})
 
 
 def parse_final_number(text: Any) -> int | float | None:
@@ -114,6 +148,11 @@ class ArithmeticEnv(gymnasium.Env):
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:
             raise ValueError(f"render_mode {render_mode!r} is not supported; use 'ansi' or None")
         self.render_mode = render_mode
+        results = possible_results(self.options) if (self.options.answer_tokens
+                                                      or self.options.partial_credit) else []
+        self._span = max(1, results[-1] - results[0]) if results else 1
+        if self.options.answer_tokens:
+            self.action_vocabulary = [str(r) for r in results]
         self.observation_space = spaces.Text(max_length=4096, min_length=1, charset=_CHARSET)
         self.action_space = spaces.Text(max_length=8192, min_length=0, charset=_CHARSET)
         self.system_prompt = (
@@ -157,10 +196,9 @@ class ArithmeticEnv(gymnasium.Env):
             seed = self.options.seed
         self._first_reset = False
         super().reset(seed=seed)
-        d = self.options.num_digits
-        low = 0 if d == 1 else 10 ** (d - 1)
-        a = int(self.np_random.integers(low, 10**d))
-        b = int(self.np_random.integers(low, 10**d))
+        low, high = operand_range(self.options)
+        a = int(self.np_random.integers(low, high + 1))
+        b = int(self.np_random.integers(low, high + 1))
         op = self.options.ops[int(self.np_random.integers(0, len(self.options.ops)))]
         self._question = (a, op, b)
         self._answer = _apply(a, op, b)
@@ -188,7 +226,10 @@ class ArithmeticEnv(gymnasium.Env):
             left = self.options.turns - self._attempts
             self._obs = f"Not quite: {said}. {left} attempt(s) left. {self._prompt()}"
         info = self._info(parsed=parsed, success=success, invalid=parsed is None)
-        return self._obs, 1.0 if success else 0.0, terminated, False, info
+        reward = 1.0 if success else 0.0
+        if self.options.partial_credit and parsed is not None and not success:
+            reward = max(0.0, 1.0 - abs(parsed - self._answer) / self._span)
+        return self._obs, reward, terminated, False, info
 
     def _info(self, parsed: int | float | None, success: bool, invalid: bool) -> dict[str, Any]:
         a, op, b = self._question or (0, "+", 0)

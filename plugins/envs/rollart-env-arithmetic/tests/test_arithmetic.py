@@ -119,3 +119,41 @@ def test_option_seed_makes_the_first_unseeded_reset_reproducible():
 )
 def test_parse_final_number(text, expected):
     assert parse_final_number(text) == expected
+
+
+def test_answer_tokens_partial_credit_and_operand_range():
+    from rollart_env_arithmetic.env import ArithmeticEnv
+
+    env = ArithmeticEnv(num_digits=1, ops=["+"], max_operand=4, answer_tokens=True,
+                        partial_credit=True)
+    assert env.action_vocabulary == [str(i) for i in range(9)]  # 0+0 .. 4+4
+    seen = set()
+    for seed in range(40):
+        obs, info = env.reset(seed=seed)
+        a, b = (int(x) for x in info["question"].split("+"))
+        assert 0 <= a <= 4 and 0 <= b <= 4
+        seen.add((a, b))
+        truth = a + b
+        wrong = (truth + 2) % 9
+        _, r, done, _, info = env.step(str(wrong))
+        assert done and not info["success"]
+        assert r == pytest.approx(1 - abs(wrong - truth) / 8)
+        env.reset(seed=seed)
+        _, r, _, _, info = env.step(str(truth))
+        assert r == 1.0 and info["success"]
+    assert len(seen) > 10
+    # Without partial credit a wrong answer scores 0, and the vocabulary stays free text.
+    plain = ArithmeticEnv(num_digits=1, ops=["+"])
+    assert plain.action_vocabulary is None
+    plain.reset(seed=0)
+    assert plain.step("-1")[1] == 0.0
+
+
+def test_options_reject_out_of_range_operand():
+    from pydantic import ValidationError
+    from rollart_env_arithmetic.env import ArithmeticOptions
+
+    with pytest.raises(ValidationError, match="max_operand"):
+        ArithmeticOptions(num_digits=2, max_operand=5)
+    with pytest.raises(ValidationError, match="more than 512"):
+        ArithmeticOptions(num_digits=3, ops=["*"], answer_tokens=True)
