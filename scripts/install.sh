@@ -27,6 +27,7 @@ plugins=(
   plugins/engines/rollart-engine-torch
   plugins/trainers/rollart-trainer-torch
   plugins/transports/rollart-transport-ray
+  plugins/transports/rollart-transport-nccl
 )
 args=()
 for p in "${plugins[@]}"; do args+=(-e "$p"); done

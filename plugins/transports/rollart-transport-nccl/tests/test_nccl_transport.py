@@ -1,0 +1,228 @@
+"""The "nccl" transport (gloo here): the conformance kit, then real engine-worker processes
+receiving versions, dying mid-transfer, and re-joining after a restart."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+# Spawned engine processes import their entry point by module name (importlib mode keeps
+# this folder off sys.path otherwise; children inherit sys.path).
+sys.path.insert(0, str(Path(__file__).parent))
+from nccl_procs import engine_worker, fingerprints  # noqa: E402
+from rollart_transport_nccl.transport import NcclTransport, NcclTransportOptions  # noqa: E402
+from rollart_transport_nccl.wire import pack, unpack  # noqa: E402
+
+from rollart_sdk.testing.transport import check_transport, make_state_dict  # noqa: E402
+from rollart_sdk.weights import WeightSyncError, checksum, split_buckets  # noqa: E402
+
+pytestmark = pytest.mark.timeout(240)
+BUCKET_BYTES = 4096
+
+
+def test_conformance_kit_gloo():
+    torch.set_num_threads(1)
+    sender = NcclTransport("sender", backend="gloo", timeout_s=30, join_timeout_s=30)
+    summary = check_transport(
+        lambda: sender,
+        lambda: NcclTransport("receiver", store=sender.address, receivers=3, timeout_s=30,
+                              join_timeout_s=30),
+        num_receivers=3,
+        name="nccl",
+    )
+    assert summary["versions"] == [1, 2] and summary["corrupt_rejected"] == "fetch"
+    assert sender.backend == "gloo" and not sender.errors
+    assert sorted(sender.sent_s) == [1, 2, 3]  # the corrupt round itself completed
+
+
+def test_wire_round_trip_keeps_every_dtype_and_shape():
+    state = make_state_dict(4)
+    state["mask"] = torch.tensor([True, False, True])
+    state["codes"] = torch.tensor([[-3, 7]], dtype=torch.int8)
+    buckets = list(split_buckets(state.items(), 1 << 20, 4))
+    packed = pack(4, buckets)
+    dtypes = {str(t.dtype) for t in state.values()}
+    assert len(packed.flats) == len(dtypes) - 0  # one flat buffer per dtype with bytes
+    import json
+
+    header = json.loads(packed.header)
+    (back,) = unpack(header, [f.clone() for f in packed.flats])
+    assert sorted(back.tensors) == sorted(state)
+    for name, tensor in state.items():
+        got = back.tensors[name]
+        assert got.dtype == tensor.dtype and got.shape == tensor.shape, name
+        assert checksum({name: got}) == checksum({name: tensor}), name
+    assert back.checksum == buckets[0].checksum
+
+
+class Engines:
+    """Engine-worker processes, each a receiver + stager + recording engine."""
+
+    def __init__(self, store: str) -> None:
+        self.store = store
+        self.ctx = mp.get_context("spawn")
+        self.procs: list[Any] = []
+        self.conns: list[Any] = []
+        self.names: list[str] = []
+
+    def start(self, **kwargs: Any) -> int:
+        parent, child = self.ctx.Pipe()
+        proc = self.ctx.Process(target=engine_worker, args=(child, self.store),
+                                kwargs=kwargs, daemon=True)
+        proc.start()
+        assert parent.poll(120), "engine process did not start"
+        self.names.append(parent.recv()["name"])
+        self.procs.append(proc)
+        self.conns.append(parent)
+        return len(self.procs) - 1
+
+    def deliver(self, manifest, which: list[int]) -> dict[int, dict]:
+        manifest.meta["receivers"] = len(which)  # what the control plane's WeightSync sets
+        for i in which:
+            self.conns[i].send(manifest)
+        out = {}
+        for i in which:
+            try:
+                if not self.conns[i].poll(180):
+                    raise EOFError
+                out[i] = self.conns[i].recv()
+            except (EOFError, OSError):
+                out[i] = {"ok": False, "error": "no answer", "dead": True}
+        return out
+
+    def close(self) -> None:
+        for conn, proc in zip(self.conns, self.procs, strict=True):
+            if proc.is_alive():
+                try:
+                    conn.send(None)
+                except OSError:
+                    pass
+                proc.join(30)
+            if proc.is_alive():
+                proc.kill()
+                proc.join(10)
+
+
+@pytest.fixture
+def sender():
+    torch.set_num_threads(1)
+    s = NcclTransport("sender", backend="gloo", timeout_s=10, join_timeout_s=60)
+    yield s
+    s.close()
+
+
+@pytest.fixture
+def engines(sender):
+    e = Engines(sender.address)
+    yield e
+    e.close()
+
+
+def publish(sender: NcclTransport, version: int):
+    state = make_state_dict(version)
+    return sender.publish(version, split_buckets(state.items(), BUCKET_BYTES, version))
+
+
+def test_processes_receive_versions_and_a_restarted_engine_rejoins(sender, engines):
+    a, b = engines.start(), engines.start()
+    for version in (1, 2):
+        results = engines.deliver(publish(sender, version), [a, b])
+        for r in results.values():
+            assert r["ok"], r
+            assert r["version"] == version
+            assert r["fp"] == fingerprints(make_state_dict(version))
+        assert sender.wait(30) and not sender.errors
+    gen_before = sender._gen
+    assert results[a]["gen"] == results[b]["gen"] == gen_before  # v2 reused v1's group
+
+    # Engine b crashes between versions; its restart joins the next round with nothing.
+    engines.procs[b].kill()
+    engines.procs[b].join(10)
+    c = engines.start()
+    results = engines.deliver(publish(sender, 3), [a, c])
+    assert all(r["ok"] for r in results.values()), results
+    assert results[c]["version"] == 3 and results[a]["version"] == 3
+    assert sender._gen == gen_before + 1  # the group was re-formed with the newcomer
+    assert sender.wait(30) and not sender.errors
+
+
+def test_engine_dying_mid_transfer_is_named_and_the_others_keep_their_version(
+        sender, engines):
+    a = engines.start()
+    b = engines.start(die_at_broadcast=4)  # length, header, then dies in the flat buffers
+    v1 = engines.deliver(publish(sender, 1), [a])  # b not asked: a alone
+    assert v1[a]["ok"], v1
+    results = engines.deliver(publish(sender, 2), [a, b])
+    assert results[b].get("dead"), "the dying engine answered"
+    assert not results[a]["ok"], "a survivor committed a version another engine never got"
+    assert results[a]["version"] == 1
+    assert results[a]["fp"] == fingerprints(make_state_dict(1))
+    assert sender.wait(60)
+    err = sender.errors[2]
+    assert isinstance(err, WeightSyncError) and err.version == 2
+    assert engines.names[b] in str(err) and "did not answer" in str(err)
+    # The run goes on: the next version reaches the survivor.
+    results = engines.deliver(publish(sender, 3), [a])
+    assert results[a]["ok"] and results[a]["version"] == 3, results
+
+
+def test_a_missing_engine_fails_the_round_in_bounded_time():
+    torch.set_num_threads(1)
+    sender = NcclTransport("sender", backend="gloo", timeout_s=5, join_timeout_s=3)
+    receiver = NcclTransport("receiver", timeout_s=5, join_timeout_s=30)
+    manifest = publish(sender, 1)
+    manifest.meta["receivers"] = 2  # a second engine that never comes
+    with pytest.raises(WeightSyncError, match="only 1 of 2 engine workers joined"):
+        list(receiver.fetch(manifest))
+    assert sender.wait(10)
+    assert "only 1 of 2" in str(sender.errors[1])
+    sender.close()
+
+
+def test_receiver_errors_are_clear():
+    receiver = NcclTransport("receiver")
+    state = make_state_dict(1)
+    from rollart_sdk.weights import plan_manifest
+
+    manifest = plan_manifest(1, "nccl", split_buckets(state.items(), BUCKET_BYTES, 1))
+    with pytest.raises(WeightSyncError, match="receivers"):
+        list(receiver.fetch(manifest))
+    manifest.meta["receivers"] = 1
+    with pytest.raises(WeightSyncError, match="no rendezvous store"):
+        list(receiver.fetch(manifest))
+    manifest.transport = "ray"
+    with pytest.raises(WeightSyncError, match="same transport"):
+        list(receiver.fetch(manifest))
+    with pytest.raises(RuntimeError, match="role='receiver'"):
+        receiver.publish(1, [])
+    with pytest.raises(ValueError, match="role"):
+        NcclTransport("trainer")
+
+
+def test_backend_choice_and_registration(register_plugin):
+    import rollart_transport_nccl.plugin as plugin
+    from rollart_transport_nccl.group import choose_backend
+
+    assert choose_backend("gloo") == "gloo"
+    if not torch.cuda.is_available():
+        assert choose_backend("auto") == "gloo"
+        with pytest.raises(RuntimeError, match="backend=gloo"):
+            choose_backend("nccl")
+    desc = register_plugin(plugin, name="rollart-transport-nccl").registry.get(
+        "transport", "nccl")
+    opts = desc.validate_options({"backend": "gloo", "timeout_s": 5})
+    assert isinstance(opts, NcclTransportOptions) and opts.timeout_s == 5
+    transport = desc.create({"backend": "gloo"}, role="sender")
+    try:
+        assert transport.style == "push" and transport.address.startswith("127.0.0.1:")
+    finally:
+        transport.close()
+    from rollart_sdk.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="backend"):
+        desc.validate_options({"backend": "mpi"})
