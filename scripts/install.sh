@@ -25,6 +25,8 @@ plugins=(
   plugins/rewards/rollart-reward-serverless
   plugins/rewards/rollart-reward-judge
   plugins/engines/rollart-engine-torch
+  plugins/engines/rollart-engine-vllm
+  plugins/engines/rollart-engine-sglang
   plugins/trainers/rollart-trainer-torch
   plugins/transports/rollart-transport-ray
   plugins/transports/rollart-transport-nccl

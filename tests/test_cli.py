@@ -30,10 +30,24 @@ def test_validate_ok_and_unknown_engine_names_installed(tmp_path):
     ok = run_cli("validate", str(write(tmp_path, CONFIG.replace("{engine}", "torch"))))
     assert ok.returncode == 0, ok.stderr
     assert "engine: torch" in ok.stdout
-    bad = run_cli("validate", str(write(tmp_path, CONFIG.replace("{engine}", "vllm"))))
+    bad = run_cli("validate", str(write(tmp_path, CONFIG.replace("{engine}", "tensorrt"))))
     assert bad.returncode == 2
-    assert "engine.name (line 7): unknown engine 'vllm'; installed engines: torch" in bad.stderr
-    assert "rollart-engine-vllm" in bad.stderr  # what to install
+    assert ("engine.name (line 7): unknown engine 'tensorrt'; installed engines: sglang, "
+            "torch, vllm") in bad.stderr
+    assert "Install the plugin that provides it" in bad.stderr
+
+
+def test_validate_vllm_engine_without_vllm_installed(tmp_path):
+    """Registration is light: a vLLM config validates where vLLM is not installed, and an
+    impossible option combination is reported at validate time."""
+    cfg = write(tmp_path, CONFIG.replace("{engine}", "vllm"))
+    ok = run_cli("validate", str(cfg))
+    assert ok.returncode == 0, ok.stderr
+    assert "engine: vllm (rollart-engine-vllm)" in ok.stdout
+    res = run_cli("validate", str(cfg), "engine.options.device=cpu",
+                  "engine.options.gpu_memory_utilization=0.5")
+    assert res.returncode == 2
+    assert "gpu_memory_utilization is a GPU option" in res.stderr
 
 
 def test_validate_bad_options_and_override(tmp_path):

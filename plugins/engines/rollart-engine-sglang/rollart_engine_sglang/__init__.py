@@ -1,0 +1,1 @@
+"""Engine ``sglang`` for rollart-sdk: SGLang's in-process Engine behind InferenceEngine."""

@@ -1,0 +1,452 @@
+"""Engine ``sglang``: SGLang's in-process ``Engine`` behind ``InferenceEngine``.
+
+Written against SGLang 0.5.23's signatures (read from its wheel; ``tests/test_contract.py``
+checks them against the wheel's source). The adapter is async, so it calls the
+``TokenizerManager`` coroutines the ``Engine``'s blocking wrappers would run on their own
+loop:
+
+- ADD: ``Engine.async_generate(input_ids=..., sampling_params=..., return_logprob=True,
+  stream=True, rid=...)``. Log-probs are those of the unmodified logits because the
+  engine process runs with ``SGLANG_RETURN_ORIGINAL_LOGPROB=1`` (otherwise SGLang returns
+  temperature-scaled ones). SGLang has no ``allowed_token_ids``: constrained actions
+  become a ``logit_bias`` of -1e9 on every other id, so with it the returned log-probs
+  are those of the constrained (renormalised) distribution.
+- ABORT: ``tokenizer_manager.abort_request(rid=...)``.
+- suspend / resume: new requests are held here; in-flight ones are paused inside SGLang
+  with ``pause_generation(PauseGenerationReqInput(mode="in_place"))`` (KV kept) and
+  continue on ``continue_generation(ContinueGenerationReqInput())``.
+
+What happens to an in-flight request at a weight update (paper step 5), in one place
+(``load_weights``): ``pause_generation(mode="retract")`` moves every running request back
+to SGLang's waiting queue and frees its KV (``flush_cache`` fails while requests run);
+each is then ABORTED and RESUBMITTED after the swap with the tokens it generated so far
+appended to its prompt. The trajectory continues (tokens, logprobs and versions kept;
+only the remaining ``max_new_tokens`` asked for) and its prefix is prefilled again under
+the new weights: that is the KV recomputation. Abort-and-resubmit rather than SGLang's
+own resume-after-retract because it tells exactly which tokens the old weights made.
+The weights go in between ``begin_weight_update`` and ``end_weight_update`` (SGLang
+0.5.23 refuses updates outside that session), one ``update_weights_from_tensor`` per
+bucket, then ``flush_cache``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rollart_sdk.config import ModelConfig
+from rollart_sdk.errors import RollartError
+from rollart_sdk.types import FinishReason, GenerationRequest, GenerationResult, WeightBucket
+
+BIAS_OFF = -1.0e9  # logit_bias of an id outside allowed_token_ids
+
+
+@dataclass(eq=False)
+class _Request:
+    """One GenerationRequest across its SGLang submissions (one more per weight update)."""
+
+    request: GenerationRequest
+    out_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
+    recomputed: int = 0
+    attempt: int = 0
+    rid: str | None = None  # SGLang rid of the submission in flight
+    aborted: bool = False
+    resubmit: bool = False
+    finished: asyncio.Event = field(default_factory=asyncio.Event)
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def result(self, reason: FinishReason, worker: str) -> GenerationResult:
+        return GenerationResult(
+            request_id=self.request.request_id,
+            token_ids=list(self.out_ids),
+            logprobs=list(self.logprobs),
+            versions=list(self.versions),
+            finish_reason=reason,
+            recomputed=self.recomputed,
+            worker=worker,
+        )
+
+
+def checkpoint_shapes(path: str) -> dict[str, list[int]]:
+    """Name -> shape of every tensor in a checkpoint folder's safetensors files."""
+    import json
+    import struct
+
+    shapes: dict[str, list[int]] = {}
+    for f in sorted(Path(path).glob("*.safetensors")):
+        with open(f, "rb") as fh:
+            (n,) = struct.unpack("<Q", fh.read(8))
+            header = json.loads(fh.read(n))
+        shapes.update({k: list(v["shape"]) for k, v in header.items() if k != "__metadata__"})
+    return shapes
+
+
+def _check_ok(what: str, answer: Any) -> None:
+    """SGLang control calls answer ``(success, message)`` or an object with ``success``."""
+    if isinstance(answer, tuple):
+        ok, message = bool(answer[0]), str(answer[1]) if len(answer) > 1 else ""
+    else:
+        ok, message = bool(getattr(answer, "success", False)), str(getattr(answer, "message", ""))
+    if not ok:
+        raise RollartError(f"engine 'sglang': {what} failed: {message or answer!r}")
+
+
+class SglangEngine:
+    """A :class:`rollart_sdk.interfaces.InferenceEngine` on SGLang's ``Engine``.
+
+    Options are documented on :class:`rollart_engine_sglang.options.SglangEngineOptions`.
+    ``engine_factory`` (tests only) replaces ``sglang.Engine``.
+    """
+
+    def __init__(
+        self,
+        model: ModelConfig,
+        device: str = "cuda",
+        dtype: str = "auto",
+        context_length: int | None = None,
+        max_running_requests: int = 64,
+        enable_prefix_caching: bool = True,
+        mem_fraction_static: float | None = None,
+        tp_size: int = 1,
+        attention_backend: str | None = None,
+        seed: int = 0,
+        eos_token_ids: list[int] | None = None,
+        engine_factory: Any = None,
+    ) -> None:
+        if model.path is None:
+            raise RollartError(
+                "engine 'sglang' needs a prepared model with model.path set (an HF "
+                "checkpoint folder); the pipeline prepares model.tiny and model.gguf into one"
+            )
+        # Read by SGLang's sampler at import, in the scheduler process it spawns.
+        os.environ["SGLANG_RETURN_ORIGINAL_LOGPROB"] = "1"
+        if device == "cpu":
+            os.environ["SGLANG_USE_CPU_ENGINE"] = "1"
+            attention_backend = attention_backend or "torch_native"
+        if engine_factory is None:
+            try:
+                import sglang
+            except ImportError as exc:
+                raise RollartError(
+                    f"engine 'sglang' needs SGLang 0.5.23 ({exc}); install it with `pip "
+                    "install 'rollart-engine-sglang[gpu]'` on a CUDA machine (see the "
+                    "plugin README for what runs on CPU)"
+                ) from exc
+            engine_factory = sglang.Engine
+        from sglang.srt.managers.io_struct import (
+            BeginWeightUpdateReqInput,
+            ContinueGenerationReqInput,
+            EndWeightUpdateReqInput,
+            PauseGenerationReqInput,
+            UpdateWeightsFromTensorReqInput,
+        )
+
+        self._io = {
+            "begin": BeginWeightUpdateReqInput,
+            "end": EndWeightUpdateReqInput,
+            "pause": PauseGenerationReqInput,
+            "continue": ContinueGenerationReqInput,
+            "tensor": UpdateWeightsFromTensorReqInput,
+        }
+        kwargs: dict[str, Any] = dict(
+            model_path=model.path,
+            dtype=model.dtype if dtype == "auto" else dtype,
+            max_running_requests=max_running_requests,
+            disable_radix_cache=not enable_prefix_caching,
+            tp_size=tp_size,
+            random_seed=seed,
+            device=device,
+            log_level="error",
+        )
+        for key, value in (("context_length", context_length),
+                           ("mem_fraction_static", mem_fraction_static),
+                           ("attention_backend", attention_backend)):
+            if value is not None:
+                kwargs[key] = value
+        self._engine = engine_factory(**kwargs)
+        self._tm = self._engine.tokenizer_manager
+        self._device = device
+        self._tp = tp_size
+        self._shapes = checkpoint_shapes(model.path)
+        import transformers
+
+        hf = transformers.AutoConfig.from_pretrained(model.path)
+        self.vocab_size = int(hf.vocab_size)
+        self.max_model_len = int(
+            context_length or getattr(hf, "max_position_embeddings", 0) or 2048
+        )
+        if eos_token_ids is None:
+            eos = getattr(hf, "eos_token_id", None)
+            eos_token_ids = [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
+        self._eos = [int(e) for e in eos_token_ids]
+        self._name = f"sglang-engine:{model.path}"
+        self._version = 0
+        self._suspended = False
+        self._closed = False
+        self._reqs: dict[str, _Request] = {}
+        self._update_lock: asyncio.Lock | None = None
+        self._tokens_generated = 0
+        self._outputs = 0
+        self._recomputed_total = 0
+        self._aborted_total = 0
+        self._prompt_tokens = 0
+        self._cached_tokens = 0
+
+    # ------------------------------------------------------------------ protocol
+
+    @property
+    def version(self) -> int:
+        return self._version
+
+    async def generate(self, request: GenerationRequest) -> GenerationResult:
+        if self._closed:
+            raise RollartError("engine 'sglang' is shut down; create a new engine")
+        self._check(request)
+        st = _Request(request)
+        self._reqs[request.request_id] = st
+        try:
+            reason = await self._drive(st)
+        except asyncio.CancelledError:
+            st.aborted = True
+            if st.rid is not None:
+                self._tm.abort_request(rid=st.rid)
+            raise
+        finally:
+            self._reqs.pop(request.request_id, None)
+        return st.result(reason, self._name)
+
+    async def abort(self, request_id: str) -> bool:
+        st = self._reqs.get(request_id)
+        if st is None or st.aborted:
+            return False
+        st.aborted = True
+        self._aborted_total += 1
+        st.wake.set()
+        if st.rid is not None:
+            self._tm.abort_request(rid=st.rid)
+        return True
+
+    async def suspend(self) -> None:
+        if self._suspended:
+            return
+        self._suspended = True
+        await self._tm.pause_generation(self._io["pause"](mode="in_place"))
+        for _ in range(3):  # let streams consume what SGLang delivered before the pause
+            await asyncio.sleep(0)
+
+    async def resume(self) -> None:
+        if not self._suspended:
+            return
+        self._suspended = False
+        await self._tm.continue_generation(
+            self._io["continue"](torch_empty_cache=self._device == "cuda")
+        )
+        for st in list(self._reqs.values()):
+            st.wake.set()
+
+    async def load_weights(self, buckets: Iterable[WeightBucket], version: int) -> int:
+        if self._update_lock is None:
+            self._update_lock = asyncio.Lock()
+        async with self._update_lock:
+            named = await asyncio.to_thread(self._collect, buckets)
+            was_suspended = self._suspended
+            self._suspended = True
+            # Retract: running requests go back to SGLang's waiting queue, their KV freed,
+            # so that the aborts below land at once and flush_cache is allowed.
+            await self._tm.pause_generation(self._io["pause"](mode="retract"))
+            moved = [st for st in self._reqs.values() if st.rid is not None and not st.aborted]
+            for st in moved:
+                st.resubmit = True
+                if st.rid is not None:
+                    self._tm.abort_request(rid=st.rid)
+            if moved:
+                await asyncio.gather(*(st.finished.wait() for st in moved))
+            _check_ok("begin_weight_update",
+                      await self._tm.begin_weight_update(self._io["begin"](), None))
+            try:
+                from sglang.srt.utils.common import MultiprocessingSerializer
+
+                for tensors in named:
+                    payload = [MultiprocessingSerializer.serialize(tensors)
+                               for _ in range(self._tp)]
+                    _check_ok("update_weights_from_tensor", await self._tm.update_weights_from_tensor(
+                        self._io["tensor"](serialized_named_tensors=payload, flush_cache=False),
+                        None,
+                    ))
+            finally:
+                _check_ok("end_weight_update",
+                          await self._tm.end_weight_update(self._io["end"](), None))
+            _check_ok("flush_cache", await self._tm.flush_cache())
+            self._version = int(version)
+            for st in moved:
+                st.recomputed += 1
+            self._recomputed_total += len(moved)
+            self._suspended = was_suspended
+            if not was_suspended:
+                self._suspended = True  # resume() flips it and wakes the held requests
+                await self.resume()
+        return len(moved)
+
+    def stats(self) -> dict[str, Any]:
+        running = sum(1 for st in self._reqs.values() if st.rid is not None)
+        return {
+            "running": running,
+            "waiting": len(self._reqs) - running,
+            "version": self._version,
+            "tokens_generated": self._tokens_generated,
+            "steps": self._outputs,  # stream chunks received (SGLang's steps are internal)
+            "suspended": self._suspended,
+            "recomputed": self._recomputed_total,
+            "aborted": self._aborted_total,
+            "max_seq_len": self.max_model_len,
+            "prompt_tokens": self._prompt_tokens,
+            "prefix_cached_tokens": self._cached_tokens,
+        }
+
+    async def shutdown(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for st in list(self._reqs.values()):
+            await self.abort(st.request.request_id)
+        if self._suspended:
+            await self.resume()
+        pending = [st.finished.wait() for st in self._reqs.values() if st.rid is not None]
+        if pending:
+            await asyncio.wait_for(asyncio.gather(*pending), 30)
+        await asyncio.to_thread(self._engine.shutdown)
+
+    # ------------------------------------------------------------------ internals
+
+    async def _drive(self, st: _Request) -> FinishReason:
+        sp = st.request.sampling
+        while True:
+            if st.aborted:
+                return "abort"
+            if self._suspended:
+                st.wake.clear()
+                await st.wake.wait()
+                continue
+            remaining = sp.max_new_tokens - len(st.out_ids)
+            context = [*st.request.prompt_ids, *st.out_ids]
+            if remaining <= 0 or len(context) >= self.max_model_len:
+                return "length"
+            st.attempt += 1
+            st.rid = f"{st.request.request_id}#{st.attempt}"
+            st.finished.clear()
+            version = self._version
+            reason: str | None = None
+            seen = 0
+            first = True
+            try:
+                stream = await self._engine.async_generate(
+                    input_ids=context,
+                    sampling_params=self._sampling(st, remaining),
+                    return_logprob=True,
+                    stream=True,
+                    rid=st.rid,
+                )
+                async for chunk in stream:
+                    self._outputs += 1
+                    meta = chunk.get("meta_info", {})
+                    if first:
+                        first = False
+                        self._prompt_tokens += len(context)
+                        self._cached_tokens += int(meta.get("cached_tokens", 0) or 0)
+                    ids = list(chunk.get("output_ids") or [])  # cumulative per submission
+                    lps = meta.get("output_token_logprobs") or []
+                    for i in range(seen, min(len(ids), len(lps))):
+                        st.out_ids.append(int(ids[i]))
+                        st.logprobs.append(float(lps[i][0]))
+                        st.versions.append(version)
+                    self._tokens_generated += max(0, min(len(ids), len(lps)) - seen)
+                    seen = max(seen, min(len(ids), len(lps)))
+                    fin = meta.get("finish_reason")
+                    if fin:
+                        reason = fin.get("type") if isinstance(fin, dict) else str(fin)
+            finally:
+                st.rid = None
+                st.finished.set()
+            if reason in ("stop", "length"):
+                return reason  # type: ignore[return-value]
+            if st.resubmit and not st.aborted:
+                st.resubmit = False
+                continue
+            return "abort"
+
+    def _sampling(self, st: _Request, remaining: int) -> dict[str, Any]:
+        sp = st.request.sampling
+        room = self.max_model_len - len(st.request.prompt_ids) - len(st.out_ids)
+        params: dict[str, Any] = {
+            "temperature": sp.temperature,
+            "top_p": sp.top_p,
+            "max_new_tokens": max(1, min(remaining, room)),
+            "stop_token_ids": sorted(set(sp.stop_token_ids) | set(self._eos)),
+        }
+        if sp.top_k > 0:
+            params["top_k"] = sp.top_k
+        if sp.seed is not None:
+            seed = sp.seed if st.attempt == 1 else sp.seed + 1_000_003 * len(st.out_ids)
+            params["sampling_seed"] = seed % (1 << 63)
+        if sp.allowed_token_ids is not None:
+            allowed = set(sp.allowed_token_ids)
+            params["logit_bias"] = {
+                str(i): BIAS_OFF for i in range(self.vocab_size) if i not in allowed
+            }
+        return params
+
+    def _check(self, request: GenerationRequest) -> None:
+        rid = request.request_id
+        if rid in self._reqs:
+            raise ValueError(f"request_id {rid!r} is already being generated; ids must be unique")
+        prompt = request.prompt_ids
+        if not prompt:
+            raise ValueError(f"request {rid!r}: prompt_ids is empty; give at least one token")
+        if len(prompt) >= self.max_model_len:
+            raise ValueError(
+                f"request {rid!r}: prompt of {len(prompt)} tokens does not fit context_length="
+                f"{self.max_model_len}"
+            )
+        bad = [t for t in prompt if not 0 <= t < self.vocab_size]
+        if bad:
+            raise ValueError(
+                f"request {rid!r}: token ids {bad[:5]} outside the vocabulary [0, {self.vocab_size})"
+            )
+        sp = request.sampling
+        if sp.max_new_tokens < 1:
+            raise ValueError(f"request {rid!r}: max_new_tokens must be >= 1, got {sp.max_new_tokens}")
+        if sp.allowed_token_ids is not None and (
+            not sp.allowed_token_ids
+            or not all(0 <= t < self.vocab_size for t in sp.allowed_token_ids)
+        ):
+            raise ValueError(
+                f"request {rid!r}: allowed_token_ids must be non-empty ids in [0, {self.vocab_size})"
+            )
+
+    def _collect(self, buckets: Iterable[WeightBucket]) -> list[list[tuple[str, Any]]]:
+        """Every bucket's (name, tensor) list, checked against the served checkpoint first
+        so that a bad or partial transfer raises before SGLang is touched."""
+        named: list[list[tuple[str, Any]]] = []
+        for bucket in buckets:
+            problems = []
+            for name, t in bucket.tensors.items():
+                want = self._shapes.get(name)
+                if want is None:
+                    problems.append(f"{name!r} is not a tensor of the served checkpoint")
+                elif list(t.shape) != want:
+                    problems.append(f"{name!r} has shape {list(t.shape)}, the model {want}")
+            if problems:
+                raise ValueError(
+                    f"weight bucket {bucket.index} of version {bucket.version}: "
+                    + "; ".join(problems[:5])
+                )
+            named.append([(k, v.contiguous()) for k, v in bucket.tensors.items()])
+        if not named:
+            raise ValueError("load_weights got no buckets; pass at least one WeightBucket")
+        return named

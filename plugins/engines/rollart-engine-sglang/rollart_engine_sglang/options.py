@@ -1,0 +1,54 @@
+"""Options of engine ``sglang`` (validated from ``engine.options``; imports no SGLang)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class SglangEngineOptions(BaseModel):
+    """How SGLang serves the policy (names follow SGLang's ``ServerArgs`` where they map)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    device: Literal["cuda", "cpu"] = Field(
+        "cuda", description="cpu: SGLang's CPU engine (SGLANG_USE_CPU_ENGINE=1, torch_native attention)"
+    )
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto", description="serving dtype; auto: model.dtype"
+    )
+    context_length: int | None = Field(
+        None, ge=2, description="prompt + generated tokens per request; None: the model's"
+    )
+    max_running_requests: int = Field(64, ge=1, description="requests decoded together")
+    enable_prefix_caching: bool = Field(
+        True, description="SGLang's radix cache (disable_radix_cache = not this)"
+    )
+    mem_fraction_static: float | None = Field(
+        None, gt=0.0, lt=1.0, description="share of device memory for weights + KV cache"
+    )
+    tp_size: int = Field(1, ge=1, description="tensor-parallel ranks per engine")
+    attention_backend: str | None = Field(
+        None, description="SGLang attention backend; None: SGLang's choice (cpu: torch_native)"
+    )
+    seed: int = Field(0, description="SGLang random_seed; requests that bring a seed use their own")
+    eos_token_ids: list[int] | None = Field(
+        None, description="ids ending a generation besides stop_token_ids; None: the model's"
+    )
+
+    @model_validator(mode="after")
+    def _possible(self) -> SglangEngineOptions:
+        problems = []
+        if self.device == "cpu" and self.dtype == "float16":
+            problems.append("SGLang's CPU engine does not compute in float16; use bfloat16 or float32")
+        if self.device == "cpu" and self.tp_size > 1:
+            problems.append("tp_size > 1 needs GPUs; SGLang's CPU engine here runs one rank")
+        if self.device == "cpu" and self.attention_backend not in (None, "torch_native"):
+            problems.append(
+                f"attention_backend {self.attention_backend!r} needs a GPU; on device 'cpu' "
+                "use torch_native (or leave it unset)"
+            )
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self

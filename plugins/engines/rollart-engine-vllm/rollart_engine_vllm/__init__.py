@@ -1,0 +1,1 @@
+"""Engine ``vllm`` for rollart-sdk: vLLM's AsyncLLM behind the InferenceEngine protocol."""

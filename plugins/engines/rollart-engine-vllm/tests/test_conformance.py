@@ -1,0 +1,31 @@
+"""engine 'vllm' passes the SDK's engine conformance kit (real vLLM, CPU here)."""
+
+from __future__ import annotations
+
+from rollart_engine_vllm.engine import VllmEngine
+
+from rollart_sdk.models import load_tokenizer
+from rollart_sdk.testing.engine import check_engine
+from rollart_sdk.weights import split_buckets
+
+
+def test_check_engine(tiny_model, reference, other_weights):
+    tok = load_tokenizer(tiny_model.path)
+
+    def update(version):
+        # Several small buckets, as a transport would deliver them.
+        return split_buckets(other_weights.items(), bucket_bytes=16_000, version=version)
+
+    report = check_engine(
+        lambda: VllmEngine(model=tiny_model, max_model_len=1024, max_num_seqs=16,
+                           cpu_kv_cache_gb=0.25),
+        tokenizer_vocab_size=len(tok),
+        reference_logprobs=reference,
+        update_buckets=update,
+        prompt_ids=tok.encode("You are on a frozen lake. Move:"),
+        eos_token_ids=[tok.eos_token_id],
+        timeout_s=120.0,
+    )
+    assert report["skipped"] == []
+    assert "update" in report["passed"] and "logprobs" in report["passed"]
+    assert report["stats"]["recomputed"] >= 1
