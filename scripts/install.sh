@@ -21,6 +21,7 @@ pip_install -e ".[${extras}]"
 plugins=(
   plugins/envs/rollart-env-frozenlake
   plugins/envs/rollart-env-arithmetic
+  plugins/envs/rollart-env-category
   plugins/rewards/rollart-reward-rule
   plugins/rewards/rollart-reward-serverless
   plugins/rewards/rollart-reward-judge

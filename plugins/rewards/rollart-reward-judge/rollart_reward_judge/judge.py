@@ -155,10 +155,14 @@ class JudgeReward:
         self._begin()
         try:
             served = await self._load()
-            prompt = self._prompt_ids(served.tokenizer, request)
-            if self.options.parser == "yes_prob":
+            if self.options.parser == "likelihood":  # the template is the plain-text context
+                prompt = self._text_ids(served.tokenizer, self._render(request))
+                reward, verdict, text = await self._likelihood(served, request, prompt)
+            elif self.options.parser == "yes_prob":
+                prompt = self._prompt_ids(served.tokenizer, request)
                 reward, verdict, text = await self._yes_prob(served, request, prompt)
             else:
+                prompt = self._prompt_ids(served.tokenizer, request)
                 result = await self._generate(served, request, prompt, None)
                 text = served.tokenizer.decode(result.token_ids, skip_special_tokens=True)
                 reward, verdict = self._parse(served, result.token_ids, text)
@@ -186,6 +190,22 @@ class JudgeReward:
         verdict = "yes" if p_yes >= 0.5 else "no"
         return p_yes, verdict, f"p(yes)={p_yes:.4f}"
 
+    async def _likelihood(self, served: _Served, request: RewardRequest,
+                          context: list[int]) -> tuple[float, str, str]:
+        response = str(request.responses[-1]).strip() if request.responses else ""
+        tokens = served.tokenizer(" " + response, add_special_tokens=False)["input_ids"]
+        tokens = list(tokens)[: self.options.max_response_tokens]
+        if not response or not tokens:
+            raise JudgeError(f"trajectory {request.trajectory_id} has an empty response to score")
+        # log p(token k | context + tokens[:k]): one forced one-token request per position,
+        # all at once (they batch in the engine)
+        steps = await asyncio.gather(*(
+            self._generate(served, request, context + tokens[:k], [tokens[k]])
+            for k in range(len(tokens))
+        ))
+        mean = sum(r.logprobs[0] for r in steps) / len(steps)
+        return math.exp(mean), f"{mean:.4f}", f"mean log p {mean:.4f} over {len(steps)} tokens"
+
     def _request(self, served: _Served, request: RewardRequest, prompt: list[int],
                  allowed: list[int] | None = None) -> GenerationRequest:
         opts = self.options
@@ -203,26 +223,38 @@ class JudgeReward:
             prompt_ids=prompt, sampling=sampling, tag=request.tag,
         )
 
+    def _render(self, request: RewardRequest) -> str:
+        responses = [str(r) for r in request.responses]
+        try:
+            return self.options.template.format(
+                prompt=request.prompt,
+                response=responses[-1] if responses else "",
+                responses="\n".join(responses),
+                answer=request.info.get("answer", ""),
+                tag=request.tag,
+                env_return=request.env_return,
+                info=request.info,
+            )
+        except (KeyError, IndexError) as exc:
+            raise JudgeError(f"judge template needs {exc} which trajectory "
+                             f"{request.trajectory_id} does not have (info keys: "
+                             f"{sorted(request.info)})") from None
+
+    def _text_ids(self, tok: Any, text: str) -> list[int]:
+        ids = list(tok(text, add_special_tokens=True)["input_ids"])
+        return ids[-self.options.max_prompt_tokens:]
+
     def _prompt_ids(self, tok: Any, request: RewardRequest) -> list[int]:
         opts = self.options
-        responses = [str(r) for r in request.responses]
-        text = opts.template.format(
-            prompt=request.prompt,
-            response=responses[-1] if responses else "",
-            responses="\n".join(responses),
-            answer=request.info.get("answer", ""),
-            tag=request.tag,
-            env_return=request.env_return,
-        )
+        text = self._render(request)
         if getattr(tok, "chat_template", None):
             messages = [{"role": "user", "content": text}]
             if opts.system:
                 messages.insert(0, {"role": "system", "content": opts.system})
             rendered = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
             ids = list(tok(rendered, add_special_tokens=False)["input_ids"])
-        else:  # a base model: plain text, the answer follows
-            ids = list(tok(text + "\nAnswer:", add_special_tokens=True)["input_ids"])
-        return ids[-opts.max_prompt_tokens:]
+            return ids[-opts.max_prompt_tokens:]
+        return self._text_ids(tok, text + "\nAnswer:")  # a base model: plain text
 
     def _parse(self, served: _Served, token_ids: list[int], text: str) -> tuple[float, str]:
         opts = self.options

@@ -20,6 +20,7 @@ FIELDS: dict[str, str] = {
     "answer": "info['answer'] (ground truth, when the env gives one)",
     "tag": "the task tag",
     "env_return": "the env's summed step rewards",
+    "info": "the env's last info dict, e.g. {info[category]}",
 }
 
 DEFAULT_TEMPLATE = (
@@ -38,6 +39,12 @@ class JudgeRewardOptions(BaseModel):
       ``p(yes) / (p(yes) + p(no))`` from its next-token distribution (two one-token
       requests, forced to the yes and to the no tokens); a graded reward even from a small
       judge whose greedy verdict rarely changes;
+    - ``likelihood``: how likely the judge finds the response as a continuation of the
+      rendered template (plain text, no chat template): ``exp(mean log p(token))`` over
+      the response's first ``max_response_tokens`` tokens, a geometric-mean token
+      probability in (0, 1]. A small model is a far better completer than a yes/no
+      grader: SmolLM2-135M ranks words for "Here is a color:" 12 of 16 right, where its
+      yes/no verdicts are near chance;
     - ``yes_no``: the judge's first token is restricted to the tokens of yes / no (greedy);
       the reward is ``yes_reward`` or ``no_reward``;
     - ``score``: the judge writes a number (greedy, up to ``max_new_tokens``); the first
@@ -59,11 +66,12 @@ class JudgeRewardOptions(BaseModel):
     template: str = Field(DEFAULT_TEMPLATE, description="the judge's prompt; placeholders: "
                           + ", ".join("{" + k + "}" for k in FIELDS))
     system: str | None = Field(None, description="system message (chat models only)")
-    parser: Literal["yes_prob", "yes_no", "score"] = "yes_prob"
+    parser: Literal["yes_prob", "likelihood", "yes_no", "score"] = "yes_prob"
     yes_reward: float = 1.0
     no_reward: float = 0.0
     score_range: tuple[float, float] = (0.0, 10.0)
     max_new_tokens: int = Field(8, ge=1, le=256, description="parser 'score' only")
+    max_response_tokens: int = Field(16, ge=1, le=256, description="parser 'likelihood' only")
     max_prompt_tokens: int = Field(
         768, ge=16, description="longer judge prompts keep their last tokens (the verdict "
         "question stays)"
@@ -76,7 +84,8 @@ class JudgeRewardOptions(BaseModel):
     @classmethod
     def _placeholders(cls, template: str) -> str:
         try:
-            names = {f for _, f, _, _ in string.Formatter().parse(template) if f is not None}
+            names = {f.split("[")[0].split(".")[0]
+                     for _, f, _, _ in string.Formatter().parse(template) if f is not None}
         except ValueError as exc:
             raise ValueError(f"not a valid format string: {exc} (write {{{{ and }}}} for braces)") from None
         unknown = sorted(n for n in names if n not in FIELDS)
@@ -89,6 +98,9 @@ class JudgeRewardOptions(BaseModel):
 
     @model_validator(mode="after")
     def _range(self) -> JudgeRewardOptions:
+        if self.parser == "likelihood" and ("{response" in self.template):
+            raise ValueError("parser 'likelihood' scores the response as the continuation of "
+                             "the template: leave {response}/{responses} out of the template")
         lo, hi = self.score_range
         if not lo < hi:
             raise ValueError(f"score_range must be (low, high) with low < high, got {self.score_range}")

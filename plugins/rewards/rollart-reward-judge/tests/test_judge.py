@@ -92,3 +92,33 @@ def test_a_judge_model_without_yes_no_tokens_is_refused_with_the_fix(cache):
             asyncio.run(judge.score(make_request(responses=["x"])))
     finally:
         judge.close()
+
+
+@smollm2
+def test_smollm2_likelihood_judge_knows_what_fits_a_category(cache):
+    """parser: likelihood - the words of the asked category score higher than the others."""
+    judge = JudgeReward(engine=ENGINE, parser="likelihood", cache_dir=cache,
+                        template="Here is a {info[category]}:")
+    words = {"color": ["red", "blue", "green", "yellow"], "animal": ["cat", "dog", "horse", "fish"]}
+
+    async def mean_reward(category, candidates):
+        reqs = [make_request(responses=[w], info={"category": category}, trajectory_id=w)
+                for w in candidates]
+        out = await asyncio.gather(*(judge.score(r) for r in reqs))
+        assert all(0.0 < r.reward <= 1.0 for r in out)
+        return sum(r.reward for r in out) / len(out)
+
+    try:
+        for asked, other in (("color", "animal"), ("animal", "color")):
+            fitting = asyncio.run(mean_reward(asked, words[asked]))
+            unfitting = asyncio.run(mean_reward(asked, words[other]))
+            assert fitting > unfitting, (asked, fitting, unfitting)
+        with pytest.raises(JudgeError, match=r"needs 'category'"):
+            asyncio.run(judge.score(make_request(responses=["red"])))
+    finally:
+        judge.close()
+
+
+def test_likelihood_template_must_leave_the_response_out():
+    with pytest.raises(ValueError, match="leave \\{response\\}"):
+        JudgeRewardOptions(parser="likelihood", template="A {prompt}: {response}")
