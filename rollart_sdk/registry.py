@@ -16,6 +16,8 @@ from rollart_sdk.interfaces import KINDS
 FIRST_PARTY: dict[tuple[str, str], str] = {
     ("env", "frozenlake"): "rollart-env-frozenlake (plugins/envs/rollart-env-frozenlake)",
     ("env", "arithmetic"): "rollart-env-arithmetic (plugins/envs/rollart-env-arithmetic)",
+    ("env", "sokoban"): "rollart-env-sokoban (plugins/envs/rollart-env-sokoban)",
+    ("env", "sandbox"): "rollart-env-sandbox (plugins/envs/rollart-env-sandbox)",
     ("reward", "rule"): "rollart-reward-rule (plugins/rewards/rollart-reward-rule)",
     ("reward", "serverless"): "rollart-reward-serverless (plugins/rewards/rollart-reward-serverless)",
     ("engine", "torch"): "rollart-engine-torch (plugins/engines/rollart-engine-torch)",

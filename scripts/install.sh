@@ -22,6 +22,8 @@ plugins=(
   plugins/envs/rollart-env-frozenlake
   plugins/envs/rollart-env-arithmetic
   plugins/envs/rollart-env-category
+  plugins/envs/rollart-env-sokoban
+  plugins/envs/rollart-env-sandbox
   plugins/rewards/rollart-reward-rule
   plugins/rewards/rollart-reward-serverless
   plugins/rewards/rollart-reward-judge

@@ -1,0 +1,15 @@
+"""Registers env ``sokoban``; imports nothing but the SDK's hook marker (cheap)."""
+
+from __future__ import annotations
+
+from rollart_sdk.hookspecs import hookimpl
+
+
+@hookimpl
+def rollart_register_envs(registry):
+    registry.register(
+        "sokoban",
+        factory="rollart_env_sokoban.env:SokobanTextEnv",
+        options="rollart_env_sokoban.env:SokobanOptions",
+        summary="Sokoban: text grid, fixed or generated (seeded) levels, actions Up/Down/Left/Right",
+    )
