@@ -47,6 +47,7 @@ class PluginRecord:
     builtin: bool = False
     registered: dict[str, list[str]] = field(default_factory=dict)  # kind -> names
     summaries: dict[str, str] = field(default_factory=dict)  # "kind:name" -> summary
+    unavailable: dict[str, str] = field(default_factory=dict)  # "kind:name" -> why not registered
     hooks: list[str] = field(default_factory=list)
     error: str | None = None
     disabled: bool = False
@@ -61,6 +62,7 @@ class PluginRecord:
             "hooks": self.hooks,
             "registered": self.registered,
             "summaries": self.summaries,
+            "unavailable": self.unavailable,
             "error": self.error,
             "disabled": self.disabled,
         }
@@ -192,6 +194,8 @@ def load_plugins(
         rec = records[desc.plugin]
         rec.registered.setdefault(desc.kind, []).append(desc.name)
         rec.summaries[f"{desc.kind}:{desc.name}"] = desc.summary
+    for (kind, name), (plugin, reason) in registry.unavailable.items():
+        records[plugin].unavailable[f"{kind}:{name}"] = reason
     return PluginSet(pm=pm, registry=registry, records=records)
 
 

@@ -30,6 +30,11 @@ FIRST_PARTY: dict[tuple[str, str], str] = {
     ("transport", "mooncake"): "rollart-transport-mooncake (plugins/transports/rollart-transport-mooncake)",
 }
 
+# Name prefixes a first-party plugin provides (e.g. every "gem/<id>").
+FIRST_PARTY_PREFIXES: dict[tuple[str, str], str] = {
+    ("env", "gem/"): "rollart-env-gem (plugins/envs/rollart-env-gem)",
+}
+
 
 class NoOptions(BaseModel):
     """Options model of a backend that takes none: any key is an error."""
@@ -60,6 +65,8 @@ class Descriptor:
     plugin: str
     distribution: str | None = None
     version: str | None = None
+    # Facts a plugin states about the backend (envs: "turns", "character"), for `rollart envs`.
+    traits: dict[str, Any] = field(default_factory=dict)
 
     def options_model(self) -> type[BaseModel]:
         if self.options is None:
@@ -143,6 +150,7 @@ class Registrar:
         factory: str | Callable[..., Any],
         options: str | type[BaseModel] | None = None,
         summary: str = "",
+        traits: dict[str, Any] | None = None,
     ) -> Descriptor:
         desc = Descriptor(
             kind=self.kind,
@@ -153,9 +161,15 @@ class Registrar:
             plugin=self.plugin,
             distribution=self.distribution,
             version=self.version,
+            traits=dict(traits or {}),
         )
         self.registry.add(desc)
         return desc
+
+    def unavailable(self, name: str, reason: str) -> None:
+        """Say that this plugin knows ``name`` but does not register it here, and why
+        (e.g. it would download data); `rollart plugins` and a config naming it show why."""
+        self.registry.unavailable[(self.kind, name)] = (self.plugin, reason)
 
 
 @dataclass
@@ -165,6 +179,8 @@ class Registry:
     _by_kind: dict[str, dict[str, Descriptor]] = field(
         default_factory=lambda: {k: {} for k in KINDS}
     )
+    # (kind, name) -> (plugin, reason): names a plugin declined to register.
+    unavailable: dict[tuple[str, str], tuple[str, str]] = field(default_factory=dict)
 
     def add(self, desc: Descriptor) -> None:
         if desc.kind not in self._by_kind:
@@ -180,6 +196,7 @@ class Registry:
                 f"with ROLLART_DISABLE_PLUGINS={desc.plugin}."
             )
         self._by_kind[desc.kind][desc.name] = desc
+        self.unavailable.pop((desc.kind, desc.name), None)
         if desc.kind == "env" and isinstance(desc.factory, str):
             _register_with_gymnasium(desc)
 
@@ -196,8 +213,14 @@ class Registry:
             return self._by_kind[kind][name]
         except KeyError:
             hint = ""
-            if (kind, name) in FIRST_PARTY:
+            if (kind, name) in self.unavailable:
+                plugin, reason = self.unavailable[(kind, name)]
+                hint = f"Plugin {plugin!r} knows it but did not register it: {reason}"
+            elif (kind, name) in FIRST_PARTY:
                 hint = f"It is provided by {FIRST_PARTY[(kind, name)]}: pip install it."
+            elif provider := next((v for (k, prefix), v in FIRST_PARTY_PREFIXES.items()
+                                   if k == kind and name.startswith(prefix)), None):
+                hint = f"It would be provided by {provider}: pip install it."
             else:
                 hint = "Install the plugin that provides it (see `rollart plugins`)."
             raise UnknownBackendError(kind, name, self.names(kind), hint) from None

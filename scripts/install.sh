@@ -24,6 +24,7 @@ plugins=(
   plugins/envs/rollart-env-category
   plugins/envs/rollart-env-sokoban
   plugins/envs/rollart-env-sandbox
+  plugins/envs/rollart-env-gem
   plugins/rewards/rollart-reward-rule
   plugins/rewards/rollart-reward-serverless
   plugins/rewards/rollart-reward-judge
