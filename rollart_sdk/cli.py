@@ -20,7 +20,10 @@ err_console = Console(stderr=True)
 # name -> "module:function(argv) -> int"; each benchmark owns its arguments.
 BENCHMARKS: dict[str, tuple[str, str]] = {
     "dispatch": ("rollart_sdk.bench.dispatch:main", "Cluster call overhead vs a raw Ray actor call"),
-    "engine": ("rollart_engine_torch.bench:main", "torch engine vs static generate"),
+    "engine": ("rollart_engine_torch.bench:main",
+               "torch engine vs static generate; --engine vllm: vLLM vs torch vs static"),
+    "engine-vllm": ("rollart_engine_vllm.bench:main",
+                    "vLLM vs torch engine vs static generate (same as engine --engine vllm)"),
     "straggler": ("rollart_sdk.bench.straggler:main",
                   "trajectory-level vs batched env interaction under env latency"),
     "async": ("rollart_sdk.bench.async_modes:main",
@@ -88,8 +91,22 @@ def cmd_bench(args: argparse.Namespace, rest: list[str]) -> int:
         names = ", ".join(sorted(BENCHMARKS)) or "(none)"
         err_console.print(f"[red]unknown benchmark {args.name!r}[/red]; available: {names}")
         return 2
-    fn: Callable[[list[str]], int] = import_string(BENCHMARKS[args.name][0])
+    name = args.name
+    # `rollart bench NAME --engine E` runs benchmark NAME-E when one is registered.
+    engine = _option_value(rest, "--engine")
+    if engine and f"{name}-{engine}" in BENCHMARKS:
+        name = f"{name}-{engine}"
+    fn: Callable[[list[str]], int] = import_string(BENCHMARKS[name][0])
     return int(fn(rest) or 0)
+
+
+def _option_value(argv: list[str], option: str) -> str | None:
+    for i, arg in enumerate(argv):
+        if arg == option and i + 1 < len(argv):
+            return argv[i + 1]
+        if arg.startswith(option + "="):
+            return arg.split("=", 1)[1]
+    return None
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -67,7 +67,8 @@ class _RaySpawner:
         opts = {"max_concurrency": concurrency} if concurrency else None
         cl = Cluster(cls, cls.role, self.rm, num_workers=None if workers_per_pool else num_workers,
                      workers_per_pool=workers_per_pool, init_args=init_args, name=name,
-                     hw_affinity=hw_affinity, actor_options=opts, timeout_s=300)
+                     hw_affinity=hw_affinity, actor_options=opts,
+                     timeout_s=_start_timeout_s())
         self.clusters[name] = cl
         return [WorkerHandle(w.name, w.actor, pool=w.pool, hardware=w.hardware) for w in cl.workers]
 
@@ -402,3 +403,11 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--steps", type=int, help="override train.steps")
     p.add_argument("--no-progress", action="store_true", help="plain log lines only")
     p.set_defaults(func=cmd_train)
+
+
+def _start_timeout_s() -> float:
+    """How long a cluster's workers may take to start (a vLLM engine on a busy CPU machine
+    can take minutes); ROLLART_WORKER_START_TIMEOUT_S overrides the default 300 s."""
+    import os
+
+    return float(os.environ.get("ROLLART_WORKER_START_TIMEOUT_S", "300"))
