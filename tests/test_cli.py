@@ -91,3 +91,14 @@ def test_unknown_benchmark_lists_available():
     assert res.returncode == 2
     for name in ("dispatch", "engine", "straggler", "async"):
         assert name in res.stderr
+
+
+def test_bench_engine_option_selects_the_engine_benchmark():
+    """`rollart bench engine --engine vllm` runs the vLLM plugin's benchmark (its parser
+    rejects a bad option before anything heavy is imported); plain `bench engine` is the
+    torch engine's, which has no --sides."""
+    res = run_cli("bench", "engine", "--engine", "vllm", "--sides", "nope")
+    assert res.returncode == 2
+    assert "rollart bench engine --engine vllm: error: argument --sides" in res.stderr
+    res = run_cli("bench", "engine", "--sides", "vllm")
+    assert res.returncode == 2 and "unrecognized arguments: --sides" in res.stderr
