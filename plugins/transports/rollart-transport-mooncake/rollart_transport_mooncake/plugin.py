@@ -1,0 +1,16 @@
+"""Registers the "mooncake" weight transport. Imports nothing heavy (no mooncake, no torch)."""
+
+from __future__ import annotations
+
+from rollart_sdk.hookspecs import hookimpl
+
+
+@hookimpl
+def rollart_register_transports(registry):
+    registry.register(
+        "mooncake",
+        factory="rollart_transport_mooncake.transport:MooncakeTransport",
+        options="rollart_transport_mooncake.transport:MooncakeTransportOptions",
+        summary="publish each version once into a Mooncake store (1 GB objects); engines "
+        "pull in the background into registered buffers",
+    )

@@ -1,0 +1,342 @@
+"""Weight transport "mooncake": publish each version once into a Mooncake store; every
+engine pulls it in the background, straight into registered buffers.
+
+Sender (``role="sender"``, the trainer's rank 0): starts a ``mooncake_master`` (or attaches
+to ``master``), mounts a segment sized for ``keep_versions + 1`` versions, and for each
+version packs the buckets into store objects of up to ``object_mb`` (1 GB by default, the
+paper's bucket size; each tensor 64-byte aligned), ``put_from``'s each object once under
+``rollart/<sender id>/v<version>/o<i>`` and keeps it in its own segment (the objects live in
+the trainer's memory until released). Versions older than the newest ``keep_versions`` are
+removed (``force=True``); ``release(version)`` removes one at once (the control plane does
+so once every engine committed a newer version).
+
+Receivers (``role="receiver"``, one per engine worker): a client with a segment of its own
+(16 MiB, Mooncake's minimum); ``fetch`` ``batch_get_into``'s every object of the version
+into registered staging buffers (two sets, alternating by version parity, so a version's
+tensors stay valid while the next one arrives), cuts them into named tensors (views, no
+copy) and verifies every bucket's sha256 against the manifest before yielding it.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import math
+import time
+import uuid
+from collections import OrderedDict
+from collections.abc import Iterable, Iterator
+from typing import Any, ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from rollart_sdk.types import WeightBucket, WeightManifest
+from rollart_sdk.weights import WeightSyncError, bucket_ref, verify
+from rollart_transport_mooncake import store as mc
+
+TRANSPORT_NAME = "mooncake"
+ALIGN = 64
+OBJECT_NOT_FOUND = -704
+log = logging.getLogger(__name__)
+
+
+class MooncakeTransportOptions(BaseModel):
+    """Options of ``transport: {name: mooncake, options: {...}}``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    master: str | None = Field(
+        None, description="host:port of a running mooncake_master to attach to; by "
+        "default the trainer starts one (from the wheel) on `host`",
+    )
+    metadata_server: str | None = Field(
+        None, description="URL of the metadata server (http://host:port/metadata); "
+        "default: the started master's own; required with `master`",
+    )
+    host: str = Field(
+        "127.0.0.1", description="address the master, the metadata server and every "
+        "client bind to (MC_TCP_BIND_ADDRESS); a routable one across machines",
+    )
+    object_mb: float = Field(
+        1024.0, gt=0, description="store object size: buckets are packed into objects of "
+        "up to this size (1 GB as in the paper)",
+    )
+    keep_versions: int = Field(
+        2, ge=1, description="published versions kept; older ones are removed",
+    )
+    segment_mb: float | None = Field(
+        None, gt=0, description="the trainer's segment; default: room for keep_versions+1 "
+        "versions (sized at the first publish)",
+    )
+    fetch_timeout_s: float = Field(
+        300.0, gt=0, description="seconds an engine waits for a version's objects",
+    )
+
+
+def _tensor_bytes(t: Any) -> Any:
+    import torch
+
+    return t.detach().contiguous().reshape(-1).view(torch.uint8)
+
+
+def _dtype(name: str) -> Any:
+    import torch
+
+    dtype = getattr(torch, name.removeprefix("torch."), None)
+    if not isinstance(dtype, torch.dtype):
+        raise ValueError(f"unknown dtype {name!r} in a manifest")
+    return dtype
+
+
+class MooncakeTransport:
+    style: ClassVar[Literal["push", "pull"]] = "pull"
+
+    def __init__(
+        self,
+        role: str = "sender",
+        master: str | None = None,
+        metadata_server: str | None = None,
+        host: str = "127.0.0.1",
+        object_mb: float = 1024.0,
+        keep_versions: int = 2,
+        segment_mb: float | None = None,
+        fetch_timeout_s: float = 300.0,
+    ) -> None:
+        if role not in ("sender", "receiver"):
+            raise ValueError(f"role must be 'sender' or 'receiver', got {role!r}")
+        if master and not metadata_server:
+            raise ValueError("transport mooncake: with `master` give `metadata_server` too "
+                             "(http://host:port/metadata)")
+        self.role = role
+        self.host = host
+        self.object_bytes = max(int(object_mb * 2**20), 1)
+        self.keep_versions = keep_versions
+        self.segment_bytes = int(segment_mb * 2**20) if segment_mb else None
+        self.fetch_timeout_s = fetch_timeout_s
+        self._master = mc.Master(master, metadata_server) if master else None
+        self._client: Any = None
+        self.segment: str | None = None
+        self._id = uuid.uuid4().hex[:12]
+        self._published: OrderedDict[int, list[str]] = OrderedDict()
+        self._last_version: int | None = None
+        self._buffer: Any = None  # sender: the registered publish buffer (reused)
+        self._slots: dict[int, list[Any]] = {}  # receiver: staging buffers by version parity
+        self._abandoned: list[Any] = []  # buffers a timed-out get may still write into
+        self.last_fetch: dict[str, float] = {}
+
+    # ------------------------------------------------------------------ sender
+    def publish(self, version: int, buckets: Iterable[WeightBucket]) -> WeightManifest:
+        if self.role != "sender":
+            raise RuntimeError("publish is the trainer's side; this transport has "
+                               f"role={self.role!r}")
+        buckets = list(buckets)
+        if self._last_version is not None and version <= self._last_version:
+            raise ValueError(f"versions must increase: {version} after {self._last_version}")
+        objects, refs = self._layout(version, buckets)
+        total = sum(size for size, _ in objects)
+        self._ensure_sender(total)
+        keys: list[str] = []
+        self._published[version] = keys  # so that a failure mid-way still cleans up
+        self._last_version = version
+        try:
+            for i, (size, members) in enumerate(objects):
+                buffer = self._publish_buffer(size)
+                for tensor, offset in members:
+                    n = tensor.numel() * tensor.element_size()
+                    if n:
+                        buffer[offset : offset + n].copy_(_tensor_bytes(tensor))
+                key = f"rollart/{self._id}/v{version}/o{i}"
+                self._put(key, buffer, size, version)
+                keys.append(key)
+        except Exception:
+            self.release(version)
+            raise
+        for old in list(self._published)[: -self.keep_versions]:
+            self.release(old)
+        return WeightManifest(version, TRANSPORT_NAME, refs, meta={
+            "master": self._master.address, "metadata": self._master.metadata,
+            "objects": [[k, size] for k, (size, _) in zip(keys, objects, strict=True)],
+            "sender": self._id,
+        })
+
+    def _layout(self, version: int, buckets: list[WeightBucket]) -> tuple[list, list]:
+        """Pack buckets into objects of up to ``object_bytes`` (a bigger bucket gets one of
+        its own); every tensor starts 64-byte aligned. Returns the objects as
+        ``(size, [(tensor, offset)])`` and the manifest entries."""
+        objects: list[tuple[int, list[tuple[Any, int]]]] = []
+        refs = []
+        size, members = 0, []
+        for b in buckets:
+            if b.version != version:
+                raise ValueError(f"bucket {b.index} of version {b.version} published as "
+                                 f"version {version}")
+            need = sum(math.ceil(t.numel() * t.element_size() / ALIGN) * ALIGN
+                       for t in b.tensors.values())
+            if members and size + need > self.object_bytes:
+                objects.append((size, members))
+                size, members = 0, []
+            tensors = []
+            for name, t in b.tensors.items():
+                n = t.numel() * t.element_size()
+                members.append((t, size))
+                tensors.append([name, str(t.dtype), list(t.shape), size])
+                size += math.ceil(n / ALIGN) * ALIGN
+            refs.append(bucket_ref(b, handle={"object": len(objects), "tensors": tensors}))
+        if members:
+            objects.append((size, members))
+        return objects, refs
+
+    def _ensure_sender(self, version_bytes: int) -> None:
+        if self._client is not None:
+            return
+        if self._master is None:
+            self._master = mc.Master.start(self.host)
+        segment = self.segment_bytes or int(
+            (self.keep_versions + 1) * version_bytes * 1.25) + (16 << 20)
+        self._client, self.segment = mc.connect(self._master, self.host, segment, 16 << 20)
+
+    def _publish_buffer(self, size: int) -> Any:
+        import torch
+
+        if self._buffer is None or self._buffer.numel() < size:
+            if self._buffer is not None:
+                mc.unregister(self._client, self._buffer)
+            self._buffer = torch.empty(max(size, 1), dtype=torch.uint8)
+            mc.register(self._client, self._buffer)
+        return self._buffer
+
+    def _put(self, key: str, buffer: Any, size: int, version: int) -> None:
+        from mooncake.store import ReplicateConfig
+
+        cfg = ReplicateConfig()
+        cfg.replica_num = 1
+        cfg.preferred_segment = self.segment  # the trainer's memory, not an engine's
+        cfg.with_hard_pin = True  # never evicted: removal is release()'s decision
+        rc = self._client.put_from(key, buffer.data_ptr(), max(size, 1), cfg)
+        if rc != 0:
+            raise WeightSyncError(
+                version, f"put of {key} ({size} bytes) into the Mooncake store failed with "
+                f"code {rc}; if the segment is full raise transport.options.segment_mb "
+                f"(now {self.segment_bytes or 'auto'}) or lower keep_versions",
+            )
+
+    def release(self, version: int) -> None:
+        """Remove a published version's objects (force: readers' leases do not matter)."""
+        keys = self._published.pop(version, [])
+        for key in keys:
+            rc = self._client.remove(key, True)
+            if rc not in (0, OBJECT_NOT_FOUND):
+                log.warning("transport mooncake: remove %s returned %s", key, rc)
+
+    @property
+    def published_versions(self) -> list[int]:
+        return list(self._published)
+
+    # ------------------------------------------------------------------ receiver
+    def fetch(self, manifest: WeightManifest) -> Iterator[WeightBucket]:
+        import torch
+
+        v = manifest.version
+        if manifest.transport != TRANSPORT_NAME:
+            raise WeightSyncError(v, f"manifest of transport {manifest.transport!r} given to "
+                                     "transport 'mooncake'; sender and receivers must use "
+                                     "the same transport")
+        objects = manifest.meta.get("objects")
+        if not objects:
+            raise WeightSyncError(v, "the manifest lists no store objects (meta['objects'])")
+        self._ensure_receiver(manifest)
+        buffers = self._staging(v, [size for _, size in objects])
+        keys = [key for key, _ in objects]
+        sizes = [max(int(size), 1) for _, size in objects]
+        t0 = time.perf_counter()
+        codes = self._get(v, keys, buffers, sizes)
+        self.last_fetch = {"seconds": time.perf_counter() - t0, "bytes": float(sum(sizes))}
+        for key, code, size in zip(keys, codes, sizes, strict=True):
+            if code == OBJECT_NOT_FOUND:
+                raise WeightSyncError(
+                    v, f"store object {key} is gone: the version was released (the trainer "
+                    "keeps only its newest keep_versions) or the trainer's store went away",
+                )
+            if code != size:
+                raise WeightSyncError(v, f"get of store object {key} returned {code}, "
+                                         f"expected {size} bytes")
+        for ref in manifest.buckets:
+            buf = buffers[ref.handle["object"]]
+            tensors: dict[str, Any] = {}
+            for name, dtype_name, shape, offset in ref.handle["tensors"]:
+                dtype = _dtype(dtype_name)
+                numel = math.prod(shape)
+                if numel == 0:
+                    tensors[name] = torch.empty(shape, dtype=dtype)
+                    continue
+                n = numel * torch.empty(0, dtype=dtype).element_size()
+                tensors[name] = buf[offset : offset + n].view(dtype).view(shape)
+            bucket = WeightBucket(v, ref.index, tensors, ref.checksum)
+            verify(bucket, ref, v)
+            yield bucket
+
+    def _ensure_receiver(self, manifest: WeightManifest) -> None:
+        address = manifest.meta.get("master")
+        if self._client is not None and self._master is not None and (
+                self._master.address == address):
+            return
+        self._close_client()
+        self._master = mc.Master(address, manifest.meta.get("metadata"))
+        try:
+            self._client, self.segment = mc.connect(self._master, self.host, 0, 16 << 20)
+        except Exception as exc:  # noqa: BLE001 - re-raised naming the master
+            self._client = None
+            raise WeightSyncError(manifest.version, f"cannot join the Mooncake store of "
+                                                    f"master {address}: {exc}") from exc
+
+    def _staging(self, version: int, sizes: list[int]) -> list[Any]:
+        """Registered buffers for this version's objects (reused every other version)."""
+        import torch
+
+        slot = self._slots.get(version % 2, [])
+        if len(slot) != len(sizes) or any(b.numel() < max(s, 1)
+                                          for b, s in zip(slot, sizes, strict=True)):
+            for b in slot:
+                mc.unregister(self._client, b)
+            slot = [torch.empty(max(s, 1), dtype=torch.uint8) for s in sizes]
+            for b in slot:
+                mc.register(self._client, b)
+            self._slots[version % 2] = slot
+        return slot
+
+    def _get(self, version: int, keys: list[str], buffers: list[Any],
+             sizes: list[int]) -> list[int]:
+        """``batch_get_into`` bounded by ``fetch_timeout_s``."""
+        pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="mooncake-get")
+        future = pool.submit(self._client.batch_get_into, keys,
+                             [b.data_ptr() for b in buffers], sizes)
+        pool.shutdown(wait=False)
+        try:
+            return list(future.result(timeout=self.fetch_timeout_s))
+        except concurrent.futures.TimeoutError:
+            # The get may still write into these buffers: never hand them out again.
+            self._abandoned.extend(self._slots.pop(version % 2, []))
+            raise WeightSyncError(version, f"the store did not deliver within "
+                                           f"{self.fetch_timeout_s}s (fetch_timeout_s)") from None
+
+    # ------------------------------------------------------------------ both
+    def _close_client(self) -> None:
+        if self._client is None:
+            return
+        if self._buffer is not None:
+            mc.unregister(self._client, self._buffer)
+            self._buffer = None
+        for slot in self._slots.values():
+            for b in slot:
+                mc.unregister(self._client, b)
+        self._slots.clear()
+        mc.disconnect(self._master, self._client)
+        self._client = None
+
+    def close(self) -> None:
+        if self.role == "sender" and self._client is not None:
+            for version in list(self._published):
+                self.release(version)
+        self._close_client()
+        if self.role == "sender" and self._master is not None:
+            self._master.stop()

@@ -1,0 +1,182 @@
+"""The "mooncake" transport on a real mooncake_master over TCP on 127.0.0.1: the conformance
+kit, layout, versions pulled through stagers, a removed key and a killed trainer."""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing as mp
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))  # spawned children import mooncake_procs
+from mooncake_procs import trainer  # noqa: E402
+from rollart_transport_mooncake.transport import (  # noqa: E402
+    MooncakeTransport,
+    MooncakeTransportOptions,
+)
+
+from rollart_sdk.testing.transport import (  # noqa: E402
+    RecordingEngine,
+    check_transport,
+    make_state_dict,
+)
+from rollart_sdk.weights import WeightSyncError, checksum, split_buckets  # noqa: E402
+
+try:
+    from rollart_sdk.weights import WeightStager  # noqa: E402
+except ImportError:  # before the weights/ package move
+    from rollart_sdk.staging import WeightStager  # noqa: E402
+
+pytestmark = pytest.mark.timeout(300)
+BUCKET_BYTES = 4096
+
+
+def fingerprints(state: dict) -> dict[str, str]:
+    return {k: checksum({k: v}) for k, v in state.items()}
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    torch.set_num_threads(1)
+
+
+def test_conformance_kit():
+    sender = MooncakeTransport("sender", object_mb=0.01)  # several objects per version
+    summary = check_transport(
+        lambda: sender, lambda: MooncakeTransport("receiver", fetch_timeout_s=60),
+        num_receivers=2,
+    )
+    assert summary["versions"] == [1, 2] and summary["corrupt_rejected"] == "fetch"
+    assert "gone" in summary["released_error"]
+
+
+def test_buckets_are_packed_into_objects_of_the_configured_size():
+    sender = MooncakeTransport("sender", object_mb=0.01)  # 10 KiB objects
+    state = make_state_dict(1)
+    buckets = list(split_buckets(state.items(), 4096, 1))
+    objects, refs = sender._layout(1, buckets)
+    assert 1 < len(objects) < len(buckets)  # buckets share objects, within the bound
+    assert all(size <= sender.object_bytes for size, _ in objects[:-1] if len(_) > 1)
+    for _, members in objects:
+        assert all(offset % 64 == 0 for _, offset in members)
+    assert [r.index for r in refs] == [b.index for b in buckets]
+    big = MooncakeTransport("sender")  # default: 1 GB objects, one per small version
+    assert big.object_bytes == 1 << 30
+    assert len(big._layout(1, buckets)[0]) == 1
+
+
+def deliver(stagers, engines, manifest):
+    async def go():
+        for s in stagers:
+            s.start(manifest)
+        out = []
+        for s, e in zip(stagers, engines, strict=True):
+            try:
+                out.append(await s.commit(e, timeout_s=120))
+            except WeightSyncError as exc:
+                out.append(exc)
+        return out
+
+    return asyncio.run(go())
+
+
+@pytest.fixture
+def trainer_process():
+    ctx = mp.get_context("spawn")
+    parent, child = ctx.Pipe()
+    proc = ctx.Process(target=trainer, args=(child, BUCKET_BYTES), daemon=True)
+    proc.start()
+    yield proc, parent
+    if proc.is_alive():
+        parent.send(None)
+        proc.join(60)
+    if proc.is_alive():
+        proc.kill()
+
+
+def test_engines_pull_from_a_trainer_process_and_survive_its_death(trainer_process):
+    proc, conn = trainer_process
+    receivers = [MooncakeTransport("receiver", fetch_timeout_s=30) for _ in range(2)]
+    stagers = [WeightStager(r) for r in receivers]
+    engines = [RecordingEngine() for _ in receivers]
+    try:
+        for version in (1, 2):
+            conn.send(version)
+            assert conn.poll(120), "trainer did not publish"
+            manifest = conn.recv()
+            assert manifest.meta["master"].startswith("127.0.0.1:")
+            reports = deliver(stagers, engines, manifest)
+            assert all(not isinstance(r, Exception) for r in reports), reports
+            for engine in engines:
+                assert engine.version == version
+                assert fingerprints(engine.tensors) == fingerprints(make_state_dict(version))
+        conn.send(3)
+        assert conn.poll(120)
+        v3 = conn.recv()
+        # Peer killed: the trainer dies (its master and its segment with it) before the
+        # engines pulled version 3.
+        proc.kill()
+        proc.join(30)
+        reports = deliver(stagers, engines, v3)
+        for report, engine in zip(reports, engines, strict=True):
+            assert isinstance(report, WeightSyncError) and report.version == 3, report
+            assert engine.version == 2
+            assert fingerprints(engine.tensors) == fingerprints(make_state_dict(2))
+    finally:
+        for s in stagers:
+            s.close()
+        for r in receivers:
+            r.close()
+
+
+def test_a_removed_key_fails_every_engine_cleanly_and_the_next_version_lands():
+    sender = MooncakeTransport("sender", object_mb=0.01)
+    receivers = [MooncakeTransport("receiver", fetch_timeout_s=30) for _ in range(2)]
+    stagers = [WeightStager(r) for r in receivers]
+    engines = [RecordingEngine() for _ in receivers]
+    try:
+        def publish(v):
+            state = make_state_dict(v)
+            return sender.publish(v, split_buckets(state.items(), BUCKET_BYTES, v))
+
+        assert all(not isinstance(r, Exception) for r in deliver(stagers, engines, publish(1)))
+        manifest = publish(2)
+        key = manifest.meta["objects"][-1][0]
+        assert sender._client.remove(key, True) == 0  # one object vanishes mid-version
+        for report, engine in zip(deliver(stagers, engines, manifest), engines, strict=True):
+            assert isinstance(report, WeightSyncError) and key in str(report)
+            assert engine.version == 1
+            assert fingerprints(engine.tensors) == fingerprints(make_state_dict(1))
+        reports = deliver(stagers, engines, publish(3))
+        assert all(not isinstance(r, Exception) for r in reports), reports
+        assert [e.version for e in engines] == [3, 3]
+        assert sender.published_versions == [2, 3]  # keep_versions=2; 1 was removed
+    finally:
+        for s in stagers:
+            s.close()
+        for r in receivers:
+            r.close()
+        sender.close()
+
+
+def test_options_and_registration(register_plugin):
+    import rollart_transport_mooncake.plugin as plugin
+
+    desc = register_plugin(plugin, name="rollart-transport-mooncake").registry.get(
+        "transport", "mooncake")
+    opts = desc.validate_options({"object_mb": 256})
+    assert isinstance(opts, MooncakeTransportOptions) and opts.object_mb == 256
+    assert MooncakeTransportOptions().object_mb == 1024 and opts.host == "127.0.0.1"
+    transport = desc.create({}, role="receiver")
+    assert transport.style == "pull" and transport.role == "receiver"
+    from rollart_sdk.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="keep_versions"):
+        desc.validate_options({"keep_versions": 0})
+    with pytest.raises(ValueError, match="metadata_server"):
+        MooncakeTransport("receiver", master="127.0.0.1:1")
+    with pytest.raises(RuntimeError, match="role='receiver'"):
+        transport.publish(1, [])
