@@ -132,6 +132,12 @@ class TrainerWorker(ActorTrainWorker):
         manifest = self.transport.publish(version, self.trainer.export_weights(bucket_bytes))
         return manifest
 
+    @register("rank0")
+    def release_weights(self, version: int) -> None:
+        """Every engine committed a newer version: the transport may drop this one."""
+        assert self.transport is not None, "only rank 0 publishes weights"
+        self.transport.release(version)
+
     def version(self) -> int:
         return self.trainer.version
 

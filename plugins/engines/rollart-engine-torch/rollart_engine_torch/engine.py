@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import random
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -123,6 +124,7 @@ class TorchEngine:
         self._prefill_tokens = 0
         self._steps = 0
         self._recomputed_total = 0
+        self._recompute_s = 0.0
         self._aborted_total = 0  # requests ended by ABORT (freed before finishing)
         self._name = f"torch-engine:{model.path}"
         # Created on first use: the engine may be built outside the loop that drives it.
@@ -203,6 +205,7 @@ class TorchEngine:
             "steps": self._steps,
             "suspended": self._suspended,
             "recomputed": self._recomputed_total,
+            "recompute_s": round(self._recompute_s, 6),
             "aborted": self._aborted_total,
             "max_running": self._max_running,
             "max_seq_len": self._runner.max_seq_len,
@@ -333,7 +336,10 @@ class TorchEngine:
         finished: list[_Seq] = []
         for slot, seq in enumerate(self._running):
             if seq.needs_prefill:
+                t0 = time.perf_counter()
                 logits = runner.prefill(slot, seq.tokens)
+                if seq.recomputed:  # KV cache rebuilt under new weights (weight-sync cost)
+                    self._recompute_s += time.perf_counter() - t0
                 self._prefill_tokens += len(seq.tokens)
                 seq.cached = len(seq.tokens)
                 seq.needs_prefill = False

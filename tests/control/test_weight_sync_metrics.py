@@ -1,0 +1,57 @@
+"""Weight-sync timing on the real pipeline (in-process: torch engine and trainer, local
+transport): the exposed window, the once-per-run baseline, the hidden fraction, the KV
+recompute after a swap, and the trainer releasing versions every engine moved past."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from control_configs import TWO_TASKS
+from test_pipeline import run
+
+
+def test_hidden_fraction_against_a_baseline_measured_once(tmp_path):
+    released: list[int] = []
+
+    def spy(job):
+        transport = job.pipeline.trainers[0].target.transport
+        inner = transport.release
+
+        def release(version):
+            released.append(version)
+            inner(version)
+
+        transport.release = release
+
+    job, records = run(tmp_path, ["rollout.mode=async", "rollout.alpha=1"], steps=6,
+                       data=TWO_TASKS, prepare=spy)
+    p = job.pipeline
+    updates = [r for r in records if r.weight_sync_exposed_s > 0]
+    assert len(updates) >= 4
+    # The first update is the baseline: staged at the suspend point, nothing overlapping.
+    first = updates[0]
+    assert p.sync_baseline_s is not None and p.sync_baseline_s > 0
+    assert first.weight_sync_baseline_s == p.sync_baseline_s
+    # Its exposed window holds the whole baseline (plus suspend and resume).
+    assert first.weight_sync_exposed_s >= p.sync_baseline_s
+    for r in updates:
+        assert r.weight_sync_baseline_s == p.sync_baseline_s
+        assert r.weight_transfer_s > 0 and r.weight_sync_nbytes > 0
+    # The KV recompute a swap causes is measured by the engine and added to the window.
+    assert all(r.weight_recompute_s >= 0 for r in updates)
+    engines = [h.target.engine.stats() for h in p.proxy.workers.values()]
+    assert all("recompute_s" in s for s in engines)
+    lines = [json.loads(x) for x in
+             (Path(job.run_dir.path) / "metrics.jsonl").read_text().splitlines()]
+    hidden = [m["weight_sync/hidden_fraction"] for m in lines
+              if "weight_sync/hidden_fraction" in m]
+    assert len(hidden) == len(updates)
+    assert hidden[0] == 0.0  # the baseline update hid nothing, by construction
+    assert all(0.0 <= h <= 1.0 for h in hidden)
+    for m in lines:
+        if "weight_sync/hidden_fraction" in m:
+            expect = max(0.0, 1 - m["weight_sync/exposed_s"] / m["weight_sync/baseline_s"])
+            assert abs(m["weight_sync/hidden_fraction"] - expect) < 2e-3
+    # Every engine moved past version n once n + 1 was committed: the trainer dropped it.
+    assert released == list(range(1, len(updates)))
