@@ -26,6 +26,8 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
                     "vLLM vs torch engine vs static generate (same as engine --engine vllm)"),
     "straggler": ("rollart_sdk.bench.straggler:main",
                   "trajectory-level vs batched env interaction under env latency"),
+    "weights": ("rollart_sdk.bench.weights:main",
+                "weight transports on the real pipeline: transfer, exposed, hidden fraction"),
     "async": ("rollart_sdk.bench.async_modes:main",
               "sync vs one_off vs async alpha 1/2: step time, staleness, aborts"),
 }

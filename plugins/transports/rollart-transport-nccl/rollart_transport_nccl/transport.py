@@ -220,6 +220,10 @@ class NcclTransport:
         except Exception as exc:  # noqa: BLE001 - recorded, logged, and seen by receivers
             pg.abandon(self._group)
             self._group = None
+            if self._closing.is_set():  # a version nobody fetched before the run ended
+                log.info("transport nccl: round of version %s dropped at close", v)
+                self._give_up(key, "the sender closed")
+                return
             self._report_failure(key, 0, exc)
             err = WeightSyncError(v, f"the broadcast round failed: "
                                      f"{self._blame(key, world, exc)}")

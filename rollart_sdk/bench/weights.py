@@ -1,0 +1,248 @@
+"""``rollart bench weights``: weight transports on the real pipeline, and the transfer alone.
+
+Pipeline rows: the real training loop (``build_job(in_process=True)``: the torch trainer,
+the torch engines serving the rollout behind the LLMProxy, real environments and rewards,
+the transport under test moving every version from the trainer to both engines) for
+``--steps`` steps of the quickstart (the tiny model) or of SmolLM2-135M
+(examples/smollm2.yaml). Per run, from the pipeline's own per-step records:
+
+- ``transfer_s``: the background receive of one version on an engine (slowest engine);
+- ``exposed_s``: the whole window the rollout waited for the update: suspend (the engines
+  finish their running step), the swap, resume, plus the engines' KV recompute after it;
+- ``baseline_s``: the same update with nothing overlapping (the run's first update is
+  received only at the suspend point: pull + swap + recompute);
+- ``hidden_fraction`` = 1 - exposed / baseline, the paper's "hides 67-78 % of the pull";
+- ``GB/s``: version bytes / ``transfer_s``.
+
+Medians over the updates after the baseline one. Every worker runs in this process (one
+machine, no Ray start-up), so the transports move bytes through their real mechanism
+(Ray's object store, a gloo group over TCP, a Mooncake store over TCP) but between threads
+of one process that also runs training and rollout on the same cores.
+
+Transfer rows (``--transfer-mb``, default 1024): a synthetic state dict of that size
+published and received once through each transport, nothing else running: the transport's
+own throughput, checksum verification included.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib.util
+import json
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+TRANSPORTS = ["local", "ray", "nccl", "mooncake"]
+MODELS = {"tiny": "quickstart.yaml", "smollm2-135m": "smollm2.yaml"}
+PLUGIN_MODULE = {"ray": "rollart_transport_ray", "nccl": "rollart_transport_nccl",
+                 "mooncake": "rollart_transport_mooncake"}
+
+
+def _examples() -> Path:
+    return Path(__file__).resolve().parents[2] / "examples"
+
+
+def available(transport: str) -> bool:
+    module = PLUGIN_MODULE.get(transport)
+    return module is None or importlib.util.find_spec(module) is not None
+
+
+def _close_transports(job: Any) -> None:
+    """Close every transport of an in-process job (a Mooncake master, a store socket)."""
+    p = job.pipeline
+    for handle in [*p.proxy.workers.values(), *p.trainers]:
+        transport = getattr(getattr(handle, "target", None), "transport", None)
+        if transport is not None:
+            transport.close()
+
+
+def run_pipeline(transport: str, model: str, steps: int, options: dict[str, Any]) -> dict[str, Any]:
+    """One training run with ``transport``; the weight-sync row from its step records."""
+    from rollart_sdk.config import load_config
+    from rollart_sdk.ray_utils import init_ray
+    from rollart_sdk.train import build_job, run_job
+
+    ray = None
+    if transport == "ray":
+        import ray
+
+        init_ray(num_cpus=2)
+    with tempfile.TemporaryDirectory(prefix=f"rollart-bench-weights-{transport}-") as tmp:
+        overrides = [f"output_dir={tmp}", f"transport.name={transport}",
+                     f"train.steps={steps}", "train.save_final_model=false",
+                     "train.checkpoint_every=0"]
+        overrides += [f"transport.options.{k}={v}" for k, v in options.items()]
+        cfg, lines = load_config(_examples() / MODELS[model], overrides=overrides)
+        job = build_job(cfg, lines, in_process=True, log=lambda *a: None)
+        t0 = time.perf_counter()
+        try:
+            records = run_job(job, steps, progress=False)
+        finally:
+            _close_transports(job)
+            job.close()
+            if ray is not None:
+                ray.shutdown()
+    wall = time.perf_counter() - t0
+    updates = [r for r in records if r.weight_sync_exposed_s > 0]
+    later = updates[1:] or updates
+    nbytes = max((r.weight_sync_nbytes for r in updates), default=0)
+    baseline = next((r.weight_sync_baseline_s for r in reversed(updates)
+                     if r.weight_sync_baseline_s), None)
+    transfer = statistics.median(r.weight_transfer_s for r in later) if later else 0.0
+    exposed = statistics.median(r.weight_sync_exposed_s for r in later) if later else 0.0
+    hidden = [max(0.0, 1 - r.weight_sync_exposed_s / baseline) for r in later] if baseline else []
+    return {
+        "kind": "pipeline", "transport": transport, "model": model,
+        "model_mb": round(nbytes / 2**20, 2), "steps": len(records), "updates": len(later),
+        "transfer_s": round(transfer, 4), "exposed_s": round(exposed, 4),
+        "recompute_s": round(statistics.median(r.weight_recompute_s for r in later), 4)
+        if later else 0.0,
+        "baseline_s": round(baseline or 0.0, 4),
+        "hidden_fraction": round(statistics.median(hidden), 4) if hidden else None,
+        "gbps": round(nbytes / transfer / 1e9, 4) if transfer else None,
+        "wall_s": round(wall, 1),
+    }
+
+
+class _CountingEngine:
+    """Loads nothing: counts the bytes a stager hands over (the transfer is what is timed)."""
+
+    def __init__(self) -> None:
+        self.version = 0
+        self.nbytes = 0
+
+    async def load_weights(self, buckets: Any, version: int) -> int:
+        self.nbytes = sum(b.nbytes for b in buckets)
+        self.version = version
+        return 0
+
+
+def synthetic_state(mb: float, tensors: int = 16) -> dict[str, Any]:
+    import torch
+
+    per = max(int(mb * 2**20 / 4 / tensors), 1)
+    g = torch.Generator().manual_seed(0)
+    return {f"layers.{i}.weight": torch.randn(per, generator=g) for i in range(tensors)}
+
+
+def transfer_alone(transport: str, mb: float, bucket_mb: float,
+                   options: dict[str, Any]) -> dict[str, Any]:
+    """Publish one synthetic version and receive it once through ``transport``."""
+    from rollart_sdk.plugins import get_plugins
+    from rollart_sdk.ray_utils import init_ray
+    from rollart_sdk.weights import split_buckets
+
+    try:
+        from rollart_sdk.weights import WeightStager
+    except ImportError:  # before the weights/ package move
+        from rollart_sdk.staging import WeightStager
+
+    ray = None
+    if transport == "ray":
+        import ray
+
+        init_ray(num_cpus=2)
+    desc = get_plugins().registry.get("transport", transport)
+    sender = desc.create(options, role="sender")
+    receiver = desc.create(options, role="receiver")
+    state = synthetic_state(mb)
+    engine = _CountingEngine()
+    stager = WeightStager(receiver)
+    try:
+        buckets = list(split_buckets(state.items(), int(bucket_mb * 2**20), 1))
+        t0 = time.perf_counter()
+        manifest = sender.publish(1, buckets)  # push (nccl): returns, the round runs on
+        manifest.meta["receivers"] = 1
+        publish_s = time.perf_counter() - t0
+        stager.start(manifest)
+        report = asyncio.run(stager.commit(engine, timeout_s=600))
+    finally:
+        stager.close()
+        receiver.close()
+        sender.close()
+        if ray is not None:
+            ray.shutdown()
+    nbytes = engine.nbytes
+    return {
+        "kind": "transfer", "transport": transport, "model": f"synthetic-{mb:g}MB",
+        "model_mb": round(nbytes / 2**20, 2), "publish_s": round(publish_s, 4),
+        "transfer_s": round(report.transfer_s, 4), "exposed_s": None, "hidden_fraction": None,
+        "gbps": round(nbytes / report.transfer_s / 1e9, 4) if report.transfer_s else None,
+    }
+
+
+def _options(transport: str, model_mb: float | None = None) -> dict[str, Any]:
+    if transport == "mooncake" and model_mb:
+        # One version kept beside the next: a segment for two synthetic versions.
+        return {"keep_versions": 1, "segment_mb": int(model_mb * 2.5) + 64}
+    if transport == "nccl":
+        return {"backend": "gloo"}
+    return {}
+
+
+def run(transports: list[str], models: list[str], steps: int, repeats: int,
+        transfer_mb: float, bucket_mb: float) -> dict[str, Any]:
+    rows: list[dict[str, Any]] = []
+    skipped = [t for t in transports if not available(t)]
+    transports = [t for t in transports if available(t)]
+    for model in models:
+        for transport in transports:
+            runs = [run_pipeline(transport, model, steps, _options(transport))
+                    for _ in range(repeats)]
+            runs.sort(key=lambda r: r["hidden_fraction"] or 0.0)
+            row = dict(runs[len(runs) // 2])
+            row["hidden_fraction_runs"] = [r["hidden_fraction"] for r in runs]
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    if transfer_mb > 0:
+        for transport in transports:
+            row = transfer_alone(transport, transfer_mb, bucket_mb,
+                                 _options(transport, transfer_mb))
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    return {"benchmark": "weights", "steps": steps, "repeats": repeats,
+            "transfer_mb": transfer_mb, "bucket_mb": bucket_mb, "skipped": skipped,
+            "rows": rows}
+
+
+def _table(result: dict[str, Any]) -> str:
+    head = ("kind", "transport", "model", "model_mb", "transfer_s", "exposed_s", "baseline_s",
+            "hidden_fraction", "gbps")
+    lines = [" | ".join(head), " | ".join("---" for _ in head)]
+    for r in result["rows"]:
+        lines.append(" | ".join("" if r.get(k) is None else str(r.get(k)) for k in head))
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``rollart bench weights``; prints a table, optionally writes JSON."""
+    parser = argparse.ArgumentParser(prog="rollart bench weights",
+                                     description=__doc__.split("\n")[0] if __doc__ else None)
+    parser.add_argument("--transports", default=",".join(TRANSPORTS),
+                        help="comma-separated transports (default: all four)")
+    parser.add_argument("--models", default="tiny,smollm2-135m",
+                        help=f"comma-separated models: {', '.join(MODELS)}")
+    parser.add_argument("--steps", type=int, default=5, help="training steps per run")
+    parser.add_argument("--repeats", type=int, default=1, help="runs per row (median)")
+    parser.add_argument("--transfer-mb", type=float, default=1024.0,
+                        help="synthetic state dict for the transfer-alone rows (0: skip)")
+    parser.add_argument("--bucket-mb", type=float, default=64.0,
+                        help="trainer bucket size for the transfer-alone rows")
+    parser.add_argument("--json", default=None, help="write the result here")
+    args = parser.parse_args(argv)
+    models = [m for m in args.models.split(",") if m]
+    unknown = [m for m in models if m not in MODELS]
+    if unknown:
+        parser.error(f"unknown model(s) {unknown}; choose from {sorted(MODELS)}")
+    result = run([t for t in args.transports.split(",") if t], models, args.steps,
+                 args.repeats, args.transfer_mb, args.bucket_mb)
+    print(_table(result))
+    if result["skipped"]:
+        print(f"skipped (plugin not installed): {', '.join(result['skipped'])}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=2))
+    return 0
