@@ -180,3 +180,10 @@ def test_options_and_registration(register_plugin):
         MooncakeTransport("receiver", master="127.0.0.1:1")
     with pytest.raises(RuntimeError, match="role='receiver'"):
         transport.publish(1, [])
+
+
+def test_listed_by_rollart_plugins():
+    from rollart_sdk.plugins import load_plugins
+
+    desc = load_plugins().registry.get("transport", "mooncake")
+    assert desc.distribution == "rollart-transport-mooncake"

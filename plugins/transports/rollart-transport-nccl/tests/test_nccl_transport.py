@@ -226,3 +226,10 @@ def test_backend_choice_and_registration(register_plugin):
 
     with pytest.raises(ConfigError, match="backend"):
         desc.validate_options({"backend": "mpi"})
+
+
+def test_listed_by_rollart_plugins():
+    from rollart_sdk.plugins import load_plugins
+
+    desc = load_plugins().registry.get("transport", "nccl")
+    assert desc.distribution == "rollart-transport-nccl"
