@@ -30,6 +30,7 @@ import argparse
 import asyncio
 import importlib.util
 import json
+import shutil
 import statistics
 import tempfile
 import time
@@ -44,6 +45,11 @@ PLUGIN_MODULE = {"ray": "rollart_transport_ray", "nccl": "rollart_transport_nccl
 
 def _examples() -> Path:
     return Path(__file__).resolve().parents[2] / "examples"
+
+
+def _mkdir(path: Path) -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    return path
 
 
 def available(transport: str) -> bool:
@@ -71,21 +77,24 @@ def run_pipeline(transport: str, model: str, steps: int, options: dict[str, Any]
         import ray
 
         init_ray(num_cpus=2)
-    with tempfile.TemporaryDirectory(prefix=f"rollart-bench-weights-{transport}-") as tmp:
-        overrides = [f"output_dir={tmp}", f"transport.name={transport}",
-                     f"train.steps={steps}", "train.save_final_model=false",
-                     "train.checkpoint_every=0"]
-        overrides += [f"transport.options.{k}={v}" for k, v in options.items()]
-        cfg, lines = load_config(_examples() / MODELS[model], overrides=overrides)
-        job = build_job(cfg, lines, in_process=True, log=lambda *a: None)
-        t0 = time.perf_counter()
-        try:
-            records = run_job(job, steps, progress=False)
-        finally:
-            _close_transports(job)
-            job.close()
-            if ray is not None:
-                ray.shutdown()
+    # Run directories under one root, so that a converted model (root/.models) is reused;
+    # each run's own directory (metrics, final checkpoint) is removed after it.
+    root = _mkdir(Path(tempfile.gettempdir()) / "rollart-bench-weights")
+    overrides = [f"output_dir={root}", f"transport.name={transport}",
+                 f"train.steps={steps}", "train.save_final_model=false",
+                 "train.checkpoint_every=0"]
+    overrides += [f"transport.options.{k}={v}" for k, v in options.items()]
+    cfg, lines = load_config(_examples() / MODELS[model], overrides=overrides)
+    job = build_job(cfg, lines, in_process=True, log=lambda *a: None)
+    t0 = time.perf_counter()
+    try:
+        records = run_job(job, steps, progress=False)
+    finally:
+        _close_transports(job)
+        job.close()
+        shutil.rmtree(job.run_dir.path, ignore_errors=True)
+        if ray is not None:
+            ray.shutdown()
     wall = time.perf_counter() - t0
     updates = [r for r in records if r.weight_sync_exposed_s > 0]
     later = updates[1:] or updates
