@@ -148,6 +148,11 @@ class TaskConfig(_Strict):
     step_timeout_s: float = Field(30.0, gt=0)
     generate_timeout_s: float = Field(300.0, gt=0)
     max_context_tokens: int = Field(1024, gt=0)  # a longer trajectory is truncated
+    # Environments kept for this task, each living across episodes (reset -> episode ->
+    # reset) with its EnvManager; built at first use, closed at run end or replaced when
+    # one fails. None: as many as the run keeps busy at once (rollout.max_envs or a
+    # step's launches); 0: no pool, one environment per trajectory.
+    env_pool: int | None = Field(None, ge=0)
 
 
 class RolloutConfig(_Strict):

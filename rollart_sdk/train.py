@@ -266,6 +266,7 @@ def build_job(cfg: RunConfig, lines: Any = None, run_name: str | None = None,
         max_running=max_running,
         alpha=r.effective_alpha if r.mode == "async" else None, batch_quota=task_quota(cfg),
         seed=cfg.seed, event_sink=run_dir.log_event, interaction=r.interaction,
+        env_pools=env_pool_sizes(cfg, max_running),
     )
     pipeline = Pipeline(cfg, proxy, scheduler, buffer, trainers,
                         checkpoint_dir=str(run_dir.checkpoints), event_sink=run_dir.log_event)
@@ -273,6 +274,43 @@ def build_job(cfg: RunConfig, lines: Any = None, run_name: str | None = None,
     run_dir.write_json("plan.json", plan.to_json())
     run_dir.write_json("bindings.json", spawner.bindings())
     return Job(cfg, run_dir, pipeline, trainers, spawner)
+
+
+def env_pool_sizes(cfg: RunConfig, max_running: int) -> dict[str, int]:
+    """Pooled environments per task: ``tasks[].env_pool``, by default as many as the run
+    keeps busy at once (built lazily, so only the ones a task needs are made)."""
+    sizes = {}
+    for i, task in enumerate(cfg.tasks):
+        size = max_running if task.env_pool is None else task.env_pool
+        if size == 0:
+            continue  # no pool: one environment per trajectory
+        if size < cfg.rollout.group_size:
+            from rollart_sdk.errors import ConfigError
+
+            raise ConfigError([(f"tasks.{i}.env_pool", f"{size} environments cannot run a group "
+                                f"of {cfg.rollout.group_size}; use at least "
+                                f"rollout.group_size, or 0 for one environment per trajectory")])
+        sizes[task.tag] = size
+    return sizes
+
+
+def env_summary(job: Job) -> dict[str, Any]:
+    """Per task: pool size, slots used, episodes, failures; per worker: instances built."""
+    sched = job.pipeline.scheduler
+    pools = {tag: {"size": len(p.slots), "slots_used": sum(1 for s in p.slots if s.episodes),
+                   "episodes": sum(s.episodes for s in p.slots), "failures": p.failures}
+             for tag, p in sched.pools.items()}
+    built: dict[str, int] = {}
+    for w in sched.env_workers:
+        try:
+            stats = job.spawner.call(w, "stats", timeout=30)
+        except Exception as exc:  # noqa: BLE001 - a dead env worker: say so in the summary
+            built[f"error:{w.name}"] = 0
+            pools.setdefault("_errors", {})[w.name] = f"{type(exc).__name__}: {exc}"
+            continue
+        for tag, n in stats["constructions"].items():
+            built[tag] = built.get(tag, 0) + n
+    return {"pools": pools, "constructions": built}
 
 
 def run_job(job: Job, steps: int, progress: bool = True) -> list[Any]:
@@ -324,6 +362,7 @@ def run_job(job: Job, steps: int, progress: bool = True) -> list[Any]:
         "served": {f"{tag}@{w}": n for (tag, w), n in p.proxy.served.items()},
         "weight_updates": [vars(r) for r in p.update_reports],
         "wall_time_s": time.time() - p.started,
+        "envs": env_summary(job),
         "learning": learning_summary(p),
     }
     job.run_dir.write_json("summary.json", summary)

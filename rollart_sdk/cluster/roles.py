@@ -167,13 +167,16 @@ class EnvWorker(EnvironmentWorker):
         self._specs = envs  # tag -> (descriptor, options)
         self._envs: dict[str, Any] = {}
         self._factories: dict[str, Any] = {}
+        self.constructions: dict[str, int] = {}  # tag -> instances built (pooling: once each)
 
     def _make(self, tag: str) -> Any:
         if tag not in self._factories:
             desc, options = self._specs[tag]
             self._factories[tag] = (desc.load(), options)
         factory, options = self._factories[tag]
-        return factory(**options.model_dump())
+        env = factory(**options.model_dump())
+        self.constructions[tag] = self.constructions.get(tag, 0) + 1
+        return env
 
     def reset(self, env_id: str, tag: str, seed: int) -> tuple[str, dict[str, Any]]:
         env = self._envs.get(env_id)
@@ -193,6 +196,10 @@ class EnvWorker(EnvironmentWorker):
 
     def count(self) -> int:
         return len(self._envs)
+
+    def stats(self) -> dict[str, Any]:
+        """Live instances and how many were built per task (tests, metrics)."""
+        return {"name": self.name, "live": len(self._envs), "constructions": dict(self.constructions)}
 
 
 class RewardBackendWorker(RewardWorker):

@@ -49,7 +49,9 @@ class TaskRuntime:
 
 
 class EnvManager:
-    """Runs one trajectory. ``abort(reason)`` ends it from outside at any point."""
+    """Runs one environment's episodes, one at a time: ``run()`` plays the current
+    trajectory, ``next_episode(...)`` starts another on the same environment (pooled, the
+    paper's reset -> episode loop). ``abort(reason)`` ends the current one at any point."""
 
     def __init__(
         self,
@@ -64,10 +66,8 @@ class EnvManager:
         version: Callable[[], int],
         event_sink: Callable[[dict[str, Any]], None] | None = None,
         barrier: TurnBarrier | None = None,
+        env_id: str | None = None,
     ) -> None:
-        self.traj = trajectory
-        self.seed = seed  # env seed: shared by a GRPO group (same start state / prompt)
-        self.sample_seed = sample_seed  # sampling seed: distinct per trajectory
         self.task = task
         self.chat = chat
         self.proxy = proxy
@@ -75,11 +75,32 @@ class EnvManager:
         self.reward = reward_worker
         self.version = version
         self._emit = event_sink or (lambda e: None)
+        # Pooled (env_id given): the env instance outlives the episode and the pool closes
+        # it; otherwise the instance is this trajectory's own and is closed after it.
+        self.pooled_env_id = env_id
+        self.episodes = 0
+        self._begin(trajectory, seed, sample_seed, barrier)
+
+    def next_episode(self, trajectory: Trajectory, seed: int, sample_seed: int,
+                     barrier: TurnBarrier | None = None, env_id: str | None = None) -> None:
+        """Reuse this manager and its environment for another episode (reset -> episode)."""
+        if not self._finished:
+            raise RuntimeError(f"EnvManager {self.env_id}: the current episode is still running")
+        if env_id is not None:
+            self.pooled_env_id = env_id  # the pool replaced a failed instance
+        self._begin(trajectory, seed, sample_seed, barrier)
+
+    def _begin(self, trajectory: Trajectory, seed: int, sample_seed: int,
+               barrier: TurnBarrier | None) -> None:
+        self.traj = trajectory
+        self.seed = seed  # env seed: shared by a GRPO group (same start state / prompt)
+        self.sample_seed = sample_seed  # sampling seed: distinct per trajectory
         self._abort_reason: str | None = None
         self._current_request: str | None = None
         self._finished = False
         self._reward_request: RewardRequest | None = None  # set when the rollout completes
-        self.env_id = trajectory.trajectory_id
+        self.env_id = self.pooled_env_id or trajectory.trajectory_id
+        self.episodes += 1
         # Batched interaction: wait for the whole wave before each turn's generation.
         self.barrier = barrier
         if barrier is not None:
@@ -121,10 +142,11 @@ class EnvManager:
             if self.barrier is not None:
                 self.barrier.leave(self.env_id)
             self.proxy.release(traj.trajectory_id)
-            try:
-                await asyncio.wait_for(self.env.call("close", self.env_id), timeout=10)
-            except Exception:  # noqa: BLE001 - a broken env's close must not hide the result
-                pass
+            if self.pooled_env_id is None:
+                try:
+                    await asyncio.wait_for(self.env.call("close", self.env_id), timeout=10)
+                except Exception:  # noqa: BLE001 - a broken env's close must not hide the result
+                    pass
         return traj
 
     async def _timed(self, span: str, coro: Any, timeout: float, worker: str | None) -> Any:

@@ -296,6 +296,7 @@ class Pipeline:
     def _report(self, rec: StepRecord) -> None:
         prev = self.records[rec.step - 1] if rec.step > 0 else None
         metrics = step_metrics(rec, prev, self.buffer, time.time() - self.started)
+        metrics.update(self.scheduler.env_metrics())
         if self.on_step is not None:
             self.on_step(rec, metrics)
 

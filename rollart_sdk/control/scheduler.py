@@ -27,6 +27,7 @@ from typing import Any
 from rollart_sdk.control.buffer import SampleBuffer
 from rollart_sdk.control.chat import ChatFormat
 from rollart_sdk.control.env_manager import EnvManager, TaskRuntime
+from rollart_sdk.control.env_pool import EnvPool, EnvSlot, close_instance
 from rollart_sdk.control.handles import WorkerHandle
 from rollart_sdk.control.lockstep import TurnBarrier
 from rollart_sdk.control.proxy import LLMProxy
@@ -50,6 +51,7 @@ class RolloutScheduler:
         seed: int = 0,
         event_sink: Callable[[dict[str, Any]], None] | None = None,
         interaction: str = "trajectory",
+        env_pools: dict[str, int] | None = None,
     ) -> None:
         if max_running < group_size:
             raise ValueError(f"max_running ({max_running}) must hold a group ({group_size})")
@@ -86,6 +88,14 @@ class RolloutScheduler:
         self._env_rr = 0
         self.launched = 0
         self.launched_by_tag: Counter[str] = Counter()
+        # Pooled environments (the paper's EnvManagers living across episodes), per task;
+        # a task without a pool gets one environment per trajectory.
+        self.pools: dict[str, EnvPool] = {}
+        for i, (tag, size) in enumerate(sorted((env_pools or {}).items())):
+            if size < group_size:
+                raise ValueError(f"task {tag!r}: env_pool {size} cannot hold a group of {group_size}")
+            self.pools[tag] = EnvPool.spread(tag, size, env_workers, offset=i)
+        self._slot_of: dict[str, EnvSlot] = {}  # trajectory id -> its pooled environment
 
     # ------------------------------------------------------------------ control
     def start(self, quota: dict[str, int] | None = None) -> None:
@@ -145,19 +155,41 @@ class RolloutScheduler:
                 await self._loop_task
             except asyncio.CancelledError:
                 pass
+        await self.close_envs()
+
+    async def close_envs(self) -> None:
+        """Close every pooled environment instance (run end)."""
+        built = [s for p in self.pools.values() for s in p.slots if s.built or s.manager]
+        errors = await asyncio.gather(*(close_instance(s.worker, s.env_id) for s in built))
+        for slot, err in zip(built, errors, strict=True):
+            slot.built = False
+            if err and self._emit is not None:
+                self._emit({"trajectory": None, "tag": slot.tag, "span": "env_close_failed",
+                            "worker": slot.worker.name, "error": err})
+
+    def env_metrics(self) -> dict[str, float]:
+        """``env/reset_s/<tag>`` (mean reset time since the last call), ``env/failures/<tag>``
+        (instances failed and replaced so far), pool sizes and episodes."""
+        out: dict[str, float] = {}
+        for pool in self.pools.values():
+            out.update(pool.metrics())
+        if self.pools:
+            out["env/failures"] = float(sum(p.failures for p in self.pools.values()))
+        return out
 
     # ------------------------------------------------------------------ loop
     def _launchable_tags(self) -> list[str]:
         """Tasks that may start a group now (all, or none, outside the async bound)."""
         if self._stopped or len(self.running) + self.group_size > self.max_running:
             return []
+        tags = [t for t in self._tags if t not in self.pools or self.pools[t].free() >= self.group_size]
         if self._quota is not None:
-            return [t for t in self._tags if self._quota.get(t, 0) >= self.group_size]
+            return [t for t in tags if self._quota.get(t, 0) >= self.group_size]
         if self.alpha is None:
-            return self._tags
+            return tags
         # Per task, so that a task whose trajectories finish fast cannot take the others'
         # room. Outstanding work (running + buffered) stays O((alpha + 1) * batch).
-        return [t for t in self._tags if (self.admission_room(t) or 0) >= self.group_size]
+        return [t for t in tags if (self.admission_room(t) or 0) >= self.group_size]
 
     async def _loop(self) -> None:
         while not self._stopped:
@@ -181,17 +213,47 @@ class RolloutScheduler:
             self._traj_counter += 1
             tid = f"{tag}-{group_id}-{self._traj_counter}"
             traj = Trajectory(trajectory_id=tid, tag=tag, group_id=group_id, start_version=version)
-            worker = self._pick_env_worker()
-            mgr = EnvManager(
-                traj, env_seed, _keyed_seed(self.seed, "sample", self._traj_counter),
-                self.tasks[tag], self.chat,
-                self.proxy, worker, self.reward_worker, self.version, self._emit,
-                barrier=self._wave,
-            )
+            sample_seed = _keyed_seed(self.seed, "sample", self._traj_counter)
+            mgr = self._manager(traj, env_seed, sample_seed)
             task = asyncio.create_task(self._run(mgr), name=f"traj-{tid}")
             self.running[tid] = (mgr, task)
             self.launched += 1
             self.launched_by_tag[tag] += 1
+
+    def _manager(self, traj: Trajectory, env_seed: int, sample_seed: int) -> EnvManager:
+        """The EnvManager for a new trajectory: its pooled environment's own (made once,
+        reused episode after episode), or a fresh one for an unpooled task."""
+        pool = self.pools.get(traj.tag)
+        if pool is None:
+            return EnvManager(traj, env_seed, sample_seed, self.tasks[traj.tag], self.chat,
+                              self.proxy, self._pick_env_worker(), self.reward_worker,
+                              self.version, self._emit, barrier=self._wave)
+        slot = pool.acquire()
+        self._slot_of[traj.trajectory_id] = slot
+        if slot.manager is None:
+            slot.manager = EnvManager(traj, env_seed, sample_seed, self.tasks[traj.tag], self.chat,
+                                      self.proxy, slot.worker, self.reward_worker, self.version,
+                                      self._emit, barrier=self._wave, env_id=slot.env_id)
+        else:
+            slot.manager.next_episode(traj, env_seed, sample_seed, barrier=self._wave,
+                                      env_id=slot.env_id)
+        return slot.manager
+
+    async def _return_slot(self, traj: Trajectory) -> None:
+        """Give the trajectory's pooled environment back; close and replace it if it failed."""
+        slot = self._slot_of.pop(traj.trajectory_id, None)
+        if slot is None:
+            return
+        resets = [t1 - t0 for span, t0, t1 in traj.timings if span == "env_reset"]
+        old_id = slot.env_id
+        # Only a reset that returned built the instance (a failed one may not have).
+        ok_reset = resets[0] if resets and not (traj.dropped or "").startswith("env_reset") else None
+        if self.pools[traj.tag].release(slot, traj.dropped, ok_reset):
+            err = await close_instance(slot.worker, old_id)
+            if self._emit is not None:
+                self._emit({"trajectory": traj.trajectory_id, "tag": traj.tag,
+                            "span": "env_replaced", "worker": slot.worker.name,
+                            "reason": traj.dropped, "close_error": err})
 
     def _pick_env_worker(self) -> WorkerHandle:
         self._env_rr = (self._env_rr + 1) % len(self.env_workers)
@@ -207,6 +269,7 @@ class RolloutScheduler:
             traj.dropped = f"internal_error: {type(exc).__name__}: {exc}"
         finally:
             self.running.pop(traj.trajectory_id, None)
+            await self._return_slot(traj)
             await self.buffer.put(traj)
             self._wakeup.set()
         return traj
