@@ -45,17 +45,26 @@ def cmd_plugins(args: argparse.Namespace) -> int:
         table.add_column(col)
     for rec in ps.records.values():
         regs = "\n".join(
-            f"{kind}: {name}  [dim]{rec.summaries.get(f'{kind}:{name}', '')}[/dim]"
+            f"{kind}: {len(names)} names, e.g. {names[0]}  [dim](rollart envs / plugins --json)[/dim]"
+            if len(names) > 12 else
+            "\n".join(f"{kind}: {name}  [dim]{rec.summaries.get(f'{kind}:{name}', '')}[/dim]"
+                      for name in names)
             for kind, names in rec.registered.items()
-            for name in names
         )
         status = (
             "[yellow]disabled[/yellow]"
             if rec.disabled
             else f"[red]error: {rec.error}[/red]" if rec.error else "[green]ok[/green]"
         )
+        if rec.unavailable:  # names the plugin knows but could not register here, and why
+            regs = (regs + "\n" if regs else "") + f"[yellow]not registered: {len(rec.unavailable)}[/yellow]"
         table.add_row(rec.name, rec.distribution or "-", rec.version or "-", regs or "-", status)
     console.print(table)
+    for rec in ps.records.values():
+        if rec.unavailable:
+            console.print(f"\n[bold]{rec.name}[/bold] does not register:")
+            for name, reason in sorted(rec.unavailable.items()):
+                console.print(f"  {name}: {reason}")
     return 0
 
 
@@ -146,6 +155,7 @@ EXTRA_COMMANDS: list[str] = [
     "rollart_sdk.models:add_parser",
     "rollart_sdk.train:add_parser",
     "rollart_sdk.report:add_parser",
+    "rollart_sdk.env_catalog:add_parser",
     "rollart_sdk.resources.status:add_parser",
 ]
 

@@ -12,4 +12,6 @@ def rollart_register_envs(registry):
         factory="rollart_env_arithmetic.env:ArithmeticEnv",
         options="rollart_env_arithmetic.env:ArithmeticOptions",
         summary="compute a+b / a-b / a*b; free-text answer, reward 1 when the final number is right",
+        traits={"turns": "turns attempts (default 1)",
+                "character": "decode-heavy: a short prompt, a long worked answer (answer_style: steps)"},
     )

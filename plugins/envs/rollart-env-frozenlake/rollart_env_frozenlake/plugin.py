@@ -12,4 +12,6 @@ def rollart_register_envs(registry):
         factory="rollart_env_frozenlake.env:FrozenLakeTextEnv",
         options="rollart_env_frozenlake.env:FrozenLakeOptions",
         summary="gymnasium FrozenLake: text grid observations, actions Left/Down/Right/Up",
+        traits={"turns": "max_steps (default 5 x the map side)",
+                "character": "multi-turn, prefill-heavy (the grid is re-read every turn), one-token actions"},
     )

@@ -12,4 +12,6 @@ def rollart_register_envs(registry):
         factory="rollart_env_sokoban.env:SokobanTextEnv",
         options="rollart_env_sokoban.env:SokobanOptions",
         summary="Sokoban: text grid, fixed or generated (seeded) levels, actions Up/Down/Left/Right",
+        traits={"turns": "max_steps (default 20)",
+                "character": "multi-turn, prefill-heavy (the grid is re-read every turn), one-token actions"},
     )
