@@ -1,8 +1,12 @@
 """``rollart bench async``: the paper's baselines against async, at equal capacity.
 
-Each configuration runs the real pipeline in-process (``build_job(in_process=True)``: the
-torch engine behind the LLMProxy, the torch trainer, the ``local`` weight transport, the
-RolloutScheduler and SampleBuffer) on the same task: a multi-turn env (``bench-latency``:
+Each configuration runs the real pipeline as ``rollart train`` does: the trainer, the torch
+engine, the environment host and the reward worker as Ray actors (one process each, so that
+training and rollout run side by side as on disaggregated hardware, not behind one
+interpreter lock), the control plane (LLMProxy, RolloutScheduler, SampleBuffer, Pipeline)
+in this process, the ``ray`` weight transport. ``--in-process`` runs every worker in this
+process instead (smoke tests: no Ray start-up, but training and rollout then share one
+interpreter). The task: a multi-turn env (``bench-latency``:
 one constrained action word per turn, episodes of ``turns/2..turns`` steps) whose every
 step sleeps a latency drawn from N(mu, sigma), truncated at 0 (a slow tool or container).
 
@@ -54,7 +58,7 @@ TINY_MODEL = {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "intermediate_
 
 
 async def _drive(job: Any, steps: int, threads: int) -> tuple[list[Any], list[dict[str, Any]], float]:
-    pool = wide_executor(asyncio.get_running_loop(), threads)
+    pool = wide_executor(asyncio.get_running_loop(), threads)  # in-process workers' calls
     metrics: list[dict[str, Any]] = []
     job.pipeline.on_step = lambda rec, m: metrics.append(m)
     t0 = time.perf_counter()
@@ -67,7 +71,7 @@ async def _drive(job: Any, steps: int, threads: int) -> tuple[list[Any], list[di
 
 def run_config(mode: str, interaction: str, alpha: int, steps: int, env_options: dict[str, Any],
                turns: int, batch: int, group: int, max_envs: int, seed: int, registry: Any,
-               model: dict[str, int] | None = None) -> dict[str, Any]:
+               model: dict[str, int] | None = None, in_process: bool = False) -> dict[str, Any]:
     """One configuration, start to end, in its own temporary run directory."""
     from rollart_sdk.config import load_config
     from rollart_sdk.control.pipeline import run_rollout_summary
@@ -80,8 +84,10 @@ def run_config(mode: str, interaction: str, alpha: int, steps: int, env_options:
         data = latency_config(env_options, turns, tmp, seed, rollout, max_running=max_envs + 8)
         data["model"] = {"tiny": dict(model or BENCH_MODEL)}
         data["trainer"]["options"]["micro_batch_size"] = 1
+        if not in_process:
+            data["transport"] = {"name": "ray"}  # the object store, across processes
         cfg, lines = load_config(data=data)
-        job = build_job(cfg, lines, in_process=True, log=lambda *a: None, registry=registry)
+        job = build_job(cfg, lines, in_process=in_process, log=lambda *a: None, registry=registry)
         try:
             records, metrics, wall = asyncio.run(_drive(job, steps, 2 * max_envs + 16))
         finally:
@@ -124,7 +130,7 @@ def _median_row(runs: list[dict[str, Any]]) -> dict[str, Any]:
 def run(steps: int = 8, turns: int = 4, mu: float = 0.1, sigma_over_mu: float = 0.5,
         batch: int = 8, group: int = 4, max_envs: int | None = None, seed: int = 0,
         repeats: int = 3, configs: list[tuple[str, str, int]] | None = None,
-        tiny: bool = False) -> dict[str, Any]:
+        tiny: bool = False, in_process: bool = False, log: Any = None) -> dict[str, Any]:
     if batch % group:
         raise ValueError(f"--batch ({batch}) must be a multiple of --group ({group})")
     envs = max_envs or 2 * batch
@@ -135,12 +141,23 @@ def run(steps: int = 8, turns: int = 4, mu: float = 0.1, sigma_over_mu: float = 
     opts = {"turns": turns, "min_turns": max(1, turns // 2), "mu": mu, "sigma": sigma_over_mu * mu}
     configs = configs or CONFIGS
     runs: dict[int, list[dict[str, Any]]] = {i: [] for i in range(len(configs))}
-    for rep in range(repeats):
-        order = range(len(configs)) if rep % 2 == 0 else reversed(range(len(configs)))
-        for i in order:
-            mode, interaction, alpha = configs[i]
-            runs[i].append(run_config(mode, interaction, alpha, steps, opts, turns, batch, group,
-                                      envs, seed, registry, TINY_MODEL if tiny else BENCH_MODEL))
+    try:
+        for rep in range(repeats):
+            order = range(len(configs)) if rep % 2 == 0 else reversed(range(len(configs)))
+            for i in order:
+                mode, interaction, alpha = configs[i]
+                r = run_config(mode, interaction, alpha, steps, opts, turns, batch, group, envs,
+                               seed, registry, TINY_MODEL if tiny else BENCH_MODEL, in_process)
+                runs[i].append(r)
+                if log is not None:
+                    log(f"repeat {rep + 1}/{repeats}: {mode} {interaction} alpha={alpha}: "
+                        f"step {r['step_time_s']:.2f} s (rollout {r['rollout_s']:.2f} s, "
+                        f"train {r['train_s']:.2f} s), waste {r['waste']:.0%}")
+    finally:
+        if not in_process:
+            import ray
+
+            ray.shutdown()
     rows = [_median_row(runs[i]) for i in range(len(configs))]
     base = next((r for r in rows if r["mode"] == "sync" and r["interaction"] == "trajectory"), rows[0])
     bound = base["step_time_s"] / max(base["rollout_s"], base["train_s"], 1e-9)
@@ -149,7 +166,7 @@ def run(steps: int = 8, turns: int = 4, mu: float = 0.1, sigma_over_mu: float = 
         r["bound_speedup"] = bound
     return {"benchmark": "async", "steps": steps, "turns": turns, "mu": mu,
             "sigma_over_mu": sigma_over_mu, "batch_size": batch, "group_size": group,
-            "max_envs": envs, "seed": seed, "repeats": repeats,
+            "max_envs": envs, "seed": seed, "repeats": repeats, "in_process": in_process,
             "model": TINY_MODEL if tiny else BENCH_MODEL,
             "rows": rows}
 
@@ -170,6 +187,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--tiny", action="store_true",
                         help="a 1-layer model (smoke tests): training becomes negligible")
+    parser.add_argument("--in-process", action="store_true",
+                        help="every worker in this process, no Ray (smoke tests)")
     parser.add_argument("--json", metavar="PATH", default=None, help="also write results here")
     args = parser.parse_args(argv)
     if args.steps < 2 or args.turns < 1 or args.mu < 0 or args.sigma_over_mu < 0 or args.repeats < 1:
@@ -182,9 +201,13 @@ def main(argv: list[str] | None = None) -> int:
     from rich.table import Table
 
     console = Console(width=max(Console().width, 130))
-    with console.status("running sync / one_off / async pipelines..."):
-        res = run(args.steps, args.turns, args.mu, args.sigma_over_mu, args.batch, args.group,
-                  args.max_envs, args.seed, args.repeats, tiny=args.tiny)
+    if not args.in_process:
+        from rollart_sdk.ray_utils import local_ray_env
+
+        local_ray_env()
+    res = run(args.steps, args.turns, args.mu, args.sigma_over_mu, args.batch, args.group,
+              args.max_envs, args.seed, args.repeats, tiny=args.tiny, in_process=args.in_process,
+              log=lambda line: console.print(line, highlight=False))
     table = Table(title=(
         f"async modes: {res['steps']} steps x {res['repeats']} repeats (median), batch "
         f"{res['batch_size']} (groups of {res['group_size']}), {res['max_envs']} envs in every "
