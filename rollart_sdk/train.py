@@ -425,11 +425,16 @@ def cmd_train(args: argparse.Namespace) -> int:
         job.close()
     import json
 
-    learning = json.loads((job.run_dir.path / "summary.json").read_text())["learning"]
-    for tag, v in learning.items():
+    summary = json.loads((job.run_dir.path / "summary.json").read_text())
+    for tag, v in summary["learning"].items():
         key = "success" if v["success_last_tenth"] is not None else "reward"
         first, last = v[f"{key}_first_step"], v[f"{key}_last_tenth"]
         print(f"{tag}: {key} {first:.2f} at the first step -> {last:.2f} over the last tenth")
+    ro = summary["rollout"]
+    bias = ", ".join(f"{tag} {b:.2f}" for tag, b in ro["length_bias"].items())
+    print(f"rollout: {ro['launched']} launched, {ro['trained']} trained; waste "
+          f"{ro['waste']:.0%} of trajectories, {ro['waste_tokens']:.0%} of generated tokens; "
+          f"{ro['spanning_update']} trained across a weight update; length bias {bias}")
     print(f"done: {job.run_dir.path}")
     return 0
 

@@ -1,12 +1,13 @@
 """``rollart bench async``: the paper's baselines against async, at equal capacity.
 
-Each configuration runs the real pipeline as ``rollart train`` does: the trainer, the torch
-engine, the environment host and the reward worker as Ray actors (one process each, so that
-training and rollout run side by side as on disaggregated hardware, not behind one
-interpreter lock), the control plane (LLMProxy, RolloutScheduler, SampleBuffer, Pipeline)
-in this process, the ``ray`` weight transport. ``--in-process`` runs every worker in this
-process instead (smoke tests: no Ray start-up, but training and rollout then share one
-interpreter). The task: a multi-turn env (``bench-latency``:
+Each configuration runs the real pipeline in-process (``build_job(in_process=True)``: the
+torch trainer, the torch engine behind the LLMProxy, the environment host and the reward
+worker as objects in this process, their blocking calls in threads; the control plane
+(RolloutScheduler, SampleBuffer, Pipeline); the ``local`` weight transport). Training and
+generation overlap only where torch kernels release the interpreter lock, so the model is
+sized for kernels that do (hidden 256, micro-batches of 8). ``--ray`` runs every worker as
+a Ray actor instead, as ``rollart train`` does (one process each; slower to start: about a
+minute per configuration on a loaded 2-core machine). The task: a multi-turn env (``bench-latency``:
 one constrained action word per turn, episodes of ``turns/2..turns`` steps) whose every
 step sleeps a latency drawn from N(mu, sigma), truncated at 0 (a slow tool or container).
 
@@ -51,9 +52,10 @@ CONFIGS: list[tuple[str, str, int]] = [
     ("sync", "batched", 0), ("sync", "trajectory", 0), ("one_off", "trajectory", 0),
     ("async", "trajectory", 0), ("async", "trajectory", 1), ("async", "trajectory", 2),
 ]
-# Sized so that one training step (micro-batches of one sequence through a 4-layer model)
-# and one batch's rollout are of the same order on a small CPU machine.
-BENCH_MODEL = {"hidden_size": 128, "num_layers": 4, "num_heads": 4, "intermediate_size": 256}
+# Sized so that one training step and one batch's rollout are of the same order on a small
+# CPU machine, with work in large kernels (which run outside the interpreter lock).
+BENCH_MODEL = {"hidden_size": 256, "num_layers": 2, "num_heads": 4, "intermediate_size": 512}
+TRAIN_MICRO_BATCH = 8
 TINY_MODEL = {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "intermediate_size": 64}
 
 
@@ -71,7 +73,7 @@ async def _drive(job: Any, steps: int, threads: int) -> tuple[list[Any], list[di
 
 def run_config(mode: str, interaction: str, alpha: int, steps: int, env_options: dict[str, Any],
                turns: int, batch: int, group: int, max_envs: int, seed: int, registry: Any,
-               model: dict[str, int] | None = None, in_process: bool = False) -> dict[str, Any]:
+               model: dict[str, int] | None = None, in_process: bool = True) -> dict[str, Any]:
     """One configuration, start to end, in its own temporary run directory."""
     from rollart_sdk.config import load_config
     from rollart_sdk.control.pipeline import run_rollout_summary
@@ -83,7 +85,7 @@ def run_config(mode: str, interaction: str, alpha: int, steps: int, env_options:
     with tempfile.TemporaryDirectory(prefix=f"rollart-bench-async-{mode}-") as tmp:
         data = latency_config(env_options, turns, tmp, seed, rollout, max_running=max_envs + 8)
         data["model"] = {"tiny": dict(model or BENCH_MODEL)}
-        data["trainer"]["options"]["micro_batch_size"] = 1
+        data["trainer"]["options"]["micro_batch_size"] = TRAIN_MICRO_BATCH
         if not in_process:
             data["transport"] = {"name": "ray"}  # the object store, across processes
         cfg, lines = load_config(data=data)
@@ -130,7 +132,7 @@ def _median_row(runs: list[dict[str, Any]]) -> dict[str, Any]:
 def run(steps: int = 8, turns: int = 4, mu: float = 0.1, sigma_over_mu: float = 0.5,
         batch: int = 8, group: int = 4, max_envs: int | None = None, seed: int = 0,
         repeats: int = 3, configs: list[tuple[str, str, int]] | None = None,
-        tiny: bool = False, in_process: bool = False, log: Any = None) -> dict[str, Any]:
+        tiny: bool = False, in_process: bool = True, log: Any = None) -> dict[str, Any]:
     if batch % group:
         raise ValueError(f"--batch ({batch}) must be a multiple of --group ({group})")
     envs = max_envs or 2 * batch
@@ -187,8 +189,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--tiny", action="store_true",
                         help="a 1-layer model (smoke tests): training becomes negligible")
-    parser.add_argument("--in-process", action="store_true",
-                        help="every worker in this process, no Ray (smoke tests)")
+    parser.add_argument("--ray", action="store_true",
+                        help="every worker as a Ray actor (one process each), as rollart train")
     parser.add_argument("--json", metavar="PATH", default=None, help="also write results here")
     args = parser.parse_args(argv)
     if args.steps < 2 or args.turns < 1 or args.mu < 0 or args.sigma_over_mu < 0 or args.repeats < 1:
@@ -201,12 +203,12 @@ def main(argv: list[str] | None = None) -> int:
     from rich.table import Table
 
     console = Console(width=max(Console().width, 130))
-    if not args.in_process:
+    if args.ray:
         from rollart_sdk.ray_utils import local_ray_env
 
         local_ray_env()
     res = run(args.steps, args.turns, args.mu, args.sigma_over_mu, args.batch, args.group,
-              args.max_envs, args.seed, args.repeats, tiny=args.tiny, in_process=args.in_process,
+              args.max_envs, args.seed, args.repeats, tiny=args.tiny, in_process=not args.ray,
               log=lambda line: console.print(line, highlight=False))
     table = Table(title=(
         f"async modes: {res['steps']} steps x {res['repeats']} repeats (median), batch "

@@ -45,7 +45,6 @@ def test_async_bench_equal_capacity_and_bounds(tmp_path):
     out = tmp_path / "async.json"
     rc = main(["bench", "async", "--steps", "2", "--turns", "2", "--mu", "0.005",
                "--batch", "4", "--group", "2", "--max-envs", "8", "--repeats", "1", "--tiny",
-               "--in-process",
                "--json", str(out)])
     assert rc == 0
     res = json.loads(out.read_text())
