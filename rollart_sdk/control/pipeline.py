@@ -111,6 +111,7 @@ class Pipeline:
         self._unstaged: Any = None  # the manifest kept back for the baseline update
         self._recompute_mark: dict[str, float] = {}  # engine -> its recompute_s after a swap
         self._baseline_rec: StepRecord | None = None
+        self._baseline_taken = False  # the baseline update happened (its figure may follow)
         self.records: list[StepRecord] = []
         self.started = time.time()
         self.update_reports: list[WeightUpdateReport] = []
@@ -142,7 +143,7 @@ class Pipeline:
         self.log.append(f"publish:{manifest.version}")
         # Push transports (nccl) size each round by how many engines receive the version.
         manifest.meta.setdefault("receivers", len(self.proxy.workers))
-        if self.sync_baseline_s is None and self._baseline_rec is None:
+        if not self._baseline_taken:
             self._unstaged = manifest  # received at the suspend point: the baseline update
         else:
             await self.proxy.broadcast("stage_weights", manifest)
@@ -174,8 +175,9 @@ class Pipeline:
                 manifest, self._unstaged = self._unstaged, None
                 await self.proxy.broadcast("stage_weights", manifest)
             reports: list[WeightUpdateReport] = await self.proxy.broadcast("commit_weights")
-            if self.sync_baseline_s is None and self._baseline_rec is None:
+            if not self._baseline_taken:
                 baseline = time.perf_counter() - t_suspended
+                self._baseline_taken = True
             self._recompute_mark = await self._recompute_s()
         finally:
             await self.proxy.resume()
@@ -200,6 +202,8 @@ class Pipeline:
             if baseline is not None:
                 rec.weight_sync_baseline_s = baseline  # recompute added at report time
                 self._baseline_rec = rec
+        elif baseline is not None:
+            self.sync_baseline_s = baseline
 
     async def _recompute_s(self) -> dict[str, float]:
         """Each engine's cumulative KV-recompute seconds (engines that report them)."""
