@@ -187,3 +187,28 @@ def test_listed_by_rollart_plugins():
 
     desc = load_plugins().registry.get("transport", "mooncake")
     assert desc.distribution == "rollart-transport-mooncake"
+
+
+def test_attaches_to_a_running_master():
+    from rollart_transport_mooncake.store import Master
+
+    master = Master.start("127.0.0.1")
+    opts = {"master": master.address, "metadata_server": master.metadata, "object_mb": 0.01}
+    sender = MooncakeTransport("sender", **opts)
+    receiver = MooncakeTransport("receiver", **opts)
+    stager = WeightStager(receiver)
+    engine = RecordingEngine()
+    try:
+        state = make_state_dict(1)
+        manifest = sender.publish(1, split_buckets(state.items(), BUCKET_BYTES, 1))
+        assert manifest.meta["master"] == master.address
+        (report,) = deliver([stager], [engine], manifest)
+        assert not isinstance(report, Exception), report
+        assert fingerprints(engine.tensors) == fingerprints(state)
+        sender.close()
+        assert master.process is not None and master.process.poll() is None  # not ours
+    finally:
+        stager.close()
+        receiver.close()
+        sender.close()
+        master.stop()
