@@ -81,7 +81,11 @@ class Trainer(Protocol):
 
     Factory call: ``factory(model=ModelConfig, rank=0, world_size=1, init_method=None,
     **options)``. With ``world_size > 1`` each rank receives its shard of the batch and
-    gradients are all-reduced (torch.distributed).
+    gradients are all-reduced (torch.distributed). ``export_weights``, ``save_checkpoint``
+    and ``save_pretrained`` are called on every rank at once (rank 0's buckets are
+    published); a trainer whose export is collective (ranks hold different shards, e.g.
+    tensor parallel) sets the class attribute ``export_needs_all_ranks = True`` and the
+    other ranks drain its iterator too.
     """
 
     @property

@@ -346,10 +346,13 @@ def run_job(job: Job, steps: int, progress: bool = True) -> list[Any]:
         except Exception as exc:  # noqa: BLE001 - re-raised after the final checkpoint
             error = exc
     # Whatever ended the run (done, Ctrl-C, a failed weight sync), keep what was trained.
-    trainer = job.trainers[0]
-    job.spawner.call(trainer, "save_checkpoint", str(job.run_dir.checkpoints / "final"))
+    # Every trainer rank takes part (collective for a tensor-parallel trainer).
+    def all_trainers(method: str, path: Path) -> None:
+        asyncio.run(asyncio.wait_for(job.pipeline.all_trainers(method, str(path)), 600))
+
+    all_trainers("save_checkpoint", job.run_dir.checkpoints / "final")
     if job.config.train.save_final_model:
-        job.spawner.call(trainer, "save_pretrained", str(job.run_dir.path / "final_model"))
+        all_trainers("save_pretrained", job.run_dir.path / "final_model")
     p = job.pipeline
     summary = {
         "steps": len(p.records),

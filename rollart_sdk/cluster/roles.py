@@ -124,10 +124,16 @@ class TrainerWorker(ActorTrainWorker):
         metrics["time/train_compute"] = time.perf_counter() - t0
         return metrics
 
-    @register("rank0")
-    def publish_weights(self, bucket_bytes: int) -> WeightManifest:
-        """Export the current version as buckets and publish them (rank 0 only)."""
-        assert self.transport is not None, "only rank 0 publishes weights"
+    @register("execute_all")
+    def publish_weights(self, bucket_bytes: int) -> WeightManifest | None:
+        """Export the current version as buckets; rank 0 publishes them. Other ranks take
+        part only when the trainer's export is collective (``export_needs_all_ranks``:
+        e.g. tensor-parallel shards gathered tensor by tensor), and return None."""
+        if self.transport is None:
+            if getattr(self.trainer, "export_needs_all_ranks", False):
+                for _ in self.trainer.export_weights(bucket_bytes):
+                    pass
+            return None
         version = self.trainer.version
         manifest = self.transport.publish(version, self.trainer.export_weights(bucket_bytes))
         return manifest

@@ -137,9 +137,10 @@ class Pipeline:
         rec.train_metrics = dict(results[0])
         self.trainer_version += 1
         t1 = time.perf_counter()
-        manifest = await self.trainers[0].call(
-            "publish_weights", int(self.cfg.train.bucket_mb * 2**20)
-        )
+        # Every rank takes part (a tensor-parallel trainer gathers its shards to export);
+        # rank 0 publishes and returns the manifest.
+        manifests = await self.all_trainers("publish_weights", int(self.cfg.train.bucket_mb * 2**20))
+        manifest = manifests[0]
         self.log.append(f"publish:{manifest.version}")
         # Push transports (nccl) size each round by how many engines receive the version.
         manifest.meta.setdefault("receivers", len(self.proxy.workers))
@@ -151,8 +152,16 @@ class Pipeline:
         self._published = manifest.version
         every = self.cfg.train.checkpoint_every
         if self.checkpoint_dir and every and (step + 1) % every == 0:
-            await self.trainers[0].call("save_checkpoint", f"{self.checkpoint_dir}/step-{step + 1}")
+            await self.all_trainers("save_checkpoint", f"{self.checkpoint_dir}/step-{step + 1}")
         return rec
+
+    async def all_trainers(self, method: str, *args: Any) -> list[Any]:
+        """Call ``method`` on every trainer rank at once, results in rank order.
+
+        Export and checkpoint calls are collective for a trainer whose ranks hold
+        different shards (tensor parallel); a data-parallel trainer's ranks != 0 return
+        at once."""
+        return list(await asyncio.gather(*(w.call(method, *args) for w in self.trainers)))
 
     def _span(self, span: str, worker: str, t0_perf: float, step: int) -> None:
         """Timeline event for a pipeline stage (``t0_perf`` from perf_counter)."""
