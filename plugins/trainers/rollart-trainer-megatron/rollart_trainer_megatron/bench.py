@@ -1,0 +1,127 @@
+"""Step time of trainer ``megatron`` against trainer ``torch`` on the same batch.
+
+    python -m rollart_trainer_megatron.bench [--repeats 7] [--batch 32] [--json PATH]
+
+Same random Llama (the quickstart's tiny shape by default), same batch of variable-length
+trajectories, same optimiser settings; one warm-up step each, then ``repeats`` steps of
+each trainer interleaved (torch, megatron TP 1, torch, ...) in one process, one thread,
+so that machine load shifts hit both alike; the median is reported. TP 2 runs as two
+processes (gloo) on the same batch, rank 0's median reported. What it shows: the cost of
+the Megatron model and of packing vs padding on CPU at this size; not GPU behaviour.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+
+def _model(path: Path, vocab: int, hidden: int, layers: int) -> Path:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden,
+                      num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=4,
+                      max_position_embeddings=1024, pad_token_id=0)
+    LlamaForCausalLM(cfg).save_pretrained(path)
+    return path
+
+
+def _batch(n: int, vocab: int, seed: int) -> list[Any]:
+    from rollart_sdk.types import TrainSample
+
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for i in range(n):
+        prompt = int(torch.randint(20, 40, (1,), generator=g))
+        action = int(torch.randint(4, 120, (1,), generator=g))
+        ids = torch.randint(1, vocab, (prompt + action,), generator=g).tolist()
+        mask = [0] * prompt + [1] * action
+        out.append(TrainSample(ids, mask, [-3.0 * m for m in mask], [0 if m else -1 for m in mask],
+                               reward=float(i % 3 == 0), group_id=f"g{i // 8}"))
+    return out
+
+
+def _time(trainer: Any, batch: list[Any]) -> float:
+    t0 = time.perf_counter()
+    trainer.train_step(copy.deepcopy(batch))
+    return time.perf_counter() - t0
+
+
+def _tp_rank(rank: int, world: int, path: str, init: str, batch: list[Any], repeats: int,
+             options: dict, out: str) -> None:
+    torch.set_num_threads(1)
+    from rollart_sdk.config import ModelConfig
+    from rollart_trainer_megatron.trainer import MegatronTrainer
+
+    t = MegatronTrainer(model=ModelConfig(path=path), rank=rank, world_size=world,
+                        init_method=init, tensor_parallel_size=world, **options)
+    shard = batch[rank::world]
+    _time(t, shard)
+    times = [_time(t, shard) for _ in range(repeats)]
+    if rank == 0:
+        Path(out).write_text(json.dumps(times))
+    t.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="rollart bench trainers", description=__doc__.split("\n")[0])
+    p.add_argument("--repeats", type=int, default=7)
+    p.add_argument("--batch", type=int, default=32)
+    p.add_argument("--hidden", type=int, default=64)
+    p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--vocab", type=int, default=128)
+    p.add_argument("--no-tp2", action="store_true", help="skip the two-process TP 2 run")
+    p.add_argument("--json", type=str, default=None)
+    a = p.parse_args(argv)
+    torch.set_num_threads(1)
+    import torch.multiprocessing as mp
+    from rollart_trainer_torch.trainer import TorchTrainer
+
+    from rollart_sdk.config import ModelConfig
+    from rollart_trainer_megatron.trainer import MegatronTrainer
+
+    common = {"lr": 1e-3, "seed": 0, "num_threads": 1}
+    with tempfile.TemporaryDirectory(prefix="rollart-bench-trainers-") as tmp:
+        path = _model(Path(tmp) / "model", a.vocab, a.hidden, a.layers)
+        batch = _batch(a.batch, a.vocab, seed=0)
+        tokens = sum(len(s.input_ids) for s in batch)
+        torch_t = TorchTrainer(model=ModelConfig(path=str(path)), micro_batch_size=64, **common)
+        meg_t = MegatronTrainer(model=ModelConfig(path=str(path)),
+                                max_tokens_per_micro_batch=2048, **common)
+        _time(torch_t, batch)
+        _time(meg_t, batch)
+        times: dict[str, list[float]] = {"torch (padded, 1 micro-batch)": [],
+                                         "megatron TP1 (packed rows of 2048)": []}
+        for _ in range(a.repeats):
+            times["torch (padded, 1 micro-batch)"].append(_time(torch_t, batch))
+            times["megatron TP1 (packed rows of 2048)"].append(_time(meg_t, batch))
+        meg_t.close()
+        if not a.no_tp2:
+            out = str(Path(tmp) / "tp2.json")
+            mp.spawn(_tp_rank, args=(2, str(path), f"file://{tmp}/init", batch, a.repeats,
+                                     {**common, "max_tokens_per_micro_batch": 2048}, out),
+                     nprocs=2, join=True)
+            times["megatron TP2 (2 processes)"] = json.loads(Path(out).read_text())
+    rows = {k: {"median_s": statistics.median(v), "min_s": min(v), "max_s": max(v)}
+            for k, v in times.items()}
+    print(f"batch: {a.batch} trajectories, {tokens} tokens; model hidden {a.hidden}, "
+          f"{a.layers} layers, vocab {a.vocab}; {a.repeats} repeats, 1 thread per process")
+    print(f"{'trainer':40s} {'median s':>9s} {'min s':>7s} {'max s':>7s}")
+    for k, r in rows.items():
+        print(f"{k:40s} {r['median_s']:9.3f} {r['min_s']:7.3f} {r['max_s']:7.3f}")
+    if a.json:
+        Path(a.json).write_text(json.dumps({"tokens": tokens, "results": rows}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

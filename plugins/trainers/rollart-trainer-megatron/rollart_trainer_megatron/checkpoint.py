@@ -1,0 +1,170 @@
+"""Checkpoints of trainer ``megatron``: Megatron's distributed checkpoint format for the
+model and the AdamW state; an HF folder for ``save_pretrained``; reading HF weights.
+
+Layout of a checkpoint folder ``path``::
+
+    path/dist/          megatron.core.dist_checkpointing (torch_dist): model weights under
+                        ``model.<param>``, AdamW moments under ``optimizer.exp_avg.<param>``
+                        / ``optimizer.exp_avg_sq.<param>``, each a ShardedTensor with the
+                        parameter's TP sharding (DP replicas write once)
+    path/trainer_state.json   version, step, AdamW step count and hyper-parameters, RNG
+                        state, options; written last by rank 0 (its presence marks a
+                        complete checkpoint)
+
+Every rank calls save and load (the writes and reads are collective).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from safetensors.torch import load_file, save_file
+
+CHECKPOINT_FORMAT = 1
+_STATE_FILE = "trainer_state.json"
+_DIST_DIR = "dist"
+_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
+
+
+def read_hf_weights(path: str) -> dict[str, torch.Tensor]:
+    """All tensors of an HF checkpoint folder's ``*.safetensors`` files (sharded or not)."""
+    files = sorted(Path(path).glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(
+            f"{path} has no *.safetensors weights; trainer megatron reads safetensors "
+            "checkpoints (re-save the model with save_pretrained(safe_serialization=True))"
+        )
+    out: dict[str, torch.Tensor] = {}
+    for f in files:
+        out.update(load_file(str(f)))
+    return out
+
+
+def _sharded_state(trainer: Any) -> dict[str, Any]:
+    from megatron.core.dist_checkpointing.optimizer import make_sharded_optimizer_tensor
+
+    msd = trainer.model.sharded_state_dict(prefix="model.")
+    model = {}
+    for name in trainer.named_params:
+        if f"model.{name}" not in msd:
+            raise KeyError(f"Megatron's sharded state dict has no entry for {name!r}")
+        model[name] = msd[f"model.{name}"]
+    state: dict[str, Any] = {"model": model, "optimizer": {}}
+    for name, p in trainer.named_params.items():
+        st = trainer.optimizer.state.get(p, {})
+        for key in ("exp_avg", "exp_avg_sq"):
+            if key in st:
+                state["optimizer"].setdefault(key, {})[name] = make_sharded_optimizer_tensor(
+                    model[name], st[key], f"optimizer.{key}"
+                )
+    return state
+
+
+def save(trainer: Any, path: str) -> None:
+    from megatron.core import dist_checkpointing
+
+    out = Path(path)
+    if trainer.rank == 0:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / _STATE_FILE).unlink(missing_ok=True)  # incomplete until rewritten below
+        shutil.rmtree(out / _DIST_DIR, ignore_errors=True)
+        (out / _DIST_DIR).mkdir()
+    dist.barrier()
+    dist_checkpointing.save(_sharded_state(trainer), str(out / _DIST_DIR))
+    dist.barrier()
+    if trainer.rank == 0:
+        groups = trainer.optimizer.state_dict()["param_groups"]
+        steps = {name: float(trainer.optimizer.state[p]["step"])
+                 for name, p in trainer.named_params.items() if p in trainer.optimizer.state}
+        state = {
+            "format": CHECKPOINT_FORMAT,
+            "version": trainer.version,
+            "step": trainer._step,
+            "tensor_parallel_size": trainer.tp,
+            "world_size": trainer.world_size,
+            "param_groups": groups,
+            "adam_steps": steps,
+            "python_random": _jsonable(random.getstate()),
+            "torch_rng": torch.get_rng_state().tolist(),
+            "options": trainer.options.model_dump(mode="json"),
+        }
+        (out / _STATE_FILE).write_text(json.dumps(state, indent=1))
+    dist.barrier()
+
+
+def load(trainer: Any, path: str) -> None:
+    from megatron.core import dist_checkpointing
+
+    src = Path(path)
+    if not (src / _STATE_FILE).is_file():
+        raise FileNotFoundError(
+            f"{src} is not a complete megatron-trainer checkpoint ({_STATE_FILE} missing): "
+            "give the folder passed to save_checkpoint, or an earlier checkpoint if the "
+            "save was interrupted"
+        )
+    state = json.loads((src / _STATE_FILE).read_text())
+    if state.get("format") != CHECKPOINT_FORMAT:
+        raise ValueError(f"{src / _STATE_FILE}: checkpoint format {state.get('format')!r} is "
+                         f"not supported (this trainer reads format {CHECKPOINT_FORMAT})")
+    if state["tensor_parallel_size"] != trainer.tp:
+        raise ValueError(
+            f"{src} was saved with tensor_parallel_size={state['tensor_parallel_size']}, this "
+            f"trainer has {trainer.tp}: resume with the same TP size"
+        )
+    steps = state["adam_steps"]
+    # Materialise AdamW's state so that the sharded template names every moment.
+    for name, p in trainer.named_params.items():
+        if name in steps:
+            trainer.optimizer.state[p] = {
+                "step": torch.tensor(steps[name]),
+                "exp_avg": torch.zeros_like(p),
+                "exp_avg_sq": torch.zeros_like(p),
+            }
+    template = _sharded_state(trainer)
+    loaded = dist_checkpointing.load(template, str(src / _DIST_DIR))
+    with torch.no_grad():
+        for name, p in trainer.named_params.items():
+            p.copy_(loaded["model"][name])
+            st = trainer.optimizer.state.get(p)
+            if st:
+                for key in ("exp_avg", "exp_avg_sq"):
+                    st[key].copy_(loaded["optimizer"][key][name])
+    for group, saved in zip(trainer.optimizer.param_groups, state["param_groups"], strict=True):
+        for k, v in saved.items():
+            if k != "params":
+                group[k] = tuple(v) if isinstance(group.get(k), tuple) else v
+    random.setstate(_tuplify(state["python_random"]))
+    torch.set_rng_state(torch.tensor(state["torch_rng"], dtype=torch.uint8))
+    trainer._version = int(state["version"])
+    trainer._step = int(state["step"])
+    dist.barrier()
+
+
+def save_pretrained(trainer: Any, path: str) -> None:
+    """Gather the HF state dict (every rank takes part), rank 0 writes the folder."""
+    tensors = dict(trainer.hf_tensors())
+    if trainer.arch.tied:
+        tensors.pop("lm_head.weight", None)  # HF re-ties it on load
+    if trainer.rank == 0:
+        out = Path(path)
+        out.mkdir(parents=True, exist_ok=True)
+        save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+        for f in Path(trainer.model_path).iterdir():
+            skip = f.suffix in _WEIGHT_SUFFIXES or f.name.endswith(".index.json")
+            if f.is_file() and not skip and not (out / f.name).exists():
+                shutil.copy2(f, out / f.name)
+    dist.barrier()  # readers on other ranks may open the folder right after
+
+
+def _jsonable(obj: Any) -> Any:
+    return [_jsonable(x) for x in obj] if isinstance(obj, tuple) else obj
+
+
+def _tuplify(obj: Any) -> Any:
+    return tuple(_tuplify(x) for x in obj) if isinstance(obj, list) else obj

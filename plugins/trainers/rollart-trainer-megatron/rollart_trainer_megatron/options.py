@@ -1,0 +1,60 @@
+"""Options of trainer ``megatron`` (``trainer.options`` in a run config).
+
+Kept free of torch and megatron-core so that validating a config does not import them.
+The loss and optimiser fields mean exactly what they mean for trainer ``torch``.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class MegatronTrainerOptions(BaseModel):
+    """Parallelism, batching, optimiser and loss settings (see the package README)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    # Parallelism: world_size = tensor_parallel_size * data_parallel_size.
+    tensor_parallel_size: int = Field(1, ge=1)
+    pipeline_parallel_size: int = Field(1, ge=1)  # only 1 (see _check)
+    # AdamW
+    lr: float = Field(1e-5, gt=0)
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = Field(1e-8, gt=0)
+    weight_decay: float = Field(0.0, ge=0)
+    grad_clip: float = Field(1.0, ge=0)  # max global grad norm; 0 = no clipping
+    # Batching: trajectories are packed into rows of at most this many tokens (one row
+    # per forward/backward; a longer trajectory gets a row of its own).
+    max_tokens_per_micro_batch: int = Field(4096, ge=2)
+    # ... and of at most this many trajectories (None: the token bound only).
+    micro_batch_size: int | None = Field(None, ge=1)
+    # Loss (same meaning as trainer torch)
+    clip_eps: float = Field(0.2, gt=0, lt=1)
+    clip_eps_high: float | None = Field(None, gt=0)
+    tis_cap: float = Field(2.0, gt=0)
+    tis_on_fresh: bool = False
+    loss_agg: Literal["token-mean", "seq-mean"] = "token-mean"
+    kl_coef: float = Field(0.0, ge=0)
+    kl_kind: Literal["k1", "k2", "k3"] = "k3"
+    adv_eps: float = Field(1e-6, ge=0)
+    adv_normalize_std: bool = True
+    # Runtime
+    seed: int = 0
+    device: str = "auto"  # auto | cpu | cuda
+    dist_backend: Literal["auto", "gloo", "nccl"] = "auto"
+    num_threads: int | None = Field(None, ge=1)
+    compute_entropy: bool = True
+
+    @model_validator(mode="after")
+    def _check(self) -> MegatronTrainerOptions:
+        if not all(0.0 <= b < 1.0 for b in self.betas):
+            raise ValueError(f"betas must each be in [0, 1), got {list(self.betas)}")
+        if self.pipeline_parallel_size != 1:
+            raise ValueError(
+                "pipeline_parallel_size > 1 is not implemented by trainer megatron (its loop "
+                "is its own; Megatron's pipeline schedules hard-code CUDA): use "
+                "tensor_parallel_size and data parallelism (roles.actor_train.workers)"
+            )
+        return self

@@ -1,0 +1,19 @@
+"""Registers trainer ``megatron``. Imports nothing heavy: megatron-core and torch are
+imported only when a config selects ``trainer.name: megatron``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rollart_sdk import hookimpl
+
+
+@hookimpl
+def rollart_register_trainers(registry: Any) -> None:
+    registry.register(
+        "megatron",
+        factory="rollart_trainer_megatron.trainer:MegatronTrainer",
+        options="rollart_trainer_megatron.options:MegatronTrainerOptions",
+        summary="GRPO / PPO-clip with truncated IS on megatron-core's GPTModel "
+        "(tensor + data parallel, packed micro-batches, distributed checkpoints)",
+    )

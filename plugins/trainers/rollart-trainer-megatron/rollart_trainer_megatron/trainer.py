@@ -1,0 +1,451 @@
+"""Trainer ``megatron``: one GRPO / PPO-clip optimiser step per batch, on megatron-core.
+
+Layout: ``world_size = tensor_parallel_size * data_parallel_size`` ranks; ranks
+``d*tp .. d*tp + tp - 1`` form data-parallel replica ``d`` (Megatron's default
+``tp-cp-ep-dp-pp`` order). What one ``train_step`` does:
+
+1. the ranks of a TP group pool their shards (``all_gather_object``), so each replica
+   trains on the union of its ranks' shards; GRPO advantages are filled over the whole
+   batch (rewards gathered over the DP group) when samples arrive without one;
+2. trajectories are packed into rows of at most ``max_tokens_per_micro_batch`` tokens
+   (packing.py), one row per forward/backward;
+3. per token, the losses of :mod:`rollart_sdk.algorithms` exactly as trainer ``torch``
+   uses them (decoupled PPO-clip, truncated IS on stale tokens, optional KL), each row's
+   loss divided by the whole-batch token (or sequence) count over all replicas;
+4. gradients summed over the DP group; Qwen3's q/k-norm gradients summed over the TP
+   group (they see only the local heads); global norm over TP shards, clip, AdamW;
+5. ``version`` + 1.
+
+Megatron's optimizer wrapper and pipeline schedules hard-code ``device='cuda'``, so this
+loop is our own on CPU and GPU alike; its DDP wrapper is not needed for it.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import tempfile
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from rollart_sdk.algorithms import (
+    aggregate,
+    fill_advantages,
+    kl_penalty,
+    ppo_clip_loss,
+    token_entropy,
+    token_logprobs,
+    truncated_is_weights,
+)
+from rollart_sdk.config import ModelConfig
+from rollart_sdk.types import TrainSample, WeightBucket
+from rollart_sdk.weights import split_buckets
+from rollart_trainer_megatron import checkpoint as ckpt_io
+from rollart_trainer_megatron.convert import (
+    Arch,
+    hf_to_megatron,
+    is_replicated,
+    megatron_names,
+    megatron_to_hf,
+)
+from rollart_trainer_megatron.options import MegatronTrainerOptions
+from rollart_trainer_megatron.packing import pack, plan_rows
+from rollart_trainer_megatron.runtime import build_gpt, init_parallel, patch_for_cpu
+
+_METRIC_SUMS = ("loss", "pg_loss", "kl", "clip", "approx_kl", "ratio", "entropy", "stale",
+                "tis_w", "tokens")
+
+
+class MegatronTrainer:
+    """Implements :class:`rollart_sdk.interfaces.Trainer` on a megatron-core GPTModel.
+
+    ``model.path`` is a Hugging Face Llama / Qwen2 / Qwen3 checkpoint folder. With
+    ``world_size > 1`` every rank builds one trainer with the same options and
+    ``init_method``. ``export_weights``, ``save_checkpoint`` and ``save_pretrained`` are
+    collective: every rank calls them (and drains ``export_weights``); rank 0's output
+    is the one written or published, the others' buckets are the same.
+    """
+
+    export_needs_all_ranks = True  # TrainerWorker drains export_weights on ranks != 0
+
+    def __init__(
+        self,
+        model: ModelConfig | str,
+        rank: int = 0,
+        world_size: int = 1,
+        init_method: str | None = None,
+        **options: Any,
+    ) -> None:
+        from transformers import AutoConfig
+
+        self.options = o = MegatronTrainerOptions.model_validate(options)
+        self.rank, self.world_size = int(rank), int(world_size)
+        if not 0 <= self.rank < self.world_size:
+            raise ValueError(f"trainer rank {rank} is outside world_size {world_size}")
+        self.tp = o.tensor_parallel_size
+        if self.world_size % self.tp:
+            raise ValueError(
+                f"world_size {self.world_size} (roles.actor_train.workers) is not a multiple "
+                f"of trainer.options.tensor_parallel_size={self.tp}"
+            )
+        self.dp = self.world_size // self.tp
+        self.model_path = _checkpoint_path(model)
+        dtype = getattr(torch, model.dtype) if isinstance(model, ModelConfig) else torch.float32
+        if o.num_threads:
+            torch.set_num_threads(o.num_threads)
+        self.device = _resolve_device(o.device, self.rank)
+        self.cpu = self.device.type == "cpu"
+        if self.cpu:
+            patch_for_cpu()
+        else:
+            torch.cuda.set_device(self.device)
+        self._init_distributed(init_method)
+        random.seed(o.seed)
+        init_parallel(self.tp, 1, o.seed, self.cpu)
+        from megatron.core import parallel_state as ps
+
+        self.tp_group = ps.get_tensor_model_parallel_group()
+        self.dp_group = ps.get_data_parallel_group()
+        self.tp_rank = ps.get_tensor_model_parallel_rank()
+        self.dp_rank = ps.get_data_parallel_rank()
+
+        self.hf_config = AutoConfig.from_pretrained(self.model_path)
+        self.arch = Arch.from_hf(self.hf_config, self.tp)
+        hf_state = ckpt_io.read_hf_weights(self.model_path)
+        local = hf_to_megatron(hf_state, self.arch, self.tp, self.tp_rank)
+        del hf_state
+        self.model = self._build(dtype, local)
+        self.ref_model = None
+        if o.kl_coef > 0:  # a frozen copy of the starting policy, only when the KL needs it
+            self.ref_model = self._build(dtype, local).eval().requires_grad_(False)
+        self.named_params = dict(self.model.named_parameters())
+        self.params = list(self.named_params.values())
+        self.optimizer = torch.optim.AdamW(
+            self.params, lr=o.lr, betas=o.betas, eps=o.eps, weight_decay=o.weight_decay
+        )
+        self._version = 0
+        self._step = 0
+
+    # ------------------------------------------------------------------ protocol
+
+    @property
+    def version(self) -> int:
+        """Policy version: the number of optimiser steps taken."""
+        return self._version
+
+    def train_step(self, batch: list[TrainSample]) -> dict[str, float]:
+        """One AdamW step on ``batch`` (this rank's shard); returns whole-batch metrics."""
+        o = self.options
+        for i, s in enumerate(batch):
+            _check_sample(i, s)
+        batch = self._pool_tp(batch)
+        if not batch and self.dp == 1:
+            raise ValueError("train_step got an empty batch")
+        self._fill_advantages(batch)
+
+        n_tokens = sum(sum(s.loss_mask[1:]) for s in batch)
+        n_seqs = sum(1 for s in batch if any(s.loss_mask[1:]))
+        counts = self._reduce(torch.tensor([n_tokens, n_seqs], dtype=torch.float64),
+                              self.dp_group)
+        normalizer = max(float(counts[0] if o.loss_agg == "token-mean" else counts[1]), 1.0)
+
+        self.optimizer.zero_grad(set_to_none=True)
+        sums = dict.fromkeys(_METRIC_SUMS, 0.0)
+        ratio_max = 0.0
+        rows = plan_rows([len(s.input_ids) for s in batch], o.max_tokens_per_micro_batch,
+                         o.micro_batch_size)
+        for row in rows:
+            p = pack([batch[i] for i in row])
+            t = {k: getattr(p, k).to(self.device) for k in (
+                "ids", "positions", "mask", "loss_mask", "behaviour", "versions",
+                "advantages", "seq_weight")}
+            logits = self._logits(self.model, t)
+            logp = token_logprobs(logits, t["ids"])
+            mask = t["loss_mask"][:, 1:]
+            beh = t["behaviour"][:, 1:]
+            adv = t["advantages"][:, 1:]
+            m = mask.bool()
+            stale = (t["versions"][:, 1:] < self._version) & m
+            corrected = m if o.tis_on_fresh else stale
+            old = torch.where(corrected, logp.detach(), beh)
+            w = torch.where(corrected, truncated_is_weights(logp, beh, o.tis_cap),
+                            torch.ones_like(beh))
+            # seq-mean over packed rows: weight each token by 1 / (its trajectory's
+            # masked tokens) and divide by the number of trajectories (token sums).
+            seq_w = t["seq_weight"][:, 1:] if o.loss_agg == "seq-mean" else None
+            pg_loss, st = ppo_clip_loss(
+                logp, old, adv, mask, o.clip_eps, o.clip_eps_high, "token-mean",
+                is_weights=w if seq_w is None else w * seq_w, normalizer=normalizer,
+            )
+            loss = pg_loss
+            if self.ref_model is not None:
+                with torch.no_grad():
+                    ref_lp = token_logprobs(self._logits(self.ref_model, t), t["ids"])
+                kl = kl_penalty(logp, ref_lp, o.kl_kind)
+                kl_tok = kl if seq_w is None else kl * seq_w
+                loss = loss + o.kl_coef * aggregate(kl_tok, mask, "token-mean", normalizer)
+                sums["kl"] += float((kl.detach() * mask).sum())
+            loss.backward()
+
+            ntok = float(st["tokens"])
+            sums["loss"] += float(loss.detach())
+            sums["pg_loss"] += float(pg_loss.detach())
+            sums["clip"] += float(st["clip_frac"]) * ntok
+            sums["approx_kl"] += float(st["approx_kl"]) * ntok
+            sums["ratio"] += float(st["ratio_mean"]) * ntok
+            sums["stale"] += float(stale.sum())
+            sums["tis_w"] += float((w * stale).sum())
+            sums["tokens"] += ntok
+            ratio_max = max(ratio_max, float(st["ratio_max"]))
+            if o.compute_entropy:
+                with torch.no_grad():
+                    sums["entropy"] += float((token_entropy(logits.detach()) * mask).sum())
+            del logits, logp, loss
+
+        self._reduce_grads()
+        keys = list(sums)
+        reduced = self._reduce(torch.tensor([sums[k] for k in keys], dtype=torch.float64),
+                               self.dp_group)
+        sums = dict(zip(keys, reduced.tolist(), strict=True))
+        ratio_max = float(self._reduce(torch.tensor([ratio_max]), self.dp_group, "max")[0])
+
+        grad_norm = self._clip_grads(o.grad_clip if o.grad_clip > 0 else math.inf)
+        skipped = not math.isfinite(grad_norm)
+        if not skipped:  # a non-finite gradient would poison AdamW's moments for good
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self._version += 1
+        self._step += 1
+
+        ntok = max(sums["tokens"], 1.0)
+        advs = [float(s.advantage or 0.0) for s in batch]
+        return {
+            "loss": sums["loss"],
+            "pg_loss": sums["pg_loss"],
+            "kl": sums["kl"] / ntok,
+            "grad_norm": grad_norm,
+            "clip_frac": sums["clip"] / ntok,
+            "approx_kl": sums["approx_kl"] / ntok,
+            "ratio_mean": sums["ratio"] / ntok,
+            "ratio_max": ratio_max,
+            "entropy": sums["entropy"] / ntok if o.compute_entropy else float("nan"),
+            "stale_frac": sums["stale"] / ntok,
+            "tis_weight_mean": sums["tis_w"] / max(sums["stale"], 1.0),
+            "tokens": sums["tokens"],
+            "sequences": float(counts[1]),
+            "micro_batches": float(len(rows)),
+            # reward/advantage means are of this replica's shard
+            "reward_mean": sum(s.reward for s in batch) / max(len(batch), 1),
+            "advantage_abs_mean": sum(abs(a) for a in advs) / max(len(advs), 1),
+            "lr": float(self.optimizer.param_groups[0]["lr"]),
+            "skipped": float(skipped),
+            "version": float(self._version),
+        }
+
+    def export_weights(self, bucket_bytes: int) -> Iterator[WeightBucket]:
+        """This version's weights under Hugging Face names, gathered over the TP group
+        tensor by tensor, as checksummed buckets. Collective: every rank must drain it."""
+        return split_buckets(self.hf_tensors(), bucket_bytes, self._version)
+
+    def hf_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """(HF name, full CPU tensor) pairs of the current weights (collective over TP)."""
+        for name in megatron_names(self.arch):
+            local = self.named_params[name].detach()
+            if self.tp == 1 or is_replicated(name):
+                shards = [local]
+            else:
+                shards = [torch.empty_like(local) for _ in range(self.tp)]
+                dist.all_gather(shards, local.contiguous(), group=self.tp_group)
+            for hf_name, tensor in megatron_to_hf(name, shards, self.arch):
+                yield hf_name, tensor.to("cpu", copy=True).contiguous()
+
+    def save_checkpoint(self, path: str) -> None:
+        """Model and AdamW state in Megatron's distributed checkpoint format (each rank
+        writes its shards), then step/version/RNG state. Collective."""
+        ckpt_io.save(self, path)
+
+    def load_checkpoint(self, path: str) -> None:
+        """Restore what :meth:`save_checkpoint` wrote (same TP size). Collective."""
+        ckpt_io.load(self, path)
+
+    def save_pretrained(self, path: str) -> None:
+        """A Hugging Face checkpoint folder (``from_pretrained`` loads it), tokenizer files
+        copied along. Collective: every rank gathers, rank 0 writes."""
+        ckpt_io.save_pretrained(self, path)
+
+    def close(self) -> None:
+        """Leave the process groups (if this trainer created them)."""
+        if dist.is_initialized():
+            dist.barrier()
+            from megatron.core import parallel_state as ps
+
+            ps.destroy_model_parallel()
+            dist.destroy_process_group()
+
+    # ------------------------------------------------------------------ internals
+
+    def _build(self, dtype: torch.dtype, local: dict[str, torch.Tensor]) -> Any:
+        model = build_gpt(self.hf_config, self.arch, self.tp, 1, dtype, self.cpu)
+        params = dict(model.named_parameters())
+        if set(params) != set(local):
+            raise ValueError(
+                f"{self.model_path}: the Megatron model and the converted checkpoint differ: "
+                f"missing {sorted(set(params) - set(local))[:5]}, "
+                f"unexpected {sorted(set(local) - set(params))[:5]}"
+            )
+        with torch.no_grad():
+            for name, p in params.items():
+                if p.shape != local[name].shape:
+                    raise ValueError(f"{name}: checkpoint shape {tuple(local[name].shape)} "
+                                     f"!= model shape {tuple(p.shape)}")
+                p.copy_(local[name])
+        return model.to(self.device).train()
+
+    def _logits(self, model: Any, t: dict[str, torch.Tensor]) -> torch.Tensor:
+        out = model(input_ids=t["ids"], position_ids=t["positions"], attention_mask=t["mask"])
+        return out[..., : self.arch.vocab]  # drop the TP vocabulary padding
+
+    def _init_distributed(self, init_method: str | None) -> None:
+        if dist.is_initialized():
+            if dist.get_world_size() != self.world_size or dist.get_rank() != self.rank:
+                raise RuntimeError(
+                    f"torch.distributed is already initialised as rank {dist.get_rank()} of "
+                    f"{dist.get_world_size()}, but this trainer is rank {self.rank} of "
+                    f"{self.world_size}"
+                )
+            return
+        if self.world_size > 1 and not init_method:
+            raise ValueError(
+                f"trainer rank {self.rank} of {self.world_size}: parallelism needs "
+                "init_method (tcp://HOST:PORT reachable by every rank, or file:///shared/path)"
+            )
+        if init_method is None:  # megatron-core needs a process group even for one rank
+            init_method = f"file://{tempfile.mkdtemp(prefix='rollart-megatron-')}/init"
+        backend = self.options.dist_backend
+        if backend == "auto":
+            backend = "gloo" if self.cpu else "nccl"
+        dist.init_process_group(backend, init_method=init_method, rank=self.rank,
+                                world_size=self.world_size, timeout=timedelta(minutes=10))
+
+    def _reduce(self, t: torch.Tensor, group: Any, op: str = "sum") -> torch.Tensor:
+        if dist.get_world_size(group) == 1:
+            return t
+        x = t.to(self.device)
+        dist.all_reduce(x, op=dist.ReduceOp.MAX if op == "max" else dist.ReduceOp.SUM,
+                        group=group)
+        return x.cpu()
+
+    def _pool_tp(self, batch: list[TrainSample]) -> list[TrainSample]:
+        """The union of the shards given to the ranks of this TP group, in TP-rank order."""
+        if self.tp == 1:
+            return batch
+        parts: list[Any] = [None] * self.tp
+        dist.all_gather_object(parts, batch, group=self.tp_group)
+        return [s for part in parts for s in part]
+
+    def _fill_advantages(self, batch: list[TrainSample]) -> None:
+        """GRPO advantages for samples without one, over the batch of *all* replicas."""
+        o = self.options
+        if self.dp == 1:
+            fill_advantages(batch, o.adv_eps, o.adv_normalize_std)
+            return
+        need = any(s.advantage is None for s in batch)
+        if not self._reduce(torch.tensor([float(need)]), self.dp_group, "max")[0]:
+            return
+        mine = [(s.reward, s.group_id, s.advantage) for s in batch]
+        gathered: list[Any] = [None] * self.dp
+        dist.all_gather_object(gathered, mine, group=self.dp_group)
+        full = [TrainSample([], [], [], [], reward=r, group_id=g, advantage=a)
+                for part in gathered for r, g, a in part]
+        fill_advantages(full, o.adv_eps, o.adv_normalize_std)
+        offset = sum(len(part) for part in gathered[: self.dp_rank])
+        for s, f in zip(batch, full[offset : offset + len(batch)], strict=True):
+            s.advantage = f.advantage
+
+    def _reduce_grads(self) -> None:
+        """Sum gradients over the DP group (flat, one collective); sum the q/k-norm
+        gradients over the TP group (each TP rank saw only its own heads)."""
+        for p in self.params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        if self.tp > 1 and self.arch.qk_norm:
+            qk = [p.grad for n, p in self.named_params.items()
+                  if n.endswith(("q_layernorm.weight", "k_layernorm.weight"))]
+            _all_reduce_flat(qk, self.tp_group)
+        if self.dp > 1:
+            _all_reduce_flat([p.grad for p in self.params], self.dp_group)
+
+    def _clip_grads(self, max_norm: float) -> float:
+        """Global L2 norm over the whole model (TP shards counted once), clip, return it."""
+        sq = torch.zeros((), dtype=torch.float64, device=self.device)
+        for name, p in self.named_params.items():
+            if self.tp_rank == 0 or not is_replicated(name):
+                sq += p.grad.detach().double().pow(2).sum()
+        total = float(self._reduce(sq.reshape(1), self.tp_group)[0].sqrt())
+        if math.isfinite(total) and total > max_norm:
+            coef = max_norm / (total + 1e-6)
+            for p in self.params:
+                p.grad.mul_(coef)
+        return total
+
+
+def _all_reduce_flat(tensors: list[torch.Tensor], group: Any) -> None:
+    if not tensors:
+        return
+    flat = torch.cat([t.reshape(-1) for t in tensors])
+    dist.all_reduce(flat, group=group)
+    offset = 0
+    for t in tensors:
+        n = t.numel()
+        t.copy_(flat[offset : offset + n].view_as(t))
+        offset += n
+
+
+def _check_sample(i: int, s: TrainSample) -> None:
+    n = len(s.input_ids)
+    lengths = {"loss_mask": len(s.loss_mask), "behaviour_logprobs": len(s.behaviour_logprobs),
+               "token_versions": len(s.token_versions)}
+    bad = {k: v for k, v in lengths.items() if v != n}
+    if bad:
+        raise ValueError(
+            f"batch[{i}] (group {s.group_id!r}): input_ids has {n} tokens but {bad}; "
+            "all per-token lists of a TrainSample must have the same length"
+        )
+    if n < 2:
+        raise ValueError(f"batch[{i}] (group {s.group_id!r}) has {n} token(s); need >= 2")
+    if s.loss_mask[0]:
+        raise ValueError(
+            f"batch[{i}] (group {s.group_id!r}): loss_mask[0] is 1, but the first token has "
+            "no context to be predicted from; a trajectory starts with prompt tokens (mask 0)"
+        )
+
+
+def _checkpoint_path(model: ModelConfig | str) -> str:
+    path = model if isinstance(model, str) else model.path
+    if path is None:
+        raise ValueError(
+            "trainer 'megatron' needs model.path (a Hugging Face checkpoint folder); the "
+            "pipeline converts model.gguf / model.tiny to one before starting trainers"
+        )
+    if not (Path(path) / "config.json").is_file():
+        raise FileNotFoundError(
+            f"model.path {path!r} is not a Hugging Face checkpoint folder (no config.json)"
+        )
+    return str(path)
+
+
+def _resolve_device(spec: str, rank: int) -> torch.device:
+    if spec == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda", rank % torch.cuda.device_count())
+        return torch.device("cpu")
+    dev = torch.device(spec)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"trainer option device={spec!r} but CUDA is not available here; use cpu")
+    return dev
+

@@ -1,0 +1,75 @@
+"""The conformance kit and torch-trainer equivalence with real ranks (gloo on CPU):
+TP=2/DP=1 and TP=1/DP=2, each rank a process handed its shard as the pipeline does."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+from _rank_worker import conformance, steps
+from megatron_helpers import make_batch, make_checkpoint
+from rollart_trainer_torch.trainer import TorchTrainer
+from safetensors.torch import load_file
+
+from rollart_sdk.config import ModelConfig
+
+LAYOUTS = [pytest.param(2, 1, id="tp2-dp1"), pytest.param(1, 2, id="tp1-dp2")]
+STEPS = 2
+
+
+@pytest.mark.parametrize("tp,dp", LAYOUTS)
+def test_conformance_kit_on_real_ranks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                       tp: int, dp: int) -> None:
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    ckpt = make_checkpoint(tmp_path / "model", kind="qwen3")
+    batch = make_batch(ckpt, n_groups=2, group_size=4, seed=1)
+    options = {"tensor_parallel_size": tp, "lr": 1e-3, "seed": 0, "num_threads": 1,
+               "kl_coef": 0.05, "max_tokens_per_micro_batch": 40}
+    mp.spawn(conformance, args=(tp * dp, str(ckpt), f"file://{tmp_path / 'init'}",
+                                str(tmp_path), batch, options), nprocs=tp * dp, join=True)
+    reports = [json.loads((tmp_path / f"kit{r}.json").read_text()) for r in range(tp * dp)]
+    assert reports[0]["buckets"] > 1  # the bucket bound was exercised
+    assert reports[0]["loss_after"] < reports[0]["loss_before"]
+    for r in reports[1:]:
+        assert r["metrics"]["loss"] == reports[0]["metrics"]["loss"]
+        assert r["loss_after"] == reports[0]["loss_after"]
+    m = reports[0]["metrics"]
+    assert m["tokens"] == sum(sum(s.loss_mask) for s in batch)
+    assert m["micro_batches"] > 1  # packing split the batch into several rows
+    assert m["ratio_mean"] == pytest.approx(1.0, abs=1e-4)  # behaviour == trainer numerics
+
+
+@pytest.mark.parametrize("tp,dp", LAYOUTS)
+@pytest.mark.parametrize("agg", ["token-mean", "seq-mean"])
+def test_matches_the_torch_trainer(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                   tp: int, dp: int, agg: str) -> None:
+    """Same batch, same initial weights, two steps (the second on stale tokens): loss,
+    grad norm and exported weights equal the torch trainer's within 1e-4."""
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    ckpt = make_checkpoint(tmp_path / "model", kind="qwen3")
+    batch = make_batch(ckpt, n_groups=3, group_size=4, seed=5)
+    common = {"lr": 1e-3, "seed": 0, "num_threads": 1, "kl_coef": 0.1, "loss_agg": agg}
+    ref = TorchTrainer(model=ModelConfig(path=str(ckpt)), micro_batch_size=3, **common)
+    want_metrics = [ref.train_step(copy.deepcopy(batch)) for _ in range(STEPS)]
+    want = {k: v.detach() for k, v in ref.model.state_dict().items()}
+
+    options = {**common, "tensor_parallel_size": tp, "max_tokens_per_micro_batch": 48}
+    mp.spawn(steps, args=(tp * dp, str(ckpt), f"file://{tmp_path / 'init'}", str(tmp_path),
+                          batch, options, STEPS), nprocs=tp * dp, join=True)
+    got = [load_file(str(tmp_path / f"rank{r}.safetensors")) for r in range(tp * dp)]
+    infos = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(tp * dp)]
+    assert all(i["version"] == STEPS for i in infos)
+    for name, tensor in want.items():
+        for r in range(1, tp * dp):
+            assert torch.equal(got[r][name], got[0][name]), f"ranks differ on {name}"
+        err = (got[0][name] - tensor).abs().max().item()
+        assert err < 1e-4, f"{name}: megatron differs from torch by {err:.3g}"
+    for step in range(STEPS):
+        m, w = infos[0]["metrics"][step], want_metrics[step]
+        for key in ("loss", "grad_norm", "kl", "clip_frac", "tokens", "stale_frac"):
+            assert m[key] == pytest.approx(w[key], rel=1e-4, abs=1e-5), (step, key)
+    assert want_metrics[1]["stale_frac"] == 1.0  # the second step went through TIS

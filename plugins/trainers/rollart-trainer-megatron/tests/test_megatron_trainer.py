@@ -1,0 +1,156 @@
+"""Trainer ``megatron`` in one process (world size 1, gloo): gradients equal the torch
+trainer's, packing, learning, HF export, registration and errors."""
+
+from __future__ import annotations
+
+import copy
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from megatron_helpers import behaviour_logprobs, make_batch, make_checkpoint
+from rollart_trainer_megatron.convert import megatron_to_hf
+from rollart_trainer_megatron.trainer import MegatronTrainer
+from rollart_trainer_torch.trainer import TorchTrainer
+from transformers import AutoModelForCausalLM
+
+from rollart_sdk.config import ModelConfig
+from rollart_sdk.errors import ConfigError
+from rollart_sdk.plugins import load_plugins
+from rollart_sdk.types import TrainSample
+
+torch.set_num_threads(1)
+
+
+def _trainer(path: Path, **options: object) -> MegatronTrainer:
+    opts = {"lr": 1e-3, "seed": 0, "num_threads": 1, **options}
+    return MegatronTrainer(model=ModelConfig(path=str(path)), **opts)
+
+
+def _capture_grads(trainer: object) -> dict:
+    """Replace the optimiser step with a copy of the gradients it would apply."""
+    grads: dict = {}
+
+    def step(*_a: object, **_k: object) -> None:
+        for group in trainer.optimizer.param_groups:  # type: ignore[attr-defined]
+            for p in group["params"]:
+                grads[id(p)] = p.grad.detach().clone()
+
+    trainer.optimizer.step = step  # type: ignore[attr-defined]
+    return grads
+
+
+@pytest.mark.parametrize("kind,tie", [("gqa", False), ("gqa", True), ("qwen3", False)])
+@pytest.mark.parametrize("agg", ["token-mean", "seq-mean"])
+def test_loss_and_gradients_match_the_torch_trainer(tmp_path: Path, kind: str, tie: bool,
+                                                    agg: str) -> None:
+    ckpt = make_checkpoint(tmp_path / "m", kind=kind, tie=tie)
+    batch = make_batch(ckpt, n_groups=3, group_size=4, seed=2)
+    common = {"lr": 1e-3, "seed": 0, "num_threads": 1, "kl_coef": 0.1, "loss_agg": agg,
+              "grad_clip": 0.0}
+    ref = TorchTrainer(model=ModelConfig(path=str(ckpt)), micro_batch_size=5, **common)
+    meg = _trainer(ckpt, max_tokens_per_micro_batch=50, **common)
+    ref_grads, meg_grads = _capture_grads(ref), _capture_grads(meg)
+    m_ref = ref.train_step(copy.deepcopy(batch))
+    m_meg = meg.train_step(copy.deepcopy(batch))
+    assert m_meg["micro_batches"] > 1
+    assert m_meg["loss"] == pytest.approx(m_ref["loss"], abs=1e-4)
+    assert m_meg["grad_norm"] == pytest.approx(m_ref["grad_norm"], rel=1e-4)
+    want = {n: ref_grads[id(p)] for n, p in ref.model.named_parameters()}
+    got = {}
+    for name, p in meg.named_params.items():
+        got.update(megatron_to_hf(name, [meg_grads[id(p)]], meg.arch))
+    assert set(want) <= set(got)
+    for name, g in want.items():
+        err = (got[name] - g).abs().max().item()
+        assert err < 1e-4, f"gradient of {name} differs by {err:.3g}"
+    assert max(g.abs().max().item() for g in want.values()) > 1e-3  # not all ~0
+
+
+def test_packing_does_not_change_the_step(tmp_path: Path) -> None:
+    """One row per trajectory vs everything in one row: same loss, same gradients."""
+    ckpt = make_checkpoint(tmp_path / "m", kind="qwen3")
+    batch = make_batch(ckpt, seed=4)
+    results = []
+    for budget in (2, 10_000):
+        t = _trainer(ckpt, max_tokens_per_micro_batch=budget, grad_clip=0.0)
+        grads = _capture_grads(t)
+        m = t.train_step(copy.deepcopy(batch))
+        results.append((m, [grads[id(p)] for p in t.params]))
+    (m1, g1), (m2, g2) = results
+    assert m1["micro_batches"] == len(batch) and m2["micro_batches"] == 1
+    assert m1["loss"] == pytest.approx(m2["loss"], abs=1e-6)
+    for a, b in zip(g1, g2, strict=True):
+        assert torch.allclose(a, b, atol=1e-6)
+
+
+def test_learns_to_prefer_positive_actions(tmp_path: Path) -> None:
+    ckpt = make_checkpoint(tmp_path / "m", kind="gqa")
+    model = AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.float32).eval()
+    prompt, good, bad = [3, 4, 5], [10, 11, 12], [20, 21, 22]
+
+    def sample(action: list[int], reward: float) -> TrainSample:
+        ids, mask = prompt + action, [0, 0, 0, 1, 1, 1]
+        lps = behaviour_logprobs(model, ids)
+        return TrainSample(ids, mask, [lp * m for lp, m in zip(lps, mask, strict=True)],
+                           [-1, -1, -1, 0, 0, 0], reward, "g")
+
+    batch = [sample(good, 1.0), sample(bad, 0.0)] * 2
+    t = _trainer(ckpt, lr=3e-3)
+    metrics = [t.train_step(copy.deepcopy(batch)) for _ in range(5)]
+    t.save_pretrained(str(tmp_path / "out"))
+    after = AutoModelForCausalLM.from_pretrained(tmp_path / "out", dtype=torch.float32).eval()
+
+    def seq_lp(m: torch.nn.Module, action: list[int]) -> float:
+        return sum(behaviour_logprobs(m, prompt + action)[3:])
+
+    assert seq_lp(after, good) > seq_lp(model, good) + 0.5
+    assert seq_lp(after, bad) < seq_lp(model, bad) - 0.5
+    assert t.version == 5 and all(m["stale_frac"] == 1.0 for m in metrics[1:])
+
+
+def test_save_pretrained_copies_tokenizer_side_files(tmp_path: Path) -> None:
+    ckpt = make_checkpoint(tmp_path / "m", kind="qwen3", tie=True)
+    (ckpt / "tokenizer_config.json").write_text("{}")
+    t = _trainer(ckpt)
+    t.save_pretrained(str(tmp_path / "out"))
+    assert (tmp_path / "out" / "tokenizer_config.json").read_text() == "{}"
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "out", dtype=torch.float32)
+    src = AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.float32)
+    for k, v in src.state_dict().items():
+        assert torch.equal(loaded.state_dict()[k], v), k
+
+
+def test_registered_through_the_entry_point_without_importing_megatron() -> None:
+    code = (
+        "import sys; from rollart_sdk.plugins import load_plugins;"
+        "ps = load_plugins(autoload=True, strict=False);"
+        "d = ps.registry.get('trainer', 'megatron');"
+        "assert d.factory == 'rollart_trainer_megatron.trainer:MegatronTrainer', d;"
+        "d.validate_options({'tensor_parallel_size': 2, 'loss_agg': 'seq-mean'});"
+        "assert 'megatron' not in sys.modules and 'torch' not in sys.modules"
+    )
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120)
+    assert res.returncode == 0, res.stderr[-2000:]
+
+
+def test_errors_say_what_and_how(tmp_path: Path) -> None:
+    desc = load_plugins(autoload=True, strict=False).registry.get("trainer", "megatron")
+    with pytest.raises(ConfigError, match="pipeline_parallel_size"):
+        desc.validate_options({"pipeline_parallel_size": 2}, where="trainer.options")
+    with pytest.raises(ConfigError, match="trainer.options.max_tokens"):
+        desc.validate_options({"max_tokens": 2}, where="trainer.options")
+    ckpt = make_checkpoint(tmp_path / "m", kind="gqa")
+    with pytest.raises(ValueError, match="not a multiple of trainer.options.tensor_parallel"):
+        MegatronTrainer(model=ModelConfig(path=str(ckpt)), rank=0, world_size=3,
+                        tensor_parallel_size=2)
+    with pytest.raises(FileNotFoundError, match="no config.json"):
+        _trainer(tmp_path)
+    t = _trainer(ckpt)
+    with pytest.raises(ValueError, match=r"batch\[0\].*loss_mask\[0\] is 1"):
+        t.train_step([TrainSample([1, 2, 3], [1, 1, 1], [0.0] * 3, [0] * 3, 1.0, "g")])
+    with pytest.raises(FileNotFoundError, match="not a complete megatron-trainer checkpoint"):
+        t.load_checkpoint(str(tmp_path))
