@@ -79,6 +79,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--hidden", type=int, default=64)
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--vocab", type=int, default=128)
+    p.add_argument("--pack-length", type=int, default=None,
+                   help="trainer option pack_length (default: the longest trajectory)")
     p.add_argument("--no-tp2", action="store_true", help="skip the two-process TP 2 run")
     p.add_argument("--json", type=str, default=None)
     a = p.parse_args(argv)
@@ -95,20 +97,20 @@ def main(argv: list[str] | None = None) -> int:
         batch = _batch(a.batch, a.vocab, seed=0)
         tokens = sum(len(s.input_ids) for s in batch)
         torch_t = TorchTrainer(model=ModelConfig(path=str(path)), micro_batch_size=64, **common)
-        meg_t = MegatronTrainer(model=ModelConfig(path=str(path)),
-                                max_tokens_per_micro_batch=2048, **common)
+        packing = {"pack_length": a.pack_length, "max_tokens_per_micro_batch": 8192}
+        meg_t = MegatronTrainer(model=ModelConfig(path=str(path)), **packing, **common)
         _time(torch_t, batch)
         _time(meg_t, batch)
         times: dict[str, list[float]] = {"torch (padded, 1 micro-batch)": [],
-                                         "megatron TP1 (packed rows of 2048)": []}
+                                         f"megatron TP1 (pack_length {a.pack_length or 'auto'})": []}
         for _ in range(a.repeats):
             times["torch (padded, 1 micro-batch)"].append(_time(torch_t, batch))
-            times["megatron TP1 (packed rows of 2048)"].append(_time(meg_t, batch))
+            times[f"megatron TP1 (pack_length {a.pack_length or 'auto'})"].append(_time(meg_t, batch))
         meg_t.close()
         if not a.no_tp2:
             out = str(Path(tmp) / "tp2.json")
             mp.spawn(_tp_rank, args=(2, str(path), f"file://{tmp}/init", batch, a.repeats,
-                                     {**common, "max_tokens_per_micro_batch": 2048}, out),
+                                     {**common, **packing}, out),
                      nprocs=2, join=True)
             times["megatron TP2 (2 processes)"] = json.loads(Path(out).read_text())
     rows = {k: {"median_s": statistics.median(v), "min_s": min(v), "max_s": max(v)}

@@ -25,10 +25,13 @@ class MegatronTrainerOptions(BaseModel):
     eps: float = Field(1e-8, gt=0)
     weight_decay: float = Field(0.0, ge=0)
     grad_clip: float = Field(1.0, ge=0)  # max global grad norm; 0 = no clipping
-    # Batching: trajectories are packed into rows of at most this many tokens (one row
-    # per forward/backward; a longer trajectory gets a row of its own).
-    max_tokens_per_micro_batch: int = Field(4096, ge=2)
-    # ... and of at most this many trajectories (None: the token bound only).
+    # Batching: trajectories are packed into rows of at most pack_length tokens (None: the
+    # longest trajectory of the batch; attention is dense within a row, O(row^2), so
+    # longer rows cost more on CPU); rows are stacked into micro-batches of at most
+    # max_tokens_per_micro_batch tokens (rows x longest row) and micro_batch_size
+    # trajectories (None: no count bound). One forward/backward per micro-batch.
+    pack_length: int | None = Field(None, ge=2)
+    max_tokens_per_micro_batch: int = Field(8192, ge=2)
     micro_batch_size: int | None = Field(None, ge=1)
     # Loss (same meaning as trainer torch)
     clip_eps: float = Field(0.2, gt=0, lt=1)

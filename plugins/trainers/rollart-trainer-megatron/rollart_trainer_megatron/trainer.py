@@ -7,8 +7,9 @@ Layout: ``world_size = tensor_parallel_size * data_parallel_size`` ranks; ranks
 1. the ranks of a TP group pool their shards (``all_gather_object``), so each replica
    trains on the union of its ranks' shards; GRPO advantages are filled over the whole
    batch (rewards gathered over the DP group) when samples arrive without one;
-2. trajectories are packed into rows of at most ``max_tokens_per_micro_batch`` tokens
-   (packing.py), one row per forward/backward;
+2. trajectories are packed into rows of at most ``pack_length`` tokens, rows stacked into
+   micro-batches of at most ``max_tokens_per_micro_batch`` tokens (packing.py), one
+   forward/backward each;
 3. per token, the losses of :mod:`rollart_sdk.algorithms` exactly as trainer ``torch``
    uses them (decoupled PPO-clip, truncated IS on stale tokens, optional KL), each row's
    loss divided by the whole-batch token (or sequence) count over all replicas;
@@ -54,7 +55,7 @@ from rollart_trainer_megatron.convert import (
     megatron_to_hf,
 )
 from rollart_trainer_megatron.options import MegatronTrainerOptions
-from rollart_trainer_megatron.packing import pack, plan_rows
+from rollart_trainer_megatron.packing import pack, plan_micro_batches
 from rollart_trainer_megatron.runtime import build_gpt, init_parallel, patch_for_cpu
 
 _METRIC_SUMS = ("loss", "pg_loss", "kl", "clip", "approx_kl", "ratio", "entropy", "stale",
@@ -157,10 +158,11 @@ class MegatronTrainer:
         self.optimizer.zero_grad(set_to_none=True)
         sums = dict.fromkeys(_METRIC_SUMS, 0.0)
         ratio_max = 0.0
-        rows = plan_rows([len(s.input_ids) for s in batch], o.max_tokens_per_micro_batch,
-                         o.micro_batch_size)
-        for row in rows:
-            p = pack([batch[i] for i in row])
+        lengths = [len(s.input_ids) for s in batch]
+        plan = plan_micro_batches(lengths, o.pack_length or max(lengths, default=2),
+                                  o.max_tokens_per_micro_batch, o.micro_batch_size)
+        for rows in plan:
+            p = pack([[batch[i] for i in row] for row in rows])
             t = {k: getattr(p, k).to(self.device) for k in (
                 "ids", "positions", "mask", "loss_mask", "behaviour", "versions",
                 "advantages", "seq_weight")}
@@ -238,7 +240,8 @@ class MegatronTrainer:
             "tis_weight_mean": sums["tis_w"] / max(sums["stale"], 1.0),
             "tokens": sums["tokens"],
             "sequences": float(counts[1]),
-            "micro_batches": float(len(rows)),
+            "micro_batches": float(len(plan)),
+            "packed_rows": float(sum(len(rows) for rows in plan)),
             # reward/advantage means are of this replica's shard
             "reward_mean": sum(s.reward for s in batch) / max(len(batch), 1),
             "advantage_abs_mean": sum(abs(a) for a in advs) / max(len(advs), 1),

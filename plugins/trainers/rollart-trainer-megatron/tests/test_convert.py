@@ -60,14 +60,17 @@ def test_tp_must_divide_the_kv_heads(tmp_path: Path) -> None:
         Arch.from_hf(AutoConfig.from_pretrained(path), 4)
 
 
-def test_plan_rows_respects_both_bounds() -> None:
-    from rollart_trainer_megatron.packing import plan_rows
+def test_packing_plan_respects_the_bounds() -> None:
+    from rollart_trainer_megatron.packing import plan_micro_batches, plan_rows
 
     lengths = [5, 9, 3, 12, 4, 4]
-    rows = plan_rows(lengths, max_tokens=10)
+    rows = plan_rows(lengths, pack_length=10)
     assert sorted(i for r in rows for i in r) == list(range(6))  # every trajectory, once
-    assert [3] in rows  # longer than the bound: a row of its own
-    assert all(sum(lengths[i] for i in r) <= 10 for r in rows if r != [3])
+    assert rows[0] == [3]  # longer than the bound: a row of its own, longest first
+    assert all(sum(lengths[i] for i in r) <= 10 for r in rows[1:])
     assert len(rows) == 4  # 12 | 9 | 5+4 | 4+3 (first-fit decreasing)
-    rows2 = plan_rows(lengths, max_tokens=100, max_seqs=2)
-    assert len(rows2) == 3 and all(len(r) <= 2 for r in rows2)
+    mbs = plan_micro_batches(lengths, pack_length=10, max_tokens=24)
+    assert [len(mb) for mb in mbs] == [2, 2]  # 2 x 12 <= 24; then 9 and 9, 7
+    mbs = plan_micro_batches(lengths, pack_length=10, max_tokens=100, max_seqs=3)
+    assert all(sum(len(r) for r in mb) <= 3 for mb in mbs)
+    assert sorted(i for mb in mbs for r in mb for i in r) == list(range(6))

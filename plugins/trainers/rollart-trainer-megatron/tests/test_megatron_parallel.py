@@ -28,7 +28,8 @@ def test_conformance_kit_on_real_ranks(tmp_path: Path, monkeypatch: pytest.Monke
     ckpt = make_checkpoint(tmp_path / "model", kind="qwen3")
     batch = make_batch(ckpt, n_groups=2, group_size=4, seed=1)
     options = {"tensor_parallel_size": tp, "lr": 1e-3, "seed": 0, "num_threads": 1,
-               "kl_coef": 0.05, "max_tokens_per_micro_batch": 40}
+               "kl_coef": 0.05, "pack_length": 30,
+               "max_tokens_per_micro_batch": 60}
     mp.spawn(conformance, args=(tp * dp, str(ckpt), f"file://{tmp_path / 'init'}",
                                 str(tmp_path), batch, options), nprocs=tp * dp, join=True)
     reports = [json.loads((tmp_path / f"kit{r}.json").read_text()) for r in range(tp * dp)]
@@ -39,7 +40,8 @@ def test_conformance_kit_on_real_ranks(tmp_path: Path, monkeypatch: pytest.Monke
         assert r["loss_after"] == reports[0]["loss_after"]
     m = reports[0]["metrics"]
     assert m["tokens"] == sum(sum(s.loss_mask) for s in batch)
-    assert m["micro_batches"] > 1  # packing split the batch into several rows
+    assert m["micro_batches"] > 1  # several forwards ...
+    assert m["packed_rows"] < len(batch)  # ... of rows holding several trajectories
     assert m["ratio_mean"] == pytest.approx(1.0, abs=1e-4)  # behaviour == trainer numerics
 
 
@@ -57,7 +59,8 @@ def test_matches_the_torch_trainer(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     want_metrics = [ref.train_step(copy.deepcopy(batch)) for _ in range(STEPS)]
     want = {k: v.detach() for k, v in ref.model.state_dict().items()}
 
-    options = {**common, "tensor_parallel_size": tp, "max_tokens_per_micro_batch": 48}
+    options = {**common, "tensor_parallel_size": tp, "pack_length": 32,
+               "max_tokens_per_micro_batch": 64}
     mp.spawn(steps, args=(tp * dp, str(ckpt), f"file://{tmp_path / 'init'}", str(tmp_path),
                           batch, options, STEPS), nprocs=tp * dp, join=True)
     got = [load_file(str(tmp_path / f"rank{r}.safetensors")) for r in range(tp * dp)]

@@ -51,7 +51,7 @@ def test_loss_and_gradients_match_the_torch_trainer(tmp_path: Path, kind: str, t
     common = {"lr": 1e-3, "seed": 0, "num_threads": 1, "kl_coef": 0.1, "loss_agg": agg,
               "grad_clip": 0.0}
     ref = TorchTrainer(model=ModelConfig(path=str(ckpt)), micro_batch_size=5, **common)
-    meg = _trainer(ckpt, max_tokens_per_micro_batch=50, **common)
+    meg = _trainer(ckpt, pack_length=30, max_tokens_per_micro_batch=64, **common)
     ref_grads, meg_grads = _capture_grads(ref), _capture_grads(meg)
     m_ref = ref.train_step(copy.deepcopy(batch))
     m_meg = meg.train_step(copy.deepcopy(batch))
@@ -70,17 +70,20 @@ def test_loss_and_gradients_match_the_torch_trainer(tmp_path: Path, kind: str, t
 
 
 def test_packing_does_not_change_the_step(tmp_path: Path) -> None:
-    """One row per trajectory vs everything in one row: same loss, same gradients."""
+    """One trajectory per forward vs rows of several stacked in one forward: same loss,
+    same gradients."""
     ckpt = make_checkpoint(tmp_path / "m", kind="qwen3")
     batch = make_batch(ckpt, seed=4)
     results = []
-    for budget in (2, 10_000):
-        t = _trainer(ckpt, max_tokens_per_micro_batch=budget, grad_clip=0.0)
+    for pack_length, budget in ((2, 2), (25, 10_000)):
+        t = _trainer(ckpt, pack_length=pack_length, max_tokens_per_micro_batch=budget,
+                     grad_clip=0.0)
         grads = _capture_grads(t)
         m = t.train_step(copy.deepcopy(batch))
         results.append((m, [grads[id(p)] for p in t.params]))
     (m1, g1), (m2, g2) = results
-    assert m1["micro_batches"] == len(batch) and m2["micro_batches"] == 1
+    assert m1["micro_batches"] == m1["packed_rows"] == len(batch)
+    assert m2["micro_batches"] == 1 and 1 < m2["packed_rows"] < len(batch)
     assert m1["loss"] == pytest.approx(m2["loss"], abs=1e-6)
     for a, b in zip(g1, g2, strict=True):
         assert torch.allclose(a, b, atol=1e-6)
