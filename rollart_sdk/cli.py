@@ -30,6 +30,8 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
                 "weight transports on the real pipeline: transfer, exposed, hidden fraction"),
     "async": ("rollart_sdk.bench.async_modes:main",
               "sync vs one_off vs async alpha 1/2: step time, staleness, aborts"),
+    "trainers": ("rollart_trainer_megatron.bench:main",
+                 "trainer megatron (TP 1, TP 2) vs torch: step time on one batch"),
 }
 
 

@@ -1,6 +1,6 @@
 """Step time of trainer ``megatron`` against trainer ``torch`` on the same batch.
 
-    python -m rollart_trainer_megatron.bench [--repeats 7] [--batch 32] [--json PATH]
+    rollart bench trainers [--repeats 7] [--batch 32] [--json PATH]
 
 Same random Llama (the quickstart's tiny shape by default), same batch of variable-length
 trajectories, same optimiser settings; one warm-up step each, then ``repeats`` steps of
