@@ -94,7 +94,9 @@ def plot_rewards(metrics: list[dict[str, Any]], out: Path, window: int | None = 
         ax.plot(steps, smooth(rew, w), color=c, label=label)
         if not same and any(s == s for s in succ):
             ax.plot(steps, smooth(succ, w), color=c, linestyle="--", label=f"{tag} success")
-    ax.set_ylim(-0.05, 1.05)
+    # 0..1 unless a task's rewards leave it (penalties, e.g. GEM's -0.1 format error).
+    values = [v for tag in tags for v in series(f"reward/{tag}") if v == v]
+    ax.set_ylim(min([-0.05, *(v - 0.05 for v in values)]), max([1.05, *(v + 0.05 for v in values)]))
     ax.set_xlabel("training step")
     ax.set_title(f"reward per task (moving average over {w} steps; raw faint)")
     ax.legend(fontsize=8)
