@@ -53,6 +53,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--repeats", type=int, default=3, help="timed passes per side (median)")
     p.add_argument("--sides", nargs="+", default=["vllm", "torch", "static"],
                    choices=["vllm", "torch", "static"])
+    p.add_argument("--prefix-caching", action="store_true",
+                   help="keep vLLM's prefix cache on (off by default: the repeats send the "
+                   "same prompts, which only vLLM could then serve from its cache)")
     p.add_argument("--seed", type=int, default=0)
     return p
 
@@ -176,7 +179,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             runs["vllm"], st = _engine_side(
                 lambda: VllmEngine(model=mc, max_num_seqs=args.batch, eos_token_ids=[],
                                    max_model_len=1024, cpu_threads=args.threads,
-                                   cpu_kv_cache_gb=1.0),
+                                   cpu_kv_cache_gb=1.0,
+                                   enable_prefix_caching=args.prefix_caching),
                 warm, reqs, args.repeats)
             notes["vllm"] = {"prefix_cached_tokens": st["prefix_cached_tokens"]}
         if "torch" in args.sides:

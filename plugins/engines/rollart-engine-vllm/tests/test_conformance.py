@@ -18,6 +18,7 @@ needs_vllm = pytest.mark.skipif(
 )
 pytestmark = needs_vllm
 
+
 def test_check_engine(tiny_model, reference, other_weights):
     tok = load_tokenizer(tiny_model.path)
 

