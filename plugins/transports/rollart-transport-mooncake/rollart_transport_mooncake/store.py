@@ -85,6 +85,10 @@ class Master:
             "-enable_http_metadata_server=true", f"-http_metadata_server_host={host}",
             f"-http_metadata_server_port={http}", f"-metrics_port={metrics}",
             f"-metrics_host={host}",
+            # A reader's lease must outlast its transfer: with the default 10 s, a pull of
+            # a large version that takes longer (two engines pulling 640 MB at once on a
+            # loaded CPU) fails with -707. Removal is the trainer's call (force=True).
+            "-default_kv_lease_ttl=600000",
         ]
         proc = subprocess.Popen(cmd, stdout=fd, stderr=subprocess.STDOUT,
                                 preexec_fn=_die_with_parent)
