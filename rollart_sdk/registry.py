@@ -25,6 +25,7 @@ FIRST_PARTY: dict[tuple[str, str], str] = {
     ("engine", "vllm"): "rollart-engine-vllm",
     ("engine", "sglang"): "rollart-engine-sglang",
     ("trainer", "torch"): "rollart-trainer-torch",
+    ("trainer", "megatron"): "rollart-trainer-megatron",
     ("transport", "ray"): "rollart-transport-ray",
     ("transport", "nccl"): "rollart-transport-nccl",
     ("env", "sokoban"): "rollart-env-sokoban",
