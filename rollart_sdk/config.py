@@ -9,6 +9,7 @@ Errors say which key is wrong, on which YAML line, and what is allowed::
 from __future__ import annotations
 
 import importlib.util
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -102,7 +103,8 @@ class PoolConfig(_Strict):
     @model_validator(mode="after")
     def _defaults(self) -> PoolConfig:
         if self.profile is None:
-            self.profile = {"cpu": "cpu", "serverless": "serverless"}.get(self.kind, "compute")
+            self.profile = ("cpu" if self.kind == "cpu"
+                            else "serverless" if self.kind == "serverless" else "compute")
         if self.kind == "serverless" and not self.url:
             raise ValueError("a serverless pool needs url (http://..., https://... or fc://...)")
         return self
@@ -431,7 +433,7 @@ def load_config(
     return cfg, lines
 
 
-def _describe(err: dict[str, Any]) -> str:
+def _describe(err: Mapping[str, Any]) -> str:
     msg = err["msg"].removeprefix("Value error, ")
     if err["type"] == "extra_forbidden":
         return "unknown key (check the spelling; see docs/configuration.md for the keys)"

@@ -7,8 +7,6 @@ from the env's options model (imported for this command only).
 
 from __future__ import annotations
 
-import argparse
-import json
 from typing import Any
 
 from pydantic_core import PydanticUndefined
@@ -23,7 +21,7 @@ def option_rows(desc: Descriptor) -> list[dict[str, Any]]:
         if field.default is not PydanticUndefined:
             default = field.default
         elif field.default_factory is not None:
-            default = field.default_factory()
+            default = field.get_default(call_default_factory=True)
         else:
             default = "(required)"
         rows.append({"name": name, "default": default, "description": field.description or ""})
@@ -44,55 +42,3 @@ def describe(desc: Descriptor, with_options: bool) -> dict[str, Any]:
         except Exception as exc:  # noqa: BLE001 - a broken options import is reported, not fatal
             out["options_error"] = f"{type(exc).__name__}: {exc}"
     return out
-
-
-def cmd_envs(args: argparse.Namespace) -> int:
-    from rich.console import Console
-    from rich.table import Table
-
-    from rollart_sdk.plugins import get_plugins
-
-    ps = get_plugins()
-    registry = ps.registry
-    names = args.names or registry.names("env")
-    descs = [registry.get("env", n) for n in names]  # an unknown name: the usual clear error
-    details = bool(args.names) or args.details
-    records = [describe(d, details) for d in descs]
-    if args.json:
-        print(json.dumps(records, indent=2, default=str))
-        return 0
-    console = Console() if Console().is_terminal else Console(width=200)
-    table = Table(title="rollart environments")
-    for col in ("env", "plugin", "turns", "character", "options"):
-        table.add_column(col)
-    option_names: dict[str, str] = {}
-    for desc, rec in zip(descs, records, strict=True):
-        key = str(desc.options)
-        if key not in option_names:
-            try:
-                option_names[key] = ", ".join(desc.options_model().model_fields) or "-"
-            except Exception as exc:  # noqa: BLE001
-                option_names[key] = f"[red]{type(exc).__name__}[/red]"
-        table.add_row(rec["name"], rec["plugin"], str(rec["turns"] or "-"),
-                      rec["character"] or "-", option_names[key])
-    console.print(table)
-    if details:
-        for rec in records:
-            console.print(f"\n[bold]{rec['name']}[/bold]  {rec['summary']}")
-            for opt in rec.get("options", []):
-                console.print(f"  {opt['name']} = {opt['default']!r}  [dim]{opt['description']}[/dim]")
-            if "options_error" in rec:
-                console.print(f"  [red]options: {rec['options_error']}[/red]")
-    unavailable = sorted(n for (k, n) in registry.unavailable if k == "env")
-    if unavailable:
-        console.print(f"\n{len(unavailable)} env names known but not registered here "
-                      "(`rollart plugins` says why).")
-    return 0
-
-
-def add_parser(sub: Any) -> None:
-    p = sub.add_parser("envs", help="list environments: options, turn budget, prefill/decode character")
-    p.add_argument("names", nargs="*", help="only these envs, with their options in full")
-    p.add_argument("--details", action="store_true", help="every env's options in full")
-    p.add_argument("--json", action="store_true", help="machine-readable output")
-    p.set_defaults(func=cmd_envs)

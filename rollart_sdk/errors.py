@@ -26,9 +26,16 @@ class UnknownBackendError(RollartError):
     """A config names a backend no installed plugin registers."""
 
     def __init__(self, kind: str, name: str, installed: list[str], hint: str = "") -> None:
+        import difflib
+
         self.kind, self.name, self.installed = kind, name, installed
+        self.hint = hint
+        self.suggestions = difflib.get_close_matches(name, installed, n=3)
         names = ", ".join(sorted(installed)) or "(none)"
-        msg = f"unknown {kind} {name!r}; installed {kind}s: {names}."
+        msg = f"unknown {kind} {name!r}"
+        if self.suggestions:
+            msg += f"; did you mean {' or '.join(repr(s) for s in self.suggestions)}?"
+        msg += f"; installed {kind}s: {names}."
         if hint:
             msg += f" {hint}"
         super().__init__(msg)

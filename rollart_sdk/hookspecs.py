@@ -20,7 +20,8 @@ Implementations may omit the ``registry`` argument (pluggy allows fewer argument
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, TypeVar
 
 import pluggy
 
@@ -31,8 +32,23 @@ PROJECT = "rollart"
 hookspec = pluggy.HookspecMarker(PROJECT)
 hookimpl = pluggy.HookimplMarker(PROJECT)
 
+F = TypeVar("F", bound=Callable[..., None])
+# kind -> hook name, filled by @_kind below: the single source of truth for the kinds
+# (``interfaces.KINDS`` and the registry read it).
+KIND_HOOKS: dict[str, str] = {}
 
-@hookspec
+
+def _kind(kind: str) -> Callable[[F], F]:
+    """Declare a registration hook for one plugin kind."""
+
+    def mark(fn: F) -> F:
+        KIND_HOOKS[kind] = fn.__name__
+        return hookspec(fn)
+
+    return mark
+
+
+@_kind("env")
 def rollart_register_envs(registry: Registrar) -> None:
     """Register environments: gymnasium envs with text observations and text actions.
 
@@ -42,7 +58,7 @@ def rollart_register_envs(registry: Registrar) -> None:
     """
 
 
-@hookspec
+@_kind("engine")
 def rollart_register_engines(registry: Registrar) -> None:
     """Register inference engines (:class:`rollart_sdk.interfaces.InferenceEngine`).
 
@@ -51,7 +67,7 @@ def rollart_register_engines(registry: Registrar) -> None:
     """
 
 
-@hookspec
+@_kind("trainer")
 def rollart_register_trainers(registry: Registrar) -> None:
     """Register training backends (:class:`rollart_sdk.interfaces.Trainer`).
 
@@ -60,7 +76,7 @@ def rollart_register_trainers(registry: Registrar) -> None:
     """
 
 
-@hookspec
+@_kind("reward")
 def rollart_register_rewards(registry: Registrar) -> None:
     """Register reward backends (:class:`rollart_sdk.interfaces.RewardBackend`).
 
@@ -69,7 +85,7 @@ def rollart_register_rewards(registry: Registrar) -> None:
     """
 
 
-@hookspec
+@_kind("transport")
 def rollart_register_transports(registry: Registrar) -> None:
     """Register weight transports (:class:`rollart_sdk.interfaces.WeightTransport`).
 
@@ -78,7 +94,7 @@ def rollart_register_transports(registry: Registrar) -> None:
     """
 
 
-@hookspec
+@_kind("placement")
 def rollart_register_placements(registry: Registrar) -> None:
     """Register placement policies (:class:`rollart_sdk.interfaces.PlacementPolicy`).
 
@@ -87,12 +103,22 @@ def rollart_register_placements(registry: Registrar) -> None:
     """
 
 
-# kind -> hook name; the single source of truth for which hooks exist.
-KIND_HOOKS: dict[str, str] = {
-    "env": "rollart_register_envs",
-    "engine": "rollart_register_engines",
-    "trainer": "rollart_register_trainers",
-    "reward": "rollart_register_rewards",
-    "transport": "rollart_register_transports",
-    "placement": "rollart_register_placements",
-}
+@_kind("benchmark")
+def rollart_register_benchmarks(registry: Registrar) -> None:
+    """Register benchmarks run by ``rollart bench NAME [ARGS]``.
+
+    The factory is called as ``factory(argv: list[str]) -> int`` with the arguments after
+    the name (``--help`` included: each benchmark owns its parser); it prints a table and
+    returns the exit status.
+    """
+
+
+@_kind("serverless_scheme")
+def rollart_register_serverless_schemes(registry: Registrar) -> None:
+    """Register callers for serverless endpoint URL schemes (``myscheme://...``).
+
+    The factory is called as ``factory(url: str, timeout_s: float)`` wherever a serverless
+    endpoint is used (``@register_serverless``, serverless pools, the serverless reward)
+    and returns a callable: ``caller(*args, **kwargs)`` invokes the remote function and
+    returns its result, raising ``rollart_sdk.cluster.serverless.ServerlessError``.
+    """

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from typing import Any, ClassVar, Literal, Protocol, runtime_checkable
 
+from rollart_sdk.hookspecs import KIND_HOOKS
 from rollart_sdk.types import (
     GenerationRequest,
     GenerationResult,
@@ -21,7 +22,8 @@ from rollart_sdk.types import (
     WeightManifest,
 )
 
-KINDS: tuple[str, ...] = ("env", "engine", "trainer", "reward", "transport", "placement")
+# Every plugin kind, in the order `rollart plugins` lists them (one per registration hook).
+KINDS: tuple[str, ...] = tuple(KIND_HOOKS)
 
 
 @runtime_checkable

@@ -11,7 +11,6 @@ module (e.g. by the CLI) stays cheap.
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import os
@@ -119,7 +118,7 @@ def build_tiny_checkpoint(
     # Seed a private generator state so building a model never disturbs the caller's RNG.
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(tiny.seed)
-        model = LlamaForCausalLM(config).to(torch.float32).eval()
+        model = LlamaForCausalLM(config).float().eval()
     model.generation_config = GenerationConfig(
         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id
     )
@@ -245,45 +244,3 @@ def load_causal_lm(path: str | os.PathLike[str], dtype: str = "float32") -> PreT
         raise ValueError(f"unknown dtype {dtype!r}; use float32, bfloat16 or float16")
     model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch_dtype, local_files_only=True)
     return model.eval()
-
-
-# --------------------------------------------------------------------------- CLI
-
-
-def _cmd_convert(args: argparse.Namespace) -> int:
-    src = args.src
-    if src.startswith("package:"):
-        src = str(ModelConfig(gguf=src).gguf_path())
-    out = convert_gguf(src, args.out)
-    print(f"converted {args.src} -> {out}")
-    return 0
-
-
-def _cmd_tiny(args: argparse.Namespace) -> int:
-    tiny = TinyModelConfig(
-        hidden_size=args.hidden_size, num_layers=args.num_layers, num_heads=args.num_heads,
-        intermediate_size=args.intermediate_size, seed=args.seed,
-    )
-    out = build_tiny_checkpoint(tiny, args.out, args.extra_token)
-    print(f"tiny model written to {out}")
-    return 0
-
-
-def add_parser(subparsers: argparse._SubParsersAction) -> None:
-    """``rollart model convert-gguf SRC OUT`` and ``rollart model tiny OUT``."""
-    p = subparsers.add_parser("model", help="prepare model checkpoints (GGUF conversion, tiny)")
-    sub = p.add_subparsers(dest="model_command", required=True)
-    c = sub.add_parser("convert-gguf", help="dequantise a GGUF file into an fp32 checkpoint")
-    c.add_argument("src", help="GGUF file, or package:<pkg>/<file>")
-    c.add_argument("out", help="output folder")
-    c.set_defaults(func=_cmd_convert)
-    t = sub.add_parser("tiny", help="build a small random Llama model with a char tokenizer")
-    t.add_argument("out", help="output folder")
-    t.add_argument("--extra-token", action="append", default=[], metavar="T",
-                   help="a string to add as one token (repeatable), e.g. an action word")
-    t.add_argument("--hidden-size", type=int, default=64)
-    t.add_argument("--num-layers", type=int, default=2)
-    t.add_argument("--num-heads", type=int, default=4)
-    t.add_argument("--intermediate-size", type=int, default=128)
-    t.add_argument("--seed", type=int, default=0)
-    t.set_defaults(func=_cmd_tiny)

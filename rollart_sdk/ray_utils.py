@@ -3,17 +3,36 @@
 from __future__ import annotations
 
 import os
+import sys
 from typing import Any
+
+# Worker output is quiet unless ROLLART_VERBOSE=1: no Hugging Face progress bars or
+# advisory warnings in every worker's log lines.
+QUIET_ENV = {
+    "HF_HUB_DISABLE_PROGRESS_BARS": "1",
+    "TRANSFORMERS_VERBOSITY": "error",
+    "TRANSFORMERS_NO_ADVISORY_WARNINGS": "1",
+}
+
+
+def _verbose() -> bool:
+    return os.environ.get("ROLLART_VERBOSE", "") not in ("", "0", "false", "no")
 
 
 def local_ray_env() -> None:
-    """Keep a local Ray on 127.0.0.1 (Ray 2.60 otherwise binds the routed address) and keep
-    each worker process to one torch/BLAS thread (processes share few cores)."""
+    """Keep a local Ray on 127.0.0.1 (Ray 2.60 otherwise binds the routed address), keep
+    each worker process to one torch/BLAS thread (processes share few cores), and keep
+    worker output quiet (see ``QUIET_ENV``; ``ROLLART_VERBOSE=1`` keeps everything)."""
     os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     os.environ.setdefault("MKL_NUM_THREADS", "1")
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+    if not sys.stdout.isatty():  # piped or captured: no ANSI colour codes in worker prefixes
+        os.environ.setdefault("RAY_COLOR_PREFIX", "0")
+    if not _verbose():
+        for key, value in QUIET_ENV.items():
+            os.environ.setdefault(key, value)
 
 
 def init_ray(
@@ -30,8 +49,10 @@ def init_ray(
     if ray.is_initialized():
         return ray.get_runtime_context()
     address = address or os.environ.get("RAY_ADDRESS")
-    runtime_env = {"env_vars": {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
-                                "TOKENIZERS_PARALLELISM": "false"}}
+    env_vars = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    if not _verbose():
+        env_vars.update(QUIET_ENV)
+    runtime_env = {"env_vars": env_vars}
     if address:
         return ray.init(address=address, runtime_env=runtime_env, **kwargs)
     kwargs.setdefault("log_to_driver", True)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -12,27 +12,30 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from rollart_sdk.errors import ConfigError, PluginError, UnknownBackendError
 from rollart_sdk.interfaces import KINDS
 
-# Names that first-party plugin packages provide, so an unknown name can say what to install.
+# Names that first-party plugin packages in this repository provide, so an unknown name can
+# say what to install. Only packages that exist under plugins/ (tests/test_registry.py checks).
 FIRST_PARTY: dict[tuple[str, str], str] = {
-    ("env", "frozenlake"): "rollart-env-frozenlake (plugins/envs/rollart-env-frozenlake)",
-    ("env", "arithmetic"): "rollart-env-arithmetic (plugins/envs/rollart-env-arithmetic)",
-    ("env", "sokoban"): "rollart-env-sokoban (plugins/envs/rollart-env-sokoban)",
-    ("env", "sandbox"): "rollart-env-sandbox (plugins/envs/rollart-env-sandbox)",
-    ("reward", "rule"): "rollart-reward-rule (plugins/rewards/rollart-reward-rule)",
-    ("reward", "serverless"): "rollart-reward-serverless (plugins/rewards/rollart-reward-serverless)",
-    ("engine", "torch"): "rollart-engine-torch (plugins/engines/rollart-engine-torch)",
-    ("engine", "vllm"): "rollart-engine-vllm (plugins/engines/rollart-engine-vllm)",
-    ("engine", "sglang"): "rollart-engine-sglang (plugins/engines/rollart-engine-sglang)",
-    ("trainer", "torch"): "rollart-trainer-torch (plugins/trainers/rollart-trainer-torch)",
-    ("trainer", "megatron"): "rollart-trainer-megatron (plugins/trainers/rollart-trainer-megatron)",
-    ("transport", "ray"): "rollart-transport-ray (plugins/transports/rollart-transport-ray)",
-    ("transport", "nccl"): "rollart-transport-nccl (plugins/transports/rollart-transport-nccl)",
-    ("transport", "mooncake"): "rollart-transport-mooncake (plugins/transports/rollart-transport-mooncake)",
+    ("env", "frozenlake"): "rollart-env-frozenlake",
+    ("env", "arithmetic"): "rollart-env-arithmetic",
+    ("env", "category"): "rollart-env-category",
+    ("reward", "rule"): "rollart-reward-rule",
+    ("reward", "serverless"): "rollart-reward-serverless",
+    ("reward", "judge"): "rollart-reward-judge",
+    ("engine", "torch"): "rollart-engine-torch",
+    ("engine", "vllm"): "rollart-engine-vllm",
+    ("engine", "sglang"): "rollart-engine-sglang",
+    ("trainer", "torch"): "rollart-trainer-torch",
+    ("trainer", "megatron"): "rollart-trainer-megatron",
+    ("transport", "ray"): "rollart-transport-ray",
+    ("transport", "nccl"): "rollart-transport-nccl",
+    ("env", "sokoban"): "rollart-env-sokoban",
+    ("env", "sandbox"): "rollart-env-sandbox",
+    ("transport", "mooncake"): "rollart-transport-mooncake",
 }
 
 # Name prefixes a first-party plugin provides (e.g. every "gem/<id>").
 FIRST_PARTY_PREFIXES: dict[tuple[str, str], str] = {
-    ("env", "gem/"): "rollart-env-gem (plugins/envs/rollart-env-gem)",
+    ("env", "gem/"): "rollart-env-gem",
 }
 
 
@@ -40,6 +43,60 @@ class NoOptions(BaseModel):
     """Options model of a backend that takes none: any key is an error."""
 
     model_config = ConfigDict(extra="forbid")
+
+
+def find_string(spec: str) -> str | None:
+    """Check that ``"package.module:attr"`` names something, importing as little as possible.
+
+    The module is located with ``importlib.util.find_spec`` (parent packages are imported,
+    the module itself is not) and ``attr``'s first part is looked up among the module's
+    top-level definitions in its source, so a typo is found without importing torch or any
+    other heavy dependency the module has. Returns None when found, else what is wrong.
+    """
+    import ast
+    import importlib.util
+
+    if ":" not in spec:
+        return f"bad import string {spec!r}: expected 'module:attr'"
+    module_name, attr = spec.split(":", 1)
+    try:
+        found = importlib.util.find_spec(module_name)
+    except Exception as exc:  # noqa: BLE001 - a parent package failed to import
+        return f"module {module_name!r} cannot be located ({type(exc).__name__}: {exc})"
+    if found is None:
+        return f"module {module_name!r} not found"
+    origin = found.origin
+    if not origin or not origin.endswith(".py"):
+        try:  # no source to read (extension module, namespace package): import it
+            import_string(spec)
+        except Exception as exc:  # noqa: BLE001 - reported, not raised
+            return f"{spec!r} cannot be imported ({type(exc).__name__}: {exc})"
+        return None
+    with open(origin, encoding="utf-8") as f:
+        tree = ast.parse(f.read(), origin)
+    if attr.split(".")[0] not in _top_level_names(tree):
+        return f"module {module_name!r} ({origin}) defines no {attr.split('.')[0]!r}"
+    return None
+
+
+def _top_level_names(tree: Any) -> set[str]:
+    import ast
+
+    names: set[str] = set()
+    nodes = list(tree.body)
+    while nodes:
+        node = nodes.pop()
+        if isinstance(node, (ast.If, ast.Try)):  # `if TYPE_CHECKING:`, `try: import ...`
+            nodes += node.body + node.orelse + getattr(node, "finalbody", [])
+            nodes += [n for h in getattr(node, "handlers", []) for n in h.body]
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names |= {t.id for t in targets if isinstance(t, ast.Name)}
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names |= {(a.asname or a.name).split(".")[0] for a in node.names}
+    return names
 
 
 def import_string(spec: str) -> Any:
@@ -67,12 +124,41 @@ class Descriptor:
     version: str | None = None
     # Facts a plugin states about the backend (envs: "turns", "character"), for `rollart envs`.
     traits: dict[str, Any] = field(default_factory=dict)
+    # Works only when every party shares one process (e.g. the ``local`` transport):
+    # ``rollart validate`` refuses it for a run whose workers are Ray processes.
+    process_local: bool = False
+
+    @property
+    def origin(self) -> str:
+        """Who registered it: the distribution, else the plugin name."""
+        return self.distribution or self.plugin
+
+    def check_paths(self) -> list[str]:
+        """Every path string this registration names that does not resolve (factory,
+        options model), located without importing the backend (:func:`find_string`)."""
+        problems = []
+        for what, spec in (("factory", self.factory), ("options", self.options)):
+            if isinstance(spec, str):
+                why = find_string(spec)
+                if why:
+                    problems.append(
+                        f"{self.kind} {self.name!r} from plugin {self.plugin!r}: its {what} "
+                        f"path {spec!r} does not resolve: {why}; fix the plugin's registration"
+                    )
+        return problems
 
     def options_model(self) -> type[BaseModel]:
         if self.options is None:
             return NoOptions
         if isinstance(self.options, str):
-            model = import_string(self.options)
+            try:
+                model = import_string(self.options)
+            except Exception as exc:  # noqa: BLE001 - any import failure: say which path
+                raise PluginError(
+                    f"{self.kind} {self.name!r} from plugin {self.plugin!r}: its options model "
+                    f"{self.options!r} cannot be imported ({type(exc).__name__}: {exc}); fix "
+                    f"the path in the plugin's registration"
+                ) from None
         else:
             model = self.options
         if not (isinstance(model, type) and issubclass(model, BaseModel)):
@@ -104,7 +190,7 @@ class Descriptor:
             return self.factory
         try:
             return import_string(self.factory)
-        except Exception as exc:  # noqa: BLE001 - re-raised with context
+        except Exception as exc:
             raise PluginError(
                 f"{self.kind} {self.name!r} (plugin {self.plugin!r}) failed to import "
                 f"{self.factory!r}: {type(exc).__name__}: {exc}"
@@ -124,7 +210,7 @@ def _with_line(path: str, lines: Any) -> str:
     return f"{path} (line {line})" if line else path
 
 
-def _explain(err: dict[str, Any], model: type[BaseModel]) -> str:
+def _explain(err: Mapping[str, Any], model: type[BaseModel]) -> str:
     msg = err["msg"]
     if err["type"] == "extra_forbidden":
         allowed = ", ".join(model.model_fields) or "none"
@@ -151,6 +237,7 @@ class Registrar:
         options: str | type[BaseModel] | None = None,
         summary: str = "",
         traits: dict[str, Any] | None = None,
+        process_local: bool = False,
     ) -> Descriptor:
         desc = Descriptor(
             kind=self.kind,
@@ -162,6 +249,7 @@ class Registrar:
             distribution=self.distribution,
             version=self.version,
             traits=dict(traits or {}),
+            process_local=process_local,
         )
         self.registry.add(desc)
         return desc
@@ -174,13 +262,23 @@ class Registrar:
 
 @dataclass
 class Registry:
-    """All registered backends, by kind and name."""
+    """All registered backends, by kind and name.
+
+    A name registered twice for one kind is a conflict: the first registration stays in
+    place, both are recorded in ``conflicts`` (``rollart plugins`` shows them on both
+    plugins' rows), and only a run that selects the name fails (:meth:`get`).
+    """
 
     _by_kind: dict[str, dict[str, Descriptor]] = field(
         default_factory=lambda: {k: {} for k in KINDS}
     )
+    conflicts: dict[tuple[str, str], list[Descriptor]] = field(default_factory=dict)
     # (kind, name) -> (plugin, reason): names a plugin declined to register.
     unavailable: dict[tuple[str, str], tuple[str, str]] = field(default_factory=dict)
+    # Installed plugins that registered nothing, by entry-point name and distribution ->
+    # why ("disabled (ROLLART_DISABLE_PLUGINS)", "failed to import: ..."): an unknown name
+    # says which of them may be the one that provides it.
+    not_loaded: dict[str, str] = field(default_factory=dict)
 
     def add(self, desc: Descriptor) -> None:
         if desc.kind not in self._by_kind:
@@ -189,16 +287,22 @@ class Registry:
             raise PluginError(f"plugin {desc.plugin!r} registered a {desc.kind} with no name")
         existing = self._by_kind[desc.kind].get(desc.name)
         if existing is not None:
-            raise PluginError(
-                f"{desc.kind} {desc.name!r} is registered twice: by "
-                f"{existing.distribution or existing.plugin} and by "
-                f"{desc.distribution or desc.plugin}. Uninstall one of them, or block one "
-                f"with ROLLART_DISABLE_PLUGINS={desc.plugin}."
-            )
+            self.conflicts.setdefault((desc.kind, desc.name), [existing]).append(desc)
+            return
         self._by_kind[desc.kind][desc.name] = desc
         self.unavailable.pop((desc.kind, desc.name), None)
         if desc.kind == "env" and isinstance(desc.factory, str):
             _register_with_gymnasium(desc)
+
+    def conflict_message(self, kind: str, name: str) -> str | None:
+        """Why ``kind`` ``name`` cannot be used (two plugins register it), or None."""
+        claims = self.conflicts.get((kind, name))
+        if not claims:
+            return None
+        who = " and by ".join(d.origin for d in claims)
+        plugins = ",".join(d.plugin for d in claims[1:])
+        return (f"{kind} {name!r} is registered twice: by {who}. Uninstall one of them, or "
+                f"block one with ROLLART_DISABLE_PLUGINS={plugins}.")
 
     def names(self, kind: str) -> list[str]:
         return sorted(self._by_kind.get(kind, {}))
@@ -207,23 +311,48 @@ class Registry:
         return [d for kind in KINDS for d in self._by_kind[kind].values()]
 
     def get(self, kind: str, name: str) -> Descriptor:
+        """The descriptor of ``kind`` ``name``; UnknownBackendError (with "did you mean"
+        and what to install) when none is registered, PluginError on a conflict."""
         if kind not in self._by_kind:
             raise PluginError(f"unknown plugin kind {kind!r}; kinds: {', '.join(KINDS)}")
+        conflict = self.conflict_message(kind, name)
+        if conflict:
+            raise PluginError(conflict)
         try:
             return self._by_kind[kind][name]
         except KeyError:
-            hint = ""
             if (kind, name) in self.unavailable:
                 plugin, reason = self.unavailable[(kind, name)]
                 hint = f"Plugin {plugin!r} knows it but did not register it: {reason}"
-            elif (kind, name) in FIRST_PARTY:
-                hint = f"It is provided by {FIRST_PARTY[(kind, name)]}: pip install it."
-            elif provider := next((v for (k, prefix), v in FIRST_PARTY_PREFIXES.items()
-                                   if k == kind and name.startswith(prefix)), None):
-                hint = f"It would be provided by {provider}: pip install it."
             else:
-                hint = "Install the plugin that provides it (see `rollart plugins`)."
+                hint = install_hint(kind, name, self.not_loaded)
             raise UnknownBackendError(kind, name, self.names(kind), hint) from None
+
+
+def install_hint(kind: str, name: str, unavailable: dict[str, str] | None = None) -> str:
+    """What to do about an unknown name, in exact words: the providing plugin is disabled,
+    failed to import (with the error), or is not installed (then what to install)."""
+    unavailable = unavailable or {}
+    dist = FIRST_PARTY.get((kind, name))
+    if dist is not None:
+        if dist in unavailable:
+            return f"It is provided by {dist}, which is installed but {unavailable[dist]}."
+        return (f"It is provided by {dist}, which is not installed: pip install {dist} "
+                f"(plugins/{kind}s/{dist} in the rollart-sdk repository).")
+    prefixed = next((v for (k, prefix), v in FIRST_PARTY_PREFIXES.items()
+                     if k == kind and name.startswith(prefix)), None)
+    if prefixed is not None:
+        if prefixed in unavailable:
+            return f"It would be provided by {prefixed}, which is installed but {unavailable[prefixed]}."
+        return f"It would be provided by {prefixed}, which is not installed: pip install {prefixed}."
+    candidates = {p: why for p, why in unavailable.items() if name in p}
+    if candidates:
+        return " ".join(f"Plugin {p!r} may provide it; it is installed but {why}." for p, why in
+                        sorted(candidates.items()))
+    if unavailable:
+        listed = "; ".join(f"{p}: {why}" for p, why in sorted(unavailable.items()))
+        return f"Not installed, or in a plugin that did not load ({listed})."
+    return "No installed plugin provides it: install one (see `rollart plugins`)."
 
 
 def _register_with_gymnasium(desc: Descriptor) -> None:

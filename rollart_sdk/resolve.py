@@ -34,8 +34,14 @@ class ResolvedRun:
     rewards: dict[str, Resolved] = field(default_factory=dict)  # tag -> reward
 
 
-def resolve_run(cfg: RunConfig, registry: Registry, lines: LineMap | None = None) -> ResolvedRun:
-    """Resolve all names; raise one ConfigError listing every problem found."""
+def resolve_run(cfg: RunConfig, registry: Registry, lines: LineMap | None = None,
+                in_process: bool = False) -> ResolvedRun:
+    """Resolve all names; raise one ConfigError listing every problem found.
+
+    Each selected backend's registered paths (factory, options model) must resolve, and a
+    ``process_local`` backend (e.g. the ``local`` transport) is refused unless the run is
+    ``in_process`` (every worker in this process; a Ray run puts them in separate ones).
+    """
     problems: list[tuple[str, str]] = []
     lines = lines or LineMap()
 
@@ -44,9 +50,15 @@ def resolve_run(cfg: RunConfig, registry: Registry, lines: LineMap | None = None
         at = f"{where}.name (line {line})" if line else f"{where}.name"
         try:
             desc = registry.get(kind, backend.name)
-        except UnknownBackendError as exc:
+        except (UnknownBackendError, PluginError) as exc:
             problems.append((at, str(exc)))
             return None
+        problems.extend((at, why) for why in desc.check_paths())
+        if desc.process_local and not in_process:
+            problems.append((at, f"{kind} {desc.name!r} works only inside one process, but "
+                             "this run starts its workers as separate Ray processes; choose "
+                             f"a cross-process {kind} (installed: "
+                             f"{', '.join(_cross_process(registry, kind))})"))
         try:
             return Resolved(desc, desc.validate_options(backend.options, f"{where}.options", lines))
         except ConfigError as exc:
@@ -72,3 +84,8 @@ def resolve_run(cfg: RunConfig, registry: Registry, lines: LineMap | None = None
         raise ConfigError(problems)
     assert engine and trainer and transport and placement
     return ResolvedRun(cfg, engine, trainer, transport, placement, envs, rewards)
+
+
+def _cross_process(registry: Registry, kind: str) -> list[str]:
+    names = sorted(d.name for d in registry.all() if d.kind == kind and not d.process_local)
+    return names or ["none: install one, e.g. rollart-transport-ray"]

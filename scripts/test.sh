@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The test command (README, .ci/run): install, lint, the core + light plugins' tests, then
+# The test command (README, .ci/run): install, lint (ruff), type-check (mypy), the core +
+# light plugins' tests (and examples/), then
 # every heavy plugin suite (a plugin folder with a ci.sh installs its own stack into its own
 # venv, reusing pip's cache, and runs its tests there).
 #   bash scripts/test.sh            # everything
@@ -10,6 +11,7 @@ PY="${PYTHON:-python3}"
 start=$(date +%s)
 bash scripts/install.sh --dev || exit 1
 ruff check . || exit 1
+"$PY" -m mypy || exit 1   # [tool.mypy] in pyproject.toml: the rollart_sdk package
 "$PY" -m pytest -q || exit 1
 echo "core suite: $(( $(date +%s) - start )) s"
 failed=()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 from rollart_sdk.testing.dists import make_dist, run_cli
 
@@ -17,6 +18,7 @@ engine:
 rollout: {batch_size: 4, group_size: 2}
 """
 
+ROOT = Path(__file__).resolve().parents[1]
 BROKEN = "raise ImportError('needs a GPU library that is not installed')\n"
 
 
@@ -34,7 +36,7 @@ def test_validate_ok_and_unknown_engine_names_installed(tmp_path):
     assert bad.returncode == 2
     assert ("engine.name (line 7): unknown engine 'tensorrt'; installed engines: sglang, "
             "torch, vllm") in bad.stderr
-    assert "Install the plugin that provides it" in bad.stderr
+    assert "No installed plugin provides it" in bad.stderr
 
 
 def test_validate_vllm_engine_without_vllm_installed(tmp_path):
@@ -82,6 +84,7 @@ def test_broken_plugin_does_not_break_commands(fake_site, tmp_path):
     assert table.returncode == 0 and "rollart-engine-broken" in table.stdout
     ok = run_cli("validate", str(write(tmp_path, CONFIG.replace("{engine}", "torch"))))
     assert ok.returncode == 0, ok.stderr
+    assert "failed to import: ImportError: needs a GPU library" in table.stdout
     strict = run_cli("plugins", env={"ROLLART_STRICT_PLUGINS": "1"})
     assert strict.returncode == 2 and "needs a GPU library" in strict.stderr
 
@@ -91,6 +94,135 @@ def test_unknown_benchmark_lists_available():
     assert res.returncode == 2
     for name in ("dispatch", "engine", "straggler", "async"):
         assert name in res.stderr
+    listing = run_cli("bench")
+    assert listing.returncode == 0 and "engine" in listing.stdout
+
+
+def test_validate_suggests_close_names():
+    res = run_cli("validate", "examples/quickstart.yaml", "tasks.0.env.name=frozenlak",
+                  cwd=ROOT)
+    assert res.returncode == 2
+    assert "unknown env 'frozenlak'; did you mean 'frozenlake'?" in res.stderr
+
+
+def test_conflict_is_listed_on_both_rows_and_exits_0(fake_site, tmp_path):
+    make_dist(fake_site, "rollart-env-one", "env_one_plugin", CLAIMS_FROZENLAKE)
+    make_dist(fake_site, "rollart-env-two", "env_two_plugin", CLAIMS_FROZENLAKE)
+    res = run_cli("plugins", "--json")
+    assert res.returncode == 0, res.stderr
+    recs = {r["name"]: r for r in json.loads(res.stdout)}
+    for name in ("rollart-env-one", "rollart-env-two", "rollart-env-frozenlake"):
+        assert recs[name]["status"].startswith("conflict: env 'frozenlake' is registered")
+    assert run_cli("plugins").returncode == 0
+    assert run_cli("plugins", "--strict").returncode == 1
+    # A run that selects the name fails naming both; one that does not is fine.
+    cfg = write(tmp_path, CONFIG.replace("{engine}", "torch"))
+    bad = run_cli("validate", str(cfg))
+    assert bad.returncode == 2 and "registered twice" in bad.stderr
+    ok = run_cli("validate", str(cfg), "tasks.0.env.name=arithmetic")
+    assert ok.returncode == 0, ok.stderr
+
+
+def test_exact_words_disabled_broken_not_installed(fake_site, tmp_path):
+    cfg = write(tmp_path, CONFIG.replace("{engine}", "torch"))
+    disabled = run_cli("validate", str(cfg),
+                       env={"ROLLART_DISABLE_PLUGINS": "rollart-env-frozenlake"})
+    assert disabled.returncode == 2
+    assert ("provided by rollart-env-frozenlake, which is installed but disabled "
+            "(ROLLART_DISABLE_PLUGINS)") in disabled.stderr
+    typo = run_cli("plugins", env={"ROLLART_DISABLE_PLUGINS": "rollart-env-frozenlak"})
+    assert typo.returncode == 0
+    assert "'rollart-env-frozenlak', which is no installed plugin" in typo.stderr
+    assert "did you mean 'rollart-env-frozenlake'?" in typo.stderr
+    make_dist(fake_site, "rollart-engine-broken", "broken_engine_plugin", BROKEN)
+    res = run_cli("validate", str(cfg), "engine.name=broken")
+    assert res.returncode == 2
+    assert ("Plugin 'rollart-engine-broken' may provide it; it is installed but failed to "
+            "import: ImportError: needs a GPU library") in res.stderr
+    res = run_cli("validate", str(cfg), "trainer.name=tourch")
+    assert "did you mean 'torch'?" in res.stderr
+
+
+def test_validate_resolves_registered_paths(fake_site, tmp_path):
+    make_dist(fake_site, "rollart-env-typos", "typo_env_plugin", TYPO_PATHS)
+    cfg = write(tmp_path, CONFIG.replace("{engine}", "torch"))
+    res = run_cli("validate", str(cfg), "tasks.0.env.name=typo")
+    assert res.returncode == 2, res.stdout
+    assert "factory path 'rollart_env_frozenlake.env:FrozenLakeTxtEnv' does not resolve" in res.stderr
+    assert "defines no 'FrozenLakeTxtEnv'" in res.stderr
+    assert "options model 'rollart_env_frozenlake.envv:FrozenLakeOptions' cannot be imported" in res.stderr
+    assert "Traceback" not in res.stderr
+
+
+def test_validate_refuses_local_transport_in_a_ray_run(tmp_path):
+    cfg = write(tmp_path, CONFIG.replace("{engine}", "torch"))
+    res = run_cli("validate", str(cfg), "transport.name=local")
+    assert res.returncode == 2
+    assert "transport 'local' works only inside one process" in res.stderr
+    assert "choose a cross-process transport (installed: " in res.stderr and "ray" in res.stderr
+
+
+def test_plugins_kind_and_options():
+    res = run_cli("plugins", "--kind", "benchmark")
+    assert res.returncode == 0
+    assert "benchmark: straggler" in res.stdout and "env: frozenlake" not in res.stdout
+    opts = run_cli("plugins", "--options", "frozenlake")
+    assert opts.returncode == 0, opts.stderr
+    assert "env 'frozenlake' options" in opts.stdout and "obs_format" in opts.stdout
+    both = run_cli("plugins", "--options", "torch")
+    assert both.returncode == 2 and "--options engine:torch or --options trainer:torch" in both.stderr
+    assert "micro_batch_size" in run_cli("plugins", "--options", "trainer:torch").stdout
+    miss = run_cli("plugins", "--options", "frozenlak")
+    assert miss.returncode == 2 and "did you mean 'frozenlake'" in miss.stderr
+
+
+def test_hook_tracing_prints_registrations():
+    res = run_cli("plugins", "--json", env={"ROLLART_TRACE_HOOKS": "1"})
+    assert res.returncode == 0
+    assert ("rollart hook: rollart_register_envs -> plugin rollart-env-frozenlake registered "
+            "1 env(s): frozenlake") in res.stderr
+    assert "rollart_register_envs [hook]" in res.stderr  # pluggy's own tracing, via pm.hook
+
+
+CLAIMS_FROZENLAKE = """
+from rollart_sdk import hookimpl
+
+@hookimpl
+def rollart_register_envs(registry):
+    registry.register("frozenlake", factory="rollart_env_frozenlake.env:FrozenLakeTextEnv")
+"""
+
+TYPO_PATHS = """
+from rollart_sdk import hookimpl
+
+@hookimpl
+def rollart_register_envs(registry):
+    registry.register("typo", factory="rollart_env_frozenlake.env:FrozenLakeTxtEnv",
+                      options="rollart_env_frozenlake.envv:FrozenLakeOptions")
+"""
+
+
+def test_status_never_hangs_on_a_dead_address():
+    res = run_cli("status", "--address", "127.0.0.1:9", "--timeout", "20")
+    assert res.returncode == 2
+    assert "127.0.0.1:9" in res.stderr and "Traceback" not in res.stderr
+
+
+def test_worker_output_is_quiet_unless_asked():
+    code = ("import os; from rollart_sdk.ray_utils import local_ray_env; local_ray_env(); "
+            "print(os.environ.get('HF_HUB_DISABLE_PROGRESS_BARS'), "
+            "os.environ.get('RAY_COLOR_PREFIX'))")
+    import subprocess
+    import sys
+
+    clean = {k: v for k, v in __import__("os").environ.items()
+             if k not in ("HF_HUB_DISABLE_PROGRESS_BARS", "RAY_COLOR_PREFIX", "ROLLART_VERBOSE")}
+    quiet = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                           env=clean, timeout=60)
+    assert quiet.stdout.split() == ["1", "0"]  # no progress bars; not a tty: no ANSI colours
+    loud = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env={**clean, "ROLLART_VERBOSE": "1"}, timeout=60)
+    assert loud.stdout.split() == ["None", "0"]
 
 
 def test_bench_engine_option_selects_the_engine_benchmark():

@@ -61,13 +61,22 @@ def test_disabled_plugin_is_never_imported(fake_site, tmp_path, monkeypatch):
     assert not marker.exists()
 
 
-def test_two_distributions_same_name_is_an_error_naming_both(fake_site):
+def test_two_distributions_same_name_is_a_conflict_on_both_records(fake_site):
     make_dist(fake_site, "goodplug", "goodplug", GOOD)
     make_dist(fake_site, "rivalplug", "rivalplug", GOOD)
+    ps = load_plugins(strict=False)  # loading goes on: the conflict is recorded, not raised
+    for name in ("goodplug", "rivalplug"):
+        rec = ps.records[name]
+        assert rec.registered == {"env": ["goodenv"]}
+        assert rec.status.startswith("conflict: env 'goodenv' is registered twice")
+        assert "goodplug" in rec.status and "rivalplug" in rec.status
+    # Only selecting the name fails, naming both plugins and the fix.
     with pytest.raises(PluginError) as exc:
-        load_plugins(strict=False)
+        ps.registry.get("env", "goodenv")
     assert "goodplug" in str(exc.value) and "rivalplug" in str(exc.value)
-    assert "'goodenv'" in str(exc.value)
+    assert "ROLLART_DISABLE_PLUGINS=rivalplug" in str(exc.value)
+    with pytest.raises(PluginError, match="registered twice"):
+        load_plugins(strict=True)
 
 
 def test_misspelled_hook_is_caught(register_plugin):
@@ -98,8 +107,13 @@ def test_unknown_name_lists_installed_and_suggests_package(rollart_plugins):
     with pytest.raises(UnknownBackendError) as exc:
         rollart_plugins.registry.get("placement", "nope")
     assert "affinity, pack, spread" in str(exc.value)
-    with pytest.raises(UnknownBackendError, match="rollart-engine-vllm"):
-        rollart_plugins.registry.get("engine", "vllm")
+    with pytest.raises(UnknownBackendError) as exc:
+        rollart_plugins.registry.get("placement", "afinity")
+    assert "did you mean 'affinity'?" in str(exc.value)
+    with pytest.raises(UnknownBackendError) as exc:  # autoload off: torch is not loaded
+        rollart_plugins.registry.get("engine", "torch")
+    assert "rollart-engine-torch, which is not installed: pip install rollart-engine-torch" in str(
+        exc.value)
 
 
 def test_registration_is_lazy(register_plugin, tmp_path):

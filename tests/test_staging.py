@@ -17,10 +17,9 @@ ray = pytest.importorskip("ray")
 transport_mod = pytest.importorskip("rollart_transport_ray.transport")
 
 from rollart_sdk.ray_utils import init_ray  # noqa: E402
-from rollart_sdk.staging import WeightLoader, WeightStager  # noqa: E402
 from rollart_sdk.testing.transport import RecordingEngine, make_state_dict  # noqa: E402
 from rollart_sdk.types import WeightBucket, WeightManifest  # noqa: E402
-from rollart_sdk.weights import WeightSyncError, checksum, split_buckets  # noqa: E402
+from rollart_sdk.weights import WeightLoader, WeightStager, WeightSyncError, checksum, split_buckets  # noqa: E402
 
 RayObjectStoreTransport = transport_mod.RayObjectStoreTransport
 BUCKET_BYTES = 2048

@@ -76,8 +76,8 @@ def run_config(mode: str, interaction: str, alpha: int, steps: int, env_options:
                model: dict[str, int] | None = None, in_process: bool = True) -> dict[str, Any]:
     """One configuration, start to end, in its own temporary run directory."""
     from rollart_sdk.config import load_config
-    from rollart_sdk.control.pipeline import run_rollout_summary
-    from rollart_sdk.train import build_job
+    from rollart_sdk.control.metrics import run_rollout_summary
+    from rollart_sdk.job import build_job
 
     rollout = {"batch_size": batch, "group_size": group, "mode": mode, "alpha": alpha,
                "max_envs": max_envs, "interaction": interaction,

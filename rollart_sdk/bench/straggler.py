@@ -65,7 +65,7 @@ class LatencyOptions(BaseModel):
     )
 
 
-class LatencyEnv(gymnasium.Env):  # type: ignore[misc]
+class LatencyEnv(gymnasium.Env):
     """A FrozenLake-like text env whose ``step`` takes a given time (a slow tool/container).
 
     Reward 1 per ``left`` action, so a GRPO group has something to compare. Latencies come
@@ -239,7 +239,7 @@ def run(envs: int = 16, turns: int = 6, mu: float = 0.15, ratios: tuple[float, .
         seed: int = 0, repeats: int = 2) -> dict[str, Any]:
     """Build one in-process job whose latency env replays every draw, run both modes."""
     from rollart_sdk.config import load_config
-    from rollart_sdk.train import build_job
+    from rollart_sdk.job import build_job
 
     draws = {r: draw_latencies(envs, turns, mu, r * mu, seed + int(r * 1000)) for r in ratios}
     # Row block k holds ratio k's matrix; the last block (zeros) is the warm-up.

@@ -69,10 +69,10 @@ def _close_transports(job: Any) -> None:
 def run_pipeline(transport: str, model: str, steps: int, options: dict[str, Any]) -> dict[str, Any]:
     """One training run with ``transport``; the weight-sync row from its step records."""
     from rollart_sdk.config import load_config
+    from rollart_sdk.job import build_job, run_job
     from rollart_sdk.ray_utils import init_ray
-    from rollart_sdk.train import build_job, run_job
 
-    ray = None
+    ray: Any = None
     if transport == "ray":
         import ray
 
@@ -143,14 +143,9 @@ def transfer_alone(transport: str, mb: float, bucket_mb: float,
     """Publish one synthetic version and receive it once through ``transport``."""
     from rollart_sdk.plugins import get_plugins
     from rollart_sdk.ray_utils import init_ray
-    from rollart_sdk.weights import split_buckets
+    from rollart_sdk.weights import WeightStager, split_buckets
 
-    try:
-        from rollart_sdk.weights import WeightStager
-    except ImportError:  # before the weights/ package move
-        from rollart_sdk.staging import WeightStager
-
-    ray = None
+    ray: Any = None
     if transport == "ray":
         import ray
 

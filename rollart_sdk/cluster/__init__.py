@@ -3,7 +3,7 @@
 Importing this package does not import Ray; the Cluster does when it is built.
 """
 
-from rollart_sdk.cluster.cluster import Cluster, ClusterMethod, WorkerHandle
+from rollart_sdk.cluster.cluster import Cluster, ClusterMember, ClusterMethod
 from rollart_sdk.cluster.decorators import (
     DispatchSpec,
     check_worker_class,
@@ -16,7 +16,6 @@ from rollart_sdk.cluster.serverless import (
     ServerlessError,
     ServerlessProxy,
     known_schemes,
-    register_scheme,
     serve_function,
 )
 from rollart_sdk.cluster.worker import (
@@ -38,6 +37,7 @@ __all__ = [
     "ActorTrainCls",
     "ActorTrainWorker",
     "Cluster",
+    "ClusterMember",
     "ClusterMethod",
     "DispatchSpec",
     "EnvironmentCls",
@@ -48,13 +48,11 @@ __all__ = [
     "ServerlessProxy",
     "Worker",
     "WorkerContext",
-    "WorkerHandle",
     "check_worker_class",
     "dispatch_specs",
     "hw_mapping",
     "known_schemes",
     "register",
-    "register_scheme",
     "register_serverless",
     "serve_function",
 ]

@@ -22,15 +22,23 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from rollart_sdk.cluster.decorators import DispatchSpec, check_worker_class, dispatch_specs
+from rollart_sdk.cluster.decorators import (
+    DispatchSpec,
+    check_worker_class,
+    dispatch_specs,
+    dp_shards,
+)
+from rollart_sdk.cluster.routing import workers_for_tag
 from rollart_sdk.cluster.worker import WorkerContext, bound_worker_class
 from rollart_sdk.errors import PlacementError, RollartError
 from rollart_sdk.resources.manager import Binding, ResourceManager
 
 
 @dataclass
-class WorkerHandle:
-    """One worker of a Cluster: its actor, its binding record and its rank."""
+class ClusterMember:
+    """One worker of a Cluster: its actor, its binding record and its rank.
+
+    (The control plane calls workers through :class:`rollart_sdk.control.handles.WorkerHandle`.)"""
 
     actor: Any
     binding: Binding
@@ -45,6 +53,10 @@ class WorkerHandle:
     @property
     def hardware(self) -> str:
         return self.binding.hardware
+
+    @property
+    def preferred(self) -> str:
+        return self.binding.preferred
 
 
 class ClusterMethod:
@@ -93,14 +105,9 @@ class ClusterMethod:
         return self._methods[next(self._rr) % len(self._methods)].remote(*args, **kwargs)
 
     def _split(self, data: Sequence[Any], *args: Any, **kwargs: Any) -> list[Any]:
-        n = len(self._methods)
-        size, extra = divmod(len(data), n)
-        refs, start = [], 0
-        for i, m in enumerate(self._methods):
-            end = start + size + (1 if i < extra else 0)
-            refs.append(m.remote(list(data[start:end]), *args, **kwargs))
-            start = end
-        return refs
+        shards = dp_shards(data, len(self._methods))
+        return [m.remote(shard, *args, **kwargs)
+                for m, shard in zip(self._methods, shards, strict=True)]
 
     def _tag(self, *args: Any, **kwargs: Any) -> Any:
         tag = kwargs.get(self.spec.tag_arg)
@@ -140,20 +147,32 @@ class Cluster:
         actor_options: Mapping[str, Any] | None = None,
         timeout_s: float = 120.0,
     ) -> None:
-        import ray
 
         if resource_manager is None:
             raise RollartError("Cluster needs a ResourceManager (resources.ResourceManager(pools))")
         self.worker_cls = worker_cls
-        self.role = role or getattr(worker_cls, "role", "worker")
+        self.role: str = role or str(getattr(worker_cls, "role", "worker"))
         self.rm = resource_manager
         self.name = name or f"{self.role}-{worker_cls.__name__}"
         self.hw_affinity = dict(hw_affinity) if hw_affinity else None
-        self.workers: list[WorkerHandle] = []
+        self.workers: list[ClusterMember] = []
         self._specs = dispatch_specs(worker_cls)
 
-        # Misuse is a config error, raised before anything is reserved or started.
-        check_worker_class(worker_cls, self.rm.pools, where=self.name)
+        self._check()
+        if workers_per_pool:
+            plan: list[str | None] = [p for p, n in workers_per_pool.items() for _ in range(int(n))]
+        else:
+            n = num_workers if num_workers is not None else self.rm.role_plan(self.role).workers
+            plan = [None] * int(n)
+        if not plan:
+            raise RollartError(f"cluster {self.name}: zero workers requested")
+        self._start(plan, demand, init_args, init_kwargs or {}, actor_options or {}, timeout_s)
+        for attr, spec in self._specs.items():
+            setattr(self, attr, ClusterMethod(self, attr, spec))
+
+    def _check(self) -> None:
+        """Misuse is a config error, raised before anything is reserved or started."""
+        check_worker_class(self.worker_cls, self.rm.pools, where=self.name)
         if self.hw_affinity:
             provided = {p.name for p in self.rm.pools} | {p.hardware for p in self.rm.pools}
             bad = {t: h for t, h in self.hw_affinity.items() if h not in provided}
@@ -165,16 +184,15 @@ class Cluster:
         for attr in self._specs:
             if hasattr(type(self), attr) or attr in ("rm", "name", "role", "workers"):
                 raise RollartError(
-                    f"{worker_cls.__name__}.{attr} clashes with Cluster.{attr}; rename the method"
+                    f"{self.worker_cls.__name__}.{attr} clashes with Cluster.{attr}; rename the method"
                 )
 
-        if workers_per_pool:
-            plan = [p for p, n in workers_per_pool.items() for _ in range(int(n))]
-        else:
-            n = num_workers if num_workers is not None else self.rm.role_plan(self.role).workers
-            plan = [None] * int(n)
-        if not plan:
-            raise RollartError(f"cluster {self.name}: zero workers requested")
+    def _start(self, plan: list[str | None], demand: float, init_args: Sequence[Any],
+               init_kwargs: Mapping[str, Any], actor_options: Mapping[str, Any],
+               timeout_s: float) -> None:
+        """Bind every worker (in rank order), start the actors in their reservations and
+        wait until each answers; on any failure tear down what was started."""
+        import ray
 
         deadline = time.monotonic() + timeout_s
         bindings: list[Binding] = []
@@ -182,14 +200,13 @@ class Cluster:
             for rank, pool in enumerate(plan):
                 left = max(1.0, deadline - time.monotonic())
                 bindings.append(self.rm.bind(f"{self.name}-{rank}", self.role, pool, demand, left))
-            actor_cls = ray.remote(bound_worker_class(worker_cls))
+            actor_cls: Any = ray.remote(bound_worker_class(self.worker_cls))
             urls = {p.name: p.url for p in self.rm.pools if p.kind == "serverless" and p.url}
-            extra = dict(actor_options or {})
             for rank, b in enumerate(bindings):
                 ctx = WorkerContext(rank, len(plan), self.role, self.name, b.worker, b.to_json(), urls)
-                opts = {**b.actor_options(), **extra}
-                actor = actor_cls.options(**opts).remote(ctx, *init_args, **(init_kwargs or {}))
-                self.workers.append(WorkerHandle(actor, b, rank, b.worker))
+                opts = {**b.actor_options(), **actor_options}
+                actor = actor_cls.options(**opts).remote(ctx, *init_args, **init_kwargs)
+                self.workers.append(ClusterMember(actor, b, rank, b.worker))
             ready = [w.actor.rollart_ready.remote() for w in self.workers]
             left = max(1.0, deadline - time.monotonic())
             done, pending = ray.wait(ready, num_returns=len(ready), timeout=left)
@@ -206,38 +223,21 @@ class Cluster:
             self._teardown([b.worker for b in bindings])
             raise
 
-        for attr, spec in self._specs.items():
-            setattr(self, attr, ClusterMethod(self, attr, spec))
+    def __getattr__(self, name: str) -> ClusterMethod:
+        # Only reached when normal lookup fails: the worker class has no such method.
+        raise AttributeError(
+            f"cluster {self.__dict__.get('name', '?')}: no method {name!r} (methods: "
+            f"{', '.join(self.__dict__.get('_specs', {})) or 'none'}); decorate it with "
+            "@register, @hw_mapping or @register_serverless"
+        )
 
     # ---------------------------------------------------------------- routing
 
-    def _route(self, spec: DispatchSpec, tag: str) -> list[WorkerHandle]:
-        """Workers for ``tag``: those on the mapped hardware; else those whose preferred
-        pool was that hardware (the recorded fallback); else the default mapping's; else
-        all."""
-        table = self.hw_affinity or spec.hw_affinity
-        target = table.get(tag, table.get("default"))
-        if target is None:
-            return list(self.workers)
+    def _route(self, spec: DispatchSpec, tag: str) -> list[ClusterMember]:
+        """Workers for ``tag`` under this cluster's table (see :mod:`.routing`)."""
+        return workers_for_tag(self.workers, self.hw_affinity or spec.hw_affinity, self.rm.pools, tag)
 
-        def on(hw: str) -> list[WorkerHandle]:
-            return [w for w in self.workers if hw in (w.binding.pool, w.binding.hardware)]
-
-        def preferred(hw: str) -> list[WorkerHandle]:
-            pools = {p.name for p in self.rm.pools if hw in (p.name, p.hardware)}
-            return [w for w in self.workers if w.binding.preferred in pools]
-
-        for found in (on(target), preferred(target)):
-            if found:
-                return found
-        default = table.get("default")
-        if default is not None and default != target:
-            found = on(default) or preferred(default)
-            if found:
-                return found
-        return list(self.workers)
-
-    def workers_for_tag(self, method_name: str, tag: str) -> list[WorkerHandle]:
+    def workers_for_tag(self, method_name: str, tag: str) -> list[ClusterMember]:
         """Candidate workers for a tag-routed method (for callers doing their own, e.g.
         sticky, routing among them)."""
         spec = self._specs.get(method_name)

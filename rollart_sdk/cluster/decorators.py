@@ -7,7 +7,7 @@ them against the pools when a config is validated, before any worker starts.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar
 from urllib.parse import urlparse
@@ -15,6 +15,7 @@ from urllib.parse import urlparse
 from rollart_sdk.errors import ConfigError
 
 F = TypeVar("F", bound=Callable[..., Any])
+T = TypeVar("T")
 
 Mode = Literal["execute_all", "rank0", "one", "dp_split", "tag"]
 MODES: tuple[str, ...] = ("execute_all", "rank0", "one", "dp_split")
@@ -42,6 +43,19 @@ class DispatchSpec:
     serverless_attribute: str | None = None
     serverless_url: str | None = None
     serverless_timeout_s: float = 60.0
+
+
+def dp_shards(data: Sequence[T], n: int) -> list[list[T]]:
+    """The one sharding rule for ``dp_split``: ``n`` contiguous shards in rank order, the
+    first ``len(data) % n`` one item longer. Used by ``Cluster`` and by the pipeline when
+    it sends a batch to the trainer ranks."""
+    size, extra = divmod(len(data), n)
+    shards, start = [], 0
+    for i in range(n):
+        end = start + size + (1 if i < extra else 0)
+        shards.append(list(data[start:end]))
+        start = end
+    return shards
 
 
 def _mark(fn: F, spec: DispatchSpec) -> F:
@@ -116,7 +130,7 @@ def check_worker_class(worker_cls: type, pools: Iterable[Any], where: str | None
     """Reject decorator misuse against the pools (raises ConfigError listing every problem).
 
     - ``hw_mapping`` naming a hardware class (or pool) that no pool provides;
-    - ``register_serverless`` with a URL whose scheme has no transport, or with no URL and
+    - ``register_serverless`` with a URL whose scheme has no caller, or with no URL and
       no serverless pool to take it from.
     """
     from rollart_sdk.cluster.serverless import known_schemes
@@ -147,9 +161,9 @@ def check_worker_class(worker_cls: type, pools: Iterable[Any], where: str | None
             scheme = urlparse(url).scheme
             if scheme not in schemes:
                 problems.append(
-                    (f"{at}.{name} @register_serverless", f"no transport for scheme {scheme!r} "
+                    (f"{at}.{name} @register_serverless", f"no serverless caller for scheme {scheme!r} "
                      f"in {url!r}; known schemes: {', '.join(sorted(schemes))} (a plugin adds "
-                     "one under the entry-point group 'rollart.serverless')")
+                     "one with the hook rollart_register_serverless_schemes)")
                 )
     if problems:
         raise ConfigError(problems)

@@ -54,7 +54,7 @@ class EngineWorker(ActorGenWorker):
     def __init__(self, engine: Descriptor, engine_options: Any, model: ModelConfig,
                  transport: Descriptor, transport_options: Any) -> None:
         _one_thread()
-        from rollart_sdk.staging import WeightStager
+        from rollart_sdk.weights import WeightStager
 
         self.name = self.worker_name
         self.engine = engine.create(engine_options, model=model)
@@ -119,6 +119,8 @@ class TrainerWorker(ActorTrainWorker):
 
     @register("dp_split", collect="list")
     def train_step(self, batch: list[TrainSample]) -> dict[str, float]:
+        """One optimiser step on this rank's shard (the pipeline shards the batch with
+        ``dp_shards``, the rule ``dp_split`` names; the trainer all-reduces gradients)."""
         t0 = time.perf_counter()
         metrics = dict(self.trainer.train_step(batch))
         metrics["time/train_compute"] = time.perf_counter() - t0
@@ -238,3 +240,13 @@ def _plain(info: Any) -> dict[str, Any]:
                 v = str(v)
         out[str(k)] = v
     return out
+
+
+# The worker class of each role, as build_job spawns them; `rollart validate` checks their
+# decorators (hw_mapping hardware, serverless URL schemes) against the config's pools.
+ROLE_WORKERS: dict[str, type] = {
+    "actor_train": TrainerWorker,
+    "actor_gen": EngineWorker,
+    "reward": RewardBackendWorker,
+    "environment": EnvWorker,
+}

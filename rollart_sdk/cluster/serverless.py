@@ -1,11 +1,13 @@
 """Serverless endpoints: the callable behind ``@register_serverless`` (paper R3).
 
-A URL's scheme picks the transport. Built in: ``http`` and ``https`` (JSON over HTTP:
-``POST {"args": [...], "kwargs": {...}}`` answered by ``{"result": ...}`` or
-``{"error": "..."}``) and ``fc`` (Alibaba Function Compute HTTP triggers, which speak the
-same JSON over HTTPS: ``fc://host/path`` -> ``https://host/path``). A plugin adds a scheme
-with the entry-point group ``rollart.serverless`` (``myscheme = "pkg.mod:factory"``) or
-``register_scheme``; a factory takes ``(url, timeout_s)`` and returns a callable.
+A URL's scheme picks the caller, a plugin kind like any other (hook
+``rollart_register_serverless_schemes``; listed by ``rollart plugins --kind
+serverless_scheme``). Built in (``rollart_sdk.default_plugins.serverless``): ``http`` and
+``https`` (JSON over HTTP: ``POST {"args": [...], "kwargs": {...}}`` answered by
+``{"result": ...}`` or ``{"error": "..."}``) and ``fc`` (Alibaba Function Compute HTTP
+triggers, which speak the same JSON over HTTPS: ``fc://host/path`` ->
+``https://host/path``). A scheme's factory takes ``(url, timeout_s)`` and returns a
+callable.
 
 ``serve_function`` runs a pure function behind such an endpoint (for tests, and for
 running a reward function as a local service). With a ``token`` it answers only requests
@@ -26,25 +28,23 @@ import urllib.request
 import uuid
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from importlib.metadata import entry_points
 from typing import Any
 from urllib.parse import urlparse
 
 from rollart_sdk.errors import RollartError
 
-ENTRY_POINT_GROUP = "rollart.serverless"
 MAX_BODY_BYTES = 1 << 20  # a request body larger than this is refused (413)
 
 log = logging.getLogger(__name__)
 
-TransportFactory = Callable[[str, float], Callable[..., Any]]
+CallerFactory = Callable[..., Callable[..., Any]]  # (url, timeout_s[, headers=]) -> caller
 
 
 class ServerlessError(RollartError):
     """A serverless endpoint could not be reached or returned an error."""
 
 
-class HttpJsonTransport:
+class HttpJsonCaller:
     """POST the call as JSON and return the decoded ``result``."""
 
     def __init__(self, url: str, timeout_s: float = 60.0,
@@ -54,7 +54,7 @@ class HttpJsonTransport:
         self._headers = dict(headers or {})  # may carry credentials: never logged or shown
 
     def __repr__(self) -> str:
-        return f"HttpJsonTransport({self.url!r}, headers={sorted(self._headers)})"
+        return f"HttpJsonCaller({self.url!r}, headers={sorted(self._headers)})"
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         try:
@@ -89,57 +89,41 @@ class HttpJsonTransport:
         return payload
 
 
-def _fc_transport(url: str, timeout_s: float = 60.0,
-                  headers: dict[str, str] | None = None) -> HttpJsonTransport:
+def fc_caller(url: str, timeout_s: float = 60.0,
+              headers: dict[str, str] | None = None) -> HttpJsonCaller:
     p = urlparse(url)
-    return HttpJsonTransport(p._replace(scheme="https").geturl(), timeout_s, headers)
-
-
-_BUILTIN: dict[str, TransportFactory] = {
-    "http": HttpJsonTransport,
-    "https": HttpJsonTransport,
-    "fc": _fc_transport,
-}
-_REGISTERED: dict[str, TransportFactory] = {}
-
-
-def register_scheme(scheme: str, factory: TransportFactory) -> None:
-    """Add a serverless transport for ``scheme://`` URLs in this process."""
-    _REGISTERED[scheme] = factory
-
-
-def _entry_point_schemes() -> dict[str, Any]:
-    return {ep.name: ep for ep in entry_points(group=ENTRY_POINT_GROUP)}
+    return HttpJsonCaller(p._replace(scheme="https").geturl(), timeout_s, headers)
 
 
 def known_schemes() -> set[str]:
-    """Every URL scheme a serverless transport is available for."""
-    return set(_BUILTIN) | set(_REGISTERED) | set(_entry_point_schemes())
+    """Every URL scheme an installed plugin registers a caller for."""
+    from rollart_sdk.plugins import get_registry
+
+    return set(get_registry().names("serverless_scheme"))
 
 
-def transport_for(url: str, timeout_s: float = 60.0,
-                  headers: dict[str, str] | None = None) -> Callable[..., Any]:
-    """The callable that invokes ``url``'s function (scheme chooses the transport).
+def caller_for(url: str, timeout_s: float = 60.0,
+               headers: dict[str, str] | None = None) -> Callable[..., Any]:
+    """The callable that invokes ``url``'s function (its scheme chooses the caller).
 
-    ``headers`` (e.g. credentials) go to transports that take them; a plugin transport
-    that does not is given none, and asking for headers there is an error."""
+    ``headers`` (e.g. credentials) go to callers that take them; a plugin caller that does
+    not is given none, and asking for headers there is an error."""
+    from rollart_sdk.errors import UnknownBackendError
+    from rollart_sdk.plugins import get_registry
+
     scheme = urlparse(url).scheme
-    factory = _REGISTERED.get(scheme) or _BUILTIN.get(scheme)
-    if factory is None:
-        ep = _entry_point_schemes().get(scheme)
-        if ep is None:
-            raise ServerlessError(
-                f"no serverless transport for scheme {scheme!r} ({url}); known: "
-                f"{', '.join(sorted(known_schemes()))}"
-            )
-        factory = ep.load()
+    try:
+        desc = get_registry().get("serverless_scheme", scheme)
+    except UnknownBackendError as exc:
+        raise ServerlessError(f"no serverless caller for {url}: {exc}") from None
+    factory: CallerFactory = desc.load()
     if headers:
         try:
             return factory(url, timeout_s, headers=headers)
         except TypeError as exc:
             raise ServerlessError(
-                f"the serverless transport for {scheme!r} takes no headers (credentials) "
-                f"({exc}); authenticate the way that transport documents"
+                f"the serverless caller for {scheme!r} takes no headers (credentials) "
+                f"({exc}); authenticate the way that caller documents"
             ) from None
     return factory(url, timeout_s)
 
@@ -152,7 +136,7 @@ class ServerlessProxy:
     def __init__(self, url: str, timeout_s: float = 60.0,
                  headers: dict[str, str] | None = None) -> None:
         self.url = url
-        self._call = transport_for(url, timeout_s, headers)
+        self._call = caller_for(url, timeout_s, headers)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self._call(*args, **kwargs)
@@ -183,7 +167,7 @@ class ServerlessEndpoint:
         expected = f"Bearer {token}".encode() if token else None
 
         class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802 - http.server's naming
+            def do_POST(self) -> None:  # http.server's naming
                 code, out = endpoint._handle(self.headers, self.rfile, expected, max_body_bytes)
                 data = json.dumps(out).encode()
                 self.send_response(code)
@@ -226,7 +210,7 @@ class ServerlessEndpoint:
         self.calls += 1
         try:
             return 200, {"result": self.fn(*args, **kwargs)}
-        except Exception:  # noqa: BLE001 - logged with an id; the caller sees only the id
+        except Exception:  # logged with an id; the caller sees only the id
             error_id = uuid.uuid4().hex[:12]
             log.exception("serverless function failed (error id %s)", error_id)
             return 500, {"error": f"the function failed (error id {error_id}; see the server log)"}

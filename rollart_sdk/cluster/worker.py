@@ -113,7 +113,7 @@ def bound_worker_class(worker_cls: type) -> type:
 
     def __init__(self: Any, __rollart_ctx: WorkerContext, *args: Any, **kwargs: Any) -> None:
         Worker._rollart_apply(self, __rollart_ctx)
-        worker_cls.__init__(self, *args, **kwargs)
+        worker_cls.__init__(self, *args, **kwargs)  # type: ignore[misc]  # the user's own
 
     if not issubclass(worker_cls, Worker):
         # Plain classes work too: mix the base in so rollart_ready exists.

@@ -165,19 +165,28 @@ class EnvManager:
             self._emit({"trajectory": self.traj.trajectory_id, "tag": self.traj.tag,
                         "span": span, "worker": who, "t0": t0, "t1": t1})
 
-    async def _rollout(self) -> None:
+    async def _reset(self) -> tuple[str, dict[str, Any]] | None:
+        """The env's first observation; None (the trajectory dropped, with why) on failure."""
         traj, cfg = self.traj, self.task.config
         try:
             obs, info = await self._timed(
                 "env_reset", self.env.call("reset", self.env_id, traj.tag, self.seed),
                 cfg.reset_timeout_s, self.env.name,
             )
-        except asyncio.TimeoutError:
+        except TimeoutError:
             traj.dropped = f"env_reset_timeout: no reset within {cfg.reset_timeout_s}s"
-            return
+            return None
         except Exception as exc:  # noqa: BLE001 - any env failure ends only this trajectory
             traj.dropped = f"env_reset_failed: {type(exc).__name__}: {exc}"
+            return None
+        return obs, info
+
+    async def _rollout(self) -> None:
+        traj, cfg = self.traj, self.task.config
+        first = await self._reset()
+        if first is None:
             return
+        obs, info = first
         traj.info = info
         prompt_text = obs
         context = self.chat.first_prompt(obs, self.task.system_prompt)
@@ -204,7 +213,7 @@ class EnvManager:
                 result = await self._timed(
                     "generate", self.proxy.generate(request), cfg.generate_timeout_s, None
                 )
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 await self.proxy.abort(request.request_id)
                 traj.dropped = f"generate_timeout: no response within {cfg.generate_timeout_s}s"
                 return
@@ -225,7 +234,7 @@ class EnvManager:
                     "env_step", self.env.call("step", self.env_id, text),
                     cfg.step_timeout_s, self.env.name,
                 )
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 traj.dropped = f"env_step_timeout: no step within {cfg.step_timeout_s}s"
                 return
             except Exception as exc:  # noqa: BLE001

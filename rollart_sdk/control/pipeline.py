@@ -36,17 +36,20 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from rollart_sdk.cluster.decorators import dp_shards
 from rollart_sdk.config import RunConfig
 from rollart_sdk.control.buffer import SampleBuffer
 from rollart_sdk.control.handles import WorkerHandle
+from rollart_sdk.control.metrics import step_metrics
 from rollart_sdk.control.proxy import LLMProxy
 from rollart_sdk.control.scheduler import RolloutScheduler
+from rollart_sdk.control.versions import PolicyVersions
 from rollart_sdk.types import TrainSample, Trajectory, WeightUpdateReport
+from rollart_sdk.weights.sync import WeightSync
 
 
 @dataclass
@@ -91,9 +94,13 @@ class Pipeline:
         protocol_log: list[str] | None = None,
         checkpoint_dir: str | None = None,
         event_sink: Callable[[dict[str, Any]], None] | None = None,
+        weight_sync: WeightSync | None = None,
+        versions: PolicyVersions | None = None,
     ) -> None:
         self.cfg = config
         self.proxy = proxy
+        # Stages/commits each published version on every engine (default: the proxy's).
+        self.weight_sync = weight_sync or WeightSync(list(proxy.workers.values()))
         self.scheduler = scheduler
         self.buffer = buffer
         self.trainers = trainers
@@ -101,8 +108,7 @@ class Pipeline:
         self.log = protocol_log if protocol_log is not None else []
         self.checkpoint_dir = checkpoint_dir
         self._emit = event_sink or (lambda e: None)
-        self.engine_version = 0  # version every engine serves
-        self.trainer_version = 0  # version the trainer holds (= train steps done)
+        self.versions = versions or PolicyVersions()  # shared with the scheduler
         self._published: int | None = None  # newest version published, not yet loaded
         # Weight-sync timing (docs/benchmarks.md, "hidden fraction"): the first update of a
         # run is staged only at the suspend point, so that its pull + swap + recompute run
@@ -120,14 +126,31 @@ class Pipeline:
         self.quota = task_quota(config)
         self.launch_per_step = launches_per_step(config)
 
+    @property
+    def engine_version(self) -> int:
+        """The version every engine serves."""
+        return self.versions.engine
+
+    @engine_version.setter
+    def engine_version(self, v: int) -> None:
+        self.versions.engine = v
+
+    @property
+    def trainer_version(self) -> int:
+        """The version the trainer holds (= train steps done)."""
+        return self.versions.trainer
+
+    @trainer_version.setter
+    def trainer_version(self, v: int) -> None:
+        self.versions.trainer = v
+
     # ------------------------------------------------------------------ protocol pieces
     async def _train(self, step: int, batch: list[Trajectory]) -> StepRecord:
-        from rollart_sdk.algorithms import fill_advantages
-
         rec = self.records[step]
+        # Advantages are the trainer's (its options, over the batch on all its ranks).
         samples: list[TrainSample] = [t.to_sample() for t in batch]
-        fill_advantages(samples)
-        shards = [samples[i :: len(self.trainers)] for i in range(len(self.trainers))]
+        # TrainerWorker.train_step is @register("dp_split"): shard by that one rule.
+        shards = dp_shards(samples, len(self.trainers))
         t0 = time.perf_counter()
         results = await asyncio.gather(
             *(w.call("train_step", shard) for w, shard in zip(self.trainers, shards, strict=True))
@@ -143,11 +166,11 @@ class Pipeline:
         manifest = manifests[0]
         self.log.append(f"publish:{manifest.version}")
         # Push transports (nccl) size each round by how many engines receive the version.
-        manifest.meta.setdefault("receivers", len(self.proxy.workers))
+        manifest.meta.setdefault("receivers", len(self.weight_sync.engines))
         if not self._baseline_taken:
             self._unstaged = manifest  # received at the suspend point: the baseline update
         else:
-            await self.proxy.broadcast("stage_weights", manifest)
+            await self.weight_sync.stage(manifest)
         self._span("publish", self.trainers[0].name, t1, step)
         self._published = manifest.version
         every = self.cfg.train.checkpoint_every
@@ -182,8 +205,8 @@ class Pipeline:
             t_suspended = time.perf_counter()
             if self._unstaged is not None:  # the baseline update: nothing overlaps the pull
                 manifest, self._unstaged = self._unstaged, None
-                await self.proxy.broadcast("stage_weights", manifest)
-            reports: list[WeightUpdateReport] = await self.proxy.broadcast("commit_weights")
+                await self.weight_sync.stage(manifest)
+            reports: list[WeightUpdateReport] = await self.weight_sync.commit()
             if not self._baseline_taken:
                 baseline = time.perf_counter() - t_suspended
                 self._baseline_taken = True
@@ -199,7 +222,7 @@ class Pipeline:
         self.engine_version = self._published
         self.scheduler.wake()  # admission control: the new version makes room
         self.update_reports.extend(reports)
-        for w in self.proxy.workers.values():
+        for w in self.weight_sync.engines:
             self._span("weight_sync", w.name, t0, self.trainer_version)
         if released:  # every engine committed a newer version: the trainer may drop it
             await self.trainers[0].call("release_weights", released)
@@ -216,7 +239,7 @@ class Pipeline:
 
     async def _recompute_s(self) -> dict[str, float]:
         """Each engine's cumulative KV-recompute seconds (engines that report them)."""
-        stats = await self.proxy.broadcast("stats")
+        stats = await self.weight_sync.stats()
         return {str(s.get("name")): float(s.get("recompute_s", 0.0)) for s in stats}
 
     async def _settle_weight_sync(self, rec: StepRecord) -> None:
@@ -268,7 +291,7 @@ class Pipeline:
                     # (it outlived the bound despite admission control); free its slot.
                     floor = self.engine_version - self.alpha
                     rec.aborted_stale = await self.scheduler.abort_where(
-                        lambda t, floor=floor: t.start_version < floor, "stale"
+                        lambda t, floor=floor: t.start_version < floor, "stale"  # type: ignore[misc]
                     )
                 elif mode == "one_off" and step + 1 < steps:
                     self.scheduler.allow(self.launch_per_step)
@@ -343,103 +366,3 @@ def launches_per_step(config: RunConfig) -> dict[str, int]:
         tag: math.ceil(n * (1 + r.redundancy) / r.group_size) * r.group_size
         for tag, n in task_quota(config).items()
     }
-
-
-def step_metrics(rec: StepRecord, prev: StepRecord | None, buffer: SampleBuffer,
-                 wall: float) -> dict[str, Any]:
-    """One line of metrics.jsonl. ``step`` counts steps done (1 for the first), as the
-    console does. Run totals (``rollout/waste``...) are as of the batch's formation."""
-    by_tag: dict[str, list[Trajectory]] = {}
-    for t in rec.batch:
-        by_tag.setdefault(t.tag, []).append(t)
-    # The paper's staleness: engine version when the batch was formed - start version;
-    # the trainer's: version the batch is trained at - start version (one more in async).
-    staleness = [rec.engine_version - t.start_version for t in rec.batch]
-    trainer_staleness = [rec.version - t.start_version for t in rec.batch]
-    decided = rec.trained_total + rec.dropped_during_run
-    tokens = rec.tokens_trained + rec.tokens_dropped
-    m: dict[str, Any] = {
-        "step": rec.step + 1,
-        "wall_time": round(wall, 3),
-        "version": rec.version,
-        "engine_version": rec.engine_version,
-        "staleness/max": max(staleness),
-        "staleness/mean": sum(staleness) / len(staleness),
-        "staleness/hist": dict(sorted(Counter(staleness).items())),
-        "staleness/trainer_max": max(trainer_staleness),
-        "trajectories/trained": rec.trained_total,
-        "trajectories/dropped": rec.dropped,
-        "trajectories/aborted_stale": rec.aborted_stale,
-        "trajectories/aborted_surplus": rec.aborted_surplus,
-        "rollout/launched": rec.launched,
-        "rollout/launched_step": rec.launched - (prev.launched if prev else 0),
-        # Share of the trajectories decided so far (trained or dropped) that were thrown
-        # away, and the same in generated tokens.
-        "rollout/waste": round(rec.dropped_during_run / decided, 4) if decided else 0.0,
-        "rollout/waste_tokens": round(rec.tokens_dropped / tokens, 4) if tokens else 0.0,
-        # Trained trajectories whose tokens come from more than one policy version.
-        "rollout/spanning_update": sum(1 for t in rec.batch if len(t.versions) > 1),
-        "buffer/max_ready": buffer.max_ready_trajectories,
-        "time/get_batch_wait": round(rec.get_batch_wait_s, 4),
-        "time/train": round(rec.train_s, 4),
-        "time/weight_sync": round(rec.weight_sync_exposed_s, 4),
-        "time/weight_transfer": round(rec.weight_transfer_s, 4),
-        "weight_sync/exposed_s": round(rec.weight_sync_exposed_s, 4),
-        "weight_sync/transfer_s": round(rec.weight_transfer_s, 4),
-        "weight_sync/recompute_s": round(rec.weight_recompute_s, 4),
-        "weight_sync/nbytes": rec.weight_sync_nbytes,
-        "weight_sync/recomputed_requests": rec.recomputed,
-    }
-    if rec.weight_sync_exposed_s > 0 and rec.weight_sync_baseline_s:
-        # The paper's "hides 67-78 % of the pull cost": 1 - exposed / the same update with
-        # nothing overlapping (pull + swap + recompute, measured once per run).
-        m["weight_sync/baseline_s"] = round(rec.weight_sync_baseline_s, 4)
-        m["weight_sync/hidden_fraction"] = round(
-            max(0.0, 1.0 - rec.weight_sync_exposed_s / rec.weight_sync_baseline_s), 4)
-    for reason, n in sorted(buffer.dropped.items()):
-        m[f"dropped/{reason}"] = n
-    for tag, trajs in sorted(by_tag.items()):
-        m[f"reward/{tag}"] = sum(t.reward or 0.0 for t in trajs) / len(trajs)
-        succ = [t.info.get("success") for t in trajs if "success" in t.info]
-        if succ:
-            m[f"success/{tag}"] = sum(1.0 for s in succ if s) / len(succ)
-        m[f"turns/{tag}"] = sum(len(t.turns) for t in trajs) / len(trajs)
-        m[f"count/{tag}"] = len(trajs)
-        # Turns of every episode that ended since the previous batch, trained or not:
-        # turns/<tag> over it is the length bias of what gets trained (1: none).
-        n, turns = rec.finished_turns.get(tag, (0, 0))
-        if prev is not None:
-            n0, t0 = prev.finished_turns.get(tag, (0, 0))
-            n, turns = n - n0, turns - t0
-        if n:
-            m[f"turns_finished/{tag}"] = turns / n
-            m[f"length_bias/{tag}"] = round(m[f"turns/{tag}"] / (turns / n), 4)
-    for k, v in rec.train_metrics.items():
-        m[k if "/" in k else f"train/{k}"] = v
-    return m
-
-
-def run_rollout_summary(pipeline: Pipeline) -> dict[str, Any]:
-    """Waste, length bias and spanning over the whole run (summary.json, the benches)."""
-    b = pipeline.buffer
-    run_end = sum(n for k, n in b.dropped.items() if k.endswith("run_end"))
-    during = sum(b.dropped.values()) - run_end
-    trained = [t for r in pipeline.records for t in r.batch]
-    out: dict[str, Any] = {
-        "launched": pipeline.scheduler.launched,
-        "trained": b.trained,
-        "dropped_during_run": during,
-        "waste": during / (b.trained + during) if b.trained + during else 0.0,
-        "waste_tokens": (b.tokens_dropped / (b.tokens_dropped + b.tokens_trained)
-                         if b.tokens_dropped + b.tokens_trained else 0.0),
-        "spanning_update": sum(1 for t in trained if len(t.versions) > 1),
-        "staleness_hist": dict(sorted(Counter(
-            r.engine_version - t.start_version for r in pipeline.records for t in r.batch
-        ).items())),
-        "length_bias": {},
-    }
-    for tag, (n, turns) in sorted(b.finished_turns.items()):
-        mine = [len(t.turns) for t in trained if t.tag == tag]
-        if n and mine and turns:
-            out["length_bias"][tag] = (sum(mine) / len(mine)) / (turns / n)
-    return out

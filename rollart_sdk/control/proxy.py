@@ -1,21 +1,24 @@
 """LLMProxy: the gateway between EnvManagers and inference workers.
 
 - routes each request by its task tag to the workers on the hardware the task's affinity
-  names (hw_mapping), balancing by in-flight load inside that pool;
+  names (the route table from ``rollart_sdk.cluster.routing``), balancing by in-flight
+  load inside that pool;
 - keeps a trajectory on the worker that served its previous turn while it can (that
   worker holds its prefix);
 - ``suspend`` stops admitting new requests (they wait), in-flight ones are kept;
   ``resume`` lets them through (protocol steps 2 and 4);
 - ``abort`` delivers ABORT to the worker holding the request; the waiting caller gets
   an ``abort`` result, never a hang.
+
+It only routes: weights reach the engines through ``rollart_sdk.weights.WeightSync``.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections import Counter
-from typing import Any
 
+from rollart_sdk.cluster.routing import candidates
 from rollart_sdk.control.handles import WorkerHandle
 from rollart_sdk.types import GenerationRequest, GenerationResult
 
@@ -40,7 +43,7 @@ class LLMProxy:
 
     # ------------------------------------------------------------------ routing
     def candidates(self, tag: str) -> list[str]:
-        return self.routes.get(tag) or self.routes["default"]
+        return candidates(self.routes, tag)
 
     def _pick(self, request: GenerationRequest) -> WorkerHandle:
         names = self.candidates(request.tag)
@@ -87,6 +90,3 @@ class LLMProxy:
     async def resume(self) -> None:
         await asyncio.gather(*(w.call("resume") for w in self.workers.values()))
         self._accepting.set()
-
-    async def broadcast(self, method: str, *args: Any) -> list[Any]:
-        return list(await asyncio.gather(*(w.call(method, *args) for w in self.workers.values())))

@@ -26,8 +26,8 @@ class RunDir:
         (self.path / "config.yaml").write_text(
             yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)
         )
-        self._metrics = open(self.path / "metrics.jsonl", "a", buffering=1)  # noqa: SIM115
-        self._events = open(self.path / "events.jsonl", "a")  # noqa: SIM115
+        self._metrics = open(self.path / "metrics.jsonl", "a", buffering=1)
+        self._events = open(self.path / "events.jsonl", "a")
         self._pending_events = 0
 
     @property

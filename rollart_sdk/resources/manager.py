@@ -169,7 +169,7 @@ class ResourceManager:
             from rollart_sdk.plugins import get_registry
 
             policy = get_registry().get("placement", policy).create()
-        self.policy: PlacementPolicy = policy or AffinityPlacement()
+        self.policy: PlacementPolicy = policy or AffinityPlacement()  # type: ignore[assignment]
         self.namespace = namespace
         self.probe_s = probe_s
         self.store = BindingStore(namespace)

@@ -164,28 +164,52 @@ def plan_resources(
     """Resolve every role's and task's pool and reject misuse with the key to fix.
 
     ``workers`` (role -> Worker class) additionally checks the classes' decorators
-    (``hw_mapping`` hardware, ``register_serverless`` URL schemes) against the pools.
-    ``resolved`` is accepted so the pipeline and ``rollart validate`` share one call; the
-    plan itself needs only the config.
+    (``hw_mapping`` hardware, ``register_serverless`` URL schemes) against the pools;
+    ``rollart validate`` and ``build_job`` pass the built-in role workers. ``resolved`` is
+    accepted so the pipeline and ``rollart validate`` share one call; the plan itself needs
+    only the config.
     """
-    from rollart_sdk.cluster.serverless import known_schemes
-
     del resolved  # the plan depends on pools, roles and tasks only
     problems: list[tuple[str, str]] = []
     pools = list(cfg.pools)
     by_name = {p.name: p for p in pools}
-    schemes = known_schemes()
+    problems += _check_serverless_urls(pools)
+    roles = _role_plans(cfg, pools, by_name, problems)
+    task_pools = _task_pools(cfg, roles["actor_gen"], by_name, problems)
+    warnings = _spread_engines(roles["actor_gen"], task_pools)
+    problems += _check_capacity(pools, roles, by_name)
+    for role, cls in (workers or {}).items():
+        from rollart_sdk.cluster.decorators import check_worker_class
 
+        try:
+            check_worker_class(cls, pools, where=f"roles.{role}")
+        except ConfigError as exc:
+            problems.extend(exc.problems)
+    if problems:
+        raise ConfigError(problems)
+    return ResourcePlan(pools=pools, roles=roles, task_pools=task_pools, warnings=warnings)
+
+
+def _check_serverless_urls(pools: list[PoolConfig]) -> list[tuple[str, str]]:
+    from rollart_sdk.cluster.serverless import known_schemes
+
+    schemes = known_schemes()
+    problems = []
     for i, p in enumerate(pools):
         if p.kind == "serverless" and p.url:
             scheme = urlparse(p.url).scheme
             if scheme not in schemes:
                 problems.append(
-                    (f"pools.{i}.url", f"no serverless transport for scheme {scheme!r} in "
-                     f"{p.url!r}; known schemes: {', '.join(sorted(schemes))} (a plugin can add "
-                     "one under the entry-point group 'rollart.serverless')")
+                    (f"pools.{i}.url", f"no serverless caller for scheme {scheme!r} in "
+                     f"{p.url!r}; known schemes: {', '.join(sorted(schemes))} (a plugin adds "
+                     "one with the hook rollart_register_serverless_schemes)")
                 )
+    return problems
 
+
+def _role_plans(cfg: RunConfig, pools: list[PoolConfig], by_name: dict[str, PoolConfig],
+                problems: list[tuple[str, str]]) -> dict[str, RolePlan]:
+    """Each role's pools; only reward may use a serverless pool."""
     roles: dict[str, RolePlan] = {}
     for role in ROLES:
         rc = getattr(cfg.roles, role)
@@ -203,9 +227,12 @@ def plan_resources(
                     (f"roles.{role}.fallback.{j}", f"pool {fb!r} is serverless; only reward can use it")
                 )
         roles[role] = rp
+    return roles
 
-    # Generation pools: each task's affinity, else the actor_gen pool (hw_mapping in config).
-    gen = roles["actor_gen"]
+
+def _task_pools(cfg: RunConfig, gen: RolePlan, by_name: dict[str, PoolConfig],
+                problems: list[tuple[str, str]]) -> dict[str, str]:
+    """Generation pools: each task's affinity, else the actor_gen pool (hw_mapping in config)."""
     task_pools: dict[str, str] = {}
     for i, t in enumerate(cfg.tasks):
         target = t.affinity or gen.preferred
@@ -216,7 +243,12 @@ def plan_resources(
                  "needs a gpu or cpu pool")
             )
         task_pools[t.tag] = target
+    return task_pools
 
+
+def _spread_engines(gen: RolePlan, task_pools: dict[str, str]) -> list[str]:
+    """Spread ``actor_gen.workers`` over the generation pools (sets ``workers_per_pool``);
+    warns when some pool gets none."""
     warnings: list[str] = []
     gen_pools = [gen.preferred] + [p for p in dict.fromkeys(task_pools.values()) if p != gen.preferred]
     per_pool = {p: 0 for p in gen_pools}
@@ -231,9 +263,14 @@ def plan_resources(
             "(raise roles.actor_gen.workers to give every pool one)"
         )
     gen.workers_per_pool = {p: n for p, n in per_pool.items() if n}
+    return warnings
 
-    # Capacity: place every worker greedily (preferred first, then fallbacks), as the
-    # affinity policy would on an idle cluster; a worker that fits nowhere is a config error.
+
+def _check_capacity(pools: list[PoolConfig], roles: dict[str, RolePlan],
+                    by_name: dict[str, PoolConfig]) -> list[tuple[str, str]]:
+    """Place every worker greedily (preferred first, then fallbacks), as the affinity
+    policy would on an idle cluster; a worker that fits nowhere is a config error."""
+    problems = []
     free = {p.name: float(p.count) for p in pools}
     for role in ROLES:
         rp = roles[role]
@@ -250,19 +287,7 @@ def plan_resources(
                     )
                     break
                 free[spot] -= 1.0
-
-    if workers:
-        for role, cls in workers.items():
-            try:
-                from rollart_sdk.cluster.decorators import check_worker_class
-
-                check_worker_class(cls, pools, where=f"roles.{role}")
-            except ConfigError as exc:
-                problems.extend(exc.problems)
-
-    if problems:
-        raise ConfigError(problems)
-    return ResourcePlan(pools=pools, roles=roles, task_pools=task_pools, warnings=warnings)
+    return problems
 
 
 def pools_from_spec(spec: Any) -> list[PoolConfig]:

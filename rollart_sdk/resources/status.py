@@ -1,25 +1,19 @@
-"""``rollart status``: the worker bindings of a running job, read from Ray's GCS.
+"""The worker bindings of a running job, read from Ray's GCS (``rollart status``).
 
-Connects to the running Ray cluster (``--address``, RAY_ADDRESS, or the local one) as a
-passive driver and prints every binding record (worker, role, pool, hardware, node,
-preferred vs actual pool, reason) - the same records dispatch and failover use.
+``collect_status`` runs in a driver connected to the running Ray cluster and returns every
+binding record (worker, role, pool, hardware, node, preferred vs actual pool, reason) - the
+same records dispatch and failover use.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
+import glob
+import logging
 import os
+import socket
+import sys
+import tempfile
 from typing import Any
-
-
-def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("status", help="show the worker-to-pool bindings of a running job")
-    p.add_argument("--address", default=None,
-                   help="Ray address (default: RAY_ADDRESS, else the local running cluster)")
-    p.add_argument("--namespace", default=None, help="only this job namespace (default: all)")
-    p.add_argument("--json", action="store_true", help="machine-readable output")
-    p.set_defaults(func=cmd_status)
 
 
 def collect_status(namespace: str | None = None) -> dict[str, Any]:
@@ -40,47 +34,61 @@ def collect_status(namespace: str | None = None) -> dict[str, Any]:
     return {"bindings": bindings, "pools": pools}
 
 
-def cmd_status(args: argparse.Namespace) -> int:
+def local_cluster_addresses() -> list[str]:
+    """GCS addresses (``127.0.0.1:PORT``) of the Ray clusters running on this machine,
+    newest first: every session under Ray's temp folder whose GCS port answers."""
+    root = os.path.join(os.environ.get("RAY_TMPDIR", tempfile.gettempdir()), "ray")
+    found: list[str] = []
+    for session in sorted(glob.glob(os.path.join(root, "session_2*")), reverse=True):
+        for port_file in glob.glob(os.path.join(session, "gcs_server_port_*")):
+            try:
+                with open(port_file) as f:
+                    port = int(f.read().strip())
+            except (OSError, ValueError):
+                continue
+            address = f"127.0.0.1:{port}"
+            if address not in found and _answers("127.0.0.1", port):
+                found.append(address)
+    return found
+
+
+def _answers(host: str, port: int) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
+def connect(address: str) -> None:
+    """Join the cluster at ``address`` as a passive driver. A cluster on 127.0.0.1 is
+    reached from 127.0.0.1 (Ray would otherwise use the machine's routed address and hang)."""
     import ray
 
-    from rollart_sdk.errors import RollartError
     from rollart_sdk.ray_utils import local_ray_env
 
     local_ray_env()
-    address = args.address or os.environ.get("RAY_ADDRESS") or "auto"
+    host = address.rsplit(":", 1)[0]
+    local = host in ("127.0.0.1", "localhost")
+    ray.init(address=address, log_to_driver=False, logging_level=logging.ERROR,
+             _node_ip_address="127.0.0.1" if local else None)
+
+
+def main(argv: list[str]) -> int:
+    """``python -m rollart_sdk.resources.status ADDRESS [NAMESPACE]``: print the status of
+    the cluster at ADDRESS as JSON (``rollart status`` runs this under a timeout)."""
+    import json
+
+    import ray
+
+    address, namespace = argv[0], (argv[1] if len(argv) > 1 and argv[1] else None)
+    connect(address)
     try:
-        ray.init(address=address, log_to_driver=False, logging_level="ERROR",
-                 include_dashboard=False)
-    except (ConnectionError, RuntimeError, ValueError) as exc:
-        raise RollartError(
-            f"no running Ray cluster at {address!r} ({exc}); start a run first, or pass "
-            "--address HOST:PORT of the cluster's GCS"
-        ) from None
-    try:
-        status = collect_status(args.namespace)
+        print(json.dumps({"address": address, **collect_status(namespace)}))
     finally:
         ray.shutdown()
-    if args.json:
-        print(json.dumps(status, indent=2))
-        return 0
-    from rich.console import Console
-    from rich.table import Table
-
-    console = Console()
-    table = Table(title="rollart bindings")
-    for col in ("namespace", "worker", "role", "pool", "hardware", "node", "preferred", "reason"):
-        table.add_column(col)
-    for b in status["bindings"]:
-        pref = b["preferred"] + (" [yellow](fallback)[/yellow]" if b["fallback"] else "")
-        table.add_row(b["namespace"], b["worker"], b["role"], b["pool"], b["hardware"],
-                      (b["node_id"] or "-")[:12], pref, b["reason"])
-    console.print(table)
-    if not status["bindings"]:
-        console.print("no bindings recorded (no job running in this cluster/namespace)")
-    pools = Table(title="pools")
-    for col in ("pool", "total", "free"):
-        pools.add_column(col)
-    for name, v in sorted(status["pools"].items()):
-        pools.add_row(name, f"{v['total']:g}", f"{v['free']:g}")
-    console.print(pools)
     return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -117,7 +117,7 @@ async def check_engine_async(
                 continue
             try:
                 await asyncio.wait_for(check(), timeout_s)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 raise AssertionError(
                     f"check_engine[{name}]: did not finish within {timeout_s}s "
                     "(a request was left waiting?)"

@@ -81,7 +81,7 @@ def _check_reset(env: Any, seed: int | None) -> tuple[str, dict]:
 def _check_step(env: Any, action: str, where: str) -> tuple[str, float, bool, bool, dict]:
     try:
         result = env.step(action)
-    except Exception as exc:  # noqa: BLE001 - the failure is the finding
+    except Exception as exc:
         raise _fail(
             "step_accepts_action",
             f"{where}: step({action!r}) raised {type(exc).__name__}: {exc}",
@@ -197,27 +197,13 @@ def check_env(
     - ``terminates``: ``episodes`` random episodes each end within ``max_episode_steps``;
     - ``gymnasium_make``: a registered name can be made with gymnasium.
     """
-    factory: Callable[[], Any] | None
-    if isinstance(env_or_factory, str):
-        factory = _gymnasium_factory(env_or_factory)
-    elif isinstance(env_or_factory, type) or (
-        callable(env_or_factory) and not hasattr(env_or_factory, "step")
-    ):
-        factory = env_or_factory
-    else:
-        factory = None
+    factory = _factory_of(env_or_factory)
     env = factory() if factory is not None else env_or_factory
     for method in ("reset", "step"):
         if not callable(getattr(env, method, None)):
             raise _fail("interface", f"{type(env).__name__} has no {method}() method")
     try:
-        prompt = _attr(env, "system_prompt")
-        if prompt is not None:
-            if not isinstance(prompt, str):
-                raise _fail(
-                    "system_prompt", f"system_prompt must be str, got {type(prompt).__name__}"
-                )
-            _check_no_ansi("no_ansi", prompt, "system_prompt")
+        _check_system_prompt(env)
         vocab = _vocabulary(env)
         choices = vocab if vocab is not None else list(FREE_TEXT_PROBES)
 
@@ -271,6 +257,25 @@ def check_env(
             _close(env)
 
 
+def _factory_of(env_or_factory: EnvSource) -> Callable[[], Any] | None:
+    """A zero-argument factory for ``env_or_factory``, or None when it is an env."""
+    if isinstance(env_or_factory, str):
+        return _gymnasium_factory(env_or_factory)
+    if isinstance(env_or_factory, type) or (
+        callable(env_or_factory) and not hasattr(env_or_factory, "step")
+    ):
+        return env_or_factory
+    return None
+
+
+def _check_system_prompt(env: Any) -> None:
+    prompt = _attr(env, "system_prompt")
+    if prompt is not None:
+        if not isinstance(prompt, str):
+            raise _fail("system_prompt", f"system_prompt must be str, got {type(prompt).__name__}")
+        _check_no_ansi("no_ansi", prompt, "system_prompt")
+
+
 def _gymnasium_factory(name: str) -> Callable[[], Any]:
     """``gymnasium.make("rollart/<name>")`` after loading plugins (which registers envs)."""
     import gymnasium
@@ -291,7 +296,7 @@ def _gymnasium_factory(name: str) -> Callable[[], Any]:
     def make() -> Any:
         try:
             return gymnasium.make(env_id)
-        except Exception as exc:  # noqa: BLE001 - the failure is the finding
+        except Exception as exc:
             raise _fail(
                 "gymnasium_make", f"gymnasium.make({env_id!r}) raised {type(exc).__name__}: {exc}"
             ) from exc

@@ -2,7 +2,7 @@
 
 Like gymnasium's ``check_env``: call it with factories of your sender and receivers and
 it raises ``AssertionError`` naming the broken promise. It checks, through the same
-:class:`rollart_sdk.staging.WeightStager` an engine worker uses:
+:class:`rollart_sdk.weights.WeightStager` an engine worker uses:
 
 1. buckets arrive whole: every tensor name, exact dtype, shape and bytes, several buckets;
 2. versioned: two versions in sequence each land as that version, on every receiver;
@@ -31,9 +31,14 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from rollart_sdk.interfaces import WeightTransport
-from rollart_sdk.staging import WeightStager
 from rollart_sdk.types import WeightBucket, WeightManifest, WeightUpdateReport
-from rollart_sdk.weights import WeightSyncError, checksum, plan_manifest, split_buckets
+from rollart_sdk.weights import (
+    WeightStager,
+    WeightSyncError,
+    checksum,
+    plan_manifest,
+    split_buckets,
+)
 
 __all__ = ["RecordingEngine", "check_transport", "make_state_dict"]
 
@@ -120,26 +125,7 @@ async def _check(
 ) -> dict[str, Any]:
     sender = make_sender()
     receivers = [make_receiver() for _ in range(num_receivers)]
-    style = getattr(type(sender), "style", getattr(sender, "style", None))
-    assert style in ("push", "pull"), (
-        f"{type(sender).__name__}.style must be 'push' or 'pull', got {style!r}"
-    )
-    for r in receivers:
-        assert getattr(r, "style", None) == style, (
-            f"sender style {style!r} but receiver {type(r).__name__} has style "
-            f"{getattr(r, 'style', None)!r}"
-        )
-    if style == "push" and make_manifest is None:
-        if not name:
-            raise ValueError(
-                "check_transport: a push transport needs name='<registered name>' (or "
-                "make_manifest=...) so that receivers can be given the manifest up front"
-            )
-        transport_name = name
-
-        def make_manifest(version: int, buckets: list[WeightBucket]) -> WeightManifest:
-            return plan_manifest(version, transport_name, buckets)
-
+    style, make_manifest = _style_and_manifest(sender, receivers, name, make_manifest)
     engines = [RecordingEngine() for _ in receivers]
     stagers = [WeightStager(r, name=f"check-receiver-{i}") for i, r in enumerate(receivers)]
     summary: dict[str, Any] = {"style": style, "receivers": num_receivers, "versions": []}
@@ -191,26 +177,64 @@ async def _check(
 
         # 4: pull only: a released version cannot be fetched any more.
         if style == "pull":
-            sender.release(1)
-            fresh = RecordingEngine(version=0)
-            stager = WeightStager(receivers[0], name="check-released")
-            stager.start(manifests[1])
-            try:
-                await stager.commit(fresh, timeout_s=timeout_s)
-            except WeightSyncError as exc:
-                summary["released_error"] = str(exc)
-            else:
-                raise AssertionError(
-                    "fetch of a released version (1) succeeded; release(version) must "
-                    "make it unfetchable"
-                )
-            assert fresh.version == 0 and not fresh.loads, "a released version was loaded"
+            summary["released_error"] = await _check_released(
+                sender, receivers[0], manifests[1], timeout_s
+            )
     finally:
         for stager in stagers:
             stager.close()
         for transport in (sender, *receivers):
             transport.close()
     return summary
+
+
+def _style_and_manifest(
+    sender: WeightTransport,
+    receivers: list[WeightTransport],
+    name: str | None,
+    make_manifest: Callable[[int, list[WeightBucket]], WeightManifest] | None,
+) -> tuple[str, Callable[[int, list[WeightBucket]], WeightManifest] | None]:
+    """The transports' common style; for push, how to plan a manifest up front."""
+    style = getattr(type(sender), "style", getattr(sender, "style", None))
+    assert style in ("push", "pull"), (
+        f"{type(sender).__name__}.style must be 'push' or 'pull', got {style!r}"
+    )
+    for r in receivers:
+        assert getattr(r, "style", None) == style, (
+            f"sender style {style!r} but receiver {type(r).__name__} has style "
+            f"{getattr(r, 'style', None)!r}"
+        )
+    if style == "push" and make_manifest is None:
+        if not name:
+            raise ValueError(
+                "check_transport: a push transport needs name='<registered name>' (or "
+                "make_manifest=...) so that receivers can be given the manifest up front"
+            )
+        transport_name = name
+
+        def make_manifest(version: int, buckets: list[WeightBucket]) -> WeightManifest:
+            return plan_manifest(version, transport_name, buckets)
+
+    return style, make_manifest
+
+
+async def _check_released(sender: WeightTransport, receiver: WeightTransport,
+                          manifest: WeightManifest, timeout_s: float) -> str:
+    """After ``sender.release(1)`` a fetch of version 1 fails; returns the error text."""
+    sender.release(1)
+    fresh = RecordingEngine(version=0)
+    stager = WeightStager(receiver, name="check-released")
+    stager.start(manifest)
+    try:
+        await stager.commit(fresh, timeout_s=timeout_s)
+    except WeightSyncError as exc:
+        assert fresh.version == 0 and not fresh.loads, "a released version was loaded"
+        return str(exc)
+    finally:
+        stager.close()
+    raise AssertionError(
+        "fetch of a released version (1) succeeded; release(version) must make it unfetchable"
+    )
 
 
 async def _deliver(

@@ -12,6 +12,28 @@ import json
 
 from rollart_sdk.bench.straggler import draw_latencies, ideal_times
 from rollart_sdk.cli import main
+from rollart_sdk.cli.bench import benchmarks
+
+
+def test_benchmarks_are_registered_through_the_hook(rollart_plugins):
+    registry = rollart_plugins.registry
+    assert registry.get("benchmark", "straggler").factory == "rollart_sdk.bench.straggler:main"
+    assert registry.get("benchmark", "async").factory == "rollart_sdk.bench.async_modes:main"
+    # The torch engine plugin registers its own benchmark (installed in the core env).
+    assert "engine" in benchmarks() and "dispatch" in benchmarks()
+
+
+def test_each_bench_has_its_own_help(capsys):
+    import pytest
+
+    with pytest.raises(SystemExit) as exc:
+        main(["bench", "straggler", "--help"])
+    assert exc.value.code == 0
+    out = capsys.readouterr().out
+    assert "--envs" in out and "--ratios" in out  # the straggler bench's own options
+    assert main(["bench"]) == 0 and "async" in capsys.readouterr().out
+    assert main(["bench", "stragler"]) == 2
+    assert "did you mean 'straggler'" in capsys.readouterr().err
 
 
 def test_latency_draws_and_ideal_bounds():

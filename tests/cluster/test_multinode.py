@@ -19,11 +19,11 @@ from types import SimpleNamespace
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 
-import pytest  # noqa: E402
-import ray  # noqa: E402
-from ray import cloudpickle  # noqa: E402
+import pytest
+import ray
+from ray import cloudpickle
 
-from rollart_sdk.cluster import (  # noqa: E402
+from rollart_sdk.cluster import (
     ActorGenWorker,
     ActorTrainWorker,
     Cluster,
@@ -34,9 +34,9 @@ from rollart_sdk.cluster import (  # noqa: E402
     register_serverless,
     serve_function,
 )
-from rollart_sdk.config import PoolConfig  # noqa: E402
-from rollart_sdk.errors import PlacementError  # noqa: E402
-from rollart_sdk.resources import ResourceManager, read_bindings  # noqa: E402
+from rollart_sdk.config import PoolConfig
+from rollart_sdk.errors import PlacementError
+from rollart_sdk.resources import ResourceManager, read_bindings
 
 # Worker classes below live in this test module; ship them to Ray workers by value.
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -311,6 +311,17 @@ def test_rollart_status_shows_bindings_of_a_running_job(rc):
         assert st["pools"]["H800"]["total"] == 2
         table = subprocess.run(cmd[:-1], capture_output=True, text=True, timeout=120)
         assert table.returncode == 0 and "envs-1" in table.stdout
+        # Without an address: every Ray cluster on this machine is asked, on 127.0.0.1.
+        env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+        found = subprocess.run([sys.executable, "-m", "rollart_sdk.cli", "status",
+                                "--namespace", "t-status", "--json"],
+                               capture_output=True, text=True, timeout=300, env=env)
+        assert found.returncode == 0, found.stderr
+        answers = json.loads(found.stdout)
+        answers = answers if isinstance(answers, list) else [answers]  # other users' runs
+        assert any(a["address"].startswith("127.0.0.1:")
+                   and sorted(b["worker"] for b in a["bindings"]) == ["envs-0", "envs-1"]
+                   for a in answers), answers
     finally:
         env.shutdown()
 

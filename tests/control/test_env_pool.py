@@ -13,8 +13,8 @@ from rollart_sdk.config import load_config
 from rollart_sdk.control.env_pool import EnvPool
 from rollart_sdk.control.handles import WorkerHandle
 from rollart_sdk.errors import ConfigError
+from rollart_sdk.job import build_job, run_job
 from rollart_sdk.plugins import load_plugins
-from rollart_sdk.train import build_job, run_job
 
 ENVS = """
 import itertools

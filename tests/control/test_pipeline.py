@@ -14,8 +14,8 @@ import pytest
 from control_configs import TWO_TASKS
 
 from rollart_sdk.config import load_config
+from rollart_sdk.job import build_job, run_job
 from rollart_sdk.plugins import load_plugins
-from rollart_sdk.train import build_job, run_job
 
 
 def run(tmp_path, overrides=(), steps=4, registry=None, data=None, prepare=None):
@@ -175,7 +175,7 @@ class FlakyEnv(gym.Env):
         return "done", 1.0, True, False, {"answer": "1", "success": True}
 
 
-from rollart_sdk.builtins.transports import LocalTransport
+from rollart_sdk.weights import LocalTransport
 
 
 class BrokenTransport(LocalTransport):
@@ -239,7 +239,7 @@ def test_envs(tmp_path, monkeypatch):
 
     def rollart_register_transports(registry):
         registry.register("broken", factory="rollart_test_envs:BrokenTransport",
-                          options="rollart_sdk.builtins.transports:LocalTransportOptions")
+                          options="rollart_sdk.weights.local:LocalTransportOptions")
 
     yield load_plugins(strict=True, extra={"test-envs": SimpleNamespace(
         rollart_register_envs=hookimpl(rollart_register_envs),
@@ -259,7 +259,7 @@ def test_long_episodes_are_trained_across_updates(tmp_path, test_envs):
     # the paper's alpha = 1 and admission control they continue across weight updates
     # (tokens from two versions) and are trained, so the batches are not biased toward
     # short episodes, and no trained trajectory exceeds the bound.
-    from rollart_sdk.control.pipeline import run_rollout_summary
+    from rollart_sdk.control.metrics import run_rollout_summary
 
     job, records = run(tmp_path, ["rollout.max_envs=32"], steps=8, registry=test_envs,
                        data=single_task(env={"name": "slowvar"}, max_turns=6))

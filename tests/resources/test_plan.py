@@ -9,9 +9,7 @@ from rollart_sdk.cluster import (
     RewardWorker,
     hw_mapping,
     register_serverless,
-    serverless,
 )
-from rollart_sdk.cluster.serverless import register_scheme
 from rollart_sdk.config import RunConfig
 from rollart_sdk.errors import ConfigError
 from rollart_sdk.resources import AffinityPlacement, PackPlacement, SpreadPlacement, plan_resources
@@ -94,7 +92,7 @@ def test_misuse_is_a_config_error_naming_the_key(over, where, words):
     assert any(w == where and words in m for w, m in exc.value.problems), exc.value.problems
 
 
-def test_decorator_misuse_rejected_at_validation(monkeypatch):
+def test_decorator_misuse_rejected_at_validation(monkeypatch, register_plugin):
     class BadGen(ActorGenWorker):
         @hw_mapping(hw_affinity={"FrozenLake": "A100", "default": "H20"})
         def generate(self, ids, tag_name="default"):
@@ -110,9 +108,14 @@ def test_decorator_misuse_rejected_at_validation(monkeypatch):
     text = str(exc.value)
     assert "'A100' is provided by no pool" in text and "roles.actor_gen.generate" in text
     assert "scheme 'lambda'" in text and "roles.reward.score" in text
-    # a scheme added by a plugin is accepted
-    monkeypatch.setattr(serverless, "_REGISTERED", {})
-    register_scheme("lambda", lambda url, timeout: (lambda *a: None))
+    # a scheme added by a plugin (hook rollart_register_serverless_schemes) is accepted
+    import rollart_sdk.plugins as plugins_mod
+
+    def schemes(registry):
+        registry.register("lambda", factory=lambda url, timeout: (lambda *a: None))
+
+    with_lambda = register_plugin({"rollart_register_serverless_schemes": schemes}, name="lambda")
+    monkeypatch.setattr(plugins_mod, "_DEFAULT", with_lambda)
     with pytest.raises(ConfigError) as exc:
         plan_resources(config(), workers={"reward": BadReward, "actor_gen": BadGen})
     assert "lambda" not in str(exc.value)

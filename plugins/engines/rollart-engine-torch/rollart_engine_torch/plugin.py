@@ -14,3 +14,12 @@ def rollart_register_engines(registry: Registrar) -> None:
         options="rollart_engine_torch.options:TorchEngineOptions",
         summary="continuous batching over a Hugging Face Llama-family model (CPU/GPU, torch)",
     )
+
+
+@hookimpl
+def rollart_register_benchmarks(registry: Registrar) -> None:
+    registry.register(
+        "engine",
+        factory="rollart_engine_torch.bench:main",
+        summary="torch engine vs static generate; --engine vllm: vLLM vs torch vs static",
+    )

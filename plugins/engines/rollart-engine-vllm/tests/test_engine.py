@@ -19,13 +19,7 @@ from rollart_sdk.types import (
     WeightBucket,
     WeightManifest,
 )
-from rollart_sdk.weights import split_buckets
-
-try:  # the import path for plugins once rollart_sdk/weights/ is a package
-    from rollart_sdk.weights import LocalTransport, WeightStager
-except ImportError:  # until then
-    from rollart_sdk.builtins.transports import LocalTransport
-    from rollart_sdk.staging import WeightStager
+from rollart_sdk.weights import LocalTransport, WeightStager, split_buckets
 
 needs_vllm = pytest.mark.skipif(
     importlib.util.find_spec("vllm") is None,

@@ -85,7 +85,7 @@ def probe(ids: list[str] | None = None) -> dict[str, Any]:
             signal.alarm(0)
             registered[gem_id] = _facts(gem_id, specs[gem_id])
             status = "ok"
-        except BaseException as exc:  # noqa: BLE001 - the failure is the finding
+        except BaseException as exc:
             signal.alarm(0)
             if isinstance(exc, KeyboardInterrupt):
                 raise

@@ -31,7 +31,7 @@ _NUMBER_RE = re.compile(r"-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?")
 
 
 class RuleRewardOptions(BaseModel):
-    """Options of reward ``rule`` (``tasks[].reward_options`` in a run config)."""
+    """Options of reward ``rule`` (``tasks[].reward.options`` in a run config)."""
 
     model_config = ConfigDict(extra="forbid")
 

@@ -123,7 +123,7 @@ class RewardFunction:
         self.calls += 1
         try:
             result = await self.backend.score(request)
-        except Exception:  # noqa: BLE001 - logged with an id; the caller sees only the id
+        except Exception:  # logged with an id; the caller sees only the id
             error_id = uuid.uuid4().hex[:12]
             log.exception("reward function failed (error id %s)", error_id)
             return 500, {"error": f"the reward function failed (error id {error_id})"}

@@ -67,7 +67,7 @@ def test_unknown_scheme_is_a_config_error():
 def test_pipeline_rewards_through_the_endpoint(tmp_path):
     """The control plane dispatches each finished trajectory to the endpoint (R3)."""
     from rollart_sdk.config import load_config
-    from rollart_sdk.train import build_job, run_job
+    from rollart_sdk.job import build_job, run_job
 
     with serve_reward("rule", {"mode": "success"}) as endpoint:
         data = {

@@ -168,7 +168,7 @@ def hf_to_megatron(hf: dict[str, torch.Tensor], arch: Arch, tp: int = 1,
     return out
 
 
-def megatron_to_hf(name: str, shards: list[torch.Tensor],
+def megatron_to_hf(name: str, shards: list[torch.Tensor],  # noqa: C901 - one branch per parameter kind
                    arch: Arch) -> Iterator[tuple[str, torch.Tensor]]:
     """HF tensors of Megatron parameter ``name``, from its shards on TP ranks 0..tp-1
     (a replicated parameter: any one rank's copy, or all of them)."""

@@ -17,3 +17,12 @@ def rollart_register_trainers(registry: Any) -> None:
         summary="GRPO / PPO-clip with truncated IS on megatron-core's GPTModel "
         "(tensor + data parallel, packed micro-batches, distributed checkpoints)",
     )
+
+
+@hookimpl
+def rollart_register_benchmarks(registry: Any) -> None:
+    registry.register(
+        "trainers",
+        factory="rollart_trainer_megatron.bench:main",
+        summary="trainer megatron (TP 1, TP 2) vs torch: step time on one batch",
+    )

@@ -284,7 +284,7 @@ class MooncakeTransport:
         self._master = mc.Master(address, manifest.meta.get("metadata"))
         try:
             self._client, self.segment = mc.connect(self._master, self.host, 0, 16 << 20)
-        except Exception as exc:  # noqa: BLE001 - re-raised naming the master
+        except Exception as exc:
             self._client = None
             raise WeightSyncError(manifest.version, f"cannot join the Mooncake store of "
                                                     f"master {address}: {exc}") from exc

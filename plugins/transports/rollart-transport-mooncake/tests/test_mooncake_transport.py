@@ -12,23 +12,23 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))  # spawned children import mooncake_procs
-from mooncake_procs import trainer  # noqa: E402
-from rollart_transport_mooncake.transport import (  # noqa: E402
+from mooncake_procs import trainer
+from rollart_transport_mooncake.transport import (
     MooncakeTransport,
     MooncakeTransportOptions,
 )
 
-from rollart_sdk.testing.transport import (  # noqa: E402
+from rollart_sdk.testing.transport import (
     RecordingEngine,
     check_transport,
     make_state_dict,
 )
-from rollart_sdk.weights import WeightSyncError, checksum, split_buckets  # noqa: E402
+from rollart_sdk.weights import WeightSyncError, checksum, split_buckets
 
 try:
-    from rollart_sdk.weights import WeightStager  # noqa: E402
+    from rollart_sdk.weights import WeightStager
 except ImportError:  # before the weights/ package move
-    from rollart_sdk.staging import WeightStager  # noqa: E402
+    from rollart_sdk.weights import WeightStager
 
 pytestmark = pytest.mark.timeout(300)
 BUCKET_BYTES = 4096

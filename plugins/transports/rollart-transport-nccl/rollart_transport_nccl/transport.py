@@ -331,7 +331,7 @@ class NcclTransport:
         except WeightSyncError:
             self._drop_group()
             raise
-        except Exception as exc:  # noqa: BLE001 - re-raised as WeightSyncError naming the peer
+        except Exception as exc:
             pg.abandon(self._group)
             self._drop_group()
             self._report_failure(key, rank, exc)
@@ -357,7 +357,7 @@ class NcclTransport:
         try:
             self._store = dist.TCPStore(host, int(port), None, False,
                                         datetime.timedelta(seconds=self.timeout_s))
-        except Exception as exc:  # noqa: BLE001 - re-raised with the address
+        except Exception as exc:
             self._store = None
             raise WeightSyncError(version, f"cannot reach the sender's store at {address}: "
                                            f"{exc}") from exc
@@ -386,7 +386,7 @@ class NcclTransport:
         try:
             self._store.wait([key], datetime.timedelta(seconds=timeout_s))
             return self._store.get(key)
-        except Exception as exc:  # noqa: BLE001 - re-raised naming who did not answer
+        except Exception as exc:
             raise TimeoutError(f"{whom} did not answer within {timeout_s}s "
                                f"(waiting for {key!r}: {exc})") from exc
 

@@ -30,7 +30,7 @@ def engine_worker(conn: Any, store: str, die_at_broadcast: int | None = None,
     try:
         from rollart_sdk.weights import WeightStager
     except ImportError:  # before the weights/ package move
-        from rollart_sdk.staging import WeightStager
+        from rollart_sdk.weights import WeightStager
     from rollart_transport_nccl import group
     from rollart_transport_nccl.transport import NcclTransport
 

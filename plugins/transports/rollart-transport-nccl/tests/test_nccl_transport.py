@@ -14,12 +14,12 @@ import torch
 # Spawned engine processes import their entry point by module name (importlib mode keeps
 # this folder off sys.path otherwise; children inherit sys.path).
 sys.path.insert(0, str(Path(__file__).parent))
-from nccl_procs import engine_worker, fingerprints  # noqa: E402
-from rollart_transport_nccl.transport import NcclTransport, NcclTransportOptions  # noqa: E402
-from rollart_transport_nccl.wire import pack, unpack  # noqa: E402
+from nccl_procs import engine_worker, fingerprints
+from rollart_transport_nccl.transport import NcclTransport, NcclTransportOptions
+from rollart_transport_nccl.wire import pack, unpack
 
-from rollart_sdk.testing.transport import check_transport, make_state_dict  # noqa: E402
-from rollart_sdk.weights import WeightSyncError, checksum, split_buckets  # noqa: E402
+from rollart_sdk.testing.transport import check_transport, make_state_dict
+from rollart_sdk.weights import WeightSyncError, checksum, split_buckets
 
 pytestmark = pytest.mark.timeout(240)
 BUCKET_BYTES = 4096

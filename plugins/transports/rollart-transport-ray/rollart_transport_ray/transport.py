@@ -32,7 +32,7 @@ _KV_NAMESPACE = "rollart"
 
 
 class RayTransportOptions(BaseModel):
-    """Options of ``transport: {backend: ray, options: {...}}``."""
+    """Options of ``transport: {name: ray, options: {...}}``."""
 
     model_config = ConfigDict(extra="forbid")
 

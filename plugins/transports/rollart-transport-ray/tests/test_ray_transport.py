@@ -11,10 +11,15 @@ import torch
 from rollart_transport_ray.transport import RayObjectStoreTransport, RayTransportOptions
 
 from rollart_sdk.ray_utils import init_ray
-from rollart_sdk.staging import WeightStager
 from rollart_sdk.testing.transport import RecordingEngine, check_transport, make_state_dict
 from rollart_sdk.types import WeightBucket
-from rollart_sdk.weights import CorruptBucketError, WeightSyncError, checksum, split_buckets
+from rollart_sdk.weights import (
+    CorruptBucketError,
+    WeightStager,
+    WeightSyncError,
+    checksum,
+    split_buckets,
+)
 
 BUCKET_BYTES = 4096
 

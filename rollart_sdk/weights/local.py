@@ -1,4 +1,4 @@
-"""Built-in ``local`` weight transport: publish/pull inside one process.
+"""The built-in ``local`` weight transport: publish/pull inside one process.
 
 For runs and tests where the trainer and the engines live in the same process (the
 control plane's in-process tests, notebooks). Buckets are kept by reference in a
@@ -13,9 +13,8 @@ from typing import ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from rollart_sdk.hookspecs import hookimpl
 from rollart_sdk.types import BucketRef, WeightBucket, WeightManifest
-from rollart_sdk.weights import verify
+from rollart_sdk.weights.buckets import verify
 
 _STORE: dict[tuple[str, int], list[WeightBucket]] = {}
 _LOCK = threading.Lock()
@@ -76,12 +75,3 @@ class LocalTransport:
                 for key in [k for k in _STORE if k[0] == self.channel]:
                     _STORE.pop(key, None)
 
-
-@hookimpl
-def rollart_register_transports(registry):
-    registry.register(
-        "local",
-        factory="rollart_sdk.builtins.transports:LocalTransport",
-        options=LocalTransportOptions,
-        summary="publish/pull inside one process (in-process runs and tests)",
-    )

@@ -9,8 +9,8 @@ is that mechanism, engine- and transport-agnostic: any ``WeightTransport`` (its 
 Error policy (one choice, used everywhere): ``commit`` RAISES :class:`WeightSyncError`
 carrying the version and the reason, and never calls ``load_weights`` with an incomplete,
 corrupt or mixed set of buckets. An engine that saw the error is still on its old version
-and keeps serving; the caller (the training protocol) logs it and moves on to the next
-manifest.
+and keeps serving; the training protocol does not catch it: the run stops, after its final
+checkpoint and summary are written (``rollart_sdk.job.run_job``).
 
 Timing: ``transfer_s`` is how long the background receive took; ``exposed_s`` is what the
 suspend point costs: waiting for whatever of the receive is still outstanding plus the
@@ -30,7 +30,7 @@ from typing import Protocol, runtime_checkable
 
 from rollart_sdk.interfaces import WeightTransport
 from rollart_sdk.types import WeightBucket, WeightManifest, WeightUpdateReport
-from rollart_sdk.weights import WeightSyncError, check_complete
+from rollart_sdk.weights.buckets import WeightSyncError, check_complete
 
 __all__ = ["WeightLoader", "WeightStager", "WeightSyncError"]
 
@@ -134,7 +134,7 @@ class WeightStager:
         received.add_done_callback(lambda f: f.cancelled() or f.exception())
         try:
             buckets = await asyncio.wait_for(asyncio.shield(received), timeout_s)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             raise WeightSyncError(
                 version,
                 f"the transfer did not finish within {timeout_s}s; the engine stays on "

@@ -20,7 +20,7 @@ class WeightSyncError(RollartError):
     """A policy version's weights could not be delivered to an engine worker.
 
     Raised by transports (``fetch``: missing, released, timed-out or corrupt bucket) and by
-    :class:`rollart_sdk.staging.WeightStager` (``commit``). Whoever catches it knows the
+    :class:`rollart_sdk.weights.WeightStager` (``commit``). Whoever catches it knows the
     engine was not touched: it keeps serving ``version - 1`` (or whatever it had), never a
     mix of two versions. ``bucket`` is the bucket index when one bucket is to blame.
     """

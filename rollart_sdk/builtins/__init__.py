@@ -1,1 +1,0 @@
-"""Built-in defaults, registered through the same hooks as third-party plugins."""

@@ -1,0 +1,57 @@
+"""The ``rollart`` command line: one module per command (plugins, envs, validate, train,
+bench, report, status, model, new-plugin); this module builds the parser and runs the command."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from rollart_sdk.cli import (
+    bench,
+    envs,
+    model,
+    new_plugin,
+    plugins,
+    report,
+    status,
+    train,
+    validate,
+)
+from rollart_sdk.errors import RollartError
+
+__all__ = ["build_parser", "main"]
+
+# The commands, in the order `rollart --help` lists them.
+COMMANDS = (plugins, envs, validate, train, bench, report, status, model, new_plugin)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="rollart", description="Disaggregated agentic RL (ROLLART) from plugins."
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    for command in COMMANDS:
+        command.add_parser(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    args, rest = parser.parse_known_args(argv)
+    if rest and hasattr(args, "overrides"):
+        # `rollart train CONFIG --steps 3 a.b=1`: overrides may follow options too.
+        args.overrides = list(args.overrides or []) + [r for r in rest if "=" in r and not r.startswith("-")]
+        rest = [r for r in rest if not ("=" in r and not r.startswith("-"))]
+    if rest and not getattr(args, "takes_rest", False):
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    try:
+        if getattr(args, "takes_rest", False):
+            return args.func(args, rest)
+        return int(args.func(args) or 0)
+    except RollartError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130

@@ -1,0 +1,98 @@
+"""``rollart new-plugin KIND NAME [DIR]``: write a ready plugin package.
+
+The package (``DIR/rollart-<kind>-<name>/``) holds a pyproject with the entry point, an
+options model, a working backend to replace with yours, a README and a test running the
+kind's conformance kit; ``pip install -e DIR/rollart-<kind>-<name> && pytest DIR`` passes
+unchanged (tests/test_new_plugin.py checks that for every kind it offers).
+"""
+
+from __future__ import annotations
+
+import argparse
+import keyword
+import re
+from pathlib import Path
+from typing import Any
+
+from rollart_sdk.cli import plugin_templates as templates
+from rollart_sdk.errors import RollartError
+
+KIND_HOOK = {
+    "env": ("rollart_register_envs", "env.py", "Env"),
+    "reward": ("rollart_register_rewards", "reward.py", "Reward"),
+    "transport": ("rollart_register_transports", "transport.py", "Transport"),
+    "placement": ("rollart_register_placements", "placement.py", "Placement"),
+    "benchmark": ("rollart_register_benchmarks", "bench.py", "Bench"),
+    "engine": ("rollart_register_engines", "engine.py", "Engine"),
+    "trainer": ("rollart_register_trainers", "trainer.py", "Trainer"),
+    "serverless_scheme": ("rollart_register_serverless_schemes", "scheme.py", "Caller"),
+}
+
+
+def _names(kind: str, name: str) -> dict[str, str]:
+    if not re.fullmatch(r"[a-z][a-z0-9_]*", name) or keyword.iskeyword(name):
+        raise RollartError(f"plugin name {name!r}: use lower-case letters, digits and _ "
+                           "(it becomes part of a Python package name)")
+    slug = kind.replace("_", "-")
+    hook, module, suffix = KIND_HOOK[kind]
+    camel = "".join(part.capitalize() for part in name.split("_")) + suffix
+    return {
+        "kind": kind, "name": name, "dist": f"rollart-{slug}-{name.replace('_', '-')}",
+        "package": f"rollart_{kind}_{name}", "hook": hook, "module": module[:-3],
+        "cls": camel, "options": camel.removesuffix(suffix) + "Options",
+        "extra": "\n        process_local=True," if kind == "transport" else "",
+        "deps": {"trainer": ', "torch>=2.2", "transformers>=4.45"',
+                 "engine": ', "torch>=2.2"'}.get(kind, ""),
+    }
+
+
+def render(kind: str, name: str) -> dict[str, str]:
+    """Relative path -> text of every file of the new package."""
+    if kind not in KIND_HOOK:
+        raise RollartError(f"no template for kind {kind!r}; kinds: {', '.join(KIND_HOOK)}")
+    n = _names(kind, name)
+    impl, test, readme_how = templates.KINDS[kind]
+    files = {
+        "pyproject.toml": templates.PYPROJECT,
+        "README.md": templates.README.replace("{how}", readme_how),
+        f"{n['package']}/__init__.py": '"""{dist}: a rollart {kind} plugin."""\n',
+        f"{n['package']}/py.typed": "",
+        f"{n['package']}/plugin.py": templates.PLUGIN,
+        f"{n['package']}/{n['module']}.py": impl,
+        f"tests/test_{name}.py": test,
+    }
+    return {path: _fill(text, n) for path, text in files.items()}
+
+
+def _fill(text: str, names: dict[str, str]) -> str:
+    for key, value in names.items():
+        text = text.replace("{" + key + "}", value)
+    return text
+
+
+def write(kind: str, name: str, directory: str | Path = ".") -> Path:
+    files = render(kind, name)
+    root = Path(directory) / _names(kind, name)["dist"]
+    if root.exists() and any(root.iterdir()):
+        raise RollartError(f"{root} exists and is not empty; choose another DIR or NAME")
+    for rel, text in files.items():
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return root
+
+
+def cmd_new_plugin(args: argparse.Namespace) -> int:
+    root = write(args.kind, args.name, args.dir)
+    print(f"wrote {root}")
+    print(f"next: pip install -e {root}  &&  pytest {root}  &&  rollart plugins --kind {args.kind}")
+    return 0
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser("new-plugin", help="write a ready plugin package (pyproject, options, "
+                       "README, a conformance test)")
+    p.add_argument("kind", choices=list(KIND_HOOK))
+    p.add_argument("name", help="the name configs select, e.g. 'demo' (a-z, 0-9, _)")
+    p.add_argument("dir", nargs="?", default=".", help="where to create rollart-KIND-NAME/")
+    p.set_defaults(func=cmd_new_plugin)

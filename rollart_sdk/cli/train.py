@@ -1,0 +1,55 @@
+"""``rollart train CONFIG``: build the job from the config and run it."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from typing import Any
+
+from rollart_sdk.config import load_config
+from rollart_sdk.job import build_job, run_job
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from rollart_sdk.ray_utils import local_ray_env
+
+    local_ray_env()
+    if args.address:
+        os.environ["RAY_ADDRESS"] = args.address
+    from rollart_sdk.errors import ConfigError
+
+    cfg, lines = load_config(args.config, args.overrides)
+    try:
+        job = build_job(cfg, lines)
+    except ConfigError as exc:
+        raise ConfigError(exc.problems, source=args.config) from None
+    try:
+        run_job(job, args.steps or cfg.train.steps, progress=not args.no_progress)
+    except KeyboardInterrupt:
+        print(f"interrupted; final checkpoint in {job.run_dir.checkpoints / 'final'}")
+        return 130
+    finally:
+        job.close()
+    summary = json.loads((job.run_dir.path / "summary.json").read_text())
+    for tag, v in summary["learning"].items():
+        key = "success" if v["success_last_tenth"] is not None else "reward"
+        first, last = v[f"{key}_first_step"], v[f"{key}_last_tenth"]
+        print(f"{tag}: {key} {first:.2f} at the first step -> {last:.2f} over the last tenth")
+    ro = summary["rollout"]
+    bias = ", ".join(f"{tag} {b:.2f}" for tag, b in ro["length_bias"].items())
+    print(f"rollout: {ro['launched']} launched, {ro['trained']} trained; waste "
+          f"{ro['waste']:.0%} of trajectories, {ro['waste_tokens']:.0%} of generated tokens; "
+          f"{ro['spanning_update']} trained across a weight update; length bias {bias}")
+    print(f"done: {job.run_dir.path}")
+    return 0
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser("train", help="run the pipeline (starts Ray locally unless --address)")
+    p.add_argument("config")
+    p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. rollout.alpha=2")
+    p.add_argument("--address", help="Ray cluster address (default: RAY_ADDRESS or local)")
+    p.add_argument("--steps", type=int, help="override train.steps")
+    p.add_argument("--no-progress", action="store_true", help="plain log lines only")
+    p.set_defaults(func=cmd_train)

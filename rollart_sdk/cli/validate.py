@@ -1,0 +1,47 @@
+"""``rollart validate CONFIG``: resolve every backend and check every options block."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from rollart_sdk.cli.output import console
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    from rollart_sdk.cluster.roles import ROLE_WORKERS
+    from rollart_sdk.config import load_config
+    from rollart_sdk.errors import ConfigError
+    from rollart_sdk.plugins import get_plugins
+    from rollart_sdk.resolve import resolve_run
+    from rollart_sdk.resources.plan import plan_resources
+
+    cfg, lines = load_config(args.config, args.overrides)
+    try:
+        plugins = get_plugins()
+        resolved = resolve_run(cfg, plugins.registry, lines)
+        # Pools, affinities and the role workers' decorators, checked against each other.
+        plan = plan_resources(cfg, resolved, workers=ROLE_WORKERS)
+    except ConfigError as exc:
+        raise ConfigError(exc.problems, source=args.config) from None
+    for warning in plugins.warnings:
+        console.print(f"[yellow]warning[/yellow]: {warning}")
+    console.print(f"[green]ok[/green]: {args.config} is valid")
+    for warning in plan.warnings:
+        console.print(f"[yellow]warning[/yellow]: {warning}")
+    for kind in ("engine", "trainer", "transport", "placement"):
+        r = getattr(resolved, kind)
+        console.print(f"  {kind}: {r.descriptor.name} ({r.descriptor.distribution or r.descriptor.plugin})")
+    for tag in resolved.envs:
+        console.print(
+            f"  task {tag}: env {resolved.envs[tag].descriptor.name}, "
+            f"reward {resolved.rewards[tag].descriptor.name}"
+        )
+    return 0
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser("validate", help="load a config, resolve every backend, check options")
+    p.add_argument("config")
+    p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. rollout.alpha=2")
+    p.set_defaults(func=cmd_validate)

@@ -1,0 +1,154 @@
+"""Spawners: turn a role's worker class into running workers the control plane can call.
+
+- :class:`RaySpawner`: each role's :class:`~rollart_sdk.cluster.Cluster`, its workers bound
+  to their pools by the ResourceManager and started there as Ray actors;
+- :class:`LocalSpawner`: every worker as an object in this process (tests, notebooks).
+
+Both return :class:`rollart_sdk.control.handles.WorkerHandle` objects and build the
+LLMProxy's route table with the one routing rule (:mod:`rollart_sdk.cluster.routing`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+from rollart_sdk.cluster.routing import route_table
+from rollart_sdk.config import RunConfig
+
+if TYPE_CHECKING:
+    from rollart_sdk.cluster.worker import Worker
+
+
+class Spawner(Protocol):
+    """What ``rollart_sdk.job`` needs to start workers and call them synchronously."""
+
+    def cluster(self, cls: type[Worker], name: str, init_args: tuple[Any, ...],
+                workers_per_pool: dict[str, int] | None = None, num_workers: int = 1,
+                concurrency: int | None = None, hw_affinity: dict[str, str] | None = None,
+                ) -> list[Any]: ...
+
+    def routes(self, cluster: str, tags: list[str]) -> dict[str, list[str]]: ...
+
+    def call(self, handle: Any, method: str, *args: Any, timeout: float = 600) -> Any: ...
+
+    def bindings(self) -> list[dict[str, Any]]: ...
+
+    def close(self) -> None: ...
+
+
+@dataclass
+class _Member:
+    """An in-process worker as routing sees it (it always gets its preferred pool)."""
+
+    name: str
+    pool: str
+    hardware: str
+    preferred: str
+
+
+class RaySpawner:
+    """Builds each role's Cluster: workers bound to their pools by the ResourceManager and
+    started there as Ray actors."""
+
+    def __init__(self, cfg: RunConfig, plan: Any, policy: Any, namespace: str) -> None:
+        from rollart_sdk.ray_utils import init_ray
+        from rollart_sdk.resources.manager import ResourceManager
+
+        resources, labels = plan.local_node_resources()
+        init_ray(address=cfg.ray.address, num_cpus=cfg.ray.num_cpus or max(4, os.cpu_count() or 2),
+                 resources=resources, labels=labels)
+        self.plan = plan
+        self.rm = ResourceManager(plan, policy=policy, namespace=namespace)
+        self.clusters: dict[str, Any] = {}
+
+    def cluster(self, cls: type[Worker], name: str, init_args: tuple[Any, ...],
+                workers_per_pool: dict[str, int] | None = None, num_workers: int = 1,
+                concurrency: int | None = None, hw_affinity: dict[str, str] | None = None,
+                ) -> list[Any]:
+        from rollart_sdk.cluster import Cluster
+        from rollart_sdk.control.handles import WorkerHandle
+
+        opts = {"max_concurrency": concurrency} if concurrency else None
+        cl = Cluster(cls, cls.role, self.rm, num_workers=None if workers_per_pool else num_workers,
+                     workers_per_pool=workers_per_pool, init_args=init_args, name=name,
+                     hw_affinity=hw_affinity, actor_options=opts,
+                     timeout_s=_start_timeout_s())
+        self.clusters[name] = cl
+        return [WorkerHandle(w.name, w.actor, pool=w.pool, hardware=w.hardware) for w in cl.workers]
+
+    def routes(self, cluster: str, tags: list[str]) -> dict[str, list[str]]:
+        cl = self.clusters[cluster]
+        return route_table(cl.workers, cl.hw_affinity or {}, self.plan.pools, tags)
+
+    def call(self, handle: Any, method: str, *args: Any, timeout: float = 600) -> Any:
+        import ray
+
+        return ray.get(getattr(handle.target, method).remote(*args), timeout=timeout)
+
+    def bindings(self) -> list[dict[str, Any]]:
+        return [b.to_json() for b in self.rm.bindings()]
+
+    def close(self) -> None:
+        for cl in self.clusters.values():
+            try:
+                cl.shutdown()
+            except Exception:  # noqa: BLE001 - best effort at shutdown
+                pass
+
+
+class LocalSpawner:
+    """Every worker as an object in this process (tests, notebooks): the same worker classes
+    and control plane, no Ray. Pools are recorded as planned; nothing is reserved."""
+
+    def __init__(self, plan: Any) -> None:
+        self.plan = plan
+        self._bindings: list[dict[str, Any]] = []
+        self._members: dict[str, tuple[list[_Member], dict[str, str]]] = {}
+
+    def cluster(self, cls: type[Worker], name: str, init_args: tuple[Any, ...],
+                workers_per_pool: dict[str, int] | None = None, num_workers: int = 1,
+                concurrency: int | None = None, hw_affinity: dict[str, str] | None = None,
+                ) -> list[Any]:
+        from rollart_sdk.cluster.worker import WorkerContext, bound_worker_class
+        from rollart_sdk.control.handles import WorkerHandle
+
+        pools = ([p for p, n in workers_per_pool.items() for _ in range(n)] if workers_per_pool
+                 else [self.plan.role(cls.role).preferred] * num_workers)
+        handles, members = [], []
+        for rank, pool in enumerate(pools):
+            wname = f"{name}-{rank}"
+            hw = self.plan.pool(pool).hardware
+            binding = {"worker": wname, "role": cls.role, "pool": pool, "preferred": pool,
+                       "hardware": hw}
+            self._bindings.append(binding)
+            ctx = WorkerContext(rank, len(pools), cls.role, name, wname, binding, {})
+            obj = bound_worker_class(cls)(ctx, *init_args)
+            handles.append(WorkerHandle(wname, obj, pool=pool, hardware=hw, is_ray=False))
+            members.append(_Member(wname, pool, hw, pool))
+        self._members[name] = (members, dict(hw_affinity or {}))
+        return handles
+
+    def routes(self, cluster: str, tags: list[str]) -> dict[str, list[str]]:
+        members, table = self._members[cluster]
+        return route_table(members, table, self.plan.pools, tags)
+
+    def call(self, handle: Any, method: str, *args: Any, timeout: float = 600) -> Any:
+        result = getattr(handle.target, method)(*args)
+        if asyncio.iscoroutine(result):
+            result = asyncio.run(result)
+        return result
+
+    def bindings(self) -> list[dict[str, Any]]:
+        return list(self._bindings)
+
+    def close(self) -> None:
+        pass
+
+
+def _start_timeout_s() -> float:
+    """How long a cluster's workers may take to start (a vLLM engine on a busy CPU machine
+    can take minutes); ROLLART_WORKER_START_TIMEOUT_S overrides the default 300 s."""
+    return float(os.environ.get("ROLLART_WORKER_START_TIMEOUT_S", "300"))

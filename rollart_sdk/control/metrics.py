@@ -1,0 +1,142 @@
+"""Metrics of a run: one step's figures (``metrics.jsonl``, the progress display), the
+rollout summary (waste, length bias, spanning) and the learning summary of a finished run
+(``summary.json``, docs/quickstart.md)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from rollart_sdk.control.buffer import SampleBuffer
+    from rollart_sdk.control.pipeline import Pipeline, StepRecord
+    from rollart_sdk.types import Trajectory
+
+
+def step_metrics(rec: StepRecord, prev: StepRecord | None, buffer: SampleBuffer,
+                 wall: float) -> dict[str, Any]:
+    """One line of metrics.jsonl. ``step`` counts steps done (1 for the first), as the
+    console does. Run totals (``rollout/waste``...) are as of the batch's formation."""
+    by_tag: dict[str, list[Trajectory]] = {}
+    for t in rec.batch:
+        by_tag.setdefault(t.tag, []).append(t)
+    # The paper's staleness: engine version when the batch was formed - start version;
+    # the trainer's: version the batch is trained at - start version (one more in async).
+    staleness = [rec.engine_version - t.start_version for t in rec.batch]
+    trainer_staleness = [rec.version - t.start_version for t in rec.batch]
+    decided = rec.trained_total + rec.dropped_during_run
+    tokens = rec.tokens_trained + rec.tokens_dropped
+    m: dict[str, Any] = {
+        "step": rec.step + 1,
+        "wall_time": round(wall, 3),
+        "version": rec.version,
+        "engine_version": rec.engine_version,
+        "staleness/max": max(staleness),
+        "staleness/mean": sum(staleness) / len(staleness),
+        "staleness/hist": dict(sorted(Counter(staleness).items())),
+        "staleness/trainer_max": max(trainer_staleness),
+        "trajectories/trained": rec.trained_total,
+        "trajectories/dropped": rec.dropped,
+        "trajectories/aborted_stale": rec.aborted_stale,
+        "trajectories/aborted_surplus": rec.aborted_surplus,
+        "rollout/launched": rec.launched,
+        "rollout/launched_step": rec.launched - (prev.launched if prev else 0),
+        # Share of the trajectories decided so far (trained or dropped) that were thrown
+        # away, and the same in generated tokens.
+        "rollout/waste": round(rec.dropped_during_run / decided, 4) if decided else 0.0,
+        "rollout/waste_tokens": round(rec.tokens_dropped / tokens, 4) if tokens else 0.0,
+        # Trained trajectories whose tokens come from more than one policy version.
+        "rollout/spanning_update": sum(1 for t in rec.batch if len(t.versions) > 1),
+        "buffer/max_ready": buffer.max_ready_trajectories,
+        "time/get_batch_wait": round(rec.get_batch_wait_s, 4),
+        "time/train": round(rec.train_s, 4),
+        "time/weight_sync": round(rec.weight_sync_exposed_s, 4),
+        "time/weight_transfer": round(rec.weight_transfer_s, 4),
+        "weight_sync/exposed_s": round(rec.weight_sync_exposed_s, 4),
+        "weight_sync/transfer_s": round(rec.weight_transfer_s, 4),
+        "weight_sync/recompute_s": round(rec.weight_recompute_s, 4),
+        "weight_sync/nbytes": rec.weight_sync_nbytes,
+        "weight_sync/recomputed_requests": rec.recomputed,
+    }
+    if rec.weight_sync_exposed_s > 0 and rec.weight_sync_baseline_s:
+        # The paper's "hides 67-78 % of the pull cost": 1 - exposed / the same update with
+        # nothing overlapping (pull + swap + recompute, measured once per run).
+        m["weight_sync/baseline_s"] = round(rec.weight_sync_baseline_s, 4)
+        m["weight_sync/hidden_fraction"] = round(
+            max(0.0, 1.0 - rec.weight_sync_exposed_s / rec.weight_sync_baseline_s), 4)
+    for reason, n in sorted(buffer.dropped.items()):
+        m[f"dropped/{reason}"] = n
+    for tag, trajs in sorted(by_tag.items()):
+        m[f"reward/{tag}"] = sum(t.reward or 0.0 for t in trajs) / len(trajs)
+        succ = [t.info.get("success") for t in trajs if "success" in t.info]
+        if succ:
+            m[f"success/{tag}"] = sum(1.0 for s in succ if s) / len(succ)
+        m[f"turns/{tag}"] = sum(len(t.turns) for t in trajs) / len(trajs)
+        m[f"count/{tag}"] = len(trajs)
+        # Turns of every episode that ended since the previous batch, trained or not:
+        # turns/<tag> over it is the length bias of what gets trained (1: none).
+        n, turns = rec.finished_turns.get(tag, (0, 0))
+        if prev is not None:
+            n0, t0 = prev.finished_turns.get(tag, (0, 0))
+            n, turns = n - n0, turns - t0
+        if n:
+            m[f"turns_finished/{tag}"] = turns / n
+            m[f"length_bias/{tag}"] = round(m[f"turns/{tag}"] / (turns / n), 4)
+    for k, v in rec.train_metrics.items():
+        m[k if "/" in k else f"train/{k}"] = v
+    return m
+
+
+def run_rollout_summary(pipeline: Pipeline) -> dict[str, Any]:
+    """Waste, length bias and spanning over the whole run (summary.json, the benches)."""
+    b = pipeline.buffer
+    run_end = sum(n for k, n in b.dropped.items() if k.endswith("run_end"))
+    during = sum(b.dropped.values()) - run_end
+    trained = [t for r in pipeline.records for t in r.batch]
+    out: dict[str, Any] = {
+        "launched": pipeline.scheduler.launched,
+        "trained": b.trained,
+        "dropped_during_run": during,
+        "waste": during / (b.trained + during) if b.trained + during else 0.0,
+        "waste_tokens": (b.tokens_dropped / (b.tokens_dropped + b.tokens_trained)
+                         if b.tokens_dropped + b.tokens_trained else 0.0),
+        "spanning_update": sum(1 for t in trained if len(t.versions) > 1),
+        "staleness_hist": dict(sorted(Counter(
+            r.engine_version - t.start_version for r in pipeline.records for t in r.batch
+        ).items())),
+        "length_bias": {},
+    }
+    for tag, (n, turns) in sorted(b.finished_turns.items()):
+        mine = [len(t.turns) for t in trained if t.tag == tag]
+        if n and mine and turns:
+            out["length_bias"][tag] = (sum(mine) / len(mine)) / (turns / n)
+    return out
+
+
+def learning_summary(pipeline: Pipeline) -> dict[str, dict[str, float | None]]:
+    """Per task: reward (and success rate) of the first step and the mean over the last
+    tenth of the steps - the figures docs/quickstart.md reports."""
+    recs = pipeline.records
+    if not recs:
+        return {}
+    k = max(1, len(recs) // 10)
+    out: dict[str, dict[str, float | None]] = {}
+    for tag in [t.tag for t in pipeline.cfg.tasks]:
+        def mean(rs: list[Any], key: str, tag: str = tag) -> float | None:
+            vals = []
+            for r in rs:
+                trajs = [t for t in r.batch if t.tag == tag]
+                if key == "success":
+                    trajs = [t for t in trajs if "success" in t.info]
+                    vals += [1.0 if t.info["success"] else 0.0 for t in trajs]
+                else:
+                    vals += [t.reward or 0.0 for t in trajs]
+            return sum(vals) / len(vals) if vals else None
+
+        out[tag] = {
+            "reward_first_step": mean(recs[:1], "reward"),
+            "reward_last_tenth": mean(recs[-k:], "reward"),
+            "success_first_step": mean(recs[:1], "success"),
+            "success_last_tenth": mean(recs[-k:], "success"),
+        }
+    return out

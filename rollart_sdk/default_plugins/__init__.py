@@ -1,0 +1,1 @@
+"""Built-in defaults: hookimpl modules only, registered like any third-party plugin."""

@@ -1,0 +1,29 @@
+"""Built-in benchmarks (``rollart bench NAME``); plugins register their own the same way."""
+
+from __future__ import annotations
+
+from rollart_sdk.hookspecs import hookimpl
+
+
+@hookimpl
+def rollart_register_benchmarks(registry):
+    registry.register(
+        "dispatch",
+        factory="rollart_sdk.bench.dispatch:main",
+        summary="Cluster call overhead vs a raw Ray actor call",
+    )
+    registry.register(
+        "straggler",
+        factory="rollart_sdk.bench.straggler:main",
+        summary="trajectory-level vs batched env interaction under env latency",
+    )
+    registry.register(
+        "weights",
+        factory="rollart_sdk.bench.weights:main",
+        summary="weight transports on the real pipeline: transfer, exposed, hidden fraction",
+    )
+    registry.register(
+        "async",
+        factory="rollart_sdk.bench.async_modes:main",
+        summary="sync vs one_off vs async alpha 1/2: step time, staleness, aborts",
+    )

@@ -1,0 +1,330 @@
+"""A job: the installed plugins assembled into ROLLART's pipeline, then run.
+
+``build_job``: resolve every backend -> resource plan -> run directory -> spawn the role
+workers in placement priority (trainer ranks, engines per task pool, reward, envs) through a
+spawner (:mod:`rollart_sdk.cluster.spawn`: Ray, or in-process) -> the control plane
+(LLMProxy, RolloutScheduler, SampleBuffer, WeightSync, Pipeline).
+``run_job``: run the pipeline; a final checkpoint and ``summary.json`` whatever ends it.
+The command line is ``rollart train`` (:mod:`rollart_sdk.cli.train`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from rollart_sdk.config import ModelConfig, RunConfig
+from rollart_sdk.errors import RollartError
+
+if TYPE_CHECKING:
+    from rollart_sdk.cluster.spawn import Spawner
+    from rollart_sdk.config import LineMap
+    from rollart_sdk.control.chat import ChatFormat
+    from rollart_sdk.control.env_manager import TaskRuntime
+    from rollart_sdk.control.handles import WorkerHandle
+    from rollart_sdk.control.pipeline import Pipeline, StepRecord
+    from rollart_sdk.control.run_dir import RunDir
+    from rollart_sdk.registry import Registry
+    from rollart_sdk.resolve import Resolved, ResolvedRun
+    from rollart_sdk.resources.plan import ResourcePlan
+
+
+@dataclass
+class Job:
+    """Everything a started run holds; ``close()`` releases it."""
+
+    config: RunConfig
+    run_dir: RunDir
+    pipeline: Pipeline
+    trainers: list[WorkerHandle]
+    spawner: Spawner
+
+    def close(self) -> None:
+        self.spawner.close()
+
+
+@dataclass
+class _Workers:
+    trainers: list[WorkerHandle]
+    engines: list[WorkerHandle]
+    routes: dict[str, list[str]]
+    reward: WorkerHandle
+    envs: list[WorkerHandle]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def describe_env(resolved: Resolved) -> dict[str, Any]:
+    """Build one env in this process to read its action vocabulary and instructions."""
+    env = resolved.descriptor.load()(**resolved.options.model_dump())
+    try:
+        return {
+            "action_vocabulary": getattr(env, "action_vocabulary", None),
+            "system_prompt": getattr(env, "system_prompt", None),
+        }
+    finally:
+        close = getattr(env, "close", None)
+        if callable(close):
+            close()
+
+
+def build_job(cfg: RunConfig, lines: LineMap | None = None, run_name: str | None = None,
+              log: Any = print, in_process: bool = False, registry: Registry | None = None,
+              ) -> Job:
+    """Bind and spawn every worker and wire the control plane.
+
+    ``in_process=True`` runs every worker in this process (no Ray): the control plane and
+    the backends are the same code; only placement and process boundaries are skipped.
+    ``registry``: resolve backends there instead of the installed plugins (tests).
+    """
+    from rollart_sdk.cluster.roles import ROLE_WORKERS
+    from rollart_sdk.cluster.spawn import LocalSpawner, RaySpawner
+    from rollart_sdk.control.run_dir import RunDir
+    from rollart_sdk.models import prepare_model
+    from rollart_sdk.plugins import get_plugins
+    from rollart_sdk.resolve import resolve_run
+    from rollart_sdk.resources.plan import plan_resources
+
+    resolved = resolve_run(cfg, registry or get_plugins().registry, lines, in_process=in_process)
+    plan = plan_resources(cfg, resolved, workers=ROLE_WORKERS)
+    run_dir = RunDir(cfg.output_dir, cfg, run_name)
+    log(f"run directory: {run_dir.path}")
+    for warning in plan.warnings:
+        log(f"warning: {warning}")
+    spawner: Spawner
+    if in_process:
+        spawner = LocalSpawner(plan)
+    else:
+        spawner = RaySpawner(cfg, plan, resolved.placement.create(), run_dir.path.name)
+
+    # Static facts of each task's env (action vocabulary, instructions): the tiny model's
+    # tokenizer needs the action words before any worker starts.
+    described = {tag: describe_env(res) for tag, res in resolved.envs.items()}
+    extra_tokens = sorted({w for d in described.values() for w in (d["action_vocabulary"] or [])})
+    model = prepare_model(cfg.model, Path(cfg.output_dir) / ".models", extra_tokens)
+    log(f"model: {model.path}")
+
+    workers = _spawn_workers(cfg, resolved, plan, model, spawner)
+    from rollart_sdk.control.chat import ChatFormat
+    from rollart_sdk.models import load_tokenizer
+
+    assert model.path is not None  # prepare_model sets it
+    chat = ChatFormat(load_tokenizer(model.path))
+    tasks = _task_runtimes(cfg, described, chat)
+    pipeline = _wire_control_plane(cfg, workers, tasks, chat, run_dir)
+    run_dir.write_json("plan.json", plan.to_json())
+    run_dir.write_json("bindings.json", spawner.bindings())
+    return Job(cfg, run_dir, pipeline, workers.trainers, spawner)
+
+
+def _max_running(cfg: RunConfig) -> int:
+    """Trajectories the scheduler may run at once: ``rollout.max_envs`` (default: one
+    step's launches), in whole groups."""
+    from rollart_sdk.control.pipeline import launches_per_step
+
+    r = cfg.rollout
+    max_running = r.max_envs or sum(launches_per_step(cfg).values())
+    return max(r.group_size, (max_running // r.group_size) * r.group_size)
+
+
+def _spawn_workers(cfg: RunConfig, resolved: ResolvedRun, plan: ResourcePlan,
+                   model: ModelConfig, spawner: Spawner) -> _Workers:
+    """Bind in order of placement priority: the trainer gets its compute pool first, then
+    the engines their task pools, then reward and environments take what fits."""
+    from rollart_sdk.cluster.roles import (
+        EngineWorker,
+        EnvWorker,
+        RewardBackendWorker,
+        TrainerWorker,
+    )
+
+    world = cfg.roles.actor_train.workers
+    init_method = f"tcp://127.0.0.1:{_free_port()}" if world > 1 else None
+    trainers = spawner.cluster(
+        TrainerWorker, "train",
+        (resolved.trainer.descriptor, resolved.trainer.options, model,
+         resolved.transport.descriptor, resolved.transport.options, init_method),
+        num_workers=world,
+    )
+    # ActorGen: roles.actor_gen.workers engines spread over the pools the tasks' generation
+    # is bound to (the plan); the route table sends each task's requests to its pool's
+    # engines, or to the recorded fallback when that pool had no room.
+    engines = spawner.cluster(
+        EngineWorker, "gen",
+        (resolved.engine.descriptor, resolved.engine.options, model,
+         resolved.transport.descriptor, resolved.transport.options),
+        workers_per_pool=plan.role("actor_gen").workers_per_pool,
+        hw_affinity=plan.hw_affinity(),
+    )
+    routes = spawner.routes("gen", [t.tag for t in cfg.tasks])
+    reward_spec = {tag: (res.descriptor, res.options) for tag, res in resolved.rewards.items()}
+    (reward,) = spawner.cluster(RewardBackendWorker, "reward", (reward_spec,), concurrency=64)
+    env_spec = {tag: (res.descriptor, res.options) for tag, res in resolved.envs.items()}
+    envs = spawner.cluster(EnvWorker, "env", (env_spec,),
+                           num_workers=cfg.roles.environment.workers,
+                           concurrency=_max_running(cfg) + 8)
+    for h in engines + trainers:  # fail fast, with the worker's own error
+        spawner.call(h, "version")
+    return _Workers(trainers, engines, routes, reward, envs)
+
+
+def _task_runtimes(cfg: RunConfig, described: dict[str, dict[str, Any]],
+                   chat: ChatFormat) -> dict[str, TaskRuntime]:
+    """Each task's system prompt and allowed action tokens."""
+    from rollart_sdk.control.env_manager import TaskRuntime
+
+    tasks: dict[str, TaskRuntime] = {}
+    for task in cfg.tasks:
+        d = described[task.tag]
+        allowed = None
+        if task.constrain_actions:
+            if not d["action_vocabulary"]:
+                raise RollartError(
+                    f"task {task.tag!r}: constrain_actions is set but env "
+                    f"{task.env.name!r} has no action_vocabulary; set constrain_actions: false"
+                )
+            allowed = chat.action_token_ids(d["action_vocabulary"])
+        system = d["system_prompt"] if task.system_prompt == "env" else task.system_prompt
+        tasks[task.tag] = TaskRuntime(task, system or None, allowed)
+    return tasks
+
+
+def _wire_control_plane(cfg: RunConfig, workers: _Workers, tasks: dict[str, TaskRuntime],
+                        chat: ChatFormat, run_dir: RunDir) -> Pipeline:
+    from rollart_sdk.control.buffer import SampleBuffer
+    from rollart_sdk.control.pipeline import Pipeline, task_quota
+    from rollart_sdk.control.proxy import LLMProxy
+    from rollart_sdk.control.scheduler import RolloutScheduler
+    from rollart_sdk.control.versions import PolicyVersions
+    from rollart_sdk.weights import WeightSync
+
+    r = cfg.rollout
+    buffer = SampleBuffer(r.group_size)
+    proxy = LLMProxy(workers.engines, workers.routes)
+    # Trajectories are stamped with the version the engines serve.
+    versions = PolicyVersions()
+    scheduler = RolloutScheduler(
+        tasks, chat, proxy, workers.envs, workers.reward, buffer,
+        version=versions.serving, group_size=r.group_size,
+        max_running=_max_running(cfg),
+        alpha=r.effective_alpha if r.mode == "async" else None, batch_quota=task_quota(cfg),
+        seed=cfg.seed, event_sink=run_dir.log_event, interaction=r.interaction,
+        env_pools=env_pool_sizes(cfg, _max_running(cfg)),
+    )
+    pipeline = Pipeline(cfg, proxy, scheduler, buffer, workers.trainers,
+                        checkpoint_dir=str(run_dir.checkpoints), event_sink=run_dir.log_event,
+                        weight_sync=WeightSync(workers.engines), versions=versions)
+    return pipeline
+
+
+def env_pool_sizes(cfg: RunConfig, max_running: int) -> dict[str, int]:
+    """Pooled environments per task: ``tasks[].env_pool``, by default as many as the run
+    keeps busy at once (built lazily, so only the ones a task needs are made)."""
+    sizes = {}
+    for i, task in enumerate(cfg.tasks):
+        size = max_running if task.env_pool is None else task.env_pool
+        if size == 0:
+            continue  # no pool: one environment per trajectory
+        if size < cfg.rollout.group_size:
+            from rollart_sdk.errors import ConfigError
+
+            raise ConfigError([(f"tasks.{i}.env_pool", f"{size} environments cannot run a group "
+                                f"of {cfg.rollout.group_size}; use at least "
+                                f"rollout.group_size, or 0 for one environment per trajectory")])
+        sizes[task.tag] = size
+    return sizes
+
+
+def env_summary(job: Job) -> dict[str, Any]:
+    """Per task: pool size, slots used, episodes, failures; per worker: instances built."""
+    sched = job.pipeline.scheduler
+    pools: dict[str, Any] = {
+        tag: {"size": len(p.slots), "slots_used": sum(1 for s in p.slots if s.episodes),
+              "episodes": sum(s.episodes for s in p.slots), "failures": p.failures}
+        for tag, p in sched.pools.items()}
+    built: dict[str, int] = {}
+    for w in sched.env_workers:
+        try:
+            stats = job.spawner.call(w, "stats", timeout=30)
+        except Exception as exc:  # noqa: BLE001 - a dead env worker: say so in the summary
+            built[f"error:{w.name}"] = 0
+            pools.setdefault("_errors", {})[w.name] = f"{type(exc).__name__}: {exc}"
+            continue
+        for tag, n in stats["constructions"].items():
+            built[tag] = built.get(tag, 0) + n
+    return {"pools": pools, "constructions": built}
+
+
+def run_job(job: Job, steps: int, progress: bool = True) -> list[StepRecord]:
+    """Run the pipeline with a live display; a final checkpoint even on Ctrl-C."""
+    from rollart_sdk.control.metrics import learning_summary, run_rollout_summary
+    from rollart_sdk.control.progress import ProgressDisplay
+
+    display = ProgressDisplay(job.config, steps, enabled=progress)
+
+    def on_step(rec: StepRecord, metrics: dict[str, Any]) -> None:
+        job.run_dir.log_metrics(metrics)
+        display.update(metrics)
+
+    job.pipeline.on_step = on_step
+    interrupted = False
+
+    async def main() -> None:
+        # Blocking calls of in-process workers (env steps, engine steps) run on the loop's
+        # default executor: give it room for every concurrent environment.
+        from concurrent.futures import ThreadPoolExecutor
+
+        asyncio.get_running_loop().set_default_executor(
+            ThreadPoolExecutor(max_workers=job.pipeline.scheduler.max_running + 16)
+        )
+        await job.pipeline.run(steps)
+
+    error: Exception | None = None
+    with display:
+        try:
+            asyncio.run(main())
+        except KeyboardInterrupt:
+            interrupted = True
+        except Exception as exc:  # noqa: BLE001 - re-raised after the final checkpoint
+            error = exc
+    # Whatever ended the run (done, Ctrl-C, a failed weight sync), keep what was trained.
+    # Every trainer rank takes part (collective for a tensor-parallel trainer).
+    def all_trainers(method: str, path: Path) -> None:
+        asyncio.run(asyncio.wait_for(job.pipeline.all_trainers(method, str(path)), 600))
+
+    all_trainers("save_checkpoint", job.run_dir.checkpoints / "final")
+    if job.config.train.save_final_model:
+        all_trainers("save_pretrained", job.run_dir.path / "final_model")
+    p = job.pipeline
+    summary = {
+        "steps": len(p.records),
+        "interrupted": interrupted,
+        "error": f"{type(error).__name__}: {error}" if error else None,
+        "trajectories_trained": p.buffer.trained,
+        "dropped": dict(p.buffer.dropped),
+        "launched": p.scheduler.launched,
+        "rollout": run_rollout_summary(p),
+        "served": {f"{tag}@{w}": n for (tag, w), n in p.proxy.served.items()},
+        "weight_updates": [vars(r) for r in p.update_reports],
+        "wall_time_s": time.time() - p.started,
+        "envs": env_summary(job),
+        "learning": learning_summary(p),
+    }
+    job.run_dir.write_json("summary.json", summary)
+    job.run_dir.close()
+    if interrupted:
+        raise KeyboardInterrupt
+    if error is not None:
+        raise error
+    return p.records
+
+
