@@ -88,6 +88,7 @@ class JudgeReward:
         self._busy_since = 0.0
         self.busy_s = 0.0
         self.created_at = time.monotonic()
+        self.judge_id = f"{os.getpid()}-{id(self):x}"
 
     # ------------------------------------------------------------------ protocol
 
@@ -99,9 +100,12 @@ class JudgeReward:
         """Load the model and engine now (a deployment calls this before taking traffic)."""
         await asyncio.wrap_future(self._loop_thread().submit(self._load()))
 
+    def _busy_now(self) -> float:
+        """Seconds with at least one call in flight, the running interval included."""
+        return self.busy_s + (time.monotonic() - self._busy_since if self._inflight else 0.0)
+
     def stats(self) -> dict[str, Any]:
-        busy = self.busy_s + (time.monotonic() - self._busy_since if self._inflight else 0.0)
-        out: dict[str, Any] = {"calls": self.calls, "busy_s": busy,
+        out: dict[str, Any] = {"calls": self.calls, "busy_s": self._busy_now(),
                                "alive_s": time.monotonic() - self.created_at}
         if self._served is not None:
             out["engine"] = self._served.engine.stats()
@@ -152,9 +156,9 @@ class JudgeReward:
         return _Served(tok, engine, yes_ids, no_ids, [] if eos is None else [int(eos)])
 
     async def _score(self, request: RewardRequest) -> RewardResult:
+        served = await self._load()  # loading is not judging: busy time starts after it
         self._begin()
         try:
-            served = await self._load()
             if self.options.parser == "likelihood":  # the template is the plain-text context
                 prompt = self._text_ids(served.tokenizer, self._render(request))
                 reward, verdict, text = await self._likelihood(served, request, prompt)
@@ -167,7 +171,8 @@ class JudgeReward:
                 text = served.tokenizer.decode(result.token_ids, skip_special_tokens=True)
                 reward, verdict = self._parse(served, result.token_ids, text)
             details = {"judge": verdict, "judge_text": text[:200],
-                       "judge_prompt_tokens": len(prompt)}
+                       "judge_prompt_tokens": len(prompt), "judge_id": self.judge_id,
+                       "judge_busy_s": round(self._busy_now(), 4)}
             return RewardResult(request.trajectory_id, reward, details)
         finally:
             self._end()
@@ -204,7 +209,7 @@ class JudgeReward:
             for k in range(len(tokens))
         ))
         mean = sum(r.logprobs[0] for r in steps) / len(steps)
-        return math.exp(mean), f"{mean:.4f}", f"mean log p {mean:.4f} over {len(steps)} tokens"
+        return mean, f"{mean:.4f}", f"mean log p {mean:.4f} over {len(steps)} tokens"
 
     def _request(self, served: _Served, request: RewardRequest, prompt: list[int],
                  allowed: list[int] | None = None) -> GenerationRequest:

@@ -40,11 +40,11 @@ class JudgeRewardOptions(BaseModel):
       requests, forced to the yes and to the no tokens); a graded reward even from a small
       judge whose greedy verdict rarely changes;
     - ``likelihood``: how likely the judge finds the response as a continuation of the
-      rendered template (plain text, no chat template): ``exp(mean log p(token))`` over
-      the response's first ``max_response_tokens`` tokens, a geometric-mean token
-      probability in (0, 1]. A small model is a far better completer than a yes/no
-      grader: SmolLM2-135M ranks words for "Here is a color:" 12 of 16 right, where its
-      yes/no verdicts are near chance;
+      rendered template (plain text, no chat template): the mean log-probability (nats)
+      of the response's first ``max_response_tokens`` tokens, a reward <= 0 where higher
+      is better. A small model is a far better completer than a yes/no grader:
+      SmolLM2-135M ranks words for "Here is a color:" 12 of 16 right, where its yes/no
+      verdicts are near chance;
     - ``yes_no``: the judge's first token is restricted to the tokens of yes / no (greedy);
       the reward is ``yes_reward`` or ``no_reward``;
     - ``score``: the judge writes a number (greedy, up to ``max_new_tokens``); the first

@@ -47,8 +47,8 @@ QUESTION = ("Question: {prompt}\nProposed answer: {response}\n"
 
 
 @pytest.fixture(scope="module")
-def smol_judge(cache):
-    judge = JudgeReward(engine=ENGINE, template=QUESTION, cache_dir=cache)
+def smol_judge():
+    judge = JudgeReward(engine=ENGINE, template=QUESTION)  # default cache: converted once
     yield judge
     judge.close()
 
@@ -95,9 +95,9 @@ def test_a_judge_model_without_yes_no_tokens_is_refused_with_the_fix(cache):
 
 
 @smollm2
-def test_smollm2_likelihood_judge_knows_what_fits_a_category(cache):
+def test_smollm2_likelihood_judge_knows_what_fits_a_category():
     """parser: likelihood - the words of the asked category score higher than the others."""
-    judge = JudgeReward(engine=ENGINE, parser="likelihood", cache_dir=cache,
+    judge = JudgeReward(engine=ENGINE, parser="likelihood",
                         template="Here is a {info[category]}:")
     words = {"color": ["red", "blue", "green", "yellow"], "animal": ["cat", "dog", "horse", "fish"]}
 
@@ -105,7 +105,7 @@ def test_smollm2_likelihood_judge_knows_what_fits_a_category(cache):
         reqs = [make_request(responses=[w], info={"category": category}, trajectory_id=w)
                 for w in candidates]
         out = await asyncio.gather(*(judge.score(r) for r in reqs))
-        assert all(0.0 < r.reward <= 1.0 for r in out)
+        assert all(r.reward < 0.0 for r in out)  # mean log-probabilities
         return sum(r.reward for r in out) / len(out)
 
     try:

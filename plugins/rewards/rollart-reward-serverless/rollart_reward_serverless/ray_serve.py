@@ -205,16 +205,18 @@ class ReplicaMonitor:
         self.app = app
         self.emit = emit
         self.interval_s = interval_s
-        self.history: list[tuple[float, int]] = []
+        self.history: list[tuple[float, int]] = []  # (seconds since start, replicas)
+        self.started = time.monotonic()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"monitor-{app}", daemon=True)
 
     def start(self) -> ReplicaMonitor:
+        self.started = time.monotonic()
         self._thread.start()
         return self
 
     def _run(self) -> None:
-        t0 = time.monotonic()
+        t0 = self.started
         last = -1
         while not self._stop.wait(self.interval_s):
             try:

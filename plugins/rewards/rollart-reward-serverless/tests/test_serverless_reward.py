@@ -64,27 +64,30 @@ def test_unknown_scheme_is_a_config_error():
         ServerlessRewardOptions(url="ftp://example/x")
 
 
+def _run_config(url: str, out: str, **reward_options) -> dict:
+    return {
+        "model": {"tiny": {"hidden_size": 32, "num_layers": 1, "num_heads": 2,
+                           "intermediate_size": 64}},
+        "tasks": [{"tag": "FrozenLake",
+                   "env": {"name": "frozenlake",
+                           "options": {"desc": ["SFF", "FHF", "FFG"], "obs_format": "compact"}},
+                   "reward": {"name": "serverless", "options": {"url": url, **reward_options}},
+                   "max_turns": 4, "constrain_actions": True, "system_prompt": None}],
+        "engine": {"name": "torch"},
+        "trainer": {"name": "torch", "options": {"lr": 0.001, "micro_batch_size": 16}},
+        "transport": {"name": "local"},
+        "rollout": {"batch_size": 8, "group_size": 4},
+        "output_dir": out,
+    }
+
+
 def test_pipeline_rewards_through_the_endpoint(tmp_path):
     """The control plane dispatches each finished trajectory to the endpoint (R3)."""
     from rollart_sdk.config import load_config
     from rollart_sdk.job import build_job, run_job
 
     with serve_reward("rule", {"mode": "success"}) as endpoint:
-        data = {
-            "model": {"tiny": {"hidden_size": 32, "num_layers": 1, "num_heads": 2,
-                               "intermediate_size": 64}},
-            "tasks": [{"tag": "FrozenLake",
-                       "env": {"name": "frozenlake",
-                               "options": {"desc": ["SFF", "FHF", "FFG"], "obs_format": "compact"}},
-                       "reward": {"name": "serverless", "options": {"url": endpoint.url}},
-                       "max_turns": 4, "constrain_actions": True, "system_prompt": None}],
-            "engine": {"name": "torch"},
-            "trainer": {"name": "torch", "options": {"lr": 0.001, "micro_batch_size": 16}},
-            "transport": {"name": "local"},
-            "rollout": {"batch_size": 8, "group_size": 4},
-            "output_dir": str(tmp_path),
-        }
-        cfg, lines = load_config(data=data)
+        cfg, lines = load_config(data=_run_config(endpoint.url, str(tmp_path)))
         job = build_job(cfg, lines, in_process=True, log=lambda *a: None)
         try:
             records = run_job(job, 2, progress=False)
@@ -94,3 +97,55 @@ def test_pipeline_rewards_through_the_endpoint(tmp_path):
         assert len(trained) == 16
         assert all(t.info["reward_details"]["endpoint"] == endpoint.url for t in trained)
         assert endpoint.calls >= len(trained)
+
+
+def test_run_completes_through_an_outage_500s_and_slow_answers(tmp_path):
+    """Faults never become rewards: failed calls drop their trajectory (counted with the
+    reason), the run replaces them and completes; every trained reward came from an answer."""
+    import itertools
+    import json
+    import threading
+
+    from rollart_sdk.cluster.serverless import ServerlessEndpoint
+    from rollart_sdk.config import load_config
+    from rollart_sdk.job import build_job, run_job
+
+    counter = itertools.count()
+
+    def flaky(request):
+        n = next(counter)
+        if n % 5 == 1:
+            raise RuntimeError("backend error")  # HTTP 500
+        if n % 7 == 3:
+            time.sleep(1.5)  # slower than timeout_s
+        return {"reward": 1.0 if request["info"].get("success") else 0.0, "details": {"n": n}}
+
+    box = {"ep": ServerlessEndpoint(flaky)}
+    port = box["ep"].server.server_address[1]
+
+    def outage():  # kill the endpoint after some calls, bring it back 2 s later
+        while box["ep"].calls < 12:
+            time.sleep(0.05)
+        box["ep"].close()
+        time.sleep(2.0)
+        box["ep"] = ServerlessEndpoint(flaky, port=port)
+
+    killer = threading.Thread(target=outage, daemon=True)
+    killer.start()
+    cfg, lines = load_config(data=_run_config(f"http://127.0.0.1:{port}/", str(tmp_path),
+                                              timeout_s=0.5, retries=0, breaker_failures=50))
+    job = build_job(cfg, lines, in_process=True, log=lambda *a: None)
+    try:
+        records = run_job(job, 4, progress=False)
+    finally:
+        job.close()
+        killer.join(timeout=30)
+        box["ep"].close()
+    assert len(records) == 4
+    trained = [t for r in records for t in r.batch]
+    assert all("n" in t.info["reward_details"] for t in trained)  # a real answer each
+    summary = json.loads((job.run_dir.path / "summary.json").read_text())
+    failed = {k: v for k, v in summary["dropped"].items() if k.startswith("reward_failed")}
+    assert sum(failed.values()) >= 2, summary["dropped"]
+    trained_n = summary.get("trained", summary.get("trajectories_trained"))
+    assert summary["launched"] == trained_n + sum(summary["dropped"].values())
