@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import ipaddress
 import json
 import os
 import sys
@@ -22,12 +21,10 @@ import threading
 import time
 from typing import Any
 
+from rollart_sdk.cluster.serve_app import TOKEN_ENV, check_exposure
 from rollart_sdk.cluster.serverless import ServerlessEndpoint, serve_function
 from rollart_sdk.plugins import get_registry
 from rollart_sdk.types import RewardRequest
-
-TOKEN_ENV = "ROLLART_REWARD_TOKEN"
-
 
 class _Loop:
     """One event loop on a thread: every request's ``score`` runs there, so a backend that
@@ -53,37 +50,6 @@ def reward_function(name: str, options: dict[str, Any] | None = None, registry: 
 
     score.backend = backend  # type: ignore[attr-defined]  # for stats and close
     return score
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
-def check_exposure(host: str, token: str | None, insecure: bool) -> list[str]:
-    """Refuse an unauthenticated endpoint off loopback; warnings for what is allowed but risky."""
-    if token is None and not insecure:
-        raise SystemExit(
-            f"error: no token: export {TOKEN_ENV} (or pass --token-env VAR) so that only "
-            "callers with 'Authorization: Bearer <token>' are scored; --insecure serves "
-            "without one on 127.0.0.1 only"
-        )
-    if token is None and not is_loopback(host):
-        raise SystemExit(
-            f"error: --insecure on {host}: anyone who reaches this address could post a "
-            "trajectory and get any reward; use 127.0.0.1 or set a token"
-        )
-    warnings = []
-    if not is_loopback(host):
-        warnings.append(
-            f"warning: serving on {host} (not a loopback address): the endpoint is reachable "
-            "from other machines; keep the token secret and prefer TLS in front of it"
-        )
-    return warnings
 
 
 def serve_reward(name: str, options: dict[str, Any] | None = None, host: str = "127.0.0.1",

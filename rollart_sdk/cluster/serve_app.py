@@ -1,5 +1,8 @@
 """Deploy any reward backend as a Ray Serve application that scales from zero (paper R3).
 
+The data plane's serverless side: ``@register_serverless`` and reward ``serverless`` call a
+function by URL; this module puts a registered reward backend behind such a URL.
+
 The function holds no state between calls, so Ray Serve may run 0..N replicas of it:
 ``min_replicas: 0`` (the default) means no replica exists while nothing is scored; the
 first request starts one (a cold start, about 2 s for a rule reward here, more for a judge
@@ -14,12 +17,14 @@ error id, never the exception's text (that is logged by the replica under the id
 
 Used by ``rollart serve-reward CONFIG`` (a standalone service) and by reward
 ``serverless`` with ``deploy:`` (the run deploys the function on its own Ray cluster).
+``check_exposure`` is the rule every reward server here applies before it listens.
 """
 
 from __future__ import annotations
 
 import hashlib
 import hmac
+import ipaddress
 import json
 import logging
 import threading
@@ -32,6 +37,39 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from rollart_sdk.config import Backend
 
 log = logging.getLogger(__name__)
+
+TOKEN_ENV = "ROLLART_REWARD_TOKEN"
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def check_exposure(host: str, token: str | None, insecure: bool) -> list[str]:
+    """Refuse an unauthenticated endpoint off loopback; warnings for what is allowed but risky."""
+    if token is None and not insecure:
+        raise SystemExit(
+            f"error: no token: export {TOKEN_ENV} (or pass --token-env VAR) so that only "
+            "callers with 'Authorization: Bearer <token>' are scored; --insecure serves "
+            "without one on 127.0.0.1 only"
+        )
+    if token is None and not is_loopback(host):
+        raise SystemExit(
+            f"error: --insecure on {host}: anyone who reaches this address could post a "
+            "trajectory and get any reward; use 127.0.0.1 or set a token"
+        )
+    warnings = []
+    if not is_loopback(host):
+        warnings.append(
+            f"warning: serving on {host} (not a loopback address): the endpoint is reachable "
+            "from other machines; keep the token secret and prefer TLS in front of it"
+        )
+    return warnings
 
 
 class DeployOptions(BaseModel):
