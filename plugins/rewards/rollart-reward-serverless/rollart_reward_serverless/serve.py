@@ -26,6 +26,7 @@ from rollart_sdk.cluster.serverless import ServerlessEndpoint, serve_function
 from rollart_sdk.plugins import get_registry
 from rollart_sdk.types import RewardRequest
 
+
 class _Loop:
     """One event loop on a thread: every request's ``score`` runs there, so a backend that
     keeps loop-bound state (an engine, a client session) works, and concurrent requests

@@ -14,7 +14,6 @@ from rollart_reward_serverless.reward import (
 from rollart_reward_serverless.serve import serve_reward
 
 from rollart_sdk.cluster.serve_app import check_exposure
-
 from rollart_sdk.cluster.serverless import ServerlessError, serve_function
 from rollart_sdk.testing.reward import make_request
 

@@ -11,9 +11,9 @@ import urllib.error
 import urllib.request
 
 import pytest
-from rollart_sdk.cluster.serve_app import DeployOptions, ReplicaMonitor, replica_count
 from rollart_reward_serverless.reward import ServerlessReward
 
+from rollart_sdk.cluster.serve_app import DeployOptions, ReplicaMonitor, replica_count
 from rollart_sdk.testing.reward import make_request
 
 
