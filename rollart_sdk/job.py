@@ -140,12 +140,7 @@ def _spawn_workers(cfg: RunConfig, resolved: ResolvedRun, plan: ResourcePlan,
                    model: ModelConfig, spawner: Spawner) -> _Workers:
     """Bind in order of placement priority: the trainer gets its compute pool first, then
     the engines their task pools, then reward and environments take what fits."""
-    from rollart_sdk.cluster.roles import (
-        EngineWorker,
-        EnvWorker,
-        RewardBackendWorker,
-        TrainerWorker,
-    )
+    from rollart_sdk.cluster.roles import EngineWorker, EnvWorker, TrainerWorker
 
     world = cfg.roles.actor_train.workers
     init_method = f"tcp://127.0.0.1:{_free_port()}" if world > 1 else None
@@ -166,8 +161,7 @@ def _spawn_workers(cfg: RunConfig, resolved: ResolvedRun, plan: ResourcePlan,
         hw_affinity=plan.hw_affinity(),
     )
     routes = spawner.routes("gen", [t.tag for t in cfg.tasks])
-    reward_spec = {tag: (res.descriptor, res.options) for tag, res in resolved.rewards.items()}
-    (reward,) = spawner.cluster(RewardBackendWorker, "reward", (reward_spec,), concurrency=64)
+    reward = _reward_handle(resolved, spawner)
     env_spec = {tag: (res.descriptor, res.options) for tag, res in resolved.envs.items()}
     envs = spawner.cluster(EnvWorker, "env", (env_spec,),
                            num_workers=cfg.roles.environment.workers,
@@ -175,6 +169,26 @@ def _spawn_workers(cfg: RunConfig, resolved: ResolvedRun, plan: ResourcePlan,
     for h in engines + trainers:  # fail fast, with the worker's own error
         spawner.call(h, "version")
     return _Workers(trainers, engines, routes, reward, envs)
+
+
+def _reward_handle(resolved: ResolvedRun, spawner: Spawner) -> WorkerHandle:
+    """Rewards whose registration declares resources (a judge model) get a reward worker on
+    the reward role's pool; the rest (rule, serverless) run in this process (R3: a trivial
+    reward pins no GPU). One handle serves both."""
+    from rollart_sdk.cluster.roles import RewardBackendWorker, RewardRouter
+    from rollart_sdk.control.handles import WorkerHandle
+
+    spec = {tag: (res.descriptor, res.options) for tag, res in resolved.rewards.items()}
+    remote = {tag: s for tag, s in spec.items() if s[0].resources}
+    local = {tag: s for tag, s in spec.items() if not s[0].resources}
+    worker = None
+    if remote:
+        (worker,) = spawner.cluster(RewardBackendWorker, "reward", (remote,), concurrency=64)
+        if not local:
+            return worker
+    router = RewardRouter(local, worker)
+    return WorkerHandle("reward@control", router,
+                        pool="control", hardware="cpu", is_ray=False)
 
 
 def _task_runtimes(cfg: RunConfig, described: dict[str, dict[str, Any]],

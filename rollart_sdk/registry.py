@@ -127,6 +127,10 @@ class Descriptor:
     # Works only when every party shares one process (e.g. the ``local`` transport):
     # ``rollart validate`` refuses it for a run whose workers are Ray processes.
     process_local: bool = False
+    # What one instance needs from the resource plane, e.g. {"GPU": 1} for a reward model.
+    # Empty: it runs inside the process that uses it (a rule reward runs in the control
+    # plane's process, with no reserved worker).
+    resources: dict[str, float] = field(default_factory=dict, hash=False)
 
     @property
     def origin(self) -> str:
@@ -238,6 +242,7 @@ class Registrar:
         summary: str = "",
         traits: dict[str, Any] | None = None,
         process_local: bool = False,
+        resources: dict[str, float] | None = None,
     ) -> Descriptor:
         desc = Descriptor(
             kind=self.kind,
@@ -250,6 +255,7 @@ class Registrar:
             version=self.version,
             traits=dict(traits or {}),
             process_local=process_local,
+            resources=dict(resources or {}),
         )
         self.registry.add(desc)
         return desc

@@ -222,6 +222,30 @@ class RewardBackendWorker(RewardWorker):
         return await self._backends[tag].score(request)
 
 
+class RewardRouter:
+    """Where ``score(tag, request)`` goes: the backends that declared no resources (rule,
+    serverless) live here, in the control plane's process, and are awaited directly - no
+    reserved actor, no Ray hop; the others (a judge model) are called on the reward worker.
+    """
+
+    def __init__(self, local: dict[str, tuple[Descriptor, Any]], remote: Any = None) -> None:
+        self._local = {tag: desc.create(opts) for tag, (desc, opts) in local.items()}
+        self._remote = remote  # a WorkerHandle of a RewardBackendWorker, or None
+
+    @property
+    def local_tags(self) -> list[str]:
+        return sorted(self._local)
+
+    async def score(self, tag: str, request: RewardRequest) -> RewardResult:
+        backend = self._local.get(tag)
+        if backend is not None:
+            return await backend.score(request)
+        if self._remote is None:
+            raise KeyError(f"no reward backend for task {tag!r}")
+        result: RewardResult = await self._remote.call("score", tag, request)
+        return result
+
+
 def _close(env: Any) -> None:
     try:
         env.close()

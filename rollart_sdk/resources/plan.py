@@ -165,16 +165,18 @@ def plan_resources(
 
     ``workers`` (role -> Worker class) additionally checks the classes' decorators
     (``hw_mapping`` hardware, ``register_serverless`` URL schemes) against the pools;
-    ``rollart validate`` and ``build_job`` pass the built-in role workers. ``resolved`` is
-    accepted so the pipeline and ``rollart validate`` share one call; the plan itself needs
-    only the config.
+    ``rollart validate`` and ``build_job`` pass the built-in role workers. ``resolved``
+    (the chosen backends) sizes the reward role: only rewards whose registration declares
+    resources (a judge model) take a reward worker; rule and serverless rewards run in the
+    control plane's process and take no slot.
     """
-    del resolved  # the plan depends on pools, roles and tasks only
     problems: list[tuple[str, str]] = []
     pools = list(cfg.pools)
     by_name = {p.name: p for p in pools}
     problems += _check_serverless_urls(pools)
     roles = _role_plans(cfg, pools, by_name, problems)
+    if resolved is not None:
+        _size_reward_role(cfg, resolved, pools, roles["reward"])
     task_pools = _task_pools(cfg, roles["actor_gen"], by_name, problems)
     warnings = _spread_engines(roles["actor_gen"], task_pools)
     problems += _check_capacity(pools, roles, by_name)
@@ -228,6 +230,22 @@ def _role_plans(cfg: RunConfig, pools: list[PoolConfig], by_name: dict[str, Pool
                 )
         roles[role] = rp
     return roles
+
+
+def _size_reward_role(cfg: RunConfig, resolved: ResolvedRun, pools: list[PoolConfig],
+                      reward: RolePlan) -> None:
+    """No reward worker unless a reward backend asks for resources; a backend that asks
+    for no GPU prefers a CPU pool (unless roles.reward.pool names one)."""
+    needs = [r.descriptor.resources for r in resolved.rewards.values() if r.descriptor.resources]
+    if not needs:
+        reward.workers, reward.workers_per_pool = 0, {}
+        return
+    if cfg.roles.reward.pool is None and not any(n.get("GPU") for n in needs):
+        cpu = [p.name for p in pools if p.profile == "cpu" and p.kind != "serverless"]
+        if cpu:
+            reward.fallbacks = [p for p in reward.candidates if p != cpu[0]]
+            reward.preferred = cpu[0]
+            reward.workers_per_pool = {cpu[0]: reward.workers}
 
 
 def _task_pools(cfg: RunConfig, gen: RolePlan, by_name: dict[str, PoolConfig],

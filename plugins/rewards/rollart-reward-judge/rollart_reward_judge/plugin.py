@@ -12,4 +12,7 @@ def rollart_register_rewards(registry):
         factory="rollart_reward_judge.judge:JudgeReward",
         options="rollart_reward_judge.options:JudgeRewardOptions",
         summary="LLM-as-a-judge: a prompt template, any engine plugin, a yes/no or score parser",
+        # a model to serve: a reward worker on the reward pool (an accelerator where there is
+        # one), unlike rule / serverless rewards, which run in the control plane's process
+        resources={"GPU": 1},
     )
