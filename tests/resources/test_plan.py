@@ -132,3 +132,30 @@ def test_policies_choose_and_explain():
     for policy in (AffinityPlacement(), PackPlacement(), SpreadPlacement()):
         pool, why = policy.choose("actor_train", "H800", ["H800", "cpu"], free, 2.0)
         assert pool is None and "H800" in why
+
+
+def _resolved_rewards(**resources_by_tag):
+    """A ResolvedRun stand-in carrying only what the plan reads: each task's reward
+    descriptor (its declared resources)."""
+    from types import SimpleNamespace
+
+    from rollart_sdk.registry import Descriptor
+
+    rewards = {tag: SimpleNamespace(descriptor=Descriptor("reward", f"r-{tag}", "m:f", None, "",
+                                                          "p", resources=res), options=None)
+               for tag, res in resources_by_tag.items()}
+    return SimpleNamespace(rewards=rewards)
+
+
+def test_reward_role_takes_a_slot_only_for_a_backend_that_asks():
+    # rule / serverless rewards declare nothing: no reward worker, no GPU slot pinned
+    plan = plan_resources(config(), _resolved_rewards(FrozenLake={}, **{"GEM-math": {}}))
+    assert plan.role("reward").workers == 0 and plan.role("reward").workers_per_pool == {}
+    # a judge model declares a GPU: one worker on a GPU pool (compute first, the paper's default)
+    plan = plan_resources(config(), _resolved_rewards(FrozenLake={}, **{"GEM-math": {"GPU": 1}}))
+    assert plan.role("reward").workers_per_pool == {"H800": 1}
+    # a backend asking only for CPUs goes to the CPU pool
+    plan = plan_resources(config(), _resolved_rewards(FrozenLake={"CPU": 2}))
+    assert plan.role("reward").workers_per_pool == {"cpu": 1}
+    # without the resolved backends (older callers) the plan keeps one reward worker
+    assert plan_resources(config()).role("reward").workers == 1
