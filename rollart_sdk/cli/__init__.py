@@ -1,5 +1,6 @@
 """The ``rollart`` command line: one module per command (plugins, envs, validate, train,
-bench, report, status, model, new-plugin); this module builds the parser and runs the command."""
+serve-reward, bench, report, status, model, new-plugin); this module builds the parser and
+runs the command."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from rollart_sdk.cli import (
     new_plugin,
     plugins,
     report,
+    serve_reward,
     status,
     train,
     validate,
@@ -22,7 +24,8 @@ from rollart_sdk.errors import RollartError
 __all__ = ["build_parser", "main"]
 
 # The commands, in the order `rollart --help` lists them.
-COMMANDS = (plugins, envs, validate, train, bench, report, status, model, new_plugin)
+COMMANDS = (plugins, envs, validate, train, serve_reward, bench, report, status, model,
+            new_plugin)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -120,10 +120,9 @@ def measure(records: list[Any], wall_s: float, reserved_s: float | None) -> dict
 
 
 def run_once(deployment: str, steps: int, seed: int, mode: str, out: str) -> dict[str, Any]:
-    from rollart_sdk.job import build_job, run_job
-
     from rollart_sdk.cluster.serve_app import ReplicaMonitor
     from rollart_sdk.config import load_config
+    from rollart_sdk.job import build_job, run_job
 
     cfg, lines = load_config(data=run_config(deployment, steps, seed, mode, out))
     job = build_job(cfg, lines, log=lambda *a: None)

@@ -83,9 +83,8 @@ def _run_config(url: str, out: str, **reward_options) -> dict:
 
 def test_pipeline_rewards_through_the_endpoint(tmp_path):
     """The control plane dispatches each finished trajectory to the endpoint (R3)."""
-    from rollart_sdk.job import build_job, run_job
-
     from rollart_sdk.config import load_config
+    from rollart_sdk.job import build_job, run_job
 
     with serve_reward("rule", {"mode": "success"}) as endpoint:
         cfg, lines = load_config(data=_run_config(endpoint.url, str(tmp_path)))
@@ -107,10 +106,9 @@ def test_run_completes_through_an_outage_500s_and_slow_answers(tmp_path):
     import json
     import threading
 
-    from rollart_sdk.job import build_job, run_job
-
     from rollart_sdk.cluster.serverless import ServerlessEndpoint
     from rollart_sdk.config import load_config
+    from rollart_sdk.job import build_job, run_job
 
     counter = itertools.count()
 
