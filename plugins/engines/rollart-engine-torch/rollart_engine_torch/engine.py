@@ -4,19 +4,36 @@ One background asyncio task owns the batch. Each turn of its loop:
 
 1. applies queued commands - ADD (a request joins the waiting queue, then the running
    batch when a KV slot and the per-step prefill budget allow) and ABORT (a request
-   leaves; its ``generate`` returns ``finish_reason="abort"`` with the tokens so far);
-2. runs ONE engine step in a worker thread (``asyncio.to_thread``): prefill of newly
-   admitted (or weight-updated) sequences, then one decode token for every running one.
+   leaves; its ``generate`` returns ``finish_reason="abort"`` with the tokens so far). An
+   ABORT whose ADD has not arrived yet (it overtook it on another connection) is
+   remembered (the newest ``abort_memory`` ids) and the ADD then returns "abort" at once;
+2. runs ONE engine step in a worker thread (``asyncio.to_thread``): one batched forward
+   in which every running sequence feeds the tokens of its context that are not in its KV
+   slot yet (a prompt, a new observation, or its last sampled token) and samples one.
 
 Commands that arrive during a step are queued and applied right after it, so the batch is
 never mutated under a running forward pass, and callers on the loop stay responsive.
+Before a step the loop yields while requests keep arriving (at most ``batch_wait_s``), so
+the turns of many environments answered by the previous step join one forward.
+
+Multi-turn KV reuse: when a request of a trajectory (``request.trajectory_id``) finishes,
+its slot is kept (an idle cache). The trajectory's next request, whose prompt starts with
+the cached tokens (token-in/token-out contexts always do), takes that slot back and only
+its new tokens are computed. Idle caches are freed by :meth:`release` (the trajectory
+ended), by an ABORT, by eviction (least recently used first) when a request needs a slot,
+and by a weight update (they hold the old policy's K/V; the next turn recomputes).
 
 What happens to an in-flight request at a weight update (paper step 5), in one place:
 ``load_weights`` waits for the current step to end, swaps the tensors, bumps ``version``
-and marks every running sequence ``needs_prefill``; the next step re-prefills its prompt
-plus the tokens generated so far under the new weights (its KV cache is recomputed) and
-it continues from there. Tokens already produced keep the logprobs and version of the
-policy that produced them.
+and marks every running sequence's cache empty; the next step recomputes its prompt plus
+the tokens generated so far under the new weights and it continues from there. Tokens
+already produced keep the logprobs and version of the policy that produced them.
+
+Prefill-decode disaggregation: :meth:`prefill_kv` computes the K/V of a request's prompt
+(all but its last token) and hands them out as a :class:`KVHandoff`; ``generate(request,
+kv=handoff)`` on another engine imports them into a slot and decodes from there. Sampling
+happens on the decode side only, so a seeded request samples the same tokens with or
+without the hand-off.
 """
 
 from __future__ import annotations
@@ -43,23 +60,40 @@ from rollart_sdk.types import (
 )
 
 
+@dataclass
+class KVHandoff:
+    """The K/V of ``tokens`` (positions ``0..n-1``) computed at weights ``version``.
+
+    ``k`` and ``v`` are CPU tensors ``[layers, kv_heads, n, head_dim]``. Between Ray
+    actors it travels through the object store (an ObjectRef passed as an argument)."""
+
+    tokens: list[int]
+    version: int
+    k: Any
+    v: Any
+
+
 @dataclass(eq=False)
 class _Seq:
     """One request's state inside the engine."""
 
     request: GenerationRequest
     tokens: list[int]  # prompt + generated so far
-    future: asyncio.Future[GenerationResult]
-    generator: torch.Generator
+    future: asyncio.Future[Any]
+    generator: torch.Generator | None
     stop_ids: frozenset[int]
     allowed: torch.Tensor | None
     out_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     versions: list[int] = field(default_factory=list)
-    cached: int = 0  # tokens whose K/V are in the slot (all but the last once decoding)
-    needs_prefill: bool = True
+    slot: int = -1
+    cached: int = 0  # leading tokens whose K/V are in the slot
     recomputed: int = 0
+    recomputing: bool = False  # its KV is being rebuilt under new weights (this step)
     finish: FinishReason | None = None
+    handoff: KVHandoff | None = None  # K/V to import when admitted (decode side of PD)
+    prefill_only: bool = False  # PD prefill side: compute K/V, sample nothing
+    exported: tuple[Any, Any] | None = None  # PD prefill side: the computed K/V
 
     def result(self, worker: str = "") -> GenerationResult:
         return GenerationResult(
@@ -71,6 +105,15 @@ class _Seq:
             recomputed=self.recomputed,
             worker=worker,
         )
+
+
+@dataclass
+class _Idle:
+    """A finished turn's KV kept for its trajectory's next request."""
+
+    slot: int
+    tokens: list[int]  # the tokens whose K/V are in the slot
+    version: int
 
 
 class TorchEngine:
@@ -90,6 +133,10 @@ class TorchEngine:
         num_threads: int | None = None,
         eos_token_ids: list[int] | None = None,
         seed: int = 0,
+        kv_slots: int | None = None,
+        reuse_kv: bool = True,
+        batch_wait_s: float = 0.002,
+        abort_memory: int = 4096,
     ) -> None:
         from rollart_sdk.models import load_causal_lm
 
@@ -103,7 +150,10 @@ class TorchEngine:
             torch.set_num_threads(num_threads)
         hf = load_causal_lm(model.path, model.dtype)
         limit = int(getattr(hf.config, "max_position_embeddings", max_seq_len) or max_seq_len)
-        self._runner = SlotRunner(hf, max_running, min(max_seq_len, limit), device)
+        slots = kv_slots if kv_slots is not None else (2 * max_running if reuse_kv else max_running)
+        if slots < max_running:
+            raise ValueError(f"kv_slots ({slots}) must be at least max_running ({max_running})")
+        self._runner = SlotRunner(hf, slots, min(max_seq_len, limit), device)
         if eos_token_ids is None:
             eos = getattr(hf.generation_config, "eos_token_id", None)
             if eos is None:
@@ -112,20 +162,30 @@ class TorchEngine:
         self._eos = frozenset(int(e) for e in eos_token_ids)
         self._max_running = max_running
         self._max_prefill = max_prefill_tokens
+        self._reuse = reuse_kv
+        self._batch_wait = batch_wait_s
         self._rng = random.Random(seed)
         self._version = 0
         self._suspended = False
         self._closed = False
         self._waiting: collections.deque[_Seq] = collections.deque()
-        self._running: list[_Seq] = []  # index == KV slot
+        self._running: list[_Seq] = []
         self._by_id: dict[str, _Seq] = {}
         self._aborts: collections.deque[str] = collections.deque()
+        # ABORTs that arrived before their ADD (bounded: the newest abort_memory ids).
+        self._early_aborts: collections.OrderedDict[str, None] = collections.OrderedDict()
+        self._abort_memory = abort_memory
+        self._free_slots = list(range(slots - 1, -1, -1))  # pop() hands out the lowest
+        self._idle: collections.OrderedDict[str, _Idle] = collections.OrderedDict()
         self._tokens_generated = 0
-        self._prefill_tokens = 0
+        self._prefill_tokens = 0  # tokens computed besides the one-per-step decode token
+        self._reused_tokens = 0  # prompt tokens served from a kept cache (not computed)
+        self._evicted = 0
         self._steps = 0
         self._recomputed_total = 0
-        self._recompute_s = 0.0
+        self._recompute_s = 0.0  # forward time spent rebuilding KV after weight updates
         self._aborted_total = 0  # requests ended by ABORT (freed before finishing)
+        self._step_seconds = 0.0
         self._name = f"torch-engine:{model.path}"
         # Created on first use: the engine may be built outside the loop that drives it.
         self._loop_task: asyncio.Task[None] | None = None
@@ -138,31 +198,70 @@ class TorchEngine:
     def version(self) -> int:
         return self._version
 
-    async def generate(self, request: GenerationRequest) -> GenerationResult:
-        """ADD a request; resolves when it stops, hits a length limit or is aborted."""
+    async def generate(self, request: GenerationRequest, kv: KVHandoff | None = None
+                       ) -> GenerationResult:
+        """ADD a request; resolves when it stops, hits a length limit or is aborted.
+        ``kv``: K/V of the prompt's prefix computed by another engine (PD)."""
         self._start()
         if self._closed:
             raise RollartError("engine 'torch' is shut down; create a new engine")
         seq = self._make_seq(request)
-        self._by_id[request.request_id] = seq
+        if request.request_id in self._early_aborts:  # its ABORT overtook this ADD
+            del self._early_aborts[request.request_id]
+            self._aborted_total += 1
+            self._release_idle(request.trajectory_id)
+            seq.finish = "abort"
+            return seq.result(self._name)
+        if kv is not None and kv.version == self._version and kv.tokens == seq.tokens[: len(kv.tokens)]:
+            seq.handoff = kv  # else stale or foreign: the prompt is simply computed here
+        return await self._submit(seq)
+
+    async def prefill_kv(self, request: GenerationRequest) -> KVHandoff:
+        """PD prefill side: the K/V of the prompt minus its last token, computed in the
+        batch like any request, exported and freed. Samples nothing."""
+        self._start()
+        if self._closed:
+            raise RollartError("engine 'torch' is shut down; create a new engine")
+        seq = self._make_seq(request)
+        prefix = seq.tokens[:-1]
+        if not prefix:
+            return KVHandoff([], self._version, *self._runner.export_slot(0, 0))
+        seq.tokens = prefix
+        seq.prefill_only = True
+        return await self._submit(seq)
+
+    async def _submit(self, seq: _Seq) -> Any:
+        rid = seq.request.request_id
+        self._by_id[rid] = seq
         self._waiting.append(seq)
         self._kick()
         try:
             return await asyncio.shield(seq.future)
         except asyncio.CancelledError:
             # A caller that gives up must not leave its sequence occupying a slot.
-            self._aborts.append(request.request_id)
+            self._aborts.append(rid)
             self._kick()
             raise
 
     async def abort(self, request_id: str) -> bool:
-        """ABORT: True when the request was waiting or running (it then returns "abort")."""
+        """ABORT: True when the request was waiting or running (it then returns "abort").
+        An unknown id is remembered, so an ADD arriving after its ABORT returns "abort"."""
         seq = self._by_id.get(request_id)
-        if seq is None or seq.future.done():
+        if seq is None:
+            self._early_aborts[request_id] = None
+            self._early_aborts.move_to_end(request_id)
+            while len(self._early_aborts) > self._abort_memory:
+                self._early_aborts.popitem(last=False)
+            return False
+        if seq.future.done():
             return False
         self._aborts.append(request_id)
         self._kick()
         return True
+
+    async def release(self, trajectory_id: str) -> bool:
+        """The trajectory ended: free the KV kept for its next turn. True if one was kept."""
+        return self._release_idle(trajectory_id)
 
     async def suspend(self) -> None:
         """Stop admitting and advancing; returns once the current step (if any) ended."""
@@ -188,9 +287,15 @@ class TorchEngine:
             self._version = int(version)
             n = 0
             for seq in self._running:
-                seq.needs_prefill = True
+                if seq.prefill_only:
+                    continue
+                seq.cached = 0
+                seq.handoff = None
+                seq.recomputing = True
                 seq.recomputed += 1
                 n += 1
+            for tid in list(self._idle):  # old-policy K/V: the next turn recomputes
+                self._release_idle(tid)
             self._recomputed_total += n
         self._kick()
         return n
@@ -202,12 +307,17 @@ class TorchEngine:
             "version": self._version,
             "tokens_generated": self._tokens_generated,
             "prefill_tokens": self._prefill_tokens,
+            "reused_tokens": self._reused_tokens,
+            "kv_idle": len(self._idle),
+            "kv_evicted": self._evicted,
             "steps": self._steps,
+            "step_seconds": round(self._step_seconds, 4),
             "suspended": self._suspended,
             "recomputed": self._recomputed_total,
             "recompute_s": round(self._recompute_s, 6),
             "aborted": self._aborted_total,
             "max_running": self._max_running,
+            "kv_slots": self._runner.num_slots,
             "max_seq_len": self._runner.max_seq_len,
             "kv_cache_bytes": self._runner.kv_bytes(),
             "kv_cache_bytes_max": self._runner.kv_bytes_max(),
@@ -224,6 +334,7 @@ class TorchEngine:
             self._resolve(seq, "abort")
         self._waiting.clear()
         self._running.clear()
+        self._idle.clear()
 
     # ------------------------------------------------------------------ command loop
 
@@ -252,10 +363,23 @@ class TorchEngine:
         if self._wake is not None:
             self._wake.set()
 
+    async def _gather_arrivals(self) -> None:
+        """Yield while requests keep arriving (callers woken by the last step submit their
+        next turn within a few loop iterations), at most ``batch_wait_s``."""
+        if self._batch_wait <= 0 or len(self._running) >= self._max_running:
+            return
+        deadline = time.perf_counter() + self._batch_wait
+        seen = -1
+        while len(self._waiting) != seen and time.perf_counter() < deadline:
+            seen = len(self._waiting)
+            for _ in range(4):
+                await asyncio.sleep(0)
+
     async def _loop(self) -> None:
         assert self._wake is not None and self._step_lock is not None
         while not self._closed:
             self._wake.clear()
+            await self._gather_arrivals()
             self._apply_aborts()
             if not self._suspended:
                 self._admit()
@@ -265,13 +389,16 @@ class TorchEngine:
             async with self._step_lock:
                 if self._suspended:  # suspended while we waited for a weight update
                     continue
+                t0 = time.perf_counter()
                 try:
                     finished = await asyncio.to_thread(self._step)
                 except Exception as exc:  # noqa: BLE001 - handed to every caller
                     self._fail_running(exc)
                     continue
+                finally:
+                    self._step_seconds += time.perf_counter() - t0
             for seq in finished:
-                self._resolve(seq, seq.finish or "abort")
+                self._finish(seq)
             await asyncio.sleep(0)  # let callers queue commands between steps
 
     def _apply_aborts(self) -> None:
@@ -283,7 +410,9 @@ class TorchEngine:
             if seq in self._waiting:
                 self._waiting.remove(seq)
             else:
-                self._release([seq])
+                self._running.remove(seq)
+                self._free(seq.slot)
+            self._release_idle(seq.request.trajectory_id)
             self._aborted_total += 1
             self._resolve(seq, "abort")
 
@@ -291,26 +420,63 @@ class TorchEngine:
         budget = self._max_prefill
         first = True
         while self._waiting and len(self._running) < self._max_running:
-            n = len(self._waiting[0].tokens)
+            seq = self._waiting[0]
+            idle = self._idle.get(seq.request.trajectory_id) if seq.request.trajectory_id else None
+            reuse = self._reusable(seq, idle)
+            n = len(seq.tokens) - reuse
             if n > budget and not first:
                 break
-            seq = self._waiting.popleft()
+            self._waiting.popleft()
+            if idle is not None:
+                del self._idle[seq.request.trajectory_id]
+                seq.slot = idle.slot
+            else:
+                seq.slot = self._take_slot()
+            seq.cached = reuse
+            self._reused_tokens += reuse
             self._running.append(seq)
             budget -= n
             first = False
 
-    def _release(self, seqs: list[_Seq]) -> None:
-        """Remove sequences from the batch, moving the last slots into the holes."""
-        doomed = {id(s) for s in seqs}
-        for slot in sorted((i for i, s in enumerate(self._running) if id(s) in doomed),
-                           reverse=True):
-            last = len(self._running) - 1
-            if slot != last:
-                mover = self._running[last]
-                if not mover.needs_prefill:
-                    self._runner.move_slot(last, slot, mover.cached)
-                self._running[slot] = mover
-            self._running.pop()
+    def _reusable(self, seq: _Seq, idle: _Idle | None) -> int:
+        """Leading tokens of ``seq`` whose K/V are already in its kept slot (at least one
+        token is always computed: the last one's logits are needed)."""
+        if idle is None or idle.version != self._version or seq.prefill_only:
+            return 0
+        n = min(len(idle.tokens), len(seq.tokens) - 1)
+        return n if seq.tokens[:n] == idle.tokens[:n] else 0
+
+    def _take_slot(self) -> int:
+        if not self._free_slots:  # evict the least recently used kept cache
+            _, idle = self._idle.popitem(last=False)
+            self._evicted += 1
+            return idle.slot
+        return self._free_slots.pop()
+
+    def _free(self, slot: int) -> None:
+        if slot >= 0:
+            self._free_slots.append(slot)
+            self._free_slots.sort(reverse=True)
+
+    def _release_idle(self, trajectory_id: str) -> bool:
+        idle = self._idle.pop(trajectory_id, None) if trajectory_id else None
+        if idle is None:
+            return False
+        self._free(idle.slot)
+        return True
+
+    def _finish(self, seq: _Seq) -> None:
+        """A step ended ``seq``: keep its KV for the trajectory's next turn, or free it."""
+        self._running.remove(seq)
+        tid = seq.request.trajectory_id
+        if seq.prefill_only:
+            self._free(seq.slot)
+        elif self._reuse and tid and not self._closed:
+            self._release_idle(tid)
+            self._idle[tid] = _Idle(seq.slot, seq.tokens[: seq.cached], self._version)
+        else:
+            self._free(seq.slot)
+        self._resolve(seq, seq.finish or "abort")
 
     def _fail_running(self, exc: Exception) -> None:
         """A step raised: its sequences' callers get the error instead of waiting forever;
@@ -318,6 +484,7 @@ class TorchEngine:
         err = RollartError(f"engine 'torch' step failed: {type(exc).__name__}: {exc}")
         for seq in self._running:
             self._by_id.pop(seq.request.request_id, None)
+            self._free(seq.slot)
             if not seq.future.done():
                 seq.future.set_exception(err)
         self._running.clear()
@@ -325,46 +492,55 @@ class TorchEngine:
     def _resolve(self, seq: _Seq, reason: FinishReason) -> None:
         seq.finish = reason
         self._by_id.pop(seq.request.request_id, None)
-        if not seq.future.done():
-            seq.future.set_result(seq.result(self._name))
+        if seq.future.done():
+            return
+        if seq.prefill_only:  # aborted: an empty hand-off (the decode side computes all)
+            k, v = seq.exported or self._runner.export_slot(0, 0)
+            tokens = list(seq.tokens) if seq.exported else []
+            seq.future.set_result(KVHandoff(tokens, self._version, k, v))
+            return
+        seq.future.set_result(seq.result(self._name))
 
     # ------------------------------------------------------------------ one step (thread)
 
     def _step(self) -> list[_Seq]:
-        """Prefill what needs it, then one decode token for every running sequence."""
+        """One batched forward over every running sequence's uncached tokens, one sampled
+        token each (rows of very different lengths go in separate forwards)."""
         runner = self._runner
         finished: list[_Seq] = []
-        for slot, seq in enumerate(self._running):
-            if seq.needs_prefill:
-                t0 = time.perf_counter()
-                logits = runner.prefill(slot, seq.tokens)
-                if seq.recomputed:  # KV cache rebuilt under new weights (weight-sync cost)
-                    self._recompute_s += time.perf_counter() - t0
-                self._prefill_tokens += len(seq.tokens)
+        for seq in self._running:
+            if seq.handoff is not None:
+                runner.import_slot(seq.slot, seq.handoff.k, seq.handoff.v)
+                seq.cached = len(seq.handoff.tokens)
+                self._reused_tokens += seq.cached
+                seq.handoff = None
+        for group in _length_groups(self._running):
+            chunks = [s.tokens[s.cached :] for s in group]
+            t0 = time.perf_counter()
+            logits = runner.extend([s.slot for s in group], chunks, [s.cached for s in group],
+                                   logits=not all(s.prefill_only for s in group))
+            rebuilt = sum(len(c) for s, c in zip(group, chunks, strict=True) if s.recomputing)
+            if rebuilt:  # weight-sync cost: the forward's share spent rebuilding KV
+                self._recompute_s += (time.perf_counter() - t0) * rebuilt / sum(map(len, chunks))
+            self._prefill_tokens += sum(len(c) for c in chunks) - len(chunks)
+            for row, seq in enumerate(group):
                 seq.cached = len(seq.tokens)
-                seq.needs_prefill = False
-                if self._append(seq, logits):
+                seq.recomputing = False
+                if seq.prefill_only:
+                    seq.exported = runner.export_slot(seq.slot, seq.cached)
+                    seq.finish = "stop"
                     finished.append(seq)
-        self._release(finished)
-        if self._running:
-            logits = runner.decode(
-                [s.tokens[-1] for s in self._running], [s.cached for s in self._running]
-            )
-            done = []
-            for row, seq in enumerate(self._running):
-                seq.cached += 1
-                if self._append(seq, logits[row]):
-                    done.append(seq)
-            self._release(done)
-            finished += done
+                elif self._append(seq, logits[row]):
+                    finished.append(seq)
         self._steps += 1
         return finished
 
     def _append(self, seq: _Seq, logits: torch.Tensor) -> bool:
         """Sample, record the token with its unmodified logprob; True when seq is done."""
         params = seq.request.sampling
+        assert seq.generator is not None
         tok = choose_token(logits, params, seq.generator, seq.allowed)
-        logprob = float(torch.log_softmax(logits, dim=-1)[tok])
+        logprob = float(logits[tok] - torch.logsumexp(logits, dim=-1))
         seq.tokens.append(tok)
         seq.out_ids.append(tok)
         seq.logprobs.append(logprob)
@@ -430,3 +606,23 @@ class TorchEngine:
             stop_ids=frozenset(sp.stop_token_ids) | self._eos,
             allowed=allowed,
         )
+
+
+def _length_groups(seqs: list[_Seq]) -> list[list[_Seq]]:
+    """Split a step's rows so that padding to the longest row of a forward costs at most
+    about as much as the real tokens (a long prompt does not pad 63 one-token decodes)."""
+    order = sorted(seqs, key=lambda s: len(s.tokens) - s.cached, reverse=True)
+    groups: list[list[_Seq]] = []
+    group: list[_Seq] = []
+    real = 0
+    for seq in order:
+        n = len(seq.tokens) - seq.cached
+        width = len(group[0].tokens) - group[0].cached if group else n
+        if group and width * (len(group) + 1) > 2 * (real + n) + 16:
+            groups.append(group)
+            group, real = [], 0
+        group.append(seq)
+        real += n
+    if group:
+        groups.append(group)
+    return groups

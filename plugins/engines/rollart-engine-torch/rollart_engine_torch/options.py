@@ -5,16 +5,18 @@ Kept free of torch imports so configs validate without loading the engine.
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
 class TorchEngineOptions(BaseModel):
     """How the embedded engine batches and how much KV-cache memory it may hold.
 
-    The KV cache holds at most ``max_running`` sequences of at most ``max_seq_len`` tokens
-    each: ``2 * layers * max_running * max_seq_len * kv_heads * head_dim * dtype bytes``.
-    It is allocated as needed (doubling) up to that bound, never sized from free memory;
-    requests beyond ``max_running`` wait in the queue.
+    The KV cache holds ``kv_slots`` sequences of at most ``max_seq_len`` tokens each:
+    ``2 * layers * kv_slots * max_seq_len * kv_heads * head_dim * dtype bytes``. It is
+    allocated as needed (doubling) up to that bound, never sized from free memory;
+    requests beyond ``max_running`` wait in the queue. Slots beyond the running ones keep
+    finished turns' K/V for their trajectories' next turns (``reuse_kv``), least recently
+    used evicted first.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -32,3 +34,25 @@ class TorchEngineOptions(BaseModel):
         None, description="ids that end a generation besides stop_token_ids; None: the model's"
     )
     seed: int = Field(0, description="seeds requests that give no seed of their own")
+    reuse_kv: bool = Field(
+        True, description="keep a trajectory's KV between its turns (prefix reuse)"
+    )
+    kv_slots: int | None = Field(
+        None, ge=1, description="KV slots in all (running + kept); None: 2 x max_running "
+        "with reuse_kv, else max_running"
+    )
+    batch_wait_s: float = Field(
+        0.002, ge=0, le=1, description="before a step, wait this long at most for requests "
+        "that are still arriving, so they join one batched forward"
+    )
+    abort_memory: int = Field(
+        4096, ge=0, description="ABORTs of not-yet-added request ids remembered (newest)"
+    )
+
+    @model_validator(mode="after")
+    def _slots(self) -> TorchEngineOptions:
+        if self.kv_slots is not None and self.kv_slots < self.max_running:
+            raise ValueError(
+                f"kv_slots ({self.kv_slots}) must be at least max_running ({self.max_running})"
+            )
+        return self

@@ -1,10 +1,12 @@
 """The blocking half of the engine: a Llama-family forward pass over a slot KV cache.
 
-Running sequences occupy slots ``0..B-1`` of one preallocated KV tensor per layer
-(``[max_running, kv_heads, capacity, head_dim]``), so a decode step reads the cache as a
-view (no gather) and every running sequence advances in ONE batched forward. Prefill runs
-one sequence at a time (its matmuls are already large). When a sequence leaves, the last
-slot moves into its place so slots stay dense.
+Every sequence the engine knows about (running, or a finished turn kept for its
+trajectory's next turn) owns one slot of a preallocated KV tensor per layer
+(``[num_slots, kv_heads, capacity, head_dim]``). One engine step is ONE batched forward
+(:meth:`SlotRunner.extend`): each row feeds the tokens of its sequence that are not cached
+yet (a whole prompt, the new observation of a multi-turn trajectory, or the single last
+token when decoding), writes their K/V into its slot at their positions and attends to
+its slot's cached prefix. Prefill and decode are the same call.
 
 The forward is written against the Hugging Face modules (projections, norms, MLP, rotary
 embedding) rather than re-implementing them, so it computes what the model's own
@@ -31,7 +33,7 @@ class UnsupportedModelError(ValueError):
 class SlotRunner:
     """Model weights plus the slot KV cache; every method blocks (call via a thread)."""
 
-    def __init__(self, model: Any, max_running: int, max_seq_len: int, device: str) -> None:
+    def __init__(self, model: Any, num_slots: int, max_seq_len: int, device: str) -> None:
         cfg = model.config
         if cfg.model_type not in SUPPORTED or not hasattr(model, "model"):
             raise UnsupportedModelError(
@@ -59,7 +61,7 @@ class SlotRunner:
         self.dtype = next(model.parameters()).dtype
         module = sys.modules[type(attn).__module__]
         self._rope: Callable[..., tuple[torch.Tensor, torch.Tensor]] = module.apply_rotary_pos_emb
-        self.max_running = max_running
+        self.num_slots = num_slots
         self.max_seq_len = max_seq_len
         self.capacity = 0
         self.k: list[torch.Tensor] = []
@@ -71,10 +73,10 @@ class SlotRunner:
         return 2 * len(self.layers) * self.kv_heads * self.head_dim * self.dtype.itemsize
 
     def kv_bytes(self) -> int:
-        return self.bytes_per_token() * self.max_running * self.capacity
+        return self.bytes_per_token() * self.num_slots * self.capacity
 
     def kv_bytes_max(self) -> int:
-        return self.bytes_per_token() * self.max_running * self.max_seq_len
+        return self.bytes_per_token() * self.num_slots * self.max_seq_len
 
     @torch.inference_mode()
     def ensure_capacity(self, n: int) -> None:
@@ -84,7 +86,7 @@ class SlotRunner:
         if n > self.max_seq_len:
             raise ValueError(f"sequence of {n} tokens exceeds max_seq_len={self.max_seq_len}")
         new = min(self.max_seq_len, max(n, 2 * self.capacity, 64))
-        shape = (self.max_running, self.kv_heads, new, self.head_dim)
+        shape = (self.num_slots, self.kv_heads, new, self.head_dim)
         for store in (self.k, self.v):
             grown = []
             for old in store or [None] * len(self.layers):
@@ -96,13 +98,33 @@ class SlotRunner:
         self.capacity = new
 
     @torch.inference_mode()
-    def move_slot(self, src: int, dst: int, length: int) -> None:
-        """Copy the first ``length`` cached tokens of slot ``src`` into slot ``dst``."""
-        if length <= 0 or src == dst:
+    def export_slot(self, slot: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """CPU copies of the first ``n`` cached positions of ``slot``: ``[layers, kv_heads,
+        n, head_dim]`` for K and for V (a KV hand-off to another engine)."""
+        if n == 0 or not self.k:
+            empty = torch.zeros((len(self.layers), self.kv_heads, 0, self.head_dim), dtype=self.dtype)
+            return empty, empty.clone()
+        k = torch.stack([t[slot, :, :n] for t in self.k]).to("cpu", copy=True)
+        v = torch.stack([t[slot, :, :n] for t in self.v]).to("cpu", copy=True)
+        return k, v
+
+    @torch.inference_mode()
+    def import_slot(self, slot: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Write K/V from :meth:`export_slot` into positions ``0..n-1`` of ``slot``."""
+        expect = (len(self.layers), self.kv_heads, self.head_dim)
+        got = (k.shape[0], k.shape[1], k.shape[3]) if k.dim() == 4 else None
+        if got != expect or k.shape != v.shape:
+            raise ValueError(
+                f"KV hand-off of shape {tuple(k.shape)} does not fit this model's cache "
+                f"(layers, kv_heads, n, head_dim) = {expect[0]}, {expect[1]}, n, {expect[2]}"
+            )
+        n = int(k.shape[2])
+        if n == 0:
             return
-        for store in (self.k, self.v):
-            for t in store:
-                t[dst, :, :length] = t[src, :, :length]
+        self.ensure_capacity(n)
+        for i in range(len(self.layers)):
+            self.k[i][slot, :, :n] = k[i].to(self.device, self.dtype)
+            self.v[i][slot, :, :n] = v[i].to(self.device, self.dtype)
 
     # ------------------------------------------------------------------ forward
 
@@ -116,57 +138,57 @@ class SlotRunner:
         return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
 
     @torch.inference_mode()
-    def prefill(self, slot: int, ids: Sequence[int]) -> torch.Tensor:
-        """Run ``ids`` from position 0 into ``slot``; return fp32 CPU logits of the last token."""
-        n = len(ids)
-        self.ensure_capacity(n)
-        x = torch.tensor([list(ids)], dtype=torch.long, device=self.device)
-        h = self.embed(x)
-        pos = torch.arange(n, device=self.device)[None]
+    def extend(self, slots: Sequence[int], chunks: Sequence[Sequence[int]],
+               starts: Sequence[int], logits: bool = True) -> torch.Tensor | None:
+        """One batched forward: row ``r`` feeds ``chunks[r]`` at positions ``starts[r]...``
+        into slot ``slots[r]`` (whose positions ``0..starts[r]-1`` are already cached).
+
+        Returns fp32 CPU logits ``[B, V]`` of each row's LAST fed token (None when
+        ``logits`` is False: a prefill-only hand-off)."""
+        b = len(slots)
+        lens = [len(c) for c in chunks]
+        if b == 0 or min(lens) < 1:
+            raise ValueError("extend needs at least one row, each with at least one token")
+        width = max(lens)
+        longest = max(s + n for s, n in zip(starts, lens, strict=True))
+        self.ensure_capacity(longest)
+        dev = self.device
+        ids = torch.tensor([list(c) + [0] * (width - len(c)) for c in chunks], dtype=torch.long,
+                           device=dev)
+        start_t = torch.tensor(list(starts), dtype=torch.long, device=dev)
+        len_t = torch.tensor(lens, dtype=torch.long, device=dev)
+        steps = torch.arange(width, device=dev)
+        pos = start_t[:, None] + steps[None, :]  # [B, T]
+        rows, cols = (steps[None, :] < len_t[:, None]).nonzero(as_tuple=True)
+        slot_t = torch.tensor(list(slots), dtype=torch.long, device=dev)
+        dst_slot, dst_pos = slot_t[rows], pos[rows, cols]
+        dense = list(slots) == list(range(b))
+        # Query (r, j) sees the keys at positions <= starts[r] + j of its own slot.
+        keys = torch.arange(longest, device=dev)
+        mask = (keys[None, None, :] <= pos[:, :, None])[:, None]  # [B, 1, T, L]
+        h = self.embed(ids)
         cos, sin = self.rotary(h, pos)
         for i, layer in enumerate(self.layers):
             attn = layer.self_attn
             q, k, v = self._qkv(attn, layer.input_layernorm(h))
             q, k = self._rope(q, k, cos, sin)
-            self.k[i][slot, :, :n] = k[0]
-            self.v[i][slot, :, :n] = v[0]
+            kc, vc = self.k[i], self.v[i]
+            kc[dst_slot, :, dst_pos] = k[rows, :, cols]
+            vc[dst_slot, :, dst_pos] = v[rows, :, cols]
+            if dense:
+                ks, vs = kc[:b, :, :longest], vc[:b, :, :longest]
+            else:
+                ks = kc[:, :, :longest].index_select(0, slot_t)
+                vs = vc[:, :, :longest].index_select(0, slot_t)
             o = F.scaled_dot_product_attention(
-                q, k, v, is_causal=True, scale=attn.scaling, enable_gqa=True
+                q, ks, vs, attn_mask=mask, scale=attn.scaling, enable_gqa=True
             )
-            h = h + attn.o_proj(o.transpose(1, 2).reshape(1, n, -1))
+            h = h + attn.o_proj(o.transpose(1, 2).reshape(b, width, -1))
             h = h + layer.mlp(layer.post_attention_layernorm(h))
-        return self.lm_head(self.norm(h[:, -1:]))[0, -1].float().cpu()
-
-    @torch.inference_mode()
-    def decode(self, last_ids: Sequence[int], positions: Sequence[int]) -> torch.Tensor:
-        """Feed one token per slot ``0..B-1`` at its position; return fp32 CPU logits ``[B, V]``."""
-        b = len(last_ids)
-        longest = max(positions) + 1
-        self.ensure_capacity(longest)
-        x = torch.tensor(list(last_ids), dtype=torch.long, device=self.device)[:, None]
-        pos = torch.tensor(list(positions), dtype=torch.long, device=self.device)
-        rows = torch.arange(b, device=self.device)
-        h = self.embed(x)
-        cos, sin = self.rotary(h, pos[:, None])
-        # Row r attends to its own cached positions 0..pos[r] only.
-        mask = (torch.arange(longest, device=self.device)[None, :] <= pos[:, None])[:, None, None]
-        for i, layer in enumerate(self.layers):
-            attn = layer.self_attn
-            q, k, v = self._qkv(attn, layer.input_layernorm(h))
-            q, k = self._rope(q, k, cos, sin)
-            self.k[i][rows, :, pos] = k[:, :, 0]
-            self.v[i][rows, :, pos] = v[:, :, 0]
-            o = F.scaled_dot_product_attention(
-                q,
-                self.k[i][:b, :, :longest],
-                self.v[i][:b, :, :longest],
-                attn_mask=mask,
-                scale=attn.scaling,
-                enable_gqa=True,
-            )
-            h = h + attn.o_proj(o.transpose(1, 2).reshape(b, 1, -1))
-            h = h + layer.mlp(layer.post_attention_layernorm(h))
-        return self.lm_head(self.norm(h))[:, 0].float().cpu()
+        if not logits:
+            return None
+        last = h[torch.arange(b, device=dev), len_t - 1]  # [B, hidden]
+        return self.lm_head(self.norm(last)).float().cpu()
 
     # ------------------------------------------------------------------ weights
 

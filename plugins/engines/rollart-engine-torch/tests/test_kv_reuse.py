@@ -1,0 +1,159 @@
+"""Multi-turn KV reuse, ABORT before ADD, and the prefill-decode (PD) KV hand-off."""
+
+from __future__ import annotations
+
+import asyncio
+
+import torch
+from rollart_engine_torch.engine import TorchEngine
+
+from rollart_sdk.types import GenerationRequest, SamplingParams, WeightBucket
+
+
+def _turn(rid: str, prompt: list[int], traj: str = "", **sampling) -> GenerationRequest:
+    return GenerationRequest(rid, list(prompt), SamplingParams(**sampling), trajectory_id=traj)
+
+
+async def _dialogue(engine: TorchEngine, traj: str, turns: int, seed: int) -> tuple[list, list]:
+    """A multi-turn trajectory: each prompt is the previous context + the engine's
+    answer + a new 'observation'."""
+    context = [7 + seed, 8, 9, 10, 11]
+    results = []
+    for t in range(turns):
+        res = await engine.generate(_turn(f"{traj}/t{t}", context, traj, seed=seed * 100 + t,
+                                          max_new_tokens=3))
+        results.append((list(context), res))
+        context = context + res.token_ids + [20 + t, 21, 22 + seed]
+    return results, context
+
+
+def test_kv_kept_between_turns_computes_only_new_tokens(tiny_model, reference):
+    """Turn k+1 computes only its new tokens, and samples exactly what a fresh engine
+    without reuse samples (same seeds), with logprobs equal to a teacher-forced pass."""
+
+    async def run(reuse: bool):
+        engine = TorchEngine(model=tiny_model, max_running=4, eos_token_ids=[], reuse_kv=reuse)
+        out = await asyncio.gather(*(_dialogue(engine, f"traj{i}", 4, i) for i in range(3)))
+        stats = engine.stats()
+        released = await engine.release("traj0")
+        after = engine.stats()
+        await engine.shutdown()
+        return out, stats, released, after
+
+    with_reuse, s_reuse, released, after = asyncio.run(run(True))
+    without, s_plain, _, _ = asyncio.run(run(False))
+    for (turns_a, _), (turns_b, _) in zip(with_reuse, without, strict=True):
+        for (prompt, ra), (_, rb) in zip(turns_a, turns_b, strict=True):
+            assert ra.token_ids == rb.token_ids
+            ref = reference(prompt, ra.token_ids)
+            assert max(abs(a - b) for a, b in zip(ra.logprobs, ref, strict=True)) < 1e-4
+    assert s_plain["reused_tokens"] == 0
+    # every turn after the first reuses its whole previous context but the last token
+    assert s_reuse["reused_tokens"] > 0
+    assert s_reuse["prefill_tokens"] + s_reuse["reused_tokens"] == s_plain["prefill_tokens"]
+    assert s_reuse["prefill_tokens"] < s_plain["prefill_tokens"] / 2
+    assert s_reuse["kv_idle"] == 3 and released and after["kv_idle"] == 2
+
+
+def test_weight_update_drops_kept_kv(tiny_model, other_weights):
+    """After load_weights the kept KV (old policy) is not reused: the next turn is
+    computed in full under the new weights."""
+
+    async def run():
+        engine = TorchEngine(model=tiny_model, max_running=2, eos_token_ids=[])
+        first = await engine.generate(_turn("a/t0", [5, 6, 7], "a", seed=1, max_new_tokens=2))
+        assert engine.stats()["kv_idle"] == 1
+        await engine.load_weights([WeightBucket(1, 0, dict(other_weights))], version=1)
+        idle = engine.stats()["kv_idle"]
+        before = engine.stats()["reused_tokens"]
+        prompt = [5, 6, 7, *first.token_ids, 9]
+        second = await engine.generate(_turn("a/t1", prompt, "a", seed=2, max_new_tokens=2))
+        stats = engine.stats()
+        await engine.shutdown()
+        return idle, before, stats, prompt, second
+
+    idle, before, stats, prompt, second = asyncio.run(run())
+    assert idle == 0 and stats["reused_tokens"] == before
+    from rollart_sdk.models import load_causal_lm
+
+    model = load_causal_lm(tiny_model.path)
+    model.load_state_dict(other_weights)
+    with torch.no_grad():
+        lp = torch.log_softmax(model(torch.tensor([prompt + second.token_ids])).logits[0], -1)
+    ref = [float(lp[len(prompt) - 1 + i, t]) for i, t in enumerate(second.token_ids)]
+    assert max(abs(a - b) for a, b in zip(second.logprobs, ref, strict=True)) < 1e-4
+
+
+def test_eviction_under_slot_pressure(tiny_model, reference):
+    """More trajectories than slots: the least recently used kept KV is evicted and that
+    trajectory's next turn is recomputed, still correct."""
+
+    async def run():
+        engine = TorchEngine(model=tiny_model, max_running=2, kv_slots=3, eos_token_ids=[])
+        out = await asyncio.gather(*(_dialogue(engine, f"t{i}", 3, i) for i in range(5)))
+        stats = engine.stats()
+        await engine.shutdown()
+        return out, stats
+
+    out, stats = asyncio.run(run())
+    assert stats["kv_evicted"] > 0 and stats["kv_idle"] <= 3
+    for turns, _ in out:
+        for prompt, res in turns:
+            ref = reference(prompt, res.token_ids)
+            assert max(abs(a - b) for a, b in zip(res.logprobs, ref, strict=True)) < 1e-4
+
+
+def test_abort_before_add_is_honoured(tiny_model):
+    """An ABORT that overtakes its ADD is remembered: the ADD returns "abort" at once and
+    uses no slot; the memory is bounded."""
+
+    async def run():
+        engine = TorchEngine(model=tiny_model, max_running=1, eos_token_ids=[], abort_memory=2)
+        known = await engine.abort("early")
+        res = await asyncio.wait_for(
+            engine.generate(_turn("early", [3, 4], max_new_tokens=50)), 10)
+        # bounded: the oldest remembered ids are forgotten
+        for rid in ("x1", "x2", "x3"):
+            await engine.abort(rid)
+        forgotten = await asyncio.wait_for(
+            engine.generate(_turn("x1", [3, 4], temperature=0.0, max_new_tokens=2)), 30)
+        remembered = await engine.generate(_turn("x3", [3, 4], max_new_tokens=2))
+        stats = engine.stats()
+        await engine.shutdown()
+        return known, res, forgotten, remembered, stats
+
+    known, res, forgotten, remembered, stats = asyncio.run(run())
+    assert known is False
+    assert res.finish_reason == "abort" and res.token_ids == []
+    assert forgotten.finish_reason == "length" and len(forgotten.token_ids) == 2
+    assert remembered.finish_reason == "abort"
+    assert stats["aborted"] == 2 and stats["running"] == 0
+
+
+def test_pd_handoff_equals_single_engine(tiny_model, reference):
+    """Prefill on one engine, decode on another with the hand-off: the same tokens as
+    one engine doing both, with the same seeds; the decode side computed only the last
+    prompt token."""
+
+    prompts = [[(3 * i + j) % 80 + 5 for j in range(6 + 4 * i)] for i in range(4)]
+
+    async def run():
+        solo = TorchEngine(model=tiny_model, max_running=4, eos_token_ids=[])
+        pre = TorchEngine(model=tiny_model, max_running=4, eos_token_ids=[])
+        dec = TorchEngine(model=tiny_model, max_running=4, eos_token_ids=[])
+        reqs = [_turn(f"r{i}", p, seed=i, max_new_tokens=5) for i, p in enumerate(prompts)]
+        base = await asyncio.gather(*(solo.generate(r) for r in reqs))
+        kvs = await asyncio.gather(*(pre.prefill_kv(r) for r in reqs))
+        pd = await asyncio.gather(*(dec.generate(r, kv=kv) for r, kv in zip(reqs, kvs, strict=True)))
+        stats = dec.stats(), pre.stats()
+        for e in (solo, pre, dec):
+            await e.shutdown()
+        return base, kvs, pd, stats
+
+    base, kvs, pd, (dec_stats, pre_stats) = asyncio.run(run())
+    for p, kv, a, b in zip(prompts, kvs, base, pd, strict=True):
+        assert kv.tokens == p[:-1] and kv.k.shape[2] == len(p) - 1
+        assert a.token_ids == b.token_ids
+        assert max(abs(x - y) for x, y in zip(b.logprobs, reference(p, b.token_ids), strict=True)) < 1e-4
+    assert dec_stats["reused_tokens"] == sum(len(p) - 1 for p in prompts)
+    assert pre_stats["tokens_generated"] == 0 and pre_stats["running"] == 0
