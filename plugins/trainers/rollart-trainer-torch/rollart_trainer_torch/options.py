@@ -23,6 +23,8 @@ class TorchTrainerOptions(BaseModel):
     grad_clip: float = Field(1.0, ge=0)  # max global grad norm; 0 = no clipping
     # Batching: sequences per forward/backward; gradients accumulate over micro-batches.
     micro_batch_size: int = Field(4, ge=1)
+    # ... and at most this many padded tokens (sequences x the longest) per forward.
+    micro_batch_tokens: int = Field(8192, ge=1)
     # Loss
     clip_eps: float = Field(0.2, gt=0, lt=1)  # PPO clip, lower side (and upper by default)
     clip_eps_high: float | None = Field(None, gt=0)  # DAPO clip-higher; None = clip_eps

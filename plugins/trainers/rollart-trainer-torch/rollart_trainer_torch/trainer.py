@@ -4,8 +4,10 @@ What one ``train_step`` does, in order (the README has the formulas):
 
 1. advantages: samples without one get GRPO advantages over the *whole* batch (with
    data parallelism, rewards are gathered from every rank first);
-2. micro-batches: samples sorted by length, right-padded, ``micro_batch_size`` at a time;
-3. per token: log-probs under the current weights, the policy loss anchored at the
+2. micro-batches: samples sorted by length, right-padded, cut at ``micro_batch_size``
+   sequences or ``micro_batch_tokens`` padded tokens (similar lengths share a forward);
+3. per token: log-probs under the current weights (the LM head runs only on the trained
+   positions, log-prob and entropy from one log-sum-exp), the policy loss anchored at the
    behaviour policy for fresh tokens and at the current weights with a truncated
    importance weight for stale ones (decoupled PPO), plus an optional KL to a frozen
    reference; every micro-batch loss is normalised by the token (or sequence) count of
@@ -45,6 +47,7 @@ from rollart_sdk.weights import split_buckets
 from rollart_trainer_torch.options import TorchTrainerOptions
 
 CHECKPOINT_FORMAT = 1
+HEAD_ONLY_MODELS = ("llama", "qwen2", "qwen3", "mistral")
 _MODEL_FILE = "model.safetensors"
 _OPTIM_FILE = "optimizer.safetensors"
 _RNG_FILE = "rng.safetensors"
@@ -115,6 +118,9 @@ class TorchTrainer:
             self.params, lr=o.lr, betas=o.betas, eps=o.eps, weight_decay=o.weight_decay
         )
         self.pad_id = int(getattr(self.model.config, "pad_token_id", None) or 0)
+        # Architectures whose logits are exactly lm_head(final hidden state): the LM head
+        # can then run on the trained positions only (others: a full forward).
+        self._head_only = getattr(self.model.config, "model_type", "") in HEAD_ONLY_MODELS
         self._version = 0
         self._step = 0
 
@@ -148,13 +154,10 @@ class TorchTrainer:
              "tis_w", "tokens"), 0.0
         )
         ratio_max = 0.0
-        order = sorted(range(len(batch)), key=lambda i: -len(batch[i].input_ids))
-        for start in range(0, len(order), o.micro_batch_size):
-            mb = [batch[i] for i in order[start : start + o.micro_batch_size]]
+        for mb in self._micro_batches(batch):
             t = self._pad(mb)
-            logits = self.model(input_ids=t["ids"], attention_mask=t["attn"]).logits
-            logp = token_logprobs(logits, t["ids"])
             mask = t["mask"][:, 1:]
+            logp, entropy = self._logprobs(self.model, t, mask.bool(), o.compute_entropy)
             beh = t["beh"][:, 1:]
             m = mask.bool()
             # Decoupled PPO: a token sampled by an older version is anchored at the current
@@ -171,8 +174,7 @@ class TorchTrainer:
             loss = pg_loss
             if self.ref_model is not None:
                 with torch.no_grad():
-                    ref_logits = self.ref_model(input_ids=t["ids"], attention_mask=t["attn"]).logits
-                    ref_lp = token_logprobs(ref_logits, t["ids"])
+                    ref_lp, _ = self._logprobs(self.ref_model, t, mask.bool(), False)
                 kl = kl_penalty(logp, ref_lp, o.kl_kind)
                 loss = loss + o.kl_coef * aggregate(kl, mask, o.loss_agg, normalizer)
                 sums["kl"] += float((kl.detach() * mask).sum())
@@ -188,10 +190,8 @@ class TorchTrainer:
             sums["tis_w"] += float((w * stale).sum())
             sums["tokens"] += ntok
             ratio_max = max(ratio_max, float(st["ratio_max"]))
-            if o.compute_entropy:
-                with torch.no_grad():
-                    sums["entropy"] += float((token_entropy(logits.detach()) * mask).sum())
-            del logits, logp, loss
+            sums["entropy"] += entropy
+            del logp, loss
 
         self._all_reduce_grads()
         keys = list(sums)
@@ -415,6 +415,55 @@ class TorchTrainer:
         offset = sum(len(part) for part in gathered[: self.rank])
         for s, f in zip(batch, full[offset : offset + len(batch)], strict=True):
             s.advantage = f.advantage
+
+    def _micro_batches(self, batch: list[TrainSample]) -> list[list[TrainSample]]:
+        """Samples sorted by length, cut into micro-batches of at most
+        ``micro_batch_size`` sequences and ``micro_batch_tokens`` padded tokens: samples
+        of similar length share a forward, so padding stays small."""
+        o = self.options
+        order = sorted(batch, key=lambda s: -len(s.input_ids))
+        out: list[list[TrainSample]] = []
+        cur: list[TrainSample] = []
+        for s in order:
+            width = len(cur[0].input_ids) if cur else len(s.input_ids)  # the longest (first)
+            if cur and (len(cur) >= o.micro_batch_size
+                        or width * (len(cur) + 1) > o.micro_batch_tokens):
+                out.append(cur)
+                cur = []
+            cur.append(s)
+        if cur:
+            out.append(cur)
+        return out
+
+    def _logprobs(self, model: Any, t: dict[str, torch.Tensor], sel: torch.Tensor,
+                  entropy: bool) -> tuple[torch.Tensor, float]:
+        """Log-probs ``[B, T-1]`` of the tokens where ``sel`` is set (0 elsewhere) and the
+        summed entropy there, in one pass: the LM head and softmax run only on the
+        positions that are trained (the policy's tokens), not on every prompt token."""
+        head = model.get_output_embeddings() if self._head_only else None
+        if head is None:  # a model with its own logit post-processing: full forward
+            logits = model(input_ids=t["ids"], attention_mask=t["attn"]).logits
+            logp = token_logprobs(logits, t["ids"])
+            ent = 0.0
+            if entropy:
+                with torch.no_grad():
+                    ent = float((token_entropy(logits.detach()) * sel).sum())
+            return logp, ent
+        # Right padding under a causal mask: no real token ever attends to padding, so no
+        # padding mask is needed, and attention takes the plain causal kernel.
+        hidden = model.base_model(input_ids=t["ids"]).last_hidden_state
+        rows, cols = sel.nonzero(as_tuple=True)
+        logits = head(hidden[rows, cols]).float()  # position t predicts token t + 1
+        log_z = torch.logsumexp(logits, dim=-1)
+        picked = logits.gather(-1, t["ids"][rows, cols + 1].unsqueeze(-1)).squeeze(-1) - log_z
+        logp = torch.zeros(sel.shape, dtype=picked.dtype, device=picked.device)
+        logp = logp.index_put((rows, cols), picked)
+        ent = 0.0
+        if entropy:
+            with torch.no_grad():
+                lp = logits.detach() - log_z.detach().unsqueeze(-1)
+                ent = float(-(lp.exp() * lp).sum())
+        return logp, ent
 
     def _pad(self, mb: list[TrainSample]) -> dict[str, torch.Tensor]:
         """Right-pad a micro-batch (causal attention: padding after a sequence never

@@ -93,6 +93,27 @@ def test_micro_batching_gives_the_full_batch_gradient(ckpt: Path) -> None:
         assert torch.allclose(w1[k], w8[k], atol=1e-5), k
 
 
+def test_head_only_pass_and_token_micro_batches_match_the_full_forward(ckpt: Path) -> None:
+    """The one-pass log-probs (LM head on trained positions only, no padding mask) and
+    token-sized micro-batches give the same loss, entropy and update as a full forward
+    over one padded batch."""
+    batch = make_batch(ckpt, n_groups=3, seed=5)
+    runs = []
+    for head_only, tokens in ((False, 100_000), (True, 100_000), (True, 40)):
+        t = _trainer(ckpt, micro_batch_size=64, micro_batch_tokens=tokens, grad_clip=0.0)
+        t._head_only = head_only
+        m = t.train_step(copy.deepcopy(batch))
+        runs.append((m, {k: v.clone() for k, v in t.model.state_dict().items()},
+                     len(t._micro_batches(batch))))
+    (m0, w0, n0), *rest = runs
+    assert n0 == 1 and rest[1][2] > 2  # the 40-token budget really split the batch
+    for m, w, _ in rest:
+        assert m["loss"] == pytest.approx(m0["loss"], abs=1e-6)
+        assert m["entropy"] == pytest.approx(m0["entropy"], rel=1e-5)
+        for k in w0:
+            assert torch.allclose(w[k], w0[k], atol=1e-5), k
+
+
 def test_save_pretrained_loads_with_transformers(ckpt: Path, tmp_path: Path) -> None:
     t = _trainer(ckpt)
     t.train_step(make_batch(ckpt))
