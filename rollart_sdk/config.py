@@ -155,6 +155,9 @@ class TaskConfig(_Strict):
     # one fails. None: as many as the run keeps busy at once (rollout.max_envs or a
     # step's launches); 0: no pool, one environment per trajectory.
     env_pool: int | None = Field(None, ge=0)
+    # How turns become tokens: the tokenizer's chat template ("chat"), observations and
+    # actions as plain text lines ("plain"), or chat when the tokenizer has a template.
+    prompt_format: Literal["auto", "chat", "plain"] = "auto"
 
 
 class RolloutConfig(_Strict):

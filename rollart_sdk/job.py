@@ -114,12 +114,11 @@ def build_job(cfg: RunConfig, lines: LineMap | None = None, run_name: str | None
     log(f"model: {model.path}")
 
     workers = _spawn_workers(cfg, resolved, plan, model, spawner)
-    from rollart_sdk.control.chat import ChatFormat
     from rollart_sdk.models import load_tokenizer
 
     assert model.path is not None  # prepare_model sets it
-    chat = ChatFormat(load_tokenizer(model.path))
-    tasks = _task_runtimes(cfg, described, chat)
+    tasks = _task_runtimes(cfg, described, load_tokenizer(model.path))
+    chat = tasks[cfg.tasks[0].tag].prompt_format  # the scheduler's default format
     pipeline = _wire_control_plane(cfg, workers, tasks, chat, run_dir)
     run_dir.write_json("plan.json", plan.to_json())
     run_dir.write_json("bindings.json", spawner.bindings())
@@ -192,13 +191,20 @@ def _reward_handle(resolved: ResolvedRun, spawner: Spawner) -> WorkerHandle:
 
 
 def _task_runtimes(cfg: RunConfig, described: dict[str, dict[str, Any]],
-                   chat: ChatFormat) -> dict[str, TaskRuntime]:
-    """Each task's system prompt and allowed action tokens."""
+                   tokenizer: Any) -> dict[str, TaskRuntime]:
+    """Each task's prompt format (chat template or plain text), system prompt and allowed
+    action tokens."""
+    from rollart_sdk.control.chat import prompt_format
     from rollart_sdk.control.env_manager import TaskRuntime
+    from rollart_sdk.errors import ConfigError
 
     tasks: dict[str, TaskRuntime] = {}
-    for task in cfg.tasks:
+    for i, task in enumerate(cfg.tasks):
         d = described[task.tag]
+        try:
+            fmt = prompt_format(tokenizer, task.prompt_format)
+        except ValueError as exc:
+            raise ConfigError([(f"tasks.{i}.prompt_format", str(exc))]) from None
         allowed = None
         if task.constrain_actions:
             if not d["action_vocabulary"]:
@@ -206,9 +212,9 @@ def _task_runtimes(cfg: RunConfig, described: dict[str, dict[str, Any]],
                     f"task {task.tag!r}: constrain_actions is set but env "
                     f"{task.env.name!r} has no action_vocabulary; set constrain_actions: false"
                 )
-            allowed = chat.action_token_ids(d["action_vocabulary"])
+            allowed = fmt.action_token_ids(d["action_vocabulary"])
         system = d["system_prompt"] if task.system_prompt == "env" else task.system_prompt
-        tasks[task.tag] = TaskRuntime(task, system or None, allowed)
+        tasks[task.tag] = TaskRuntime(task, system or None, allowed, fmt)
     return tasks
 
 

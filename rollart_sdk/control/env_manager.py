@@ -35,6 +35,7 @@ class TaskRuntime:
     config: TaskConfig
     system_prompt: str | None = None
     allowed_token_ids: list[int] | None = None
+    prompt_format: Any = None  # ChatFormat / PlainFormat of this task; None: the shared one
 
     def sampling(self, seed: int) -> SamplingParams:
         s = self.config.sampling
@@ -69,7 +70,7 @@ class EnvManager:
         env_id: str | None = None,
     ) -> None:
         self.task = task
-        self.chat = chat
+        self.chat = task.prompt_format or chat
         self.proxy = proxy
         self.env = env_worker
         self.reward = reward_worker
