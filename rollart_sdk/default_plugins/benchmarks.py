@@ -25,5 +25,6 @@ def rollart_register_benchmarks(registry):
     registry.register(
         "async",
         factory="rollart_sdk.bench.async_modes:main",
-        summary="sync vs one_off vs async alpha 1/2: step time, staleness, aborts",
+        summary="Sync (batched), Sync+, one_off, async alpha 0/1/2 at equal capacity: "
+                "step time, waste, length bias, staleness, bound_speedup",
     )
