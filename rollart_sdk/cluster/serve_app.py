@@ -196,7 +196,8 @@ def _deployment(opts: DeployOptions) -> Any:
     class ServedReward(RewardFunction):
         async def __call__(self, request: Request) -> JSONResponse:
             length = request.headers.get("content-length")
-            refused = self.check(request.headers, int(length) if (length or "").isdigit() else None)
+            declared = int(length) if length is not None and length.isdigit() else None
+            refused = self.check(request.headers, declared)
             if refused is not None:
                 return JSONResponse({"error": refused[1]}, status_code=refused[0])
             body = await request.body()
@@ -231,7 +232,8 @@ def replica_count(app: str) -> int:
         return 0
     total = 0
     for dep in status.deployments.values():
-        total += int(dep.replica_states.get("RUNNING", 0))
+        total += sum(n for state, n in dep.replica_states.items()
+                     if str(getattr(state, "value", state)) == "RUNNING")
     return total
 
 
