@@ -312,10 +312,10 @@ def test_rollart_status_shows_bindings_of_a_running_job(rc):
         table = subprocess.run(cmd[:-1], capture_output=True, text=True, timeout=120)
         assert table.returncode == 0 and "envs-1" in table.stdout
         # Without an address: every Ray cluster on this machine is asked, on 127.0.0.1.
-        env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+        environ = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
         found = subprocess.run([sys.executable, "-m", "rollart_sdk.cli", "status",
                                 "--namespace", "t-status", "--json"],
-                               capture_output=True, text=True, timeout=300, env=env)
+                               capture_output=True, text=True, timeout=300, env=environ)
         assert found.returncode == 0, found.stderr
         answers = json.loads(found.stdout)
         answers = answers if isinstance(answers, list) else [answers]  # other users' runs
