@@ -30,6 +30,40 @@ class Backend(_Strict):
     options: dict[str, Any] = Field(default_factory=dict)
 
 
+class LatencyConfig(_Strict):
+    """Extra seconds added to every env call: normal(mu, sigma), clipped at 0."""
+
+    mu: float = Field(0.0, ge=0)
+    sigma: float = Field(0.0, ge=0)
+
+
+class FaultConfig(_Strict):
+    """Faults injected into an env (``tasks[].env.faults``), to rehearse failures.
+
+    Probabilities are per call: ``reset_error`` makes ``reset`` raise, ``step_error``
+    makes ``step`` raise, ``hang`` makes ``reset`` or ``step`` block for ``hang_s``
+    seconds (longer than the task's timeouts: the call is treated as hung).
+    """
+
+    reset_error: float = Field(0.0, ge=0, le=1)
+    step_error: float = Field(0.0, ge=0, le=1)
+    hang: float = Field(0.0, ge=0, le=1)
+    hang_s: float = Field(3600.0, gt=0)
+    latency: LatencyConfig | None = None
+
+    @property
+    def active(self) -> bool:
+        lat = self.latency
+        return bool(self.reset_error or self.step_error or self.hang
+                    or (lat is not None and (lat.mu or lat.sigma)))
+
+
+class EnvBackend(Backend):
+    """A task's env: a backend, plus optional injected faults."""
+
+    faults: FaultConfig | None = None
+
+
 class TinyModelConfig(_Strict):
     """A small Llama-style model built from a config (random init), with a local tokenizer."""
 
@@ -136,7 +170,7 @@ class TaskConfig(_Strict):
     """One task domain: an environment, its reward, and the hardware its generation prefers."""
 
     tag: str
-    env: Backend
+    env: EnvBackend
     reward: Backend = Field(default_factory=lambda: Backend(name="rule"))
     affinity: str | None = None  # pool name for this task's generation (hw_mapping)
     weight: float = Field(1.0, gt=0)  # sampling weight among tasks
@@ -149,6 +183,8 @@ class TaskConfig(_Strict):
     reset_timeout_s: float = Field(30.0, gt=0)
     step_timeout_s: float = Field(30.0, gt=0)
     generate_timeout_s: float = Field(300.0, gt=0)
+    # The whole reward call, the backend's own retries included (set it above them).
+    reward_timeout_s: float = Field(300.0, gt=0)
     max_context_tokens: int = Field(1024, gt=0)  # a longer trajectory is truncated
     # Environments kept for this task, each living across episodes (reset -> episode ->
     # reset) with its EnvManager; built at first use, closed at run end or replaced when
@@ -176,6 +212,14 @@ class RolloutConfig(_Strict):
     # "batched": the environments of one iteration step in lockstep, each turn waiting
     # for the slowest (the paper's plain Sync baseline).
     interaction: Literal["trajectory", "batched"] = "trajectory"
+    # Failures (docs/failures.md): a dropped member of a group is re-run from the group's
+    # env seed up to this many times per group; past it the group is dropped whole.
+    max_member_retries: int = Field(3, ge=0)
+    # Watchdog: a task whose last `drop_window` finished trajectories were dropped at a
+    # rate above `max_drop_rate` stops the run; so does no progress for `stall_timeout_s`.
+    max_drop_rate: float = Field(0.9, gt=0, le=1)
+    drop_window: int = Field(64, ge=1)
+    stall_timeout_s: float = Field(600.0, gt=0)
 
     @property
     def effective_alpha(self) -> int:
@@ -204,6 +248,7 @@ class TrainConfig(_Strict):
     checkpoint_every: int = Field(0, ge=0)  # 0: only the final checkpoint
     bucket_mb: float = Field(64.0, gt=0)  # weight bucket size for transports
     save_final_model: bool = True
+    call_timeout_s: float = Field(1800.0, gt=0)  # a train step or checkpoint call longer fails
 
 
 class RayConfig(_Strict):

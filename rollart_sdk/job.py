@@ -42,6 +42,7 @@ class Job:
     pipeline: Pipeline
     trainers: list[WorkerHandle]
     spawner: Spawner
+    signal: str | None = None  # SIGINT / SIGTERM that stopped the run
 
     def close(self) -> None:
         self.spawner.close()
@@ -161,7 +162,8 @@ def _spawn_workers(cfg: RunConfig, resolved: ResolvedRun, plan: ResourcePlan,
     )
     routes = spawner.routes("gen", [t.tag for t in cfg.tasks])
     reward = _reward_handle(resolved, spawner)
-    env_spec = {tag: (res.descriptor, res.options) for tag, res in resolved.envs.items()}
+    env_spec = {tag: (res.descriptor, res.options, cfg.task(tag).env.faults)
+                for tag, res in resolved.envs.items()}
     envs = spawner.cluster(EnvWorker, "env", (env_spec,),
                            num_workers=cfg.roles.environment.workers,
                            concurrency=_max_running(cfg) + 8)
@@ -239,11 +241,19 @@ def _wire_control_plane(cfg: RunConfig, workers: _Workers, tasks: dict[str, Task
         alpha=r.effective_alpha if r.mode == "async" else None, batch_quota=task_quota(cfg),
         seed=cfg.seed, event_sink=run_dir.log_event, interaction=r.interaction,
         env_pools=env_pool_sizes(cfg, _max_running(cfg)),
+        max_member_retries=cfg.rollout.max_member_retries,
     )
     pipeline = Pipeline(cfg, proxy, scheduler, buffer, workers.trainers,
                         checkpoint_dir=str(run_dir.checkpoints), event_sink=run_dir.log_event,
                         weight_sync=WeightSync(workers.engines), versions=versions)
+    scheduler.on_finish.append(run_dir.log_finished)  # drops.jsonl, env close errors
     return pipeline
+
+
+def newest_checkpoint(root: Path) -> str | None:
+    """The newest complete checkpoint (trainer_state.json is written last)."""
+    done = [p for p in Path(root).iterdir() if (p / "trainer_state.json").exists()]
+    return str(max(done, key=lambda p: (p / "trainer_state.json").stat().st_mtime)) if done else None
 
 
 def env_pool_sizes(cfg: RunConfig, max_running: int) -> dict[str, int]:
@@ -309,6 +319,19 @@ def run_job(job: Job, steps: int, progress: bool = True) -> list[StepRecord]:
         await job.pipeline.run(steps)
 
     error: Exception | None = None
+    signals: list[str] = []
+
+    def on_sigterm(signum: int, frame: Any) -> None:
+        # SIGTERM (Kubernetes, Slurm, docker stop, systemd) ends the run like Ctrl-C:
+        # final checkpoint, summary, flushed logs; `rollart train` exits 143.
+        signals.append("SIGTERM")
+        raise KeyboardInterrupt
+
+    import signal
+    import threading
+
+    in_main = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, on_sigterm) if in_main else None
     with display:
         try:
             asyncio.run(main())
@@ -316,22 +339,45 @@ def run_job(job: Job, steps: int, progress: bool = True) -> list[StepRecord]:
             interrupted = True
         except Exception as exc:  # noqa: BLE001 - re-raised after the final checkpoint
             error = exc
-    # Whatever ended the run (done, Ctrl-C, a failed weight sync), keep what was trained.
-    # Every trainer rank takes part (collective for a tensor-parallel trainer).
-    def all_trainers(method: str, path: Path) -> None:
-        asyncio.run(asyncio.wait_for(job.pipeline.all_trainers(method, str(path)), 600))
+        finally:
+            if in_main:
+                signal.signal(signal.SIGTERM, previous)
+    job.signal = signals[0] if signals else ("SIGINT" if interrupted else None)
 
-    all_trainers("save_checkpoint", job.run_dir.checkpoints / "final")
-    if job.config.train.save_final_model:
-        all_trainers("save_pretrained", job.run_dir.path / "final_model")
+    # Whatever ended the run (done, Ctrl-C, a failed weight sync), keep what was trained.
+    # Every trainer rank takes part (collective for a tensor-parallel trainer). A dead
+    # trainer cannot save: that is recorded, and the original error stays the error.
+    def all_trainers(method: str, path: Path) -> str | None:
+        try:
+            asyncio.run(asyncio.wait_for(job.pipeline.all_trainers(method, str(path)), 600))
+        except Exception as exc:  # noqa: BLE001 - reported in summary.json, never masks
+            return f"{method} failed: {type(exc).__name__}: {exc}"[:1000]
+        return None
+
+    save_errors = [e for e in [all_trainers("save_checkpoint", job.run_dir.checkpoints / "final")]
+                   if e]
+    if job.config.train.save_final_model and not save_errors:
+        save_errors += [e for e in [all_trainers("save_pretrained",
+                                                 job.run_dir.path / "final_model")] if e]
     p = job.pipeline
     summary = {
         "steps": len(p.records),
         "interrupted": interrupted,
         "error": f"{type(error).__name__}: {error}" if error else None,
-        "trajectories_trained": p.buffer.trained,
-        "dropped": dict(p.buffer.dropped),
+        "signal": job.signal,
+        "checkpoint_errors": save_errors,
+        "newest_checkpoint": newest_checkpoint(job.run_dir.checkpoints),
+        # Accounting: launched = trained + sum(dropped) (reason -> count).
         "launched": p.scheduler.launched,
+        "trained": p.buffer.trained,
+        "dropped": dict(p.buffer.dropped),
+        "trajectories_trained": p.buffer.trained,
+        "retried": p.scheduler.retried,
+        "drop_examples": job.run_dir.drop_examples,
+        "engine_recovery": {**p.recovery.summary(), "rerouted_requests": p.proxy.rerouted},
+        "env_close_errors": dict(job.run_dir.close_errors),
+        "events_not_written": job.run_dir.events_dropped,
+        "rollout_s": (p.ended or time.time()) - p.started,  # start to the rollout's stop
         "rollout": run_rollout_summary(p),
         "served": {f"{tag}@{w}": n for (tag, w), n in p.proxy.served.items()},
         "weight_updates": [vars(r) for r in p.update_reports],

@@ -27,8 +27,9 @@ def cmd_train(args: argparse.Namespace) -> int:
     try:
         run_job(job, args.steps or cfg.train.steps, progress=not args.no_progress)
     except KeyboardInterrupt:
-        print(f"interrupted; final checkpoint in {job.run_dir.checkpoints / 'final'}")
-        return 130
+        print(f"interrupted ({job.signal}); final checkpoint in "
+              f"{job.run_dir.checkpoints / 'final'}")
+        return 143 if job.signal == "SIGTERM" else 130
     finally:
         job.close()
     summary = json.loads((job.run_dir.path / "summary.json").read_text())

@@ -36,6 +36,8 @@ from rollart_sdk.types import (
     WeightUpdateReport,
 )
 
+_MAX_EARLY_ABORTS = 4096
+
 
 def _one_thread() -> None:
     """Processes share few cores: one torch thread each (oversubscription is 10x slower)."""
@@ -54,21 +56,39 @@ class EngineWorker(ActorGenWorker):
     def __init__(self, engine: Descriptor, engine_options: Any, model: ModelConfig,
                  transport: Descriptor, transport_options: Any) -> None:
         _one_thread()
+        from collections import OrderedDict
+
         from rollart_sdk.weights import WeightStager
 
         self.name = self.worker_name
         self.engine = engine.create(engine_options, model=model)
         self.transport = transport.create(transport_options, role="receiver")
         self.stager = WeightStager(self.transport)
+        self._started: set[str] = set()  # requests handed to the engine, not finished
+        # ABORTs that arrived before their request (Ray does not order an async actor's
+        # calls): honoured when the request comes; the oldest forgotten past the cap.
+        self._early_aborts: OrderedDict[str, None] = OrderedDict()
 
     @hw_mapping({})  # the table comes from the config: Cluster(hw_affinity=plan.hw_affinity())
     async def generate(self, request: GenerationRequest) -> GenerationResult:
-        result = await self.engine.generate(request)
+        rid = request.request_id
+        if self._early_aborts.pop(rid, 0) is None:
+            return GenerationResult(rid, [], [], [], "abort", worker=self.name)
+        self._started.add(rid)
+        try:
+            result = await self.engine.generate(request)
+        finally:
+            self._started.discard(rid)
         result.worker = self.name
         return result
 
     async def abort(self, request_id: str) -> bool:
-        return await self.engine.abort(request_id)
+        if request_id in self._started:
+            return await self.engine.abort(request_id)
+        self._early_aborts[request_id] = None
+        while len(self._early_aborts) > _MAX_EARLY_ABORTS:
+            self._early_aborts.popitem(last=False)
+        return False
 
     @register("execute_all")
     async def suspend(self) -> None:
@@ -165,49 +185,98 @@ class TrainerWorker(ActorTrainWorker):
 class EnvWorker(EnvironmentWorker):
     """Environment: hosts many environments of any tasks, each addressed by ``env_id``.
 
-    Run as a threaded Ray actor (``max_concurrency``) so that a slow ``reset`` or ``step``
-    of one environment never blocks the others (R2).
+    Every env runs in its own process (:class:`~rollart_sdk.cluster.env_host.EnvHost`):
+    a call that outlives its ``timeout_s`` kills that process and raises ``EnvHung``, so a
+    hung env holds neither a thread nor a slot. The actor is threaded (``max_concurrency``)
+    so that a slow ``reset`` or ``step`` of one environment never blocks the others (R2).
+    ``envs``: tag -> (descriptor, options, faults or None).
     """
 
-    def __init__(self, envs: dict[str, tuple[Descriptor, Any]]) -> None:
+    def __init__(self, envs: dict[str, tuple[Any, ...]]) -> None:
+        import threading
+
         _one_thread()
         self.name = self.worker_name
-        self._specs = envs  # tag -> (descriptor, options)
-        self._envs: dict[str, Any] = {}
+        self._specs = envs
+        self._hosts: dict[str, Any] = {}
         self._factories: dict[str, Any] = {}
+        self._lock = threading.Lock()
+        self.killed = 0  # envs whose call hung: their process was killed
+        self.closed = 0  # envs closed by their own close()
+        from rollart_sdk.cluster.env_host import HostPool
+
+        self._pool = HostPool(spares=4)
         self.constructions: dict[str, int] = {}  # tag -> instances built (pooling: once each)
 
-    def _make(self, tag: str) -> Any:
-        if tag not in self._factories:
-            desc, options = self._specs[tag]
-            self._factories[tag] = (desc.load(), options)
-        factory, options = self._factories[tag]
-        env = factory(**options.model_dump())
-        self.constructions[tag] = self.constructions.get(tag, 0) + 1
-        return env
+    def _host(self, env_id: str, tag: str) -> Any:
+        with self._lock:
+            host = self._hosts.get(env_id)
+            if host is not None:
+                return host
+            if tag not in self._factories:
+                self._factories[tag] = self._specs[tag][0].load()
+            factory = self._factories[tag]
+        spec = self._specs[tag]
+        faults = spec[2] if len(spec) > 2 else None
+        host = self._pool.take(factory.__module__)
+        host.assign(factory, spec[1].model_dump(), faults, env_id)
+        with self._lock:
+            self._hosts[env_id] = host
+            self.constructions[tag] = self.constructions.get(tag, 0) + 1
+        return host
 
-    def reset(self, env_id: str, tag: str, seed: int) -> tuple[str, dict[str, Any]]:
-        env = self._envs.get(env_id)
-        if env is None:
-            env = self._envs[env_id] = self._make(tag)
-        obs, info = env.reset(seed=seed)
-        return str(obs), _plain(info)
+    def _call(self, env_id: str, host: Any, method: str, args: tuple[Any, ...],
+              timeout_s: float) -> Any:
+        from rollart_sdk.cluster.env_host import EnvHung
 
-    def step(self, env_id: str, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
-        obs, reward, terminated, truncated, info = self._envs[env_id].step(action)
-        return str(obs), float(reward), bool(terminated), bool(truncated), _plain(info)
+        try:
+            return host.call(method, args, timeout_s)
+        except EnvHung:
+            with self._lock:
+                self.killed += 1
+                self._hosts.pop(env_id, None)
+            raise
 
-    def close(self, env_id: str) -> None:
-        env = self._envs.pop(env_id, None)
-        if env is not None:
-            _close(env)
+    def reset(self, env_id: str, tag: str, seed: int,
+              timeout_s: float = 30.0) -> tuple[str, dict[str, Any]]:
+        return self._call(env_id, self._host(env_id, tag), "reset", (seed,), timeout_s)
+
+    def step(self, env_id: str, action: str,
+             timeout_s: float = 30.0) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        host = self._hosts.get(env_id)
+        if host is None:
+            raise KeyError(f"no env {env_id!r} on {self.name} (never reset, or killed)")
+        return self._call(env_id, host, "step", (action,), timeout_s)
+
+    def close(self, env_id: str) -> str | None:
+        """Close the env in its process; returns the close error's text, if any."""
+        from rollart_sdk.cluster.env_host import EnvCallError, EnvHung, EnvProcessDied
+
+        with self._lock:
+            host = self._hosts.pop(env_id, None)
+        if host is None:
+            return None
+        try:
+            host.close()
+        except (EnvCallError, EnvHung, EnvProcessDied) as exc:
+            return str(exc)
+        with self._lock:
+            self.closed += 1
+        return None
 
     def count(self) -> int:
-        return len(self._envs)
+        return len(self._hosts)
 
     def stats(self) -> dict[str, Any]:
-        """Live instances and how many were built per task (tests, metrics)."""
-        return {"name": self.name, "live": len(self._envs), "constructions": dict(self.constructions)}
+        """Live instances, how many were built per task, killed (hung) and closed."""
+        return {"name": self.name, "live": len(self._hosts),
+                "constructions": dict(self.constructions), "killed": self.killed,
+                "closed": self.closed}
+
+    def shutdown(self) -> None:
+        for env_id in list(self._hosts):
+            self.close(env_id)
+        self._pool.close()
 
 
 class RewardBackendWorker(RewardWorker):
@@ -244,13 +313,6 @@ class RewardRouter:
             raise KeyError(f"no reward backend for task {tag!r}")
         result: RewardResult = await self._remote.call("score", tag, request)
         return result
-
-
-def _close(env: Any) -> None:
-    try:
-        env.close()
-    except Exception:  # noqa: BLE001 - closing a broken env must not hide the real error
-        pass
 
 
 def _plain(info: Any) -> dict[str, Any]:

@@ -6,6 +6,12 @@ only takes groups started at ``>= n - alpha`` (the paper's bound); older groups 
 (counted, with the reason). Every trajectory that enters is either handed out in a batch
 or counted as dropped; the buffer also keeps what waste and length bias are measured from
 (dropped trajectories and generated tokens per task, turns of every finished episode).
+
+Groups are trained whole or not at all (group-preserving): the scheduler re-runs a failed
+member from the group's env seed (``count_drop`` counts the failed attempt); a group that
+still completes with a dropped member (its retries used up, or aborted) is dropped whole
+as ``group_incomplete`` and ``on_group_dropped`` listeners (the scheduler, which launches
+a replacement group in quota modes) are told. See docs/failures.md.
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ import asyncio
 from collections import Counter, OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from rollart_sdk.types import Trajectory
 
@@ -52,8 +59,11 @@ class SampleBuffer:
         # Called whenever room is freed (a batch taken, groups evicted): the scheduler
         # listens so that it launches again.
         self.on_room: list[Callable[[], None]] = []
-        # Groups dropped whole -> reason; members that finish later are counted under it.
-        self._discarded: dict[str, str] = {}
+        # Groups dropped whole -> [reason, members still out]; members that finish later
+        # are counted under it; an entry goes once its last member is counted.
+        self._discarded: dict[str, list[Any]] = {}
+        # Called with (tag, group_id) when a group is dropped for a failure or as stale.
+        self.on_group_dropped: list[Callable[[str, str], None]] = []
         self.dropped_by_tag: Counter[str] = Counter()  # admission control counts on it
         self.tokens_dropped = 0  # generated tokens of dropped trajectories
         self.tokens_trained = 0  # generated tokens of trajectories handed out in batches
@@ -69,6 +79,34 @@ class SampleBuffer:
         self.dropped_by_tag[t.tag] += 1
         self.tokens_dropped += t.generated_tokens
 
+    def count_drop(self, traj: Trajectory) -> None:
+        """Count a dropped member that the scheduler re-runs (it never joins its group)."""
+        self._drop(traj)
+
+    def is_discarded(self, group_id: str) -> bool:
+        return group_id in self._discarded
+
+    def is_open(self, group_id: str) -> bool:
+        return group_id in self._open
+
+    def member_abandoned(self, group_id: str) -> None:
+        """A discarded group's member will never arrive (its re-run was not launched)."""
+        gone = self._discarded.get(group_id)
+        if gone is not None:
+            gone[1] -= 1
+            if gone[1] <= 0:
+                del self._discarded[group_id]
+
+    def held_by_tag(self, tag: str) -> int:
+        """Usable trajectories of ``tag`` finished and not trained (ready or in open groups)."""
+        return (sum(len(g.members) for g in self._ready.values() if g.tag == tag)
+                + sum(len(g.usable) for g in self._open.values() if g.tag == tag))
+
+    def held(self) -> int:
+        """Trajectories finished but neither trained nor counted yet (ready groups and
+        finished members of groups still running)."""
+        return self.ready_trajectories + sum(len(g.members) for g in self._open.values())
+
     # ------------------------------------------------------------------ producers
     async def put(self, traj: Trajectory) -> None:
         """Add a finished (scored or dropped) trajectory to its group."""
@@ -77,8 +115,12 @@ class SampleBuffer:
                 c = self.finished_turns.setdefault(traj.tag, [0, 0])
                 c[0] += 1
                 c[1] += len(traj.turns)
-            if traj.group_id in self._discarded:
-                self._drop(traj, traj.dropped or self._discarded[traj.group_id])
+            gone = self._discarded.get(traj.group_id)
+            if gone is not None:
+                self._drop(traj, traj.dropped or gone[0])
+                gone[1] -= 1
+                if gone[1] <= 0:
+                    del self._discarded[traj.group_id]
                 return
             group = self._open.get(traj.group_id)
             if group is None:
@@ -91,12 +133,14 @@ class SampleBuffer:
                 if t.dropped is not None:
                     self._drop(t)
             usable = group.usable
-            if len(usable) < 2:
-                # GRPO needs at least two scored members to compare; count the rest.
+            if len(usable) < len(group.members):
+                # Group-preserving: training the survivors alone would bias the group
+                # toward the episodes that did not fail; drop it whole, count the rest.
                 for t in usable:
                     self._drop(t, "group_incomplete")
+                for fn in self.on_group_dropped:
+                    fn(group.tag, group.group_id)
                 return
-            group.members = usable
             self._ready[group.group_id] = group
             self.max_ready_trajectories = max(self.max_ready_trajectories, self.ready_trajectories)
             self._cond.notify_all()
@@ -114,9 +158,12 @@ class SampleBuffer:
         """Remove ready groups started before ``min_version``; returns the evicted."""
         evicted: list[Trajectory] = []
         for gid in [g for g, grp in self._ready.items() if grp.start_version < min_version]:
-            for t in self._ready.pop(gid).members:
+            group = self._ready.pop(gid)
+            for t in group.members:
                 self._drop(t, "stale")
                 evicted.append(t)
+            for fn in self.on_group_dropped:
+                fn(group.tag, gid)
         if evicted:
             self._notify_room()
         return evicted
@@ -188,7 +235,7 @@ class SampleBuffer:
                     n += 1
                 else:
                     self._drop(t)
-            self._discarded[gid] = reason
+            self._discarded[gid] = [reason, group.size - len(group.members)]
         self._ready.clear()
         self._open.clear()
         if n:

@@ -27,6 +27,28 @@ from rollart_sdk.types import (
     Turn,
 )
 
+_BACKSTOP_S = 10.0  # caller-side margin over an env call's own (worker-side) timeout
+MAX_REASON_CHARS = 1000  # a drop reason keeps at most this much of the exception text
+
+
+def bounded(text: str, limit: int = MAX_REASON_CHARS) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _env_reason(call: str, exc: BaseException, timeout: float) -> str:
+    """Drop reason for a failed env ``reset``/``step``: ``env_<call>_timeout`` when it
+    hung (the worker killed the env's process, or the worker did not answer), else
+    ``env_<call>_failed`` with the env's exception text."""
+    if isinstance(exc, asyncio.TimeoutError) or "EnvHung" in type(exc).__name__ or (
+        "EnvHung" in str(exc)[:200]
+    ):
+        return f"env_{call}_timeout: no {call} within {timeout}s (the env's process was killed)"
+    text = str(exc)
+    # Ray wraps a remote error; keep the env's own "Type: message" when it is there.
+    if "EnvCallError" in type(exc).__name__ or text.startswith(("EnvCallError", "ray::")):
+        text = text.splitlines()[-1] if text else text
+    return bounded(f"env_{call}_failed: {type(exc).__name__}: {text}")
+
 
 @dataclass
 class TaskRuntime:
@@ -143,12 +165,19 @@ class EnvManager:
             if self.barrier is not None:
                 self.barrier.leave(self.env_id)
             self.proxy.release(traj.trajectory_id)
-            if self.pooled_env_id is None:
-                try:
-                    await asyncio.wait_for(self.env.call("close", self.env_id), timeout=10)
-                except Exception:  # noqa: BLE001 - a broken env's close must not hide the result
-                    pass
+            if self.pooled_env_id is None:  # a pooled env is closed by its pool
+                await self._close_env()
         return traj
+
+    async def _close_env(self) -> None:
+        """Close the env (in its own process); a failing close is recorded on the
+        trajectory (``info["env_close_error"]``, logged to the run dir), never raised."""
+        try:
+            err = await asyncio.wait_for(self.env.call("close", self.env_id), timeout=20)
+        except Exception as exc:  # noqa: BLE001 - recorded below; the result stands
+            err = f"{type(exc).__name__}: {exc}"
+        if err:
+            self.traj.info["env_close_error"] = bounded(str(err))
 
     async def _timed(self, span: str, coro: Any, timeout: float, worker: str | None) -> Any:
         """Await ``coro`` with a timeout and record its span on the timeline; ``worker``
@@ -170,15 +199,15 @@ class EnvManager:
         """The env's first observation; None (the trajectory dropped, with why) on failure."""
         traj, cfg = self.traj, self.task.config
         try:
+            # The env worker kills a call past its timeout (the env's own process); the
+            # caller's limit is a backstop for a worker that does not answer at all.
             obs, info = await self._timed(
-                "env_reset", self.env.call("reset", self.env_id, traj.tag, self.seed),
-                cfg.reset_timeout_s, self.env.name,
+                "env_reset",
+                self.env.call("reset", self.env_id, traj.tag, self.seed, cfg.reset_timeout_s),
+                cfg.reset_timeout_s + _BACKSTOP_S, self.env.name,
             )
-        except TimeoutError:
-            traj.dropped = f"env_reset_timeout: no reset within {cfg.reset_timeout_s}s"
-            return None
         except Exception as exc:  # noqa: BLE001 - any env failure ends only this trajectory
-            traj.dropped = f"env_reset_failed: {type(exc).__name__}: {exc}"
+            traj.dropped = _env_reason("reset", exc, cfg.reset_timeout_s)
             return None
         return obs, info
 
@@ -215,8 +244,11 @@ class EnvManager:
                     "generate", self.proxy.generate(request), cfg.generate_timeout_s, None
                 )
             except TimeoutError:
-                await self.proxy.abort(request.request_id)
+                # The proxy's generate was cancelled: it sent ABORT to the engine itself.
                 traj.dropped = f"generate_timeout: no response within {cfg.generate_timeout_s}s"
+                return
+            except Exception as exc:  # noqa: BLE001 - e.g. the engine worker died
+                traj.dropped = bounded(f"generate_failed: {type(exc).__name__}: {exc}")
                 return
             finally:
                 self._current_request = None
@@ -232,14 +264,11 @@ class EnvManager:
             context += turn.action_ids
             try:
                 obs, reward, terminated, truncated, info = await self._timed(
-                    "env_step", self.env.call("step", self.env_id, text),
-                    cfg.step_timeout_s, self.env.name,
+                    "env_step", self.env.call("step", self.env_id, text, cfg.step_timeout_s),
+                    cfg.step_timeout_s + _BACKSTOP_S, self.env.name,
                 )
-            except TimeoutError:
-                traj.dropped = f"env_step_timeout: no step within {cfg.step_timeout_s}s"
-                return
-            except Exception as exc:  # noqa: BLE001
-                traj.dropped = f"env_step_failed: {type(exc).__name__}: {exc}"
+            except Exception as exc:  # noqa: BLE001 - any env failure ends only this trajectory
+                traj.dropped = _env_reason("step", exc, cfg.step_timeout_s)
                 return
             turn.env_reward = reward
             traj.env_return += reward
@@ -264,13 +293,17 @@ class EnvManager:
     async def _score(self) -> None:
         traj = self.traj
         assert self._reward_request is not None
+        timeout = self.task.config.reward_timeout_s
         try:
             result = await self._timed(
                 "reward", self.reward.call("score", traj.tag, self._reward_request),
-                60.0, self.reward.name,
+                timeout, self.reward.name,
             )
+        except TimeoutError:
+            traj.dropped = f"reward_timeout: no reward within {timeout}s (tasks[].reward_timeout_s)"
+            return
         except Exception as exc:  # noqa: BLE001 - recorded, not raised: others continue
-            traj.dropped = f"reward_failed: {type(exc).__name__}: {exc}"
+            traj.dropped = bounded(f"reward_failed: {type(exc).__name__}: {exc}")
             return
         traj.reward = float(result.reward)
         traj.info["reward_details"] = result.details

@@ -46,10 +46,14 @@ from rollart_sdk.control.buffer import SampleBuffer
 from rollart_sdk.control.handles import WorkerHandle
 from rollart_sdk.control.metrics import step_metrics
 from rollart_sdk.control.proxy import LLMProxy
+from rollart_sdk.control.recovery import EngineRecovery
 from rollart_sdk.control.scheduler import RolloutScheduler
 from rollart_sdk.control.versions import PolicyVersions
+from rollart_sdk.control.watchdog import RunFailure, Watchdog
 from rollart_sdk.types import TrainSample, Trajectory, WeightUpdateReport
 from rollart_sdk.weights.sync import WeightSync
+
+KEEP_BATCHES = 16  # steps whose trained trajectories stay in ``Pipeline.records``
 
 
 @dataclass
@@ -80,6 +84,9 @@ class StepRecord:
     aborted_stale: int = 0
     aborted_surplus: int = 0
     trained_total: int = 0  # trajectories trained on, this step included
+    # Per task: mean reward and success rate of the batch (kept when ``batch`` is freed).
+    task_stats: dict[str, dict[str, float | None]] = field(default_factory=dict)
+    in_flight: int = 0  # launched, neither trained nor dropped yet (at the batch's formation)
 
 
 class Pipeline:
@@ -118,7 +125,23 @@ class Pipeline:
         self._recompute_mark: dict[str, float] = {}  # engine -> its recompute_s after a swap
         self._baseline_rec: StepRecord | None = None
         self._baseline_taken = False  # the baseline update happened (its figure may follow)
+        # Every step's record; the trajectories of all but the last KEEP_BATCHES steps are
+        # freed once reported (memory stays flat over a long run).
         self.records: list[StepRecord] = []
+        r0 = config.rollout
+        self.watchdog = Watchdog([t.tag for t in config.tasks], r0.drop_window,
+                                 r0.max_drop_rate, r0.stall_timeout_s)
+        scheduler.on_finish.append(self.watchdog.record)
+        # Weight updates and an engine's reload after a restart never interleave.
+        self.sync_lock = asyncio.Lock()
+        self._manifests: dict[int, Any] = {}  # version -> manifest (the last few)
+        self.recovery = EngineRecovery(
+            proxy, self.sync_lock, manifest=lambda: self._manifests.get(self.engine_version),
+            engine_version=lambda: self.engine_version, emit=self._emit,
+            staged=lambda: (self._manifests.get(self._published)
+                            if self._published is not None
+                            and self._published > self.engine_version else None),
+        )
         self.started = time.time()
         self.update_reports: list[WeightUpdateReport] = []
         r = config.rollout
@@ -152,9 +175,9 @@ class Pipeline:
         # TrainerWorker.train_step is @register("dp_split"): shard by that one rule.
         shards = dp_shards(samples, len(self.trainers))
         t0 = time.perf_counter()
-        results = await asyncio.gather(
+        results = await self._trainer_call(asyncio.gather(
             *(w.call("train_step", shard) for w, shard in zip(self.trainers, shards, strict=True))
-        )
+        ), "train_step")
         rec.train_s = time.perf_counter() - t0
         self._span("train", self.trainers[0].name, t0, step)
         rec.train_metrics = dict(results[0])
@@ -162,21 +185,71 @@ class Pipeline:
         t1 = time.perf_counter()
         # Every rank takes part (a tensor-parallel trainer gathers its shards to export);
         # rank 0 publishes and returns the manifest.
-        manifests = await self.all_trainers("publish_weights", int(self.cfg.train.bucket_mb * 2**20))
+        manifests = await self._trainer_call(self.all_trainers(
+            "publish_weights", int(self.cfg.train.bucket_mb * 2**20)), "publish_weights")
         manifest = manifests[0]
         self.log.append(f"publish:{manifest.version}")
         # Push transports (nccl) size each round by how many engines receive the version.
         manifest.meta.setdefault("receivers", len(self.weight_sync.engines))
-        if not self._baseline_taken:
-            self._unstaged = manifest  # received at the suspend point: the baseline update
-        else:
-            await self.weight_sync.stage(manifest)
+        async with self.sync_lock:  # a restarted engine reloading sees this version too
+            self._manifests[manifest.version] = manifest
+            for v in [v for v in self._manifests if v < manifest.version - 2]:
+                del self._manifests[v]
+            if not self._baseline_taken:
+                self._unstaged = manifest  # received at the suspend point: the baseline update
+            else:
+                await self.weight_sync.stage(manifest)
+            self._published = manifest.version
         self._span("publish", self.trainers[0].name, t1, step)
-        self._published = manifest.version
         every = self.cfg.train.checkpoint_every
         if self.checkpoint_dir and every and (step + 1) % every == 0:
-            await self.all_trainers("save_checkpoint", f"{self.checkpoint_dir}/step-{step + 1}")
+            await self._trainer_call(self.all_trainers(
+                "save_checkpoint", f"{self.checkpoint_dir}/step-{step + 1}"), "save_checkpoint")
+        self.watchdog.progress()
+        if self.cfg.rollout.mode != "sync":
+            await self._settle_weight_sync(rec)
+            self._report(rec)  # the step ended: its metrics line now, not a step later
         return rec
+
+    async def _trainer_call(self, awaitable: Any, what: str) -> Any:
+        """A trainer call bounded by ``train.call_timeout_s`` (a stuck collective fails)."""
+        limit = self.cfg.train.call_timeout_s
+        try:
+            return await asyncio.wait_for(awaitable, limit)
+        except TimeoutError:
+            raise RunFailure(
+                f"trainer {what} did not finish within {limit:g}s (train.call_timeout_s); "
+                "the trainer is stuck (e.g. a data-parallel collective lost a peer)"
+            ) from None
+
+    async def _guarded(self, awaitable: Any) -> Any:
+        """Await ``awaitable`` unless the watchdog trips or the scheduler hit a bug first."""
+        task = asyncio.ensure_future(awaitable)
+        guard = asyncio.ensure_future(self._guard())
+        try:
+            done, _ = await asyncio.wait({task, guard}, return_when=asyncio.FIRST_COMPLETED)
+        except BaseException:
+            task.cancel()
+            raise
+        finally:
+            guard.cancel()
+        if task in done:
+            return task.result()
+        task.cancel()
+        return guard.result()  # raises
+
+    async def _guard(self) -> None:
+        while True:
+            fatal = self.scheduler.fatal
+            if fatal is not None:
+                raise RunFailure(
+                    "a bug in the control plane ended a trajectory (not retried):\n"
+                    f"{self.scheduler.fatal_traceback}"
+                ) from fatal
+            self.watchdog.check_stall()
+            if self.watchdog.failure is not None:
+                raise self.watchdog.failure
+            await asyncio.sleep(0.5)
 
     async def all_trainers(self, method: str, *args: Any) -> list[Any]:
         """Call ``method`` on every trainer rank at once, results in rank order.
@@ -196,6 +269,10 @@ class Pipeline:
         """Protocol steps 2-5: suspend, swap the staged version into every engine, resume."""
         if self._published is None or self._published == self.engine_version:
             return
+        async with self.sync_lock:
+            await self._update_locked(rec)
+
+    async def _update_locked(self, rec: StepRecord | None) -> None:
         self.log.append("suspend")
         t0 = time.perf_counter()
         baseline: float | None = None
@@ -219,6 +296,7 @@ class Pipeline:
         # causes is added when the step is reported (_settle_weight_sync).
         window = time.perf_counter() - t0
         released = self.engine_version
+        assert self._published is not None
         self.engine_version = self._published
         self.scheduler.wake()  # admission control: the new version makes room
         self.update_reports.extend(reports)
@@ -272,18 +350,16 @@ class Pipeline:
                 self.log.append(f"get_batch:{step}")
                 t0 = time.perf_counter()
                 # The paper's bound: measured against the version the engines serve now.
-                batch = await self.buffer.get_batch(
+                batch = await self._guarded(self.buffer.get_batch(
                     batch_size, min_version=self.engine_version - self.alpha, quota=self.quota
-                )
+                ))
                 rec = self._record(step, batch, time.perf_counter() - t0)
                 if mode != "async":
                     # The batch is full: the rest of this iteration's launches is surplus.
                     self.buffer.discard_all("surplus")
                     rec.aborted_surplus = await self.scheduler.abort_all("surplus")
                 if pending is not None:
-                    prev = await pending
-                    await self._settle_weight_sync(prev)
-                    self._report(prev)
+                    await self._guarded(pending)
                     pending = None
                 await self._update_weights(rec)
                 if mode == "async":
@@ -298,20 +374,19 @@ class Pipeline:
                 self.log.append(f"train_step:{step}")
                 pending = asyncio.create_task(self._train(step, batch))
                 if mode == "sync":
-                    done = await pending
+                    done = await self._guarded(pending)
                     pending = None
                     await self._update_weights(done)
                     await self._settle_weight_sync(done)
                     self._report(done)
             if pending is not None:
-                last = await pending
-                await self._settle_weight_sync(last)
-                self._report(last)
+                await self._guarded(pending)
         finally:
             if pending is not None and not pending.done():
                 pending.cancel()
             await self.scheduler.stop("run_end")
             self.buffer.discard_all("run_end")
+            await self.recovery.close()
         return self.records
 
     # ------------------------------------------------------------------ metrics
@@ -324,7 +399,8 @@ class Pipeline:
             dropped_during_run=sum(b.dropped.values()) - run_end,
             tokens_dropped=b.tokens_dropped, tokens_trained=b.tokens_trained,
             finished_turns={k: (v[0], v[1]) for k, v in b.finished_turns.items()},
-            trained_total=b.trained,
+            trained_total=b.trained, task_stats=task_stats(batch),
+            in_flight=len(self.scheduler.running) + b.held(),
         )
         self.records.append(rec)
         return rec
@@ -333,8 +409,28 @@ class Pipeline:
         prev = self.records[rec.step - 1] if rec.step > 0 else None
         metrics = step_metrics(rec, prev, self.buffer, time.time() - self.started)
         metrics.update(self.scheduler.env_metrics())
+        # Accounting at the batch's formation: launched = trained + dropped + in flight
+        # (running, or finished and not yet trained or counted).
+        metrics["trajectories/launched"] = rec.launched
+        metrics["trajectories/in_flight"] = rec.in_flight
+        metrics["trajectories/retried"] = self.scheduler.retried
         if self.on_step is not None:
             self.on_step(rec, metrics)
+        old = len(self.records) - 1 - KEEP_BATCHES
+        if old >= 0:
+            self.records[old].batch = []
+
+
+def task_stats(batch: list[Trajectory]) -> dict[str, dict[str, float | None]]:
+    """Per task: mean reward and success rate of a batch (for the learning summary)."""
+    out: dict[str, dict[str, float | None]] = {}
+    for tag in sorted({t.tag for t in batch}):
+        trajs = [t for t in batch if t.tag == tag]
+        succ = [1.0 if t.info["success"] else 0.0 for t in trajs if "success" in t.info]
+        out[tag] = {"reward": sum(t.reward or 0.0 for t in trajs) / len(trajs),
+                    "success": sum(succ) / len(succ) if succ else None,
+                    "n": float(len(trajs)), "n_success": float(len(succ))}
+    return out
 
 
 def task_quota(config: RunConfig) -> dict[str, int]:

@@ -8,7 +8,11 @@
 - ``suspend`` stops admitting new requests (they wait), in-flight ones are kept;
   ``resume`` lets them through (protocol steps 2 and 4);
 - ``abort`` delivers ABORT to the worker holding the request; the waiting caller gets
-  an ``abort`` result, never a hang.
+  an ``abort`` result, never a hang. A caller that gives up (a generate timeout, a
+  cancel at run end) makes the proxy send ABORT too, so the engine frees the slot;
+- a worker whose process died is taken out of the routes (``down``); its requests are
+  re-sent to the task's other engines, or wait for it to come back (``up``, after it
+  was restarted and loaded the current weights).
 
 It only routes: weights reach the engines through ``rollart_sdk.weights.WeightSync``.
 """
@@ -17,8 +21,8 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
+from typing import Any
 
-from rollart_sdk.cluster.routing import candidates
 from rollart_sdk.control.handles import WorkerHandle
 from rollart_sdk.types import GenerationRequest, GenerationResult
 
@@ -38,12 +42,39 @@ class LLMProxy:
         self._load: Counter[str] = Counter()
         self._sticky: dict[str, str] = {}  # trajectory id -> worker name
         self._inflight: dict[str, str] = {}  # request id -> worker name
-        self._aborted: set[str] = set()  # aborted before reaching a worker
+        self._admitting: set[str] = set()  # waiting for admission (suspended)
+        self._aborted: set[str] = set()  # aborted while waiting for admission (<= _admitting)
         self.served: Counter[tuple[str, str]] = Counter()  # (tag, worker) -> requests
+        self.down: dict[str, str] = {}  # worker name -> why it is out of the routes
+        self._routes_changed = asyncio.Event()
+        self._bg: set[asyncio.Task[Any]] = set()  # ABORTs sent on behalf of callers
+        self.rerouted = 0  # requests re-sent because their worker died
+        self.on_worker_death: list[Any] = []  # callbacks(name, error text)
 
     # ------------------------------------------------------------------ routing
     def candidates(self, tag: str) -> list[str]:
-        return candidates(self.routes, tag)
+        names = self.routes.get(tag) or self.routes["default"]
+        alive = [n for n in names if n not in self.down]
+        if alive:
+            return alive
+        # The task's pool has no live engine: the recorded fallback, any live engine.
+        return [n for n in self.routes.get("default", self.workers) if n not in self.down]
+
+    def mark_down(self, name: str, why: str) -> None:
+        if name in self.down:
+            return
+        self.down[name] = why
+        for tid in [t for t, w in self._sticky.items() if w == name]:
+            del self._sticky[tid]
+        for fn in self.on_worker_death:
+            fn(name, why)
+
+    def mark_up(self, name: str) -> None:
+        self.down.pop(name, None)
+        self._routes_changed.set()
+
+    def live_workers(self) -> list[WorkerHandle]:
+        return [w for n, w in self.workers.items() if n not in self.down]
 
     def _pick(self, request: GenerationRequest) -> WorkerHandle:
         names = self.candidates(request.tag)
@@ -57,25 +88,58 @@ class LLMProxy:
 
     # ------------------------------------------------------------------ commands
     async def generate(self, request: GenerationRequest) -> GenerationResult:
-        await self._accepting.wait()
-        if request.request_id in self._aborted:  # aborted while waiting for admission
-            self._aborted.discard(request.request_id)
-            return GenerationResult(request.request_id, [], [], [], "abort")
-        worker = self._pick(request)
-        self._load[worker.name] += 1
-        self._inflight[request.request_id] = worker.name
+        rid = request.request_id
+        self._admitting.add(rid)
         try:
-            result: GenerationResult = await worker.call("generate", request)
+            await self._accepting.wait()
         finally:
-            self._load[worker.name] -= 1
-            self._inflight.pop(request.request_id, None)
-        self.served[(request.tag, worker.name)] += 1
-        return result
+            self._admitting.discard(rid)
+        if rid in self._aborted:  # aborted while waiting for admission
+            self._aborted.discard(rid)
+            return GenerationResult(rid, [], [], [], "abort")
+        while True:
+            while not self.candidates(request.tag):
+                # Every engine is down: wait for one to be restarted (the caller's
+                # generate timeout bounds the wait).
+                self._routes_changed.clear()
+                await self._routes_changed.wait()
+            worker = self._pick(request)
+            self._load[worker.name] += 1
+            self._inflight[rid] = worker.name
+            try:
+                result: GenerationResult = await worker.call("generate", request)
+            except asyncio.CancelledError:
+                # The caller gave up (timeout, run end): free the engine's slot too.
+                self._send_abort(worker, rid)
+                raise
+            except Exception as exc:
+                if not is_worker_death(exc):
+                    raise
+                self.mark_down(worker.name, f"{type(exc).__name__}: {exc}"[:500])
+                self.rerouted += 1
+                continue  # re-send to another engine of the task (or wait for one)
+            finally:
+                self._load[worker.name] -= 1
+                self._inflight.pop(rid, None)
+            self.served[(request.tag, worker.name)] += 1
+            return result
+
+    def _send_abort(self, worker: WorkerHandle, request_id: str) -> None:
+        async def send() -> None:
+            try:
+                await asyncio.wait_for(worker.call("abort", request_id), 30)
+            except Exception:  # noqa: BLE001 - a dead or slow engine has no slot to free
+                pass
+
+        task = asyncio.ensure_future(send())
+        self._bg.add(task)
+        task.add_done_callback(self._bg.discard)
 
     async def abort(self, request_id: str) -> bool:
         name = self._inflight.get(request_id)
         if name is None:
-            self._aborted.add(request_id)
+            if request_id in self._admitting:
+                self._aborted.add(request_id)
             return False
         return bool(await self.workers[name].call("abort", request_id))
 
@@ -85,8 +149,32 @@ class LLMProxy:
 
     async def suspend(self) -> None:
         self._accepting.clear()
-        await asyncio.gather(*(w.call("suspend") for w in self.workers.values()))
+        await self.broadcast("suspend")
 
     async def resume(self) -> None:
-        await asyncio.gather(*(w.call("resume") for w in self.workers.values()))
-        self._accepting.set()
+        try:
+            await self.broadcast("resume")
+        finally:
+            self._accepting.set()
+
+    async def broadcast(self, method: str, *args: Any) -> list[Any]:
+        """Call every live worker; a worker that dies meanwhile is marked down and left
+        out of the result (it catches up when restarted). Other errors are raised."""
+        live = self.live_workers()
+        results = await asyncio.gather(*(w.call(method, *args) for w in live),
+                                       return_exceptions=True)
+        out = []
+        for w, r in zip(live, results, strict=True):
+            if isinstance(r, BaseException):
+                if is_worker_death(r):
+                    self.mark_down(w.name, f"{type(r).__name__}: {r}"[:500])
+                    continue
+                raise r
+            out.append(r)
+        return out
+
+
+def is_worker_death(exc: BaseException) -> bool:
+    """True for Ray's errors that mean the worker's process is gone (or restarting)."""
+    names = {c.__name__ for c in type(exc).__mro__}
+    return bool(names & {"RayActorError", "ActorDiedError", "ActorUnavailableError"})

@@ -1,15 +1,24 @@
-"""The run directory: resolved config, metrics.jsonl, timeline events, checkpoints."""
+"""The run directory: resolved config, metrics.jsonl, timeline events, drops, checkpoints.
+
+Bounded on disk: ``events.jsonl`` stops at ``MAX_EVENT_BYTES`` (one ``truncated`` line
+says so), ``drops.jsonl`` (every dropped trajectory with its reason and exception text)
+at ``MAX_DROP_LINES`` lines. Events are flushed every 256 lines or 2 seconds.
+"""
 
 from __future__ import annotations
 
 import json
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from rollart_sdk.config import RunConfig
+
+MAX_EVENT_BYTES = 200 * 2**20
+MAX_DROP_LINES = 20_000
 
 
 class RunDir:
@@ -29,6 +38,13 @@ class RunDir:
         self._metrics = open(self.path / "metrics.jsonl", "a", buffering=1)
         self._events = open(self.path / "events.jsonl", "a")
         self._pending_events = 0
+        self._event_bytes = 0
+        self._last_flush = time.monotonic()
+        self.events_dropped = 0  # events past MAX_EVENT_BYTES, not written
+        self._drops = open(self.path / "drops.jsonl", "a", buffering=1)
+        self._drop_lines = 0
+        self.drop_examples: dict[str, str] = {}  # reason -> first full text seen
+        self.close_errors: Counter[str] = Counter()
 
     @property
     def checkpoints(self) -> Path:
@@ -41,11 +57,43 @@ class RunDir:
 
     def log_event(self, event: dict[str, Any]) -> None:
         """One span of the timeline: trajectory, tag, span, worker, t0, t1 (epoch s)."""
-        self._events.write(json.dumps(event, default=_jsonable) + "\n")
+        if self._events.closed:
+            return
+        if self._event_bytes >= MAX_EVENT_BYTES:
+            if not self.events_dropped:
+                self._events.write(json.dumps({"truncated": True, "t0": time.time(),
+                                               "max_bytes": MAX_EVENT_BYTES}) + "\n")
+                self._events.flush()
+            self.events_dropped += 1
+            return
+        line = json.dumps(event, default=_jsonable) + "\n"
+        self._events.write(line)
+        self._event_bytes += len(line)
         self._pending_events += 1
-        if self._pending_events >= 256:
+        now = time.monotonic()
+        if self._pending_events >= 256 or now - self._last_flush > 2.0:
             self._events.flush()
             self._pending_events = 0
+            self._last_flush = now
+
+    def log_finished(self, traj: Any) -> None:
+        """A finished trajectory: a dropped one goes to drops.jsonl with its reason (the
+        exception text included, bounded); an env close error is counted."""
+        close_err = traj.info.get("env_close_error") if traj.info else None
+        if close_err:
+            self.close_errors[str(close_err).split(":", 1)[0]] += 1
+        if traj.dropped is None and not close_err:
+            return
+        key = traj.dropped.split(": ", 1)[0] if traj.dropped else "env_close_error"
+        self.drop_examples.setdefault(key, (traj.dropped or str(close_err))[:1000])
+        if self._drops.closed or self._drop_lines >= MAX_DROP_LINES:
+            return
+        self._drop_lines += 1
+        self._drops.write(json.dumps({
+            "t": round(time.time(), 3), "trajectory": traj.trajectory_id, "tag": traj.tag,
+            "group": traj.group_id, "reason": key, "text": (traj.dropped or "")[:1000],
+            **({"env_close_error": str(close_err)[:1000]} if close_err else {}),
+        }) + "\n")
 
     def write_json(self, name: str, data: Any) -> Path:
         p = self.path / name
@@ -55,6 +103,7 @@ class RunDir:
     def close(self) -> None:
         self._metrics.close()
         self._events.close()
+        self._drops.close()
 
 
 def _jsonable(obj: Any) -> Any:

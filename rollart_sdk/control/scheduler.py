@@ -14,12 +14,22 @@ SampleBuffer. How many may run is set by the pipeline:
 - quota (``sync`` / ``one_off``): exactly ``allow(n)`` more trajectories, then wait. With
   ``interaction="batched"`` the trajectories of one allowance step in lockstep
   (:class:`~rollart_sdk.control.lockstep.TurnBarrier`).
+
+Failures (docs/failures.md): a member dropped by a failure (env, engine, reward) is re-run
+in its group from the group's env seed, up to ``max_member_retries`` per group (a re-run
+runs on its own timeline, outside a lockstep wave); a group dropped whole is replaced by
+a new group in quota modes (admission control gives async the room back anyway). A task
+whose trajectories keep failing backs off before its next launch (doubling, up to
+``MAX_BACKOFF_S``). An exception escaping an EnvManager is a bug: it is kept in ``fatal``
+and the pipeline stops the run with it, instead of retrying for ever.
 """
 
 from __future__ import annotations
 
 import asyncio
 import random
+import time
+import traceback
 from collections import Counter
 from collections.abc import Callable
 from typing import Any
@@ -32,6 +42,14 @@ from rollart_sdk.control.handles import WorkerHandle
 from rollart_sdk.control.lockstep import TurnBarrier
 from rollart_sdk.control.proxy import LLMProxy
 from rollart_sdk.types import Trajectory
+
+MAX_BACKOFF_S = 2.0
+# Drops that are decisions of the control plane, not failures: never re-run.
+NOT_FAILURES = ("aborted:", "surplus", "run_end", "stale", "group_incomplete", "internal_error")
+
+
+def is_failure(reason: str | None) -> bool:
+    return reason is not None and not reason.startswith(NOT_FAILURES)
 
 
 class RolloutScheduler:
@@ -52,6 +70,7 @@ class RolloutScheduler:
         event_sink: Callable[[dict[str, Any]], None] | None = None,
         interaction: str = "trajectory",
         env_pools: dict[str, int] | None = None,
+        max_member_retries: int = 3,
     ) -> None:
         if max_running < group_size:
             raise ValueError(f"max_running ({max_running}) must hold a group ({group_size})")
@@ -79,6 +98,7 @@ class RolloutScheduler:
         self._weights = [tasks[t].config.weight for t in self._tags]
         self.running: dict[str, tuple[EnvManager, asyncio.Task[Trajectory]]] = {}
         self._quota: dict[str, int] | None = None  # per-task launches left; None: continuous
+        self._quota_closed = False
         self._wakeup = asyncio.Event()
         self._stopped = False
         self._loop_task: asyncio.Task[None] | None = None
@@ -96,6 +116,17 @@ class RolloutScheduler:
                 raise ValueError(f"task {tag!r}: env_pool {size} cannot hold a group of {group_size}")
             self.pools[tag] = EnvPool.spread(tag, size, env_workers, offset=i)
         self._slot_of: dict[str, EnvSlot] = {}  # trajectory id -> its pooled environment
+        self.max_member_retries = max_member_retries
+        self._groups: dict[str, tuple[str, int, int]] = {}  # group -> (tag, env seed, retries)
+        self._fails: dict[str, int] = {}  # tag -> consecutive failed trajectories
+        self._not_before: dict[str, float] = {}  # tag -> monotonic time of its next launch
+        self._delayed: set[asyncio.Task[None]] = set()  # re-runs waiting out a backoff
+        self.retried = 0  # members re-run after a failure
+        self.fatal: BaseException | None = None  # a bug in the control plane: ends the run
+        self.fatal_traceback = ""
+        # Called with every finished trajectory (the watchdog, the run dir's drop log).
+        self.on_finish: list[Callable[[Trajectory], None]] = []
+        buffer.on_group_dropped.append(self._group_dropped)
 
     # ------------------------------------------------------------------ control
     def start(self, quota: dict[str, int] | None = None) -> None:
@@ -106,6 +137,7 @@ class RolloutScheduler:
     def allow(self, per_task: dict[str, int]) -> None:
         """Quota mode: allow more launches, per task tag (trajectories, whole groups)."""
         quota = self._quota or {}
+        self._quota_closed = False
         for tag, n in per_task.items():
             quota[tag] = quota.get(tag, 0) + n
         self._quota = quota
@@ -136,6 +168,7 @@ class RolloutScheduler:
     async def abort_all(self, reason: str) -> int:
         if self._quota is not None:
             self._quota = {}
+            self._quota_closed = True  # the batch is full: no replacements until allow()
         return await self.abort_where(lambda t: True, reason)
 
     async def stop(self, reason: str = "shutdown", timeout: float = 60.0) -> None:
@@ -149,6 +182,8 @@ class RolloutScheduler:
                 t.cancel()
             if pending:
                 await asyncio.wait(pending, timeout=5)
+        for t in list(self._delayed):
+            t.cancel()
         if self._loop_task is not None:
             self._loop_task.cancel()
             try:
@@ -182,7 +217,9 @@ class RolloutScheduler:
         """Tasks that may start a group now (all, or none, outside the async bound)."""
         if self._stopped or len(self.running) + self.group_size > self.max_running:
             return []
-        tags = [t for t in self._tags if t not in self.pools or self.pools[t].free() >= self.group_size]
+        now = time.monotonic()
+        tags = [t for t in self._tags if self._not_before.get(t, 0.0) <= now  # backoff
+                and (t not in self.pools or self.pools[t].free() >= self.group_size)]
         if self._quota is not None:
             return [t for t in tags if self._quota.get(t, 0) >= self.group_size]
         if self.alpha is None:
@@ -196,7 +233,13 @@ class RolloutScheduler:
             while tags := self._launchable_tags():
                 self._launch_group(tags)
             self._wakeup.clear()
-            await self._wakeup.wait()
+            # A task backing off becomes launchable again by the clock, not by an event.
+            now = time.monotonic()
+            waits = [t - now for t in self._not_before.values() if t > now]
+            try:
+                await asyncio.wait_for(self._wakeup.wait(), min(waits) if waits else None)
+            except TimeoutError:
+                pass
 
     def _launch_group(self, tags: list[str]) -> None:
         weights = [self.tasks[t].config.weight for t in tags]
@@ -209,33 +252,88 @@ class RolloutScheduler:
         version = self.version()
         if self._quota is not None:
             self._quota[tag] -= self.group_size
+        self._groups[group_id] = (tag, env_seed, 0)
         for _ in range(self.group_size):
-            self._traj_counter += 1
-            tid = f"{tag}-{group_id}-{self._traj_counter}"
-            traj = Trajectory(trajectory_id=tid, tag=tag, group_id=group_id, start_version=version)
-            sample_seed = _keyed_seed(self.seed, "sample", self._traj_counter)
-            mgr = self._manager(traj, env_seed, sample_seed)
-            task = asyncio.create_task(self._run(mgr), name=f"traj-{tid}")
-            self.running[tid] = (mgr, task)
-            self.launched += 1
-            self.launched_by_tag[tag] += 1
+            self._launch_member(tag, group_id, env_seed, version, self._wave)
 
-    def _manager(self, traj: Trajectory, env_seed: int, sample_seed: int) -> EnvManager:
+    def _launch_member(self, tag: str, group_id: str, env_seed: int, version: int,
+                       barrier: TurnBarrier | None) -> None:
+        self._traj_counter += 1
+        tid = f"{tag}-{group_id}-{self._traj_counter}"
+        traj = Trajectory(trajectory_id=tid, tag=tag, group_id=group_id, start_version=version)
+        sample_seed = _keyed_seed(self.seed, "sample", self._traj_counter)
+        mgr = self._manager(traj, env_seed, sample_seed, barrier)
+        task = asyncio.create_task(self._run(mgr), name=f"traj-{tid}")
+        self.running[tid] = (mgr, task)
+        self.launched += 1
+        self.launched_by_tag[tag] += 1
+
+    # ------------------------------------------------------------------ failures
+    def _group_dropped(self, tag: str, group_id: str) -> None:
+        """The buffer dropped a group (a failure, or stale): in quota modes its share of
+        the batch would never arrive, so grant a replacement group."""
+        self._groups.pop(group_id, None)
+        if self._quota is None or self._stopped or self._quota_closed:
+            return
+        # Only when the task's share of the batch can no longer be met by what is running,
+        # finished or still allowed (a redundant rollout may have enough already).
+        running = sum(1 for m, _ in self.running.values() if m.traj.tag == tag)
+        reruns = sum(1 for t in self._delayed if t.get_name() == f"rerun-{tag}")
+        have = running + reruns + self.buffer.held_by_tag(tag) + self._quota.get(tag, 0)
+        if have < (self.batch_quota or {}).get(tag, 0):
+            self._quota[tag] = self._quota.get(tag, 0) + self.group_size
+            self._wakeup.set()
+
+    def _note_outcome(self, traj: Trajectory) -> None:
+        """Track consecutive failures per task; a failing task backs off."""
+        tag = traj.tag
+        if traj.dropped is None:
+            self._fails[tag] = 0
+            self._not_before.pop(tag, None)
+        elif is_failure(traj.dropped):
+            k = self._fails[tag] = self._fails.get(tag, 0) + 1
+            if k >= 2:
+                delay = min(MAX_BACKOFF_S, 0.01 * 2 ** min(k, 12))
+                self._not_before[tag] = time.monotonic() + delay
+
+    def _should_rerun(self, traj: Trajectory) -> bool:
+        info = self._groups.get(traj.group_id)
+        return (info is not None and not self._stopped and is_failure(traj.dropped)
+                and info[2] < self.max_member_retries
+                and not self.buffer.is_discarded(traj.group_id))
+
+    async def _rerun_later(self, traj: Trajectory, tag: str, env_seed: int) -> None:
+        """Re-run a failed member from its group's env seed, after the task's backoff."""
+        wait = self._not_before.get(tag, 0.0) - time.monotonic()
+        if wait > 0:
+            await asyncio.sleep(wait)
+        pool = self.pools.get(tag)
+        while pool is not None and pool.free() < 1 and not self._stopped:
+            await asyncio.sleep(0.05)  # a pooled task re-runs on a free environment
+        if self._stopped or self.buffer.is_discarded(traj.group_id):
+            self.buffer.member_abandoned(traj.group_id)
+            return
+        self.retried += 1
+        # The group's start version stays its oldest member's (the buffer takes the min).
+        self._launch_member(tag, traj.group_id, env_seed, self.version(), None)
+
+    def _manager(self, traj: Trajectory, env_seed: int, sample_seed: int,
+                 barrier: TurnBarrier | None) -> EnvManager:
         """The EnvManager for a new trajectory: its pooled environment's own (made once,
         reused episode after episode), or a fresh one for an unpooled task."""
         pool = self.pools.get(traj.tag)
         if pool is None:
             return EnvManager(traj, env_seed, sample_seed, self.tasks[traj.tag], self.chat,
                               self.proxy, self._pick_env_worker(), self.reward_worker,
-                              self.version, self._emit, barrier=self._wave)
+                              self.version, self._emit, barrier=barrier)
         slot = pool.acquire()
         self._slot_of[traj.trajectory_id] = slot
         if slot.manager is None:
             slot.manager = EnvManager(traj, env_seed, sample_seed, self.tasks[traj.tag], self.chat,
                                       self.proxy, slot.worker, self.reward_worker, self.version,
-                                      self._emit, barrier=self._wave, env_id=slot.env_id)
+                                      self._emit, barrier=barrier, env_id=slot.env_id)
         else:
-            slot.manager.next_episode(traj, env_seed, sample_seed, barrier=self._wave,
+            slot.manager.next_episode(traj, env_seed, sample_seed, barrier=barrier,
                                       env_id=slot.env_id)
         return slot.manager
 
@@ -265,12 +363,29 @@ class RolloutScheduler:
             await mgr.run()
         except asyncio.CancelledError:
             traj.dropped = traj.dropped or "aborted:cancelled"
-        except Exception as exc:  # noqa: BLE001 - a bug in one trajectory stalls no other
-            traj.dropped = f"internal_error: {type(exc).__name__}: {exc}"
+        except Exception as exc:  # noqa: BLE001 - a bug: counted, kept, and it ends the run
+            traj.dropped = f"internal_error: {type(exc).__name__}: {exc}"[:1000]
+            if self.fatal is None:
+                self.fatal = exc
+                self.fatal_traceback = traceback.format_exc()
         finally:
             self.running.pop(traj.trajectory_id, None)
             await self._return_slot(traj)
-            await self.buffer.put(traj)
+            self._note_outcome(traj)
+            for fn in self.on_finish:
+                fn(traj)
+            if traj.dropped is not None and self._should_rerun(traj):
+                self.buffer.count_drop(traj)
+                tag, env_seed, retries = self._groups[traj.group_id]
+                self._groups[traj.group_id] = (tag, env_seed, retries + 1)
+                task = asyncio.create_task(self._rerun_later(traj, tag, env_seed),
+                                           name=f"rerun-{tag}")
+                self._delayed.add(task)
+                task.add_done_callback(self._delayed.discard)
+            else:
+                await self.buffer.put(traj)
+                if not self.buffer.is_open(traj.group_id):
+                    self._groups.pop(traj.group_id, None)
             self._wakeup.set()
         return traj
 

@@ -54,6 +54,7 @@ class Binding:
     job_id: str | None = None
     actor_id: str | None = None
     bound_at: float = field(default_factory=time.time)
+    restarts: int = 0  # times the worker's process was restarted (same reservation)
 
     @property
     def actual(self) -> str:

@@ -319,7 +319,7 @@ def test_failing_env_does_not_stall_others(tmp_path, test_envs):
                        data=single_task(env={"name": "flaky"}, max_turns=1, step_timeout_s=0.5))
     assert len(records) == 2
     dropped = job.pipeline.buffer.dropped
-    assert dropped["env_reset_failed"] > 0 and dropped["env_step_timeout"] > 0
+    assert dropped["env_reset_failed"] > 0 and dropped["env_step_timeout"] > 0, dict(dropped)
     assert all(t.reward == 1.0 for r in records for t in r.batch)
     assert time.time() - t0 < 120
 

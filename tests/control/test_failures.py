@@ -1,0 +1,107 @@
+"""Faults injected into real envs (tasks[].env.faults), the control plane in-process.
+
+Each env runs in its own process (EnvHost); engines, trainer and rewards are the real torch
+and rule backends. The same faults on Ray: tests/control/test_failures_ray.py.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import time
+
+import pytest
+from control_configs import TWO_TASKS
+
+from rollart_sdk.config import load_config
+from rollart_sdk.control.watchdog import RunFailure
+from rollart_sdk.job import build_job, run_job
+
+
+def one_task(**task):
+    data = copy.deepcopy(TWO_TASKS)
+    data["roles"] = {"actor_gen": {"workers": 1}}
+    data["tasks"] = [{
+        "tag": "Arithmetic",
+        "env": {"name": "arithmetic", "options": {"num_digits": 1, "ops": ["+"]}},
+        "reward": {"name": "rule", "options": {"mode": "exact_match"}},
+        "max_turns": 1, "system_prompt": None, "sampling": {"max_new_tokens": 4},
+        "step_timeout_s": 2, "reset_timeout_s": 2, **task,
+    }]
+    return data
+
+
+def run(tmp_path, data, overrides=(), steps=3):
+    cfg, lines = load_config(data=copy.deepcopy(data), overrides=[f"output_dir={tmp_path}", *overrides])
+    job = build_job(cfg, lines, in_process=True, log=lambda *a: None)
+    try:
+        records = run_job(job, steps, progress=False)
+    finally:
+        job.close()
+    return job, records
+
+
+def metrics_lines(tmp_path):
+    (run_dir,) = [p for p in tmp_path.iterdir() if p.is_dir() and not p.name.startswith(".")]
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    return run_dir, [json.loads(x) for x in lines]
+
+
+def check_accounting(job, tmp_path, steps):
+    p = job.pipeline
+    dropped = sum(p.buffer.dropped.values())
+    assert p.scheduler.launched == p.buffer.trained + dropped
+    run_dir, metrics = metrics_lines(tmp_path)
+    assert [m["step"] for m in metrics] == list(range(1, steps + 1))
+    for m in metrics:  # at every step: launched = trained + dropped + still in flight
+        assert m["trajectories/launched"] == (m["trajectories/trained"] + m["trajectories/dropped"]
+                                              + m["trajectories/in_flight"]), m
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["launched"] == summary["trained"] + sum(summary["dropped"].values())
+    return summary
+
+
+@pytest.mark.parametrize("mode", ["sync", "one_off"])
+def test_quota_modes_complete_with_20_percent_env_failures(tmp_path, mode):
+    faults = {"reset_error": 0.2, "step_error": 0.2}
+    job, records = run(tmp_path, one_task(), [f"rollout.mode={mode}",
+                                              f"tasks.0.env.faults={json.dumps(faults)}"])
+    assert len(records) == 3
+    summary = check_accounting(job, tmp_path, 3)
+    assert summary["dropped"]["env_reset_failed"] > 0 and summary["dropped"]["env_step_failed"] > 0
+    assert job.pipeline.scheduler.retried > 0  # failed members were re-run in their group
+    # Group-preserving: every trained group is whole (group_size members, none dropped).
+    for r in records:
+        groups: dict[str, int] = {}
+        for t in r.batch:
+            assert t.dropped is None
+            groups[t.group_id] = groups.get(t.group_id, 0) + 1
+        assert set(groups.values()) == {4} and sum(groups.values()) == 8
+
+
+def test_always_failing_task_stops_the_run_naming_it(tmp_path):
+    t0 = time.monotonic()
+    with pytest.raises(RunFailure, match="task 'Arithmetic'.*env_reset_failed") as err:
+        run(tmp_path, one_task(), ["tasks.0.env.faults.reset_error=1.0", "rollout.mode=sync"])
+    assert err.value.task == "Arithmetic"
+    assert time.monotonic() - t0 < 60
+    run_dir, _ = metrics_lines(tmp_path)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["error"].startswith("RunFailure: task 'Arithmetic'")
+    assert summary["launched"] == summary["trained"] + sum(summary["dropped"].values())
+    assert (run_dir / "checkpoints" / "final" / "trainer_state.json").exists()
+    drops = (run_dir / "drops.jsonl").read_text().splitlines()
+    assert "injected reset error" in drops[0]
+
+
+def test_hanging_env_steps_are_killed_and_the_run_goes_on(tmp_path):
+    # 10 % of steps hang for an hour; each is killed at step_timeout_s (its process).
+    job, records = run(tmp_path, one_task(step_timeout_s=1.0),
+                       ["tasks.0.env.faults.hang=0.1", "tasks.0.env.faults.hang_s=3600"],
+                       steps=3)
+    assert len(records) == 3
+    summary = check_accounting(job, tmp_path, 3)
+    assert summary["dropped"].get("env_step_timeout", 0) + summary["dropped"].get(
+        "env_reset_timeout", 0) > 0
+    env = job.pipeline.scheduler.env_workers[0].target
+    assert env.killed > 0 and env.count() == 0  # hung envs killed, every other closed

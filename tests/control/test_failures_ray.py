@@ -1,0 +1,119 @@
+"""Failures on a real local Ray, through `rollart train` in a subprocess (tiny model).
+
+Bounded in time: every run has a subprocess timeout; a probe loop is bounded in count.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from control_configs import two_tasks
+
+ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.timeout(1200)
+
+POOLS = [
+    {"name": "H800", "hardware": "H800", "kind": "gpu", "profile": "compute", "count": 2},
+    {"name": "H20", "hardware": "H20", "kind": "gpu", "profile": "bandwidth", "count": 2},
+    {"name": "cpu", "hardware": "cpu", "kind": "cpu", "count": 4},
+]
+
+
+def start(tmp_path, config, *args):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(yaml.safe_dump(config))
+    env = dict(os.environ, OMP_NUM_THREADS="1", RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0")
+    env.pop("RAY_ADDRESS", None)
+    return subprocess.Popen(
+        [sys.executable, "-m", "rollart_sdk.cli", "train", str(cfg), "--no-progress",
+         f"output_dir={tmp_path / 'runs'}", *args],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=ROOT,
+    )
+
+
+def run_dir(tmp_path, prefix):
+    (path,) = [p for p in (tmp_path / "runs").iterdir() if p.name.startswith(prefix)]
+    return path
+
+
+def wait_for_lines(path, n, proc, timeout):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"the run ended early:\n{proc.stdout.read()[-4000:]}")
+        metrics = list(tmp for tmp in path.glob("*/metrics.jsonl")) if path.exists() else []
+        if metrics and len(metrics[0].read_text().splitlines()) >= n:
+            return
+        time.sleep(0.5)
+    raise AssertionError(f"no {n} metrics lines within {timeout}s")
+
+
+def descendants(pid):
+    """PIDs of every process below ``pid`` (from /proc), with their command lines."""
+    children: dict[int, list[int]] = {}
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(ppid, []).append(int(d.name))
+    out, todo = {}, [pid]
+    while todo:
+        p = todo.pop()
+        for c in children.get(p, []):
+            try:
+                out[c] = (Path(f"/proc/{c}/cmdline").read_bytes().replace(b"\0", b" ").decode())
+            except OSError:
+                continue
+            todo.append(c)
+    return out
+
+
+def finish(proc, timeout):
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, _ = proc.communicate()
+        raise AssertionError(f"the run did not end within {timeout}s:\n{out[-4000:]}") from None
+    return out
+
+
+def accounted(summary):
+    return summary["launched"] == summary["trained"] + sum(summary["dropped"].values())
+
+
+def test_killing_an_engine_worker_mid_run_is_survived(tmp_path):
+    config = two_tasks(name="kill-engine", pools=POOLS, transport={"name": "ray"},
+                       train={"steps": 8, "bucket_mb": 1})
+    proc = start(tmp_path, config)
+    try:
+        wait_for_lines(tmp_path / "runs", 2, proc, timeout=400)
+        engines = {p: c for p, c in descendants(proc.pid).items() if "ray::EngineWorker" in c}
+        assert engines, descendants(proc.pid)
+        victim = min(engines)
+        os.kill(victim, signal.SIGKILL)
+        out = finish(proc, 500)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, out[-4000:]
+    path = run_dir(tmp_path, "kill-engine")
+    summary = json.loads((path / "summary.json").read_text())
+    assert summary["steps"] == 8 and accounted(summary), summary
+    rec = summary["engine_recovery"]
+    assert sum(rec["deaths"].values()) >= 1 and sum(rec["recovered"].values()) >= 1, rec
+    # Every engine ends on the same, last loaded version: the restarted one reloaded it.
+    assert set(summary["engine_versions"].values()) == {7}, summary["engine_versions"]
+    bindings = json.loads((path / "bindings.json").read_text())
+    assert any(b.get("restarts", 0) >= 1 for b in bindings), bindings
