@@ -147,6 +147,15 @@ class HostPool:
         self._closed = False
         self._thread: threading.Thread | None = None
 
+    def warm(self, module: str) -> None:
+        """Start the spares of ``module`` now (the first resets do not wait for them)."""
+        with self._lock:
+            self._free.setdefault(module, [])
+            if self._thread is None and self.spares:
+                self._thread = threading.Thread(target=self._fill, daemon=True, name="env-spares")
+                self._thread.start()
+        self._want.set()
+
     def take(self, module: str) -> EnvHost:
         with self._lock:
             free = self._free.setdefault(module, [])

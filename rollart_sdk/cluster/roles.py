@@ -206,6 +206,9 @@ class EnvWorker(EnvironmentWorker):
         from rollart_sdk.cluster.env_host import HostPool
 
         self._pool = HostPool(spares=4)
+        for tag, spec in envs.items():  # start the env processes' server and spares now
+            self._factories[tag] = spec[0].load()
+            self._pool.warm(self._factories[tag].__module__)
         self.constructions: dict[str, int] = {}  # tag -> instances built (pooling: once each)
 
     def _host(self, env_id: str, tag: str) -> Any:

@@ -18,6 +18,7 @@ from rollart_sdk.plugins import load_plugins
 
 ENVS = """
 import itertools
+import os
 import time
 import gymnasium as gym
 from pydantic import BaseModel, ConfigDict
@@ -36,7 +37,8 @@ class CountedEnv(gym.Env):
     system_prompt = None
 
     def __init__(self):
-        self.instance = next(BUILT)
+        # Each env runs in its own process: the pid tells instances apart.
+        self.instance = f"{os.getpid()}-{next(BUILT)}"
         self.episodes = 0
 
     def reset(self, *, seed=None, options=None):
@@ -130,7 +132,7 @@ def test_a_failed_env_is_closed_and_replaced(tmp_path, pool_envs):
     job, records = run(tmp_path, pool_envs, "breaking", env_pool=4, steps=3)
     pool = job.pipeline.scheduler.pools["T"]
     dropped = job.pipeline.buffer.dropped
-    assert dropped["env_reset_failed"] == pool.failures > 0
+    assert dropped["env_reset_failed"] == pool.failures > 0, dict(dropped)
     built = sum(w.stats()["constructions"].get("T", 0) for w in env_workers(job))
     # Every failure cost one new instance (the BreakingEnv asserts a broken one is never
     # reset again); nothing else was rebuilt.

@@ -26,7 +26,7 @@ def one_task(**task):
         "env": {"name": "arithmetic", "options": {"num_digits": 1, "ops": ["+"]}},
         "reward": {"name": "rule", "options": {"mode": "exact_match"}},
         "max_turns": 1, "system_prompt": None, "sampling": {"max_new_tokens": 4},
-        "step_timeout_s": 2, "reset_timeout_s": 2, **task,
+        "step_timeout_s": 20, "reset_timeout_s": 20, **task,
     }]
     return data
 
@@ -96,7 +96,7 @@ def test_always_failing_task_stops_the_run_naming_it(tmp_path):
 
 def test_hanging_env_steps_are_killed_and_the_run_goes_on(tmp_path):
     # 10 % of steps hang for an hour; each is killed at step_timeout_s (its process).
-    job, records = run(tmp_path, one_task(step_timeout_s=1.0),
+    job, records = run(tmp_path, one_task(step_timeout_s=3.0),
                        ["tasks.0.env.faults.hang=0.1", "tasks.0.env.faults.hang_s=3600"],
                        steps=3)
     assert len(records) == 3
