@@ -143,6 +143,7 @@ class Pipeline:
                             and self._published > self.engine_version else None),
         )
         self.started = time.time()
+        self.ended: float | None = None
         self.update_reports: list[WeightUpdateReport] = []
         r = config.rollout
         self.alpha = r.effective_alpha
@@ -384,6 +385,7 @@ class Pipeline:
         finally:
             if pending is not None and not pending.done():
                 pending.cancel()
+            self.ended = time.time()  # the rollout stopped (before the run-end cleanup)
             await self.scheduler.stop("run_end")
             self.buffer.discard_all("run_end")
             await self.recovery.close()
