@@ -113,7 +113,7 @@ import copy, sys
 sys.path.insert(0, {tests!r})
 from test_failures import one_task
 from rollart_sdk.config import load_config
-from rollart_sdk.train import build_job, run_job
+from rollart_sdk.job import build_job, run_job
 cfg, lines = load_config(data=copy.deepcopy(one_task()), overrides=["output_dir={out}"])
 job = build_job(cfg, lines, in_process=True, log=lambda *a: None)
 try:
