@@ -58,7 +58,8 @@ def _start(proc: Any) -> None:
         if main is None:
             proc.start()
             return
-        saved = {k: main.__dict__[k] for k in ("__file__", "__spec__") if k in main.__dict__}
+        saved: dict[str, Any] = {k: main.__dict__[k] for k in ("__file__", "__spec__")
+                                 if k in main.__dict__}
         try:
             main.__dict__.pop("__file__", None)
             main.__spec__ = None

@@ -182,8 +182,8 @@ class RolloutScheduler:
                 t.cancel()
             if pending:
                 await asyncio.wait(pending, timeout=5)
-        for t in list(self._delayed):
-            t.cancel()
+        for delayed in list(self._delayed):
+            delayed.cancel()
         if self._loop_task is not None:
             self._loop_task.cancel()
             try:
