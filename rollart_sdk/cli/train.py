@@ -36,7 +36,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     for tag, v in summary["learning"].items():
         key = "success" if v["success_last_tenth"] is not None else "reward"
         first, last = v[f"{key}_first_step"], v[f"{key}_last_tenth"]
-        print(f"{tag}: {key} {first:.2f} at the first step -> {last:.2f} over the last tenth")
+        print(f"{tag}: {key} {_num(first)} at the first step -> {_num(last)} over the last tenth")
     ro = summary["rollout"]
     bias = ", ".join(f"{tag} {b:.2f}" for tag, b in ro["length_bias"].items())
     print(f"rollout: {ro['launched']} launched, {ro['trained']} trained; waste "
@@ -44,6 +44,10 @@ def cmd_train(args: argparse.Namespace) -> int:
           f"{ro['spanning_update']} trained across a weight update; length bias {bias}")
     print(f"done: {job.run_dir.path}")
     return 0
+
+
+def _num(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.2f}"
 
 
 def add_parser(sub: Any) -> None:

@@ -115,7 +115,8 @@ def run_rollout_summary(pipeline: Pipeline) -> dict[str, Any]:
 
 def learning_summary(pipeline: Pipeline) -> dict[str, dict[str, float | None]]:
     """Per task: reward (and success rate) of the first step and the mean over the last
-    tenth of the steps - the figures docs/quickstart.md reports."""
+    tenth of the steps - the figures docs/quickstart.md reports. Read from each record's
+    ``task_stats``, which outlive the trajectories the pipeline frees."""
     recs = pipeline.records
     if not recs:
         return {}
@@ -123,15 +124,15 @@ def learning_summary(pipeline: Pipeline) -> dict[str, dict[str, float | None]]:
     out: dict[str, dict[str, float | None]] = {}
     for tag in [t.tag for t in pipeline.cfg.tasks]:
         def mean(rs: list[Any], key: str, tag: str = tag) -> float | None:
-            vals = []
+            total = count = 0.0
             for r in rs:
-                trajs = [t for t in r.batch if t.tag == tag]
-                if key == "success":
-                    trajs = [t for t in trajs if "success" in t.info]
-                    vals += [1.0 if t.info["success"] else 0.0 for t in trajs]
-                else:
-                    vals += [t.reward or 0.0 for t in trajs]
-            return sum(vals) / len(vals) if vals else None
+                st = r.task_stats.get(tag)
+                n = (st or {}).get("n_success" if key == "success" else "n") or 0.0
+                if st is None or not n or st.get(key) is None:
+                    continue
+                total += float(st[key]) * n
+                count += n
+            return total / count if count else None
 
         out[tag] = {
             "reward_first_step": mean(recs[:1], "reward"),
