@@ -1,4 +1,4 @@
-"""The inside of a sandbox: apply limits to this process, then exec the command.
+"""The inside of a sandbox: apply limits to this process, then run the command.
 
 Run by :mod:`rollart_env_sandbox.sandbox` as the innermost step of::
 
@@ -128,8 +128,19 @@ def main(argv: list[str] | None = None) -> int:
     env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": args.dir, "TMPDIR": args.dir,
            "LANG": "C.UTF-8", "PYTHONHASHSEED": "0", "PYTHONDONTWRITEBYTECODE": "1"}
     sys.stdout.flush()
-    os.execve(command[0], command, env)
-    return 127  # not reached: execve replaces this process or raises
+    # Fork rather than exec: the command's death by a signal (SIGXCPU at the CPU limit,
+    # SIGKILL) becomes exit status 128 + signal here. util-linux's `unshare --fork` cannot
+    # re-raise every signal ("sigprocmask unblock failed") and would report exit 1 instead.
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.execve(command[0], command, env)
+        finally:
+            os._exit(127)
+    _, status = os.waitpid(pid, 0)
+    if os.WIFSIGNALED(status):
+        return 128 + os.WTERMSIG(status)
+    return os.waitstatus_to_exitcode(status)
 
 
 if __name__ == "__main__":

@@ -148,6 +148,11 @@ class RunResult:
         rc = self.returncode
         if rc is not None and rc < 0:
             return f"killed by signal {signal.Signals(-rc).name}"
+        if rc is not None and 128 < rc < 128 + signal.NSIG:  # the jail's report of a signal
+            try:
+                return f"killed by signal {signal.Signals(rc - 128).name}"
+            except ValueError:
+                pass  # not a signal number this platform names: report the exit code
         return f"exit code {rc}"
 
 
