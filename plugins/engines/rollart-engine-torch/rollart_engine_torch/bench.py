@@ -44,6 +44,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads (both sides)")
     p.add_argument("--repeats", type=int, default=2, help="timed runs per side (best kept)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", default="cpu",
+                   help="torch device of both sides (cpu, cuda, cuda:N)")
     return p
 
 
@@ -66,6 +68,7 @@ def _static(model: Any, reqs: list[dict[str, Any]], batch: int) -> float:
     """Seconds for transformers' generate over the workload in static batches."""
     import torch
 
+    device = next(model.parameters()).device
     t0 = time.perf_counter()
     for start in range(0, len(reqs), batch):
         chunk = reqs[start : start + batch]
@@ -78,9 +81,11 @@ def _static(model: Any, reqs: list[dict[str, Any]], batch: int) -> float:
         longest = max(r["out"] for r in chunk)
         with torch.inference_mode():
             model.generate(
-                input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=longest,
+                input_ids=ids.to(device), attention_mask=mask.to(device), do_sample=False, max_new_tokens=longest,
                 min_new_tokens=longest, pad_token_id=0, eos_token_id=None,
             )
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
     return time.perf_counter() - t0
 
 
@@ -129,7 +134,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         model.save_pretrained(tmp)
         engine = TorchEngine(
             model=ModelConfig(path=tmp), max_running=args.batch, eos_token_ids=[],
-            num_threads=args.threads,
+            num_threads=args.threads, device=args.device,
         )
 
         async def engine_runs() -> list[float]:
@@ -142,6 +147,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
         out: dict[str, Any] = {}
         engine_times = asyncio.run(engine_runs())
+    model.to(args.device)
     _static(model, warm, args.batch)
     static_times = [_static(model, reqs, args.batch) for _ in range(args.repeats)]
     e, s = min(engine_times), min(static_times)
@@ -149,7 +155,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         model={"hidden": args.hidden, "layers": args.layers, "heads": args.heads,
                "kv_heads": args.kv_heads or args.heads, "intermediate": args.intermediate,
                "vocab": args.vocab, "params": sum(p.numel() for p in model.parameters())},
-        requests=args.requests, batch=args.batch, threads=args.threads,
+        requests=args.requests, batch=args.batch, threads=args.threads, device=args.device,
         generated_tokens=tokens,
         static_padded_tokens=sum(
             len(reqs[i : i + args.batch]) * max(r["out"] for r in reqs[i : i + args.batch])
@@ -175,7 +181,8 @@ def main(argv: list[str] | None = None) -> int:
     m = res["model"]
     table = Table(title=(
         f"engine 'torch' vs static generate - {m['params'] / 1e6:.1f}M params, "
-        f"{res['requests']} requests, batch {res['batch']}, {res['threads']} thread(s)"
+        f"{res['requests']} requests, batch {res['batch']}, {res['threads']} thread(s), "
+        f"{res['device']}"
     ))
     for col in ("side", "seconds", "generated tok/s", "note"):
         table.add_column(col)

@@ -450,5 +450,7 @@ def _resolve_device(spec: str, rank: int) -> torch.device:
     dev = torch.device(spec)
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"trainer option device={spec!r} but CUDA is not available here; use cpu")
+    if dev.type == "cuda" and dev.index is None:  # 'cuda': this rank's device, as 'auto' picks
+        return torch.device("cuda", rank % torch.cuda.device_count())
     return dev
 
