@@ -26,32 +26,6 @@ from typing import Any
 import torch
 
 
-def _model(path: Path, vocab: int, hidden: int, layers: int, heads: int) -> Path:
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=4 * hidden,
-                      num_hidden_layers=layers, num_attention_heads=heads,
-                      num_key_value_heads=heads, max_position_embeddings=2048, pad_token_id=0)
-    LlamaForCausalLM(cfg).save_pretrained(path)
-    return path
-
-
-def _batch(n: int, vocab: int, seed: int) -> list[Any]:
-    from rollart_sdk.types import TrainSample
-
-    g = torch.Generator().manual_seed(seed)
-    out = []
-    for i in range(n):
-        prompt = int(torch.randint(40, 120, (1,), generator=g))
-        action = int(torch.randint(16, 240, (1,), generator=g))
-        ids = torch.randint(1, vocab, (prompt + action,), generator=g).tolist()
-        mask = [0] * prompt + [1] * action
-        out.append(TrainSample(ids, mask, [-3.0 * m for m in mask], [0 if m else -1 for m in mask],
-                               reward=float(i % 3 == 0), group_id=f"g{i // 8}"))
-    return out
-
-
 def _time(trainer: Any, batch: list[Any]) -> float:
     t0 = time.perf_counter()
     trainer.train_step(copy.deepcopy(batch))
@@ -96,13 +70,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cpu-repeats", type=int, default=2)
     p.add_argument("--json", default=None)
     a = p.parse_args(argv)
+    from rollart_sdk.testing.trainer import random_batch, tiny_llama_checkpoint
+
     cores = os.cpu_count() or 1
     torch.set_num_threads(cores)
     common = {"lr": 1e-5, "seed": 0}
     rows: dict[str, dict[str, Any]] = {}
     with tempfile.TemporaryDirectory(prefix="rollart-device-bench-") as tmp:
-        path = str(_model(Path(tmp) / "m", a.vocab, a.hidden, a.layers, a.heads))
-        batch = _batch(a.batch, a.vocab, 0)
+        path = str(tiny_llama_checkpoint(Path(tmp) / "m", vocab=a.vocab, hidden=a.hidden,
+                                         layers=a.layers, heads=a.heads, kv_heads=a.heads,
+                                         intermediate=4 * a.hidden))
+        batch = random_batch(a.batch, a.vocab, 0, prompt=(40, 119), action=(16, 239))
         tokens = sum(len(s.input_ids) for s in batch)
         trainers = _trainers(path, cores, common)
         times: dict[str, list[float]] = {k: [] for k in trainers}

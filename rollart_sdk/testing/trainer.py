@@ -190,3 +190,81 @@ def _check_metrics(metrics: Any) -> None:
             f"metric {k!r} must be a str -> float, got {type(v).__name__}"
         )
     assert math.isfinite(metrics["loss"]), f"loss is not finite: {metrics['loss']}"
+
+
+def tiny_llama_checkpoint(path: str | Path, vocab: int = 64, hidden: int = 32, layers: int = 2,
+                          heads: int = 4, kv_heads: int = 2, tie: bool = False,
+                          seed: int = 0, intermediate: int | None = None) -> Path:
+    """A random Llama saved as a Hugging Face checkpoint folder at ``path`` (for
+    :func:`check_trainer` and trainer benchmarks; ``intermediate`` defaults to
+    ``2 * hidden``)."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        vocab_size=vocab, hidden_size=hidden, intermediate_size=intermediate or 2 * hidden,
+        num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads,
+        max_position_embeddings=2048, tie_word_embeddings=tie, pad_token_id=0,
+    )
+    torch.manual_seed(seed)
+    LlamaForCausalLM(config).save_pretrained(path)
+    return Path(path)
+
+
+def toy_batch(model_dir: str | Path, n_groups: int = 2, group_size: int = 4, seed: int = 0,
+              version: int = 0, vocab: int = 64,
+              lengths: tuple[tuple[int, int], ...] = ((3, 6), (2, 4), (1, 3), (1, 3)),
+              ) -> list[TrainSample]:
+    """Two-turn trajectories (prompt, action, observation, action) of varied lengths, the
+    prompt shared within a group, with behaviour log-probs from a CPU float32 forward of
+    the checkpoint (as an engine running it would report); reward = the share of even ids
+    among the action tokens, so rewards differ within a group. Token ids are drawn below
+    ``vocab``; ``lengths`` gives (min, max) for prompt, action, observation, action."""
+    import torch
+
+    from rollart_sdk.algorithms import token_logprobs
+
+    model = _load(Path(model_dir))
+    g = torch.Generator().manual_seed(seed)
+
+    def toks(lo: int, hi: int) -> list[int]:
+        n = int(torch.randint(lo, hi + 1, (1,), generator=g))
+        return list(torch.randint(1, vocab, (n,), generator=g).tolist())
+
+    batch = []
+    for gi in range(n_groups):
+        prompt = toks(*lengths[0])
+        for _ in range(group_size):
+            a1, obs, a2 = toks(*lengths[1]), toks(*lengths[2]), toks(*lengths[3])
+            ids = prompt + a1 + obs + a2
+            mask = [0] * len(prompt) + [1] * len(a1) + [0] * len(obs) + [1] * len(a2)
+            with torch.no_grad():
+                t = torch.tensor([ids])
+                lps = [0.0, *token_logprobs(model(input_ids=t).logits, t)[0].tolist()]
+            actions = a1 + a2
+            batch.append(TrainSample(
+                input_ids=ids, loss_mask=mask,
+                behaviour_logprobs=[lp if m else 0.0 for lp, m in zip(lps, mask, strict=True)],
+                token_versions=[version if m else -1 for m in mask],
+                reward=sum(t % 2 == 0 for t in actions) / len(actions), group_id=f"g{gi}",
+            ))
+    return batch
+
+
+def random_batch(n: int, vocab: int, seed: int = 0, prompt: tuple[int, int] = (20, 39),
+                 action: tuple[int, int] = (4, 119)) -> list[TrainSample]:
+    """``n`` one-turn trajectories of random ids with prompt and action lengths drawn from
+    the inclusive ranges, groups of 8, reward 1 on every third, behaviour log-prob -3 on
+    each action token: a fixed workload for timing trainers (no model needed)."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for i in range(n):
+        p = int(torch.randint(prompt[0], prompt[1] + 1, (1,), generator=g))
+        a = int(torch.randint(action[0], action[1] + 1, (1,), generator=g))
+        ids = list(torch.randint(1, vocab, (p + a,), generator=g).tolist())
+        mask = [0] * p + [1] * a
+        out.append(TrainSample(ids, mask, [-3.0 * m for m in mask], [0 if m else -1 for m in mask],
+                               reward=float(i % 3 == 0), group_id=f"g{i // 8}"))
+    return out

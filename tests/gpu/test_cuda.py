@@ -33,7 +33,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "control"))
 from control_configs import TWO_TASKS  # noqa: E402
 
 from rollart_sdk.config import ModelConfig, TinyModelConfig, load_config  # noqa: E402
-from rollart_sdk.types import TrainSample  # noqa: E402
 
 TINY = TinyModelConfig(hidden_size=64, num_layers=2, num_heads=4, intermediate_size=128, seed=0)
 ACTIONS = ["Left", "Right", "Up", "Down"]
@@ -82,44 +81,22 @@ def test_torch_engine_conformance_on_device(tiny: ModelConfig, tmp_path: Path) -
     assert report["stats"]["recomputed"] >= 1
 
 
-def _batch(path: str, n_groups: int = 2, group_size: int = 4) -> list[TrainSample]:
-    """Two-turn trajectories with behaviour log-probs from a CPU forward; reward = share
-    of even ids among the actions (differs within a group)."""
-    g = torch.Generator().manual_seed(0)
-    from rollart_sdk.models import load_tokenizer
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from rollart_sdk.testing.trainer import tiny_llama_checkpoint
 
-    vocab = len(load_tokenizer(path))
-
-    def toks(lo: int, hi: int) -> list[int]:
-        n = int(torch.randint(lo, hi + 1, (1,), generator=g))
-        return torch.randint(1, vocab, (n,), generator=g).tolist()
-
-    out = []
-    for gi in range(n_groups):
-        prompt = toks(3, 6)
-        for _ in range(group_size):
-            a1, obs, a2 = toks(2, 4), toks(1, 3), toks(1, 3)
-            ids = prompt + a1 + obs + a2
-            mask = [0] * len(prompt) + [1] * len(a1) + [0] * len(obs) + [1] * len(a2)
-            lps = [0.0, *_cpu_logprobs(path, ids[:1], ids[1:])]
-            acts = a1 + a2
-            out.append(TrainSample(ids, mask, [lp * m for lp, m in zip(lps, mask, strict=True)],
-                                   [0 if m else -1 for m in mask],
-                                   sum(t % 2 == 0 for t in acts) / len(acts), f"g{gi}"))
-    return out
+    return tiny_llama_checkpoint(tmp_path_factory.mktemp("llama"))
 
 
-def test_torch_trainer_conformance_on_device(tiny: ModelConfig) -> None:
+def test_torch_trainer_conformance_on_device(ckpt: Path) -> None:
     from rollart_trainer_torch.trainer import TorchTrainer
 
-    from rollart_sdk.testing.trainer import check_trainer
+    from rollart_sdk.testing.trainer import check_trainer, toy_batch
 
-    assert tiny.path is not None
-    batch = _batch(tiny.path)
     report = check_trainer(
-        lambda: TorchTrainer(model=ModelConfig(path=tiny.path), lr=1e-3, micro_batch_size=4,
+        lambda: TorchTrainer(model=ModelConfig(path=str(ckpt)), lr=1e-3, micro_batch_size=4,
                              seed=0, device=DEVICE),
-        batch, bucket_bytes=64_000,
+        toy_batch(ckpt), bucket_bytes=8192,
         # GPU kernels may reduce in a different order after a reload: not bit-identical.
         resume_atol=1e-6 if DEVICE.startswith("cuda") else 0.0,
     )
@@ -128,19 +105,17 @@ def test_torch_trainer_conformance_on_device(tiny: ModelConfig) -> None:
     assert report["metrics"]["ratio_mean"] == pytest.approx(1.0, abs=1e-4)
 
 
-def test_megatron_trainer_conformance_on_device(tiny: ModelConfig) -> None:
+def test_megatron_trainer_conformance_on_device(ckpt: Path) -> None:
     pytest.importorskip("megatron.core", reason="megatron-core is not installed here")
     pytest.importorskip("rollart_trainer_megatron", reason="trainer megatron is not installed")
     from rollart_trainer_megatron.trainer import MegatronTrainer
 
-    from rollart_sdk.testing.trainer import check_trainer
+    from rollart_sdk.testing.trainer import check_trainer, toy_batch
 
-    assert tiny.path is not None
-    batch = _batch(tiny.path)
     report = check_trainer(
-        lambda: MegatronTrainer(model=ModelConfig(path=tiny.path), lr=1e-3, seed=0,
+        lambda: MegatronTrainer(model=ModelConfig(path=str(ckpt)), lr=1e-3, seed=0,
                                 device=DEVICE),
-        batch, bucket_bytes=64_000, resume_atol=1e-6 if DEVICE.startswith("cuda") else 0.0,
+        toy_batch(ckpt), bucket_bytes=8192, resume_atol=1e-6 if DEVICE.startswith("cuda") else 0.0,
     )
     assert report["loss_after"] < report["loss_before"]
     assert report["metrics"]["ratio_mean"] == pytest.approx(1.0, abs=1e-4)

@@ -36,18 +36,9 @@ def _model(path: Path, vocab: int, hidden: int, layers: int) -> Path:
 
 
 def _batch(n: int, vocab: int, seed: int) -> list[Any]:
-    from rollart_sdk.types import TrainSample
+    from rollart_sdk.testing.trainer import random_batch
 
-    g = torch.Generator().manual_seed(seed)
-    out = []
-    for i in range(n):
-        prompt = int(torch.randint(20, 40, (1,), generator=g))
-        action = int(torch.randint(4, 120, (1,), generator=g))
-        ids = torch.randint(1, vocab, (prompt + action,), generator=g).tolist()
-        mask = [0] * prompt + [1] * action
-        out.append(TrainSample(ids, mask, [-3.0 * m for m in mask], [0 if m else -1 for m in mask],
-                               reward=float(i % 3 == 0), group_id=f"g{i // 8}"))
-    return out
+    return random_batch(n, vocab, seed)
 
 
 def _time(trainer: Any, batch: list[Any]) -> float:
