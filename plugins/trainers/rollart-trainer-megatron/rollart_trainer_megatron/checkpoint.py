@@ -46,7 +46,35 @@ def read_hf_weights(path: str) -> dict[str, torch.Tensor]:
     return out
 
 
-def _sharded_state(trainer: Any) -> dict[str, Any]:
+def _moments(trainer: Any) -> dict[str, dict[str, torch.Tensor]]:
+    """AdamW's ``exp_avg`` / ``exp_avg_sq`` per parameter name, whole local (TP) shards;
+    gathered over the DP group under the distributed optimizer (collective then)."""
+    opt = trainer.optimizer
+    if trainer.options.use_distributed_optimizer:
+        full = opt.full_moments()
+        if full is None:
+            return {}
+        return {name: {key: full[key][i] for key in full}
+                for i, name in enumerate(trainer.named_params)}
+    out = {}
+    for name, p in trainer.named_params.items():
+        st = opt.state.get(p, {})
+        moments = {key: st[key] for key in ("exp_avg", "exp_avg_sq") if key in st}
+        if moments:
+            out[name] = moments
+    return out
+
+
+def _adam_steps(trainer: Any) -> dict[str, float]:
+    opt = trainer.optimizer
+    if trainer.options.use_distributed_optimizer:
+        step = opt.adam_step
+        return dict.fromkeys(trainer.named_params, step) if step else {}
+    return {name: float(opt.state[p]["step"])
+            for name, p in trainer.named_params.items() if p in opt.state}
+
+
+def _sharded_state(trainer: Any, moments: dict[str, dict[str, torch.Tensor]]) -> dict[str, Any]:
     from megatron.core.dist_checkpointing.optimizer import make_sharded_optimizer_tensor
 
     msd = trainer.model.sharded_state_dict(prefix="model.")
@@ -56,13 +84,11 @@ def _sharded_state(trainer: Any) -> dict[str, Any]:
             raise KeyError(f"Megatron's sharded state dict has no entry for {name!r}")
         model[name] = msd[f"model.{name}"]
     state: dict[str, Any] = {"model": model, "optimizer": {}}
-    for name, p in trainer.named_params.items():
-        st = trainer.optimizer.state.get(p, {})
-        for key in ("exp_avg", "exp_avg_sq"):
-            if key in st:
-                state["optimizer"].setdefault(key, {})[name] = make_sharded_optimizer_tensor(
-                    model[name], st[key], f"optimizer.{key}"
-                )
+    for name, st in moments.items():
+        for key, tensor in st.items():
+            state["optimizer"].setdefault(key, {})[name] = make_sharded_optimizer_tensor(
+                model[name], tensor, f"optimizer.{key}"
+            )
     return state
 
 
@@ -76,12 +102,13 @@ def save(trainer: Any, path: str) -> None:
         shutil.rmtree(out / _DIST_DIR, ignore_errors=True)
         (out / _DIST_DIR).mkdir()
     dist.barrier()
-    dist_checkpointing.save(_sharded_state(trainer), str(out / _DIST_DIR))
+    dist_checkpointing.save(_sharded_state(trainer, _moments(trainer)),
+                            str(out / _DIST_DIR))
     dist.barrier()
     if trainer.rank == 0:
-        groups = trainer.optimizer.state_dict()["param_groups"]
-        steps = {name: float(trainer.optimizer.state[p]["step"])
-                 for name, p in trainer.named_params.items() if p in trainer.optimizer.state}
+        groups = [{k: v for k, v in g.items() if k != "params"}
+                  for g in trainer.optimizer.param_groups]
+        steps = _adam_steps(trainer)
         state = {
             "format": CHECKPOINT_FORMAT,
             "version": trainer.version,
@@ -118,24 +145,28 @@ def load(trainer: Any, path: str) -> None:
             f"trainer has {trainer.tp}: resume with the same TP size"
         )
     steps = state["adam_steps"]
-    # Materialise AdamW's state so that the sharded template names every moment.
-    for name, p in trainer.named_params.items():
-        if name in steps:
-            trainer.optimizer.state[p] = {
-                "step": torch.tensor(steps[name]),
-                "exp_avg": torch.zeros_like(p),
-                "exp_avg_sq": torch.zeros_like(p),
-            }
-    template = _sharded_state(trainer)
-    loaded = dist_checkpointing.load(template, str(src / _DIST_DIR))
+    # Zero moments of the right shapes, so that the sharded template names every moment.
+    zeros = {name: {key: torch.zeros_like(p) for key in ("exp_avg", "exp_avg_sq")}
+             for name, p in trainer.named_params.items() if name in steps}
+    loaded = dist_checkpointing.load(_sharded_state(trainer, zeros), str(src / _DIST_DIR))
+    moments = {name: {key: loaded["optimizer"][key][name] for key in st}
+               for name, st in zeros.items()}
     with torch.no_grad():
         for name, p in trainer.named_params.items():
             p.copy_(loaded["model"][name])
-            st = trainer.optimizer.state.get(p)
-            if st:
-                for key in ("exp_avg", "exp_avg_sq"):
-                    st[key].copy_(loaded["optimizer"][key][name])
-    for group, saved in zip(trainer.optimizer.param_groups, state["param_groups"], strict=True):
+    opt = trainer.optimizer
+    if trainer.options.use_distributed_optimizer:
+        opt.sync_master()
+        if moments:
+            names = list(trainer.named_params)
+            opt.load_full_moments(
+                {key: [moments[n][key] for n in names] for key in ("exp_avg", "exp_avg_sq")},
+                steps[names[0]])
+    else:
+        for name, p in trainer.named_params.items():
+            if name in moments:
+                opt.state[p] = {"step": torch.tensor(steps[name]), **moments[name]}
+    for group, saved in zip(opt.param_groups, state["param_groups"], strict=True):
         for k, v in saved.items():
             if k != "params":
                 group[k] = tuple(v) if isinstance(group.get(k), tuple) else v

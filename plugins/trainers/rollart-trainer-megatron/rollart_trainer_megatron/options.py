@@ -25,6 +25,9 @@ class MegatronTrainerOptions(BaseModel):
     eps: float = Field(1e-8, gt=0)
     weight_decay: float = Field(0.0, ge=0)
     grad_clip: float = Field(1.0, ge=0)  # max global grad norm; 0 = no clipping
+    # Megatron's distributed optimizer (ZeRO-1): AdamW state sharded over the DP group,
+    # gradients reduce-scattered, parameters all-gathered (distopt.py).
+    use_distributed_optimizer: bool = False
     # Batching: trajectories are packed into rows of at most pack_length tokens (None: the
     # longest trajectory of the batch; attention is dense within a row, O(row^2), so
     # longer rows cost more on CPU); rows are stacked into micro-batches of at most

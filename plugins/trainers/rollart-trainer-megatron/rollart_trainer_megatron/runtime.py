@@ -129,6 +129,7 @@ def transformer_config(hf: Any, arch: Arch, tp: int, pp: int, dtype: torch.dtype
         tensor_model_parallel_size=tp,
         pipeline_model_parallel_size=pp,
         params_dtype=dtype,
+        pipeline_dtype=dtype,
         bf16=dtype == torch.bfloat16,
         fp16=dtype == torch.float16,
         use_cpu_initialization=cpu,

@@ -14,7 +14,9 @@ Layout: ``world_size = tensor_parallel_size * data_parallel_size`` ranks; ranks
    uses them (decoupled PPO-clip, truncated IS on stale tokens, optional KL), each row's
    loss divided by the whole-batch token (or sequence) count over all replicas;
 4. gradients summed over the DP group; Qwen3's q/k-norm gradients summed over the TP
-   group (they see only the local heads); global norm over TP shards, clip, AdamW;
+   group (they see only the local heads); global norm over TP shards, clip, AdamW
+   (with ``use_distributed_optimizer``: gradients reduce-scattered over the DP group and
+   AdamW's state sharded across it, see distopt.py);
 5. ``version`` + 1.
 
 Megatron's optimizer wrapper and pipeline schedules hard-code ``device='cuda'``, so this
@@ -54,6 +56,7 @@ from rollart_trainer_megatron.convert import (
     megatron_names,
     megatron_to_hf,
 )
+from rollart_trainer_megatron.distopt import DistributedAdamW
 from rollart_trainer_megatron.options import MegatronTrainerOptions
 from rollart_trainer_megatron.packing import pack, plan_micro_batches
 from rollart_trainer_megatron.runtime import build_gpt, init_parallel, patch_for_cpu
@@ -126,9 +129,16 @@ class MegatronTrainer:
             self.ref_model = self._build(dtype, local).eval().requires_grad_(False)
         self.named_params = dict(self.model.named_parameters())
         self.params = list(self.named_params.values())
-        self.optimizer = torch.optim.AdamW(
-            self.params, lr=o.lr, betas=o.betas, eps=o.eps, weight_decay=o.weight_decay
-        )
+        self.optimizer: Any
+        if o.use_distributed_optimizer:  # AdamW state sharded over the DP group (distopt.py)
+            counted = [self._counted(n) for n in self.named_params]
+            self.optimizer = DistributedAdamW(
+                self.params, counted, self.dp_group, [self.tp_group], lr=o.lr, betas=o.betas,
+                eps=o.eps, weight_decay=o.weight_decay)
+        else:
+            self.optimizer = torch.optim.AdamW(
+                self.params, lr=o.lr, betas=o.betas, eps=o.eps, weight_decay=o.weight_decay
+            )
         self._version = 0
         self._step = 0
 
@@ -216,10 +226,14 @@ class MegatronTrainer:
         sums = dict(zip(keys, reduced.tolist(), strict=True))
         ratio_max = float(self._reduce(torch.tensor([ratio_max]), self.dp_group, "max")[0])
 
-        grad_norm = self._clip_grads(o.grad_clip if o.grad_clip > 0 else math.inf)
-        skipped = not math.isfinite(grad_norm)
-        if not skipped:  # a non-finite gradient would poison AdamW's moments for good
-            self.optimizer.step()
+        max_norm = o.grad_clip if o.grad_clip > 0 else math.inf
+        if o.use_distributed_optimizer:  # reduce-scatter, norm, clip, sharded step, gather
+            grad_norm, skipped = self.optimizer.step(max_norm)
+        else:
+            grad_norm = self._clip_grads(max_norm)
+            skipped = not math.isfinite(grad_norm)
+            if not skipped:  # a non-finite gradient would poison AdamW's moments for good
+                self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self._version += 1
         self._step += 1
@@ -380,14 +394,19 @@ class MegatronTrainer:
             qk = [p.grad for n, p in self.named_params.items()
                   if n.endswith(("q_layernorm.weight", "k_layernorm.weight"))]
             _all_reduce_flat(qk, self.tp_group)
-        if self.dp > 1:
+        if self.dp > 1 and not self.options.use_distributed_optimizer:
             _all_reduce_flat([p.grad for p in self.params], self.dp_group)
+
+    def _counted(self, name: str) -> bool:
+        """Whether parameter ``name`` enters the global grad norm on this rank (a
+        TP-replicated one only on TP rank 0)."""
+        return self.tp_rank == 0 or not is_replicated(name)
 
     def _clip_grads(self, max_norm: float) -> float:
         """Global L2 norm over the whole model (TP shards counted once), clip, return it."""
         sq = torch.zeros((), dtype=torch.float64, device=self.device)
         for name, p in self.named_params.items():
-            if self.tp_rank == 0 or not is_replicated(name):
+            if self._counted(name):
                 sq += p.grad.detach().double().pow(2).sum()
         total = float(self._reduce(sq.reshape(1), self.tp_group)[0].sqrt())
         if math.isfinite(total) and total > max_norm:

@@ -55,7 +55,12 @@ def steps(rank: int, world: int, model_dir: str, init: str, out_dir: str,
         for b in trainer.export_weights(1 << 30):
             weights.update(b.tensors)
         save_file(weights, str(Path(out_dir) / f"rank{rank}.safetensors"))
-        (Path(out_dir) / f"rank{rank}.json").write_text(
-            json.dumps({"metrics": metrics, "version": trainer.version}))
+        opt = trainer.optimizer
+        state_numel = (opt.state_numel() if hasattr(opt, "state_numel") else
+                       sum(v.numel() for st in opt.state.values() for k, v in st.items()
+                           if k in ("exp_avg", "exp_avg_sq")))
+        (Path(out_dir) / f"rank{rank}.json").write_text(json.dumps(
+            {"metrics": metrics, "version": trainer.version, "state_numel": state_numel,
+             "param_numel": sum(p.numel() for p in trainer.params)}))
     finally:
         trainer.close()
