@@ -152,9 +152,39 @@ class RoleConfig(_Strict):
     fallback: list[str] | None = None  # compatible pools in order; None: by profile
 
 
+class PhaseConfig(_Strict):
+    """One phase of prefill-decode disaggregation: its workers and their pool."""
+
+    pool: str | None = None  # None: the actor_gen pool
+    workers: int = Field(1, ge=1)
+
+
+class GenRoleConfig(RoleConfig):
+    """actor_gen, optionally disaggregated: with ``prefill`` and ``decode`` declared, a
+    request's prompt is computed by a prefill worker and its K/V handed to a decode worker
+    (through Ray's object store), which samples every token. ``workers`` is then unused."""
+
+    prefill: PhaseConfig | None = None
+    decode: PhaseConfig | None = None
+
+    @model_validator(mode="after")
+    def _both(self) -> GenRoleConfig:
+        if (self.prefill is None) != (self.decode is None):
+            raise ValueError(
+                "prefill-decode disaggregation needs both roles.actor_gen.prefill and "
+                "roles.actor_gen.decode (e.g. prefill: {pool: H800, workers: 1}, decode: "
+                "{pool: H20, workers: 1}); give both or neither"
+            )
+        return self
+
+    @property
+    def disaggregated(self) -> bool:
+        return self.prefill is not None and self.decode is not None
+
+
 class RolesConfig(_Strict):
     actor_train: RoleConfig = Field(default_factory=RoleConfig)
-    actor_gen: RoleConfig = Field(default_factory=RoleConfig)
+    actor_gen: GenRoleConfig = Field(default_factory=GenRoleConfig)
     environment: RoleConfig = Field(default_factory=RoleConfig)
     reward: RoleConfig = Field(default_factory=RoleConfig)
 
@@ -194,6 +224,23 @@ class TaskConfig(_Strict):
     # How turns become tokens: the tokenizer's chat template ("chat"), observations and
     # actions as plain text lines ("plain"), or chat when the tokenizer has a template.
     prompt_format: Literal["auto", "chat", "plain"] = "auto"
+    # Where the task's environments live. "worker": the environment role's workers, each
+    # env in its own killable process (heavy, slow or unsafe envs; a hung env is killed).
+    # "inline": in the EnvManagers' process, stepped directly on its event loop (no Ray
+    # round trip, no process hop; only for envs whose steps take microseconds and cannot
+    # hang: a hung inline env stalls the control plane). "auto": inline when the env
+    # declares ``step_cost = "cheap"``, else worker.
+    env_host: Literal["auto", "worker", "inline"] = "auto"
+
+    @model_validator(mode="after")
+    def _inline_without_faults(self) -> TaskConfig:
+        if self.env_host == "inline" and self.env.faults is not None and self.env.faults.active:
+            raise ValueError(
+                f"task {self.tag!r}: env_host inline cannot contain injected faults (a hang "
+                "or a crash would stall the control plane's process); use env_host: worker "
+                "(or auto) with tasks[].env.faults, or drop the faults"
+            )
+        return self
 
 
 class RolloutConfig(_Strict):

@@ -54,7 +54,8 @@ class _Workers:
     engines: list[WorkerHandle]
     routes: dict[str, list[str]]
     reward: WorkerHandle
-    envs: list[WorkerHandle]
+    envs: dict[str, list[WorkerHandle]]  # task tag -> its env hosts (inline or workers)
+    prefill: list[WorkerHandle]  # prefill-decode disaggregation: the prefill engines
 
 
 def _free_port() -> int:
@@ -71,6 +72,7 @@ def describe_env(resolved: Resolved) -> dict[str, Any]:
         return {
             "action_vocabulary": getattr(env, "action_vocabulary", None),
             "system_prompt": getattr(env, "system_prompt", None),
+            "step_cost": getattr(env, "step_cost", None),
         }
     finally:
         close = getattr(env, "close", None)
@@ -114,14 +116,26 @@ def build_job(cfg: RunConfig, lines: LineMap | None = None, run_name: str | None
     model = prepare_model(cfg.model, Path(cfg.output_dir) / ".models", extra_tokens)
     log(f"model: {model.path}")
 
-    workers = _spawn_workers(cfg, resolved, plan, model, spawner)
+    from rollart_sdk.resources.threads import thread_plan
+
+    # Threads per role (processes share the cores without oversubscription). In one
+    # process torch has one global figure: ROLLART_TORCH_THREADS, else 1 (the plan's
+    # "process" figure is recorded, not applied: tests rely on one thread there).
+    threads: dict[str, Any] = thread_plan(cfg)
+    if in_process:
+        threads.update(actor_gen=None, actor_train=None)
+    try:
+        workers = _spawn_workers(cfg, resolved, plan, model, spawner, described, threads)
+    except BaseException:
+        spawner.close()  # the workers already started (all clusters start at once)
+        raise
     from rollart_sdk.models import load_tokenizer
 
     assert model.path is not None  # prepare_model sets it
     tasks = _task_runtimes(cfg, described, load_tokenizer(model.path))
     chat = tasks[cfg.tasks[0].tag].prompt_format  # the scheduler's default format
     pipeline = _wire_control_plane(cfg, workers, tasks, chat, run_dir)
-    run_dir.write_json("plan.json", plan.to_json())
+    run_dir.write_json("plan.json", {**plan.to_json(), "threads": threads})
     run_dir.write_json("bindings.json", spawner.bindings())
     return Job(cfg, run_dir, pipeline, workers.trainers, spawner)
 
@@ -137,17 +151,19 @@ def _max_running(cfg: RunConfig) -> int:
 
 
 def _spawn_workers(cfg: RunConfig, resolved: ResolvedRun, plan: ResourcePlan,
-                   model: ModelConfig, spawner: Spawner) -> _Workers:
+                   model: ModelConfig, spawner: Spawner,
+                   described: dict[str, dict[str, Any]], threads: dict[str, int]) -> _Workers:
     """Bind in order of placement priority: the trainer gets its compute pool first, then
     the engines their task pools, then reward and environments take what fits."""
-    from rollart_sdk.cluster.roles import EngineWorker, EnvWorker, TrainerWorker
+    from rollart_sdk.cluster.roles import EngineWorker, TrainerWorker
 
     world = cfg.roles.actor_train.workers
     init_method = f"tcp://127.0.0.1:{_free_port()}" if world > 1 else None
     trainers = spawner.cluster(
         TrainerWorker, "train",
         (resolved.trainer.descriptor, resolved.trainer.options, model,
-         resolved.transport.descriptor, resolved.transport.options, init_method),
+         resolved.transport.descriptor, resolved.transport.options, init_method,
+         threads["actor_train"]),
         num_workers=world,
     )
     # ActorGen: roles.actor_gen.workers engines spread over the pools the tasks' generation
@@ -156,20 +172,65 @@ def _spawn_workers(cfg: RunConfig, resolved: ResolvedRun, plan: ResourcePlan,
     engines = spawner.cluster(
         EngineWorker, "gen",
         (resolved.engine.descriptor, resolved.engine.options, model,
-         resolved.transport.descriptor, resolved.transport.options),
+         resolved.transport.descriptor, resolved.transport.options, threads["actor_gen"]),
         workers_per_pool=plan.role("actor_gen").workers_per_pool,
         hw_affinity=plan.hw_affinity(),
     )
     routes = spawner.routes("gen", [t.tag for t in cfg.tasks])
+    prefill = _spawn_prefill(cfg, resolved, plan, model, spawner, threads["actor_gen"])
+    if prefill:  # PD: every task's requests decode on the "gen" workers
+        routes = {tag: [e.name for e in engines] for tag in [*routes, "default"]}
     reward = _reward_handle(resolved, spawner)
+    envs = _spawn_envs(cfg, resolved, spawner, described)
+    spawner.ready()  # every role's workers started at once; wait for all of them
+    for h in engines + prefill + trainers:  # fail fast, with the worker's own error
+        spawner.call(h, "version")
+    return _Workers(trainers, engines, routes, reward, envs, prefill)
+
+
+def _spawn_prefill(cfg: RunConfig, resolved: ResolvedRun, plan: ResourcePlan,
+                   model: ModelConfig, spawner: Spawner, threads: int) -> list[WorkerHandle]:
+    """Prefill-decode disaggregation (``roles.actor_gen.prefill/decode``): the prefill
+    engines, beside the decode ones (the "gen" cluster, sized by the plan's decode pool)."""
+    from rollart_sdk.cluster.roles import EngineWorker
+    from rollart_sdk.errors import ConfigError
+
+    if not cfg.roles.actor_gen.disaggregated:
+        return []
+    if not hasattr(resolved.engine.descriptor.load(), "prefill_kv"):
+        raise ConfigError([("roles.actor_gen.prefill", f"engine {cfg.engine.name!r} cannot "
+                            "hand K/V over (it has no prefill_kv); use engine torch, or drop "
+                            "roles.actor_gen.prefill/decode")])
+    handles: list[WorkerHandle] = spawner.cluster(
+        EngineWorker, "gen-prefill",
+        (resolved.engine.descriptor, resolved.engine.options, model,
+         resolved.transport.descriptor, resolved.transport.options, threads),
+        workers_per_pool=plan.role("actor_gen").prefill_per_pool,
+    )
+    return handles
+
+
+def _spawn_envs(cfg: RunConfig, resolved: ResolvedRun, spawner: Spawner,
+                described: dict[str, dict[str, Any]]) -> dict[str, list[WorkerHandle]]:
+    """Each task's env hosts: cheap envs inline in this (the EnvManagers') process
+    (``tasks[].env_host``), the rest on the environment role's workers."""
+    from rollart_sdk.cluster.inline_env import inline_handle, inline_tasks
+    from rollart_sdk.cluster.roles import EnvWorker
+
+    inline = inline_tasks(cfg, described)
     env_spec = {tag: (res.descriptor, res.options, cfg.task(tag).env.faults)
                 for tag, res in resolved.envs.items()}
-    envs = spawner.cluster(EnvWorker, "env", (env_spec,),
-                           num_workers=cfg.roles.environment.workers,
-                           concurrency=_max_running(cfg) + 8)
-    for h in engines + trainers:  # fail fast, with the worker's own error
-        spawner.call(h, "version")
-    return _Workers(trainers, engines, routes, reward, envs)
+    hosts: dict[str, list[WorkerHandle]] = {}
+    if inline:
+        host = inline_handle({tag: env_spec[tag][:2] for tag in inline})
+        hosts.update({tag: [host] for tag in inline})
+    remote = {tag: spec for tag, spec in env_spec.items() if tag not in inline}
+    if remote:
+        workers = spawner.cluster(EnvWorker, "env", (remote,),
+                                  num_workers=cfg.roles.environment.workers,
+                                  concurrency=_max_running(cfg) + 8)
+        hosts.update({tag: workers for tag in remote})
+    return hosts
 
 
 def _reward_handle(resolved: ResolvedRun, spawner: Spawner) -> WorkerHandle:
@@ -231,7 +292,7 @@ def _wire_control_plane(cfg: RunConfig, workers: _Workers, tasks: dict[str, Task
 
     r = cfg.rollout
     buffer = SampleBuffer(r.group_size)
-    proxy = LLMProxy(workers.engines, workers.routes)
+    proxy = LLMProxy(workers.engines, workers.routes, prefill_workers=workers.prefill)
     # Trajectories are stamped with the version the engines serve.
     versions = PolicyVersions()
     scheduler = RolloutScheduler(
@@ -245,7 +306,7 @@ def _wire_control_plane(cfg: RunConfig, workers: _Workers, tasks: dict[str, Task
     )
     pipeline = Pipeline(cfg, proxy, scheduler, buffer, workers.trainers,
                         checkpoint_dir=str(run_dir.checkpoints), event_sink=run_dir.log_event,
-                        weight_sync=WeightSync(workers.engines), versions=versions)
+                        weight_sync=WeightSync(workers.engines + workers.prefill), versions=versions)
     scheduler.on_finish.append(run_dir.log_finished)  # drops.jsonl, env close errors
     return pipeline
 
@@ -284,7 +345,9 @@ def env_summary(job: Job) -> dict[str, Any]:
     built: dict[str, int] = {}
     for w in sched.env_workers:
         try:
-            stats = job.spawner.call(w, "stats", timeout=30)
+            # an inline host lives in this process, whatever the spawner
+            stats = (w.target.stats() if getattr(w, "inline", False)
+                     else job.spawner.call(w, "stats", timeout=30))
         except Exception as exc:  # noqa: BLE001 - a dead env worker: say so in the summary
             built[f"error:{w.name}"] = 0
             pools.setdefault("_errors", {})[w.name] = f"{type(exc).__name__}: {exc}"
@@ -292,6 +355,23 @@ def env_summary(job: Job) -> dict[str, Any]:
         for tag, n in stats["constructions"].items():
             built[tag] = built.get(tag, 0) + n
     return {"pools": pools, "constructions": built}
+
+
+def _engine_stats(p: Pipeline) -> dict[str, Any]:
+    """Each engine worker's counters at run end (tokens prefilled, reused, generated; KV
+    cache; PD hand-off errors), or the error that kept one from answering."""
+    async def gather() -> list[Any]:
+        return list(await asyncio.gather(*(asyncio.wait_for(e.call("stats"), 30)
+                                           for e in p.weight_sync.engines),
+                                         return_exceptions=True))
+
+    try:
+        stats = asyncio.run(gather())
+    except Exception as exc:  # noqa: BLE001 - reported in summary.json, never masks
+        return {"error": f"{type(exc).__name__}: {exc}"[:500]}
+    return {e.name: (s if not isinstance(s, BaseException)
+                     else {"error": f"{type(s).__name__}: {s}"[:500]})
+            for e, s in zip(p.weight_sync.engines, stats, strict=True)}
 
 
 def run_job(job: Job, steps: int, progress: bool = True) -> list[StepRecord]:
@@ -360,7 +440,7 @@ def run_job(job: Job, steps: int, progress: bool = True) -> list[StepRecord]:
         save_errors += [e for e in [all_trainers("save_pretrained",
                                                  job.run_dir.path / "final_model")] if e]
     p = job.pipeline
-    summary = {
+    summary: dict[str, Any] = {
         "steps": len(p.records),
         "interrupted": interrupted,
         "error": f"{type(error).__name__}: {error}" if error else None,
@@ -384,6 +464,7 @@ def run_job(job: Job, steps: int, progress: bool = True) -> list[StepRecord]:
         "wall_time_s": time.time() - p.started,
         "envs": env_summary(job),
         "learning": learning_summary(p),
+        "engines": _engine_stats(p),
     }
     job.run_dir.write_json("summary.json", summary)
     job.run_dir.close()

@@ -146,7 +146,10 @@ class Cluster:
         hw_affinity: Mapping[str, str] | None = None,
         actor_options: Mapping[str, Any] | None = None,
         timeout_s: float = 120.0,
+        wait: bool = True,
     ) -> None:
+        """``wait=False``: return once the actors are launched; ``wait_ready()`` then waits
+        for them (so that several clusters start at the same time)."""
 
         if resource_manager is None:
             raise RollartError("Cluster needs a ResourceManager (resources.ResourceManager(pools))")
@@ -166,7 +169,12 @@ class Cluster:
             plan = [None] * int(n)
         if not plan:
             raise RollartError(f"cluster {self.name}: zero workers requested")
+        self._ready: list[Any] = []
+        self._deadline = time.monotonic() + timeout_s
+        self._timeout_s = timeout_s
         self._start(plan, demand, init_args, init_kwargs or {}, actor_options or {}, timeout_s)
+        if wait:
+            self.wait_ready()
         for attr, spec in self._specs.items():
             setattr(self, attr, ClusterMethod(self, attr, spec))
 
@@ -190,8 +198,8 @@ class Cluster:
     def _start(self, plan: list[str | None], demand: float, init_args: Sequence[Any],
                init_kwargs: Mapping[str, Any], actor_options: Mapping[str, Any],
                timeout_s: float) -> None:
-        """Bind every worker (in rank order), start the actors in their reservations and
-        wait until each answers; on any failure tear down what was started."""
+        """Bind every worker (in rank order) and launch the actors in their reservations
+        (``wait_ready`` waits for them); on any failure tear down what was started."""
         import ray
 
         deadline = time.monotonic() + timeout_s
@@ -207,20 +215,34 @@ class Cluster:
                 opts = {**b.actor_options(), **actor_options}
                 actor = actor_cls.options(**opts).remote(ctx, *init_args, **init_kwargs)
                 self.workers.append(ClusterMember(actor, b, rank, b.worker))
-            ready = [w.actor.rollart_ready.remote() for w in self.workers]
-            left = max(1.0, deadline - time.monotonic())
+            self._ready = [w.actor.rollart_ready.remote() for w in self.workers]
+        except BaseException:
+            self._teardown([b.worker for b in bindings])
+            raise
+
+    def wait_ready(self) -> None:
+        """Wait until every worker answers (its ``__init__`` ran); on a failure or the
+        start timeout, tear the cluster down and raise."""
+        import ray
+
+        if not self._ready:
+            return
+        ready, self._ready = self._ready, []
+        try:
+            left = max(1.0, self._deadline - time.monotonic())
             done, pending = ray.wait(ready, num_returns=len(ready), timeout=left)
             if pending:
                 late = [w.name for w, r in zip(self.workers, ready, strict=True) if r in pending]
                 raise PlacementError(
-                    f"cluster {self.name}: workers {late} did not start within {timeout_s:g}s "
-                    "(their pool may lack CPU/memory for a process); see `ray status`"
+                    f"cluster {self.name}: workers {late} did not start within "
+                    f"{self._timeout_s:g}s (their pool may lack CPU/memory for a process); "
+                    "see `ray status`"
                 )
             for w, info in zip(self.workers, ray.get(ready), strict=True):
                 w.node_id = info["node_id"]
                 self.rm.annotate(w.name, node_id=info["node_id"], actor_id=info["actor_id"])
         except BaseException:
-            self._teardown([b.worker for b in bindings])
+            self.shutdown()
             raise
 
     def __getattr__(self, name: str) -> ClusterMethod:

@@ -39,13 +39,15 @@ from rollart_sdk.types import (
 _MAX_EARLY_ABORTS = 4096
 
 
-def _one_thread() -> None:
-    """Processes share few cores: one torch thread each (oversubscription is 10x slower)."""
+def _one_thread(threads: int | None = None) -> None:
+    """Processes share few cores: ``threads`` torch threads (the run's thread plan,
+    :mod:`rollart_sdk.resources.threads`), else ``ROLLART_TORCH_THREADS``, else one
+    (oversubscription is many times slower)."""
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     try:
         import torch
 
-        torch.set_num_threads(int(os.environ.get("ROLLART_TORCH_THREADS", "1")))
+        torch.set_num_threads(threads or int(os.environ.get("ROLLART_TORCH_THREADS", "1")))
     except ImportError:
         pass
 
@@ -54,8 +56,9 @@ class EngineWorker(ActorGenWorker):
     """ActorGen: one inference engine + the receiving side of the weight transport."""
 
     def __init__(self, engine: Descriptor, engine_options: Any, model: ModelConfig,
-                 transport: Descriptor, transport_options: Any) -> None:
-        _one_thread()
+                 transport: Descriptor, transport_options: Any,
+                 threads: int | None = None) -> None:
+        _one_thread(threads)
         from collections import OrderedDict
 
         from rollart_sdk.weights import WeightStager
@@ -68,19 +71,50 @@ class EngineWorker(ActorGenWorker):
         # ABORTs that arrived before their request (Ray does not order an async actor's
         # calls): honoured when the request comes; the oldest forgotten past the cap.
         self._early_aborts: OrderedDict[str, None] = OrderedDict()
+        self.handoff_errors: dict[str, int] = {}  # PD hand-offs that failed, by error type
 
     @hw_mapping({})  # the table comes from the config: Cluster(hw_affinity=plan.hw_affinity())
-    async def generate(self, request: GenerationRequest) -> GenerationResult:
+    async def generate(self, request: GenerationRequest,
+                       kv: list[Any] | None = None) -> GenerationResult:
+        """``kv``: with prefill-decode disaggregation, ``[the prefill worker's K/V
+        hand-off]`` (a Ray ObjectRef, fetched here from the object store; in-process an
+        awaitable). A hand-off that failed is counted and the prompt computed here."""
         rid = request.request_id
         if self._early_aborts.pop(rid, 0) is None:
             return GenerationResult(rid, [], [], [], "abort", worker=self.name)
         self._started.add(rid)
         try:
-            result = await self.engine.generate(request)
+            handoff = await self._handoff(kv) if kv else None
+            if handoff is None:
+                result = await self.engine.generate(request)
+            else:
+                result = await self.engine.generate(request, kv=handoff)
         finally:
             self._started.discard(rid)
         result.worker = self.name
         return result
+
+    async def _handoff(self, kv: list[Any]) -> Any:
+        try:
+            return await kv[0]
+        except Exception as exc:  # noqa: BLE001 - counted in stats; the prompt is computed here
+            self.handoff_errors[type(exc).__name__] = self.handoff_errors.get(
+                type(exc).__name__, 0) + 1
+            return None
+
+    async def prefill_kv(self, request: GenerationRequest) -> Any:
+        """PD prefill side: the K/V of the request's prompt, for a decode worker."""
+        prefill = getattr(self.engine, "prefill_kv", None)
+        if prefill is None:
+            raise TypeError(f"engine {type(self.engine).__name__} has no prefill_kv; "
+                            "prefill-decode disaggregation needs an engine that exports K/V")
+        return await prefill(request)
+
+    async def release(self, trajectory_id: str) -> bool:
+        """The trajectory ended: free the K/V its engine kept for a next turn (engines
+        without prefix reuse have nothing to free)."""
+        release = getattr(self.engine, "release", None)
+        return bool(await release(trajectory_id)) if release is not None else False
 
     async def abort(self, request_id: str) -> bool:
         if request_id in self._started:
@@ -112,7 +146,10 @@ class EngineWorker(ActorGenWorker):
         return self.engine.version
 
     async def stats(self) -> dict[str, Any]:
-        return {"name": self.name, **self.engine.stats()}
+        out = {"name": self.name, **self.engine.stats()}
+        if self.handoff_errors:
+            out["pd_handoff_errors"] = dict(self.handoff_errors)
+        return out
 
     async def shutdown(self) -> None:
         await self.engine.shutdown()
@@ -126,8 +163,8 @@ class TrainerWorker(ActorTrainWorker):
 
     def __init__(self, trainer: Descriptor, trainer_options: Any, model: ModelConfig,
                  transport: Descriptor, transport_options: Any,
-                 init_method: str | None = None) -> None:
-        _one_thread()
+                 init_method: str | None = None, threads: int | None = None) -> None:
+        _one_thread(threads)
         self.name = self.worker_name
         self.trainer = trainer.create(
             trainer_options, model=model, rank=self.rank, world_size=self.world_size,

@@ -32,6 +32,8 @@ class Spawner(Protocol):
 
     def routes(self, cluster: str, tags: list[str]) -> dict[str, list[str]]: ...
 
+    def ready(self) -> None: ...
+
     def call(self, handle: Any, method: str, *args: Any, timeout: float = 600) -> Any: ...
 
     def bindings(self) -> list[dict[str, Any]]: ...
@@ -51,7 +53,8 @@ class _Member:
 
 class RaySpawner:
     """Builds each role's Cluster: workers bound to their pools by the ResourceManager and
-    started there as Ray actors."""
+    started there as Ray actors. ``cluster`` launches and returns at once; ``ready`` waits
+    for every worker of every cluster (they start concurrently)."""
 
     def __init__(self, cfg: RunConfig, plan: Any, policy: Any, namespace: str) -> None:
         from rollart_sdk.ray_utils import init_ray
@@ -75,9 +78,19 @@ class RaySpawner:
         cl = Cluster(cls, cls.role, self.rm, num_workers=None if workers_per_pool else num_workers,
                      workers_per_pool=workers_per_pool, init_args=init_args, name=name,
                      hw_affinity=hw_affinity, actor_options=opts,
-                     timeout_s=_start_timeout_s())
+                     timeout_s=_start_timeout_s(), wait=False)
         self.clusters[name] = cl
         return [WorkerHandle(w.name, w.actor, pool=w.pool, hardware=w.hardware) for w in cl.workers]
+
+    def ready(self) -> None:
+        """Wait for every launched worker: all clusters start at the same time (start-up
+        costs the slowest worker's, not the sum); the first failure tears all down."""
+        try:
+            for cl in self.clusters.values():
+                cl.wait_ready()
+        except BaseException:
+            self.close()
+            raise
 
     def routes(self, cluster: str, tags: list[str]) -> dict[str, list[str]]:
         cl = self.clusters[cluster]
@@ -130,6 +143,9 @@ class LocalSpawner:
             members.append(_Member(wname, pool, hw, pool))
         self._members[name] = (members, dict(hw_affinity or {}))
         return handles
+
+    def ready(self) -> None:
+        pass  # in-process workers are ready when constructed
 
     def routes(self, cluster: str, tags: list[str]) -> dict[str, list[str]]:
         members, table = self._members[cluster]

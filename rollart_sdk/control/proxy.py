@@ -12,7 +12,14 @@
   cancel at run end) makes the proxy send ABORT too, so the engine frees the slot;
 - a worker whose process died is taken out of the routes (``down``); its requests are
   re-sent to the task's other engines, or wait for it to come back (``up``, after it
-  was restarted and loaded the current weights).
+  was restarted and loaded the current weights);
+- prefill-decode disaggregation (``prefill_workers``): a request's prompt is computed by
+  the least-loaded prefill worker and its K/V handed to the (sticky) decode worker as a
+  Ray ObjectRef, so the cache moves between the two through the object store, never
+  through this process; the decode worker samples every token. With multi-turn KV reuse
+  the decode worker already holds the earlier turns: the hand-off carries only what it
+  lacks, or is ignored when it is stale (the prompt is then computed there);
+- ``release`` (a trajectory ended) frees the K/V its worker kept for a next turn.
 
 It only routes: weights reach the engines through ``rollart_sdk.weights.WeightSync``.
 """
@@ -28,10 +35,13 @@ from rollart_sdk.types import GenerationRequest, GenerationResult
 
 
 class LLMProxy:
-    def __init__(self, workers: list[WorkerHandle], routes: dict[str, list[str]]) -> None:
+    def __init__(self, workers: list[WorkerHandle], routes: dict[str, list[str]],
+                 prefill_workers: list[WorkerHandle] | None = None) -> None:
         """``routes``: task tag -> names of the workers that may serve it (``"default"``
-        is used for tags without an entry)."""
+        is used for tags without an entry). ``prefill_workers``: with prefill-decode
+        disaggregation, the workers that compute prompts (``workers`` then decode)."""
         self.workers = {w.name: w for w in workers}
+        self.prefill_workers = {w.name: w for w in prefill_workers or []}
         for tag, names in routes.items():
             missing = [n for n in names if n not in self.workers]
             if missing or not names:
@@ -50,6 +60,7 @@ class LLMProxy:
         self._bg: set[asyncio.Task[Any]] = set()  # ABORTs sent on behalf of callers
         self.rerouted = 0  # requests re-sent because their worker died
         self.on_worker_death: list[Any] = []  # callbacks(name, error text)
+        self.release_errors: Counter[str] = Counter()  # failed KV releases, by error type
 
     # ------------------------------------------------------------------ routing
     def candidates(self, tag: str) -> list[str]:
@@ -73,8 +84,14 @@ class LLMProxy:
         self.down.pop(name, None)
         self._routes_changed.set()
 
+    def worker(self, name: str) -> WorkerHandle:
+        """An engine worker by name (a decode/plain one or a prefill one)."""
+        return self.workers.get(name) or self.prefill_workers[name]
+
     def live_workers(self) -> list[WorkerHandle]:
-        return [w for n, w in self.workers.items() if n not in self.down]
+        """Every live engine worker (prefill workers too: they get weights and suspend)."""
+        return [w for n, w in {**self.workers, **self.prefill_workers}.items()
+                if n not in self.down]
 
     def _pick(self, request: GenerationRequest) -> WorkerHandle:
         names = self.candidates(request.tag)
@@ -107,7 +124,7 @@ class LLMProxy:
             self._load[worker.name] += 1
             self._inflight[rid] = worker.name
             try:
-                result: GenerationResult = await worker.call("generate", request)
+                result: GenerationResult = await self._generate_on(worker, request)
             except asyncio.CancelledError:
                 # The caller gave up (timeout, run end): free the engine's slot too.
                 self._send_abort(worker, rid)
@@ -123,6 +140,29 @@ class LLMProxy:
                 self._inflight.pop(rid, None)
             self.served[(request.tag, worker.name)] += 1
             return result
+
+    async def _generate_on(self, worker: WorkerHandle,
+                           request: GenerationRequest) -> GenerationResult:
+        pre = self._pick_prefill()
+        if pre is None:
+            result: GenerationResult = await worker.call("generate", request)
+            return result
+        self._load[pre.name] += 1
+        try:
+            # An ObjectRef (in a list, so that Ray does not resolve it here): the decode
+            # worker fetches the K/V straight from the object store; a failed prefill
+            # makes it compute the prompt itself.
+            kv = pre.submit("prefill_kv", request)
+            result = await worker.call("generate", request, [kv])
+        finally:
+            self._load[pre.name] -= 1
+        return result
+
+    def _pick_prefill(self) -> WorkerHandle | None:
+        live = [n for n in self.prefill_workers if n not in self.down]
+        if not live:
+            return None  # no PD, or every prefill worker died: the decoder prefills
+        return self.prefill_workers[min(live, key=lambda n: (self._load[n], n))]
 
     def _send_abort(self, worker: WorkerHandle, request_id: str) -> None:
         async def send() -> None:
@@ -144,8 +184,20 @@ class LLMProxy:
         return bool(await self.workers[name].call("abort", request_id))
 
     def release(self, trajectory_id: str) -> None:
-        """Forget a finished trajectory's worker binding."""
-        self._sticky.pop(trajectory_id, None)
+        """Forget a finished trajectory's worker binding, and tell that worker to free the
+        K/V it kept for the trajectory's next turn (in the background)."""
+        name = self._sticky.pop(trajectory_id, None)
+        if name is None or name in self.down:
+            return
+        task = asyncio.ensure_future(self.workers[name].call("release", trajectory_id))
+        self._bg.add(task)
+        task.add_done_callback(self._released)
+
+    def _released(self, task: asyncio.Task[Any]) -> None:
+        self._bg.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            # The kept K/V is evicted later anyway (LRU): count it, do not fail the run.
+            self.release_errors[type(task.exception()).__name__] += 1
 
     async def suspend(self) -> None:
         self._accepting.clear()

@@ -52,7 +52,7 @@ class EngineRecovery:
             self._tasks[name] = asyncio.ensure_future(self._recover(name))
 
     async def _recover(self, name: str) -> None:
-        worker = self.proxy.workers[name]
+        worker = self.proxy.worker(name)
         deadline = time.monotonic() + self.restart_timeout_s
         while True:
             try:

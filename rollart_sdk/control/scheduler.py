@@ -58,7 +58,7 @@ class RolloutScheduler:
         tasks: dict[str, TaskRuntime],
         chat: ChatFormat,
         proxy: LLMProxy,
-        env_workers: list[WorkerHandle],
+        env_workers: list[WorkerHandle] | dict[str, list[WorkerHandle]],
         reward_worker: WorkerHandle,
         buffer: SampleBuffer,
         version: Callable[[], int],
@@ -77,7 +77,12 @@ class RolloutScheduler:
         self.tasks = tasks
         self.chat = chat
         self.proxy = proxy
-        self.env_workers = env_workers
+        # Per task tag: the env hosts of that task (one task's envs may live inline,
+        # another's on env workers); ``env_workers``: every distinct host.
+        self.env_by_tag = (dict(env_workers) if isinstance(env_workers, dict)
+                           else {t: list(env_workers) for t in tasks})
+        self.env_workers = list({w.name: w for ws in self.env_by_tag.values()
+                                 for w in ws}.values())
         self.reward_worker = reward_worker
         self.buffer = buffer
         self.version = version
@@ -114,7 +119,7 @@ class RolloutScheduler:
         for i, (tag, size) in enumerate(sorted((env_pools or {}).items())):
             if size < group_size:
                 raise ValueError(f"task {tag!r}: env_pool {size} cannot hold a group of {group_size}")
-            self.pools[tag] = EnvPool.spread(tag, size, env_workers, offset=i)
+            self.pools[tag] = EnvPool.spread(tag, size, self.env_by_tag[tag], offset=i)
         self._slot_of: dict[str, EnvSlot] = {}  # trajectory id -> its pooled environment
         self.max_member_retries = max_member_retries
         self._groups: dict[str, tuple[str, int, int]] = {}  # group -> (tag, env seed, retries)
@@ -324,7 +329,7 @@ class RolloutScheduler:
         pool = self.pools.get(traj.tag)
         if pool is None:
             return EnvManager(traj, env_seed, sample_seed, self.tasks[traj.tag], self.chat,
-                              self.proxy, self._pick_env_worker(), self.reward_worker,
+                              self.proxy, self._pick_env_worker(traj.tag), self.reward_worker,
                               self.version, self._emit, barrier=barrier)
         slot = pool.acquire()
         self._slot_of[traj.trajectory_id] = slot
@@ -353,9 +358,10 @@ class RolloutScheduler:
                             "span": "env_replaced", "worker": slot.worker.name,
                             "reason": traj.dropped, "close_error": err})
 
-    def _pick_env_worker(self) -> WorkerHandle:
-        self._env_rr = (self._env_rr + 1) % len(self.env_workers)
-        return self.env_workers[self._env_rr]
+    def _pick_env_worker(self, tag: str) -> WorkerHandle:
+        workers = self.env_by_tag[tag]
+        self._env_rr += 1
+        return workers[self._env_rr % len(workers)]
 
     async def _run(self, mgr: EnvManager) -> Trajectory:
         traj = mgr.traj

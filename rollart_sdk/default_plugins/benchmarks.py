@@ -28,3 +28,9 @@ def rollart_register_benchmarks(registry):
         summary="Sync (batched), Sync+, one_off, async alpha 0/1/2 at equal capacity: "
                 "step time, waste, length bias, staleness, bound_speedup",
     )
+    registry.register(
+        "small",
+        factory="rollart_sdk.bench.small:main",
+        summary="issue 12 workload: multi-turn FrozenLake GRPO to success 0.7, sync and "
+                "async, with and without env latency, vs the synchronous reference",
+    )

@@ -52,6 +52,9 @@ class RolePlan:
     fallbacks: list[str]
     workers: int
     workers_per_pool: dict[str, int]
+    # actor_gen with prefill-decode disaggregation: the prefill workers (workers_per_pool
+    # are then the decode workers).
+    prefill_per_pool: dict[str, int] = field(default_factory=dict)
 
     @property
     def candidates(self) -> list[str]:
@@ -120,6 +123,7 @@ class ResourcePlan:
                     "fallbacks": r.fallbacks,
                     "workers": r.workers,
                     "workers_per_pool": r.workers_per_pool,
+                    **({"prefill_per_pool": r.prefill_per_pool} if r.prefill_per_pool else {}),
                 }
                 for r in self.roles.values()
             },
@@ -179,6 +183,7 @@ def plan_resources(
         _size_reward_role(cfg, resolved, pools, roles["reward"])
     task_pools = _task_pools(cfg, roles["actor_gen"], by_name, problems)
     warnings = _spread_engines(roles["actor_gen"], task_pools)
+    warnings += _disaggregate(cfg, roles["actor_gen"], by_name, problems)
     problems += _check_capacity(pools, roles, by_name)
     for role, cls in (workers or {}).items():
         from rollart_sdk.cluster.decorators import check_worker_class
@@ -284,6 +289,25 @@ def _spread_engines(gen: RolePlan, task_pools: dict[str, str]) -> list[str]:
     return warnings
 
 
+def _disaggregate(cfg: RunConfig, gen: RolePlan, by_name: dict[str, PoolConfig],
+                  problems: list[tuple[str, str]]) -> list[str]:
+    """Prefill-decode disaggregation (``roles.actor_gen.prefill/decode``): the decode
+    workers replace the spread engines; the prefill workers are planned beside them."""
+    g = cfg.roles.actor_gen
+    if g.prefill is None or g.decode is None:
+        return []
+    for phase, pc in (("prefill", g.prefill), ("decode", g.decode)):
+        if pc.pool is not None and pc.pool not in by_name:
+            problems.append((f"roles.actor_gen.{phase}.pool",
+                             f"unknown pool {pc.pool!r}; pools: {', '.join(by_name)}"))
+    gen.workers_per_pool = {g.decode.pool or gen.preferred: g.decode.workers}
+    gen.prefill_per_pool = {g.prefill.pool or gen.preferred: g.prefill.workers}
+    if any(t.affinity for t in cfg.tasks):
+        return ["prefill-decode disaggregation: every task's requests go to the decode "
+                "workers; tasks[].affinity is not used for generation"]
+    return []
+
+
 def _check_capacity(pools: list[PoolConfig], roles: dict[str, RolePlan],
                     by_name: dict[str, PoolConfig]) -> list[tuple[str, str]]:
     """Place every worker greedily (preferred first, then fallbacks), as the affinity
@@ -292,7 +316,7 @@ def _check_capacity(pools: list[PoolConfig], roles: dict[str, RolePlan],
     free = {p.name: float(p.count) for p in pools}
     for role in ROLES:
         rp = roles[role]
-        for pool_name, n in rp.workers_per_pool.items():
+        for pool_name, n in [*rp.workers_per_pool.items(), *rp.prefill_per_pool.items()]:
             order = [pool_name, *[c for c in rp.candidates if c != pool_name]]
             for _ in range(n):
                 spot = next((c for c in order if free.get(c, 0.0) >= 1.0), None)

@@ -1,0 +1,130 @@
+"""Prefill-decode disaggregation on the torch engine, through the real wiring: config
+(roles.actor_gen.prefill/decode) -> resource plan -> workers -> LLMProxy -> engines."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from rollart_sdk.config import load_config
+from rollart_sdk.errors import ConfigError
+from rollart_sdk.job import build_job
+from rollart_sdk.types import GenerationRequest, SamplingParams
+
+
+def _config(tmp_path, pd: bool) -> dict:
+    data = {
+        "name": "pd",
+        "model": {"tiny": {"hidden_size": 32, "num_layers": 2, "num_heads": 2,
+                           "intermediate_size": 64}},
+        "tasks": [{"tag": "FrozenLake", "env": {"name": "frozenlake"},
+                   "system_prompt": None, "max_turns": 3}],
+        "engine": {"name": "torch", "options": {"eos_token_ids": []}},
+        "transport": {"name": "local"},
+        "rollout": {"batch_size": 4, "group_size": 2, "mode": "sync"},
+        "output_dir": str(tmp_path),
+    }
+    if pd:
+        data["roles"] = {"actor_gen": {"prefill": {"workers": 1}, "decode": {"workers": 2}}}
+    return data
+
+
+async def _dialogues(proxy, n: int) -> list[list[int]]:
+    """n multi-turn trajectories at once; each turn's prompt is the whole context."""
+
+    async def one(i: int) -> list[int]:
+        ctx = [10 + i, 11, 12, 13, 14, 15]
+        out = []
+        for t in range(3):
+            req = GenerationRequest(f"tr{i}/t{t}", list(ctx),
+                                    SamplingParams(seed=100 * i + t, max_new_tokens=4),
+                                    tag="FrozenLake", trajectory_id=f"tr{i}")
+            res = await proxy.generate(req)
+            assert res.finish_reason == "length"
+            out += res.token_ids
+            ctx += res.token_ids + [20, 21 + t]
+        proxy.release(f"tr{i}")
+        return out
+
+    return list(await asyncio.gather(*(one(i) for i in range(n))))
+
+
+def _run(tmp_path, pd: bool):
+    cfg, lines = load_config(data=_config(tmp_path, pd))
+    job = build_job(cfg, lines, in_process=True, log=lambda *a: None)
+    try:
+        proxy = job.pipeline.proxy
+        tokens = asyncio.run(_dialogues(proxy, 4))
+        stats = {name: w.target.engine.stats() for name, w in
+                 {**proxy.workers, **proxy.prefill_workers}.items()}
+        return tokens, stats, proxy
+    finally:
+        job.run_dir.close()
+        job.close()
+
+
+def test_pd_tokens_equal_the_single_engine_run(tmp_path):
+    plain, plain_stats, _ = _run(tmp_path / "plain", pd=False)
+    pd, pd_stats, proxy = _run(tmp_path / "pd", pd=True)
+    assert pd == plain
+    prefill = [s for name, s in pd_stats.items() if name in proxy.prefill_workers]
+    decode = [s for name, s in pd_stats.items() if name in proxy.workers]
+    assert len(prefill) == 1 and len(decode) == 2
+    # The prefill worker computed every prompt and sampled nothing; the decode workers
+    # sampled every token and imported the prompts' K/V instead of computing them.
+    assert prefill[0]["tokens_generated"] == 0 and prefill[0]["prefill_tokens"] > 0
+    assert sum(s["tokens_generated"] for s in decode) == 4 * 3 * 4
+    assert all(s["reused_tokens"] > 0 for s in decode)
+    assert sum(s["prefill_tokens"] for s in decode) < prefill[0]["prefill_tokens"]
+
+
+def test_pd_needs_both_phases(tmp_path):
+    data = _config(tmp_path, pd=False)
+    data["roles"] = {"actor_gen": {"prefill": {"workers": 1}}}
+    with pytest.raises(ConfigError, match="both"):
+        load_config(data=data)
+
+
+def test_pd_trains_on_ray(tmp_path):
+    """`rollart train` with roles.actor_gen.prefill/decode on a local Ray: the K/V hand-off
+    goes prefill actor -> object store -> decode actor, and every engine gets the weights."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    import yaml
+
+    data = _config(tmp_path, pd=True)
+    data["roles"]["actor_gen"]["decode"]["workers"] = 1
+    data["train"] = {"steps": 2, "bucket_mb": 1, "save_final_model": False}
+    data["transport"] = {"name": "ray"}
+    cfg = tmp_path / "pd.yaml"
+    cfg.write_text(yaml.safe_dump(data))
+    env = dict(os.environ, OMP_NUM_THREADS="1", RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0")
+    env.pop("RAY_ADDRESS", None)
+    res = subprocess.run([sys.executable, "-m", "rollart_sdk.cli", "train", str(cfg),
+                          "--no-progress", f"output_dir={tmp_path / 'runs'}"],
+                         capture_output=True, text=True, env=env, timeout=600)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    (run,) = [p for p in (tmp_path / "runs").iterdir() if p.name.startswith("pd")]
+    summary = json.loads((run / "summary.json").read_text())
+    bindings = {b["worker"]: b for b in json.loads((run / "bindings.json").read_text())}
+    assert "gen-prefill-0" in bindings and "gen-0" in bindings
+    # Only the decode worker answers requests; the prefill worker only computes prompts.
+    assert set(summary["served"]) == {"FrozenLake@gen-0"}
+    assert summary["trained"] > 0 and summary["dropped"] == {}
+    # Both engines loaded every update (the prefill worker's K/V must match the weights).
+    from collections import Counter
+
+    per_version = Counter(u["version"] for u in summary["weight_updates"])
+    assert per_version and set(per_version.values()) == {2}, per_version
+    # The decode worker imported the prompts' K/V from the object store: it sampled every
+    # token and computed fewer prompt tokens than the prefill worker did.
+    engines = summary["engines"]
+    assert engines["gen-prefill-0"]["tokens_generated"] == 0
+    assert engines["gen-0"]["tokens_generated"] > 0 and "pd_handoff_errors" not in engines["gen-0"]
+    assert engines["gen-0"]["prefill_tokens"] < engines["gen-prefill-0"]["prefill_tokens"]
+    plan = json.loads((run / "plan.json").read_text())
+    assert plan["roles"]["actor_gen"]["prefill_per_pool"] and plan["threads"]["actor_gen"] >= 1

@@ -1,0 +1,348 @@
+"""``rollart bench small``: the small-workload speed benchmark (issue 12), end to end.
+
+The workload (any trainer can run it; docs/benchmarks.md spells it out):
+
+- env: FrozenLake 4x4, gymnasium's default map (``SFFF/FHFH/FFFH/HFFG``), not slippery,
+  observation ``obs_format: compact`` (``pos=r,c goal=r,c holes=...``), at most 8 turns,
+  sampling constrained to the four action tokens (``Left Down Right Up``), temperature 1;
+  reward 1 when the goal is reached, else 0 (rule reward ``mode: success``);
+- model: a Llama trained from scratch, hidden 128, 2 layers, 4 heads, MLP 256, seed 0,
+  the local character tokenizer plus the four action words as single tokens (0.36M
+  parameters), no system prompt, the tokenizer's chat template;
+- GRPO: 8 groups of 8 episodes (one env seed per group) per step, lr 1e-3, AdamW, token-
+  level (DAPO) loss, group-normalised advantages, grad-norm clip 1;
+- target: the success rate averaged over the last 5 steps reaches 0.7. Reported:
+  ``time_to_target_s`` from the command (process start, imports and start-up included) and
+  after start-up, ``steps_to_target``, ``episodes_per_s`` (trained episodes / wall time
+  after start-up);
+- variants: env latency none or N(0.05, 0.02) s per env step (truncated at 0, drawn per
+  env and turn from the reset seed), mode ``sync`` or ``async`` alpha 1; each repeated
+  with seeds 0..R-1 (``--repeats``), the table shows the median.
+
+Every run is a fresh ``python`` process (as a user's command would be) running the real
+pipeline in one process: ``build_job(in_process=True)`` - the torch engine behind the
+LLMProxy, the torch trainer, the ``local`` transport (the weight swap is an in-memory
+copy), RolloutScheduler and SampleBuffer; environments hosted inline in the EnvManager's
+process (``env_host: inline``) when they have no latency, in its thread pool when they
+sleep. A run stops when it reaches the target or ``--max-steps``. A seed *collapses*
+when its success rate over its last 5 steps is 0 after having been above 0.3.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+ENV_NAME = "bench-frozenlake"
+TAG = "FrozenLake"
+TARGET = 0.7
+WINDOW = 5
+REFERENCE = {  # the issue's synchronous single-process reference (TRL GRPOTrainer)
+    "none": {"time_to_target_s": 18.7, "after_startup_s": 12.8, "steps": 27, "episodes_per_s": 119},
+    "normal": {"time_to_target_s": 42.2, "after_startup_s": 36.8, "steps": 27, "episodes_per_s": 48.7},
+}
+LATENCY = {"none": (0.0, 0.0), "normal": (0.05, 0.02)}
+
+
+class LatencyFrozenLake:
+    """FrozenLake (the ``frozenlake`` plugin's env) whose steps sleep N(mu, sigma), truncated
+    at 0, drawn from the reset seed and a per-process instance counter."""
+
+    _instances = 0
+
+    def __init__(self, mu: float = 0.0, sigma: float = 0.0, **options: Any) -> None:
+        from rollart_env_frozenlake.env import FrozenLakeTextEnv
+
+        self._env = FrozenLakeTextEnv(**options)
+        self.action_vocabulary = self._env.action_vocabulary
+        self.system_prompt = self._env.system_prompt
+        self.mu, self.sigma = mu, sigma
+        LatencyFrozenLake._instances += 1
+        self._index = LatencyFrozenLake._instances
+        self._rng = random.Random(0)
+
+    def reset(self, *, seed: int | None = None, options: Any = None) -> tuple[str, dict[str, Any]]:
+        self._rng = random.Random(f"{seed}/{self._index}")
+        return self._env.reset(seed=seed, options=options)
+
+    def step(self, action: str) -> Any:
+        if self.mu > 0:
+            x = -1.0
+            for _ in range(100):
+                x = self._rng.gauss(self.mu, self.sigma)
+                if x >= 0:
+                    break
+            time.sleep(max(0.0, x))
+        return self._env.step(action)
+
+    def close(self) -> None:
+        self._env.close()
+
+
+class LatencyFrozenLakeOptions(BaseModel):
+    """Options of env ``bench-frozenlake``: the latency, plus any ``frozenlake`` option."""
+
+    model_config = ConfigDict(extra="allow")
+    mu: float = Field(0.0, ge=0, description="mean env step latency (s)")
+    sigma: float = Field(0.0, ge=0, description="its standard deviation (s)")
+
+
+def _registry() -> Any:
+    """The installed plugins plus env ``bench-frozenlake`` (defined in this module)."""
+    from rollart_sdk.hookspecs import hookimpl
+    from rollart_sdk.plugins import load_plugins
+
+    def rollart_register_envs(registry: Any) -> None:
+        registry.register(ENV_NAME, factory=f"{__name__}:LatencyFrozenLake",
+                          options=f"{__name__}:LatencyFrozenLakeOptions",
+                          summary="benchmark env: FrozenLake whose steps sleep N(mu, sigma)")
+
+    plugin = SimpleNamespace(rollart_register_envs=hookimpl(rollart_register_envs))
+    return load_plugins(extra={"rollart-bench-small": plugin}).registry
+
+
+def workload_config(mode: str, latency: str, seed: int, output_dir: str,
+                    max_steps: int) -> dict[str, Any]:
+    """The run config of one variant (what ``rollart train`` would be given)."""
+    mu, sigma = LATENCY[latency]
+    return {
+        "name": f"small-{mode}-{latency}-{seed}",
+        "seed": seed,
+        "model": {"tiny": {"hidden_size": 128, "num_layers": 2, "num_heads": 4,
+                           "intermediate_size": 256, "seed": 0}},
+        "tasks": [{
+            "tag": TAG,
+            "env": {"name": ENV_NAME, "options": {
+                "map_name": "4x4", "is_slippery": False, "obs_format": "compact",
+                "mu": mu, "sigma": sigma}},
+            "reward": {"name": "rule", "options": {"mode": "success"}},
+            "max_turns": 8,
+            "constrain_actions": True,
+            "system_prompt": None,
+            "sampling": {"temperature": 1.0},
+            "env_host": "inline" if mu == 0 else "worker",
+        }],
+        "engine": {"name": "torch", "options": {"max_running": 64, "max_seq_len": 512}},
+        "trainer": {"name": "torch", "options": {"lr": 1e-3, "micro_batch_size": 64,
+                                                 "seed": seed}},
+        "transport": {"name": "local"},
+        "rollout": {"batch_size": 64, "group_size": 8, "mode": mode, "alpha": 1},
+        "train": {"steps": max_steps, "bucket_mb": 4, "save_final_model": False},
+        "output_dir": output_dir,
+    }
+
+
+# ---------------------------------------------------------------------------- one run
+def child(mode: str, latency: str, seed: int, max_steps: int, out: str) -> None:
+    """One run in this process; writes its figures as JSON to ``out``."""
+    t_start = time.time()
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    from rollart_sdk.config import load_config
+    from rollart_sdk.job import build_job
+
+    registry = _registry()
+    with tempfile.TemporaryDirectory(prefix="rollart-bench-small-") as tmp:
+        cfg, lines = load_config(data=workload_config(mode, latency, seed, tmp, max_steps))
+        job = build_job(cfg, lines, in_process=True, log=lambda *a: None, registry=registry)
+        t_ready = time.time()
+        cpu_ready = time.process_time()
+        try:
+            metrics = asyncio.run(_drive(job, max_steps))
+        finally:
+            job.run_dir.close()
+            job.close()
+    engine = job.pipeline.proxy.workers
+    stats = {}
+    for w in engine.values():
+        stats = w.target.engine.stats()
+    Path(out).write_text(json.dumps({"t_start": t_start, "t_ready": t_ready, "metrics": metrics,
+                                     "cpu_ready": cpu_ready, "engine": stats}))
+
+
+async def _drive(job: Any, max_steps: int) -> list[dict[str, Any]]:
+    from concurrent.futures import ThreadPoolExecutor
+
+    loop = asyncio.get_running_loop()
+    pool = ThreadPoolExecutor(max_workers=job.pipeline.scheduler.max_running + 16)
+    loop.set_default_executor(pool)
+    metrics: list[dict[str, Any]] = []
+    reached = asyncio.Event()
+
+    def on_step(rec: Any, m: dict[str, Any]) -> None:
+        m["t"] = time.time()
+        m["cpu"] = time.process_time()  # CPU seconds of this process (all its threads)
+        m["train_tokens"] = rec.train_metrics.get("tokens", 0.0)
+        metrics.append(m)
+        succ = [x.get(f"success/{TAG}", 0.0) for x in metrics[-WINDOW:]]
+        if len(succ) == WINDOW and sum(succ) / WINDOW >= TARGET:
+            reached.set()
+
+    job.pipeline.on_step = on_step
+    run = asyncio.create_task(job.pipeline.run(max_steps))
+    stop = asyncio.create_task(reached.wait())
+    await asyncio.wait([run, stop], return_when=asyncio.FIRST_COMPLETED)
+    stop.cancel()
+    if not run.done():
+        run.cancel()
+    try:
+        await run
+    except asyncio.CancelledError:
+        pass
+    pool.shutdown(wait=False)
+    return metrics
+
+
+def summarize(mode: str, latency: str, seed: int, t_cmd: float, data: dict[str, Any]) -> dict[str, Any]:
+    m = data["metrics"]
+    succ = [x.get(f"success/{TAG}", 0.0) for x in m]
+    hit = None
+    for i in range(WINDOW - 1, len(succ)):
+        if sum(succ[i - WINDOW + 1 : i + 1]) / WINDOW >= TARGET:
+            hit = i
+            break
+    t_ready = data["t_ready"]
+    end = m[hit]["t"] if hit is not None else (m[-1]["t"] if m else t_ready)
+    episodes = sum(x.get(f"count/{TAG}", 0) for x in m[: (hit + 1) if hit is not None else None])
+    last = succ[-WINDOW:]
+    peak = max(succ) if succ else 0.0
+    n = max(1, len(m))
+    return {
+        "mode": mode, "alpha": 1 if mode == "async" else 0, "latency": latency, "seed": seed,
+        "reached": hit is not None,
+        "time_to_target_s": round(end - t_cmd, 2) if hit is not None else None,
+        "time_to_target_after_startup_s": round(end - t_ready, 2) if hit is not None else None,
+        "steps_to_target": hit + 1 if hit is not None else None,
+        "episodes_per_s": round(episodes / max(end - t_ready, 1e-9), 1),
+        "startup_s": round(t_ready - t_cmd, 2),
+        # CPU seconds the run used until the target (start-up included): on a machine
+        # shared with other work, wall time >= this / cores, whatever the contention.
+        "cpu_s_to_target": round(m[hit]["cpu"], 2) if hit is not None else None,
+        "cpu_s_startup": round(data["cpu_ready"], 2),
+        "startup_in_process_s": round(t_ready - data["t_start"], 2),
+        "steps": len(m),
+        "final_success_5": round(sum(last) / max(1, len(last)), 3),
+        "collapsed": bool(peak > 0.3 and last and max(last) == 0.0),
+        "step_s_mean": round((end - t_ready) / max(1, (hit + 1) if hit is not None else len(m)), 3),
+        "get_batch_wait_s_mean": round(sum(x["time/get_batch_wait"] for x in m) / n, 3),
+        "train_s_mean": round(sum(x["time/train"] for x in m) / n, 3),
+        "weight_sync_s_mean": round(sum(x["time/weight_sync"] for x in m) / n, 4),
+        "train_tokens_mean": round(sum(x["train_tokens"] for x in m) / n, 1),
+        "turns_mean": round(sum(x.get(f"turns/{TAG}", 0) for x in m) / n, 2),
+        "aborted_stale": sum(x["trajectories/aborted_stale"] for x in m),
+        "engine": data.get("engine", {}),
+    }
+
+
+def run_one(mode: str, latency: str, seed: int, max_steps: int) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix="rollart-bench-small-out-") as tmp:
+        out = str(Path(tmp) / "run.json")
+        t_cmd = time.time()
+        proc = subprocess.run(
+            [sys.executable, "-m", "rollart_sdk.bench.small", "--child", mode, latency,
+             str(seed), str(max_steps), out],
+            env={**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")},
+            capture_output=True, text=True, timeout=1800,
+        )
+        if proc.returncode != 0:
+            raise RuntimeError(f"run {mode}/{latency}/seed {seed} failed:\n{proc.stderr[-3000:]}")
+        data = json.loads(Path(out).read_text())
+    return summarize(mode, latency, seed, t_cmd, data)
+
+
+def median_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    out = []
+    keys = sorted({(r["mode"], r["latency"]) for r in rows}, key=lambda k: (k[1], k[0]))
+    for mode, latency in keys:
+        rs = [r for r in rows if r["mode"] == mode and r["latency"] == latency]
+
+        def med(key: str, rs: list[dict[str, Any]] = rs) -> float | None:
+            vals = [r[key] for r in rs if r[key] is not None]
+            return round(statistics.median(vals), 2) if vals else None
+
+        out.append({"mode": mode, "latency": latency, "runs": len(rs),
+                    "reached": sum(r["reached"] for r in rs), "collapsed": sum(r["collapsed"] for r in rs),
+                    **{k: med(k) for k in ("time_to_target_s", "time_to_target_after_startup_s",
+                                            "steps_to_target", "episodes_per_s", "startup_s",
+                                            "step_s_mean", "get_batch_wait_s_mean",
+                                            "train_s_mean", "weight_sync_s_mean")},
+                    "reference_s": REFERENCE[latency]["time_to_target_s"]})
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "--child":
+        mode, latency, seed, steps, out = argv[1:6]
+        child(mode, latency, int(seed), int(steps), out)
+        return 0
+    parser = argparse.ArgumentParser(prog="rollart bench small",
+                                     description=(__doc__ or "").split("\n")[0])
+    parser.add_argument("--modes", nargs="+", default=["sync", "async"], choices=["sync", "async"])
+    parser.add_argument("--latency", nargs="+", default=["none", "normal"], choices=list(LATENCY))
+    parser.add_argument("--repeats", type=int, default=3, help="seeds 0..N-1 per variant")
+    parser.add_argument("--seeds", type=int, nargs="+", default=None, help="explicit seeds")
+    parser.add_argument("--max-steps", type=int, default=60)
+    parser.add_argument("--json", metavar="PATH", default=None, help="also write results here")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch threads of each run's process (ROLLART_TORCH_THREADS; "
+                             "default: the environment's, else 1)")
+    args = parser.parse_args(argv)
+    if args.threads is not None:
+        os.environ["ROLLART_TORCH_THREADS"] = str(args.threads)
+    seeds = args.seeds if args.seeds is not None else list(range(args.repeats))
+    load_before = os.getloadavg()
+    t0 = time.time()
+    rows = []
+    for latency in args.latency:
+        for seed in seeds:
+            for mode in args.modes:
+                r = run_one(mode, latency, seed, args.max_steps)
+                rows.append(r)
+                r["loadavg_1m_after"] = round(os.getloadavg()[0], 2)
+                print(f"{mode:5s} latency={latency:6s} seed={seed}: "
+                      f"target {'at step ' + str(r['steps_to_target']) if r['reached'] else 'not reached'}"
+                      f", {r['time_to_target_s']} s from the command, start-up {r['startup_s']} s, "
+                      f"{r['episodes_per_s']} episodes/s, step {r['step_s_mean']} s "
+                      f"(train {r['train_s_mean']} s), final success {r['final_success_5']}"
+                      f"{' COLLAPSED' if r['collapsed'] else ''}", flush=True)
+    table = median_rows(rows)
+    print("\nmedian per variant (reference: TRL GRPOTrainer, figures from issue 12):")
+    print(f"{'mode':6s} {'latency':8s} {'to 0.7 s':>9s} {'after start':>11s} {'steps':>6s} "
+          f"{'ep/s':>6s} {'start s':>8s} {'ref s':>6s} {'reached':>8s} {'collapsed':>9s}")
+    for t in table:
+        print(f"{t['mode']:6s} {t['latency']:8s} {t['time_to_target_s']!s:>9s} "
+              f"{t['time_to_target_after_startup_s']!s:>11s} {t['steps_to_target']!s:>6s} "
+              f"{t['episodes_per_s']!s:>6s} {t['startup_s']!s:>8s} {t['reference_s']!s:>6s} "
+              f"{t['reached']}/{t['runs']:<6d} {t['collapsed']:>9d}")
+    collapsed = [(r["mode"], r["latency"], r["seed"]) for r in rows if r["collapsed"]]
+    print(f"\nper seed: {len(rows) - len(collapsed)} of {len(rows)} runs did not collapse"
+          + (f"; collapsed: {collapsed}" if collapsed else ""))
+    load_after = os.getloadavg()
+    print(f"load average (1, 5, 15 min) before {load_before}, after {load_after}; "
+          f"{os.cpu_count()} cores; {time.time() - t0:.0f} s in all")
+    if args.json:
+        Path(args.json).write_text(json.dumps({
+            "benchmark": "small", "target": TARGET, "window": WINDOW, "reference": REFERENCE,
+            "threads": os.environ.get("ROLLART_TORCH_THREADS", "1"),
+            "cores": os.cpu_count(), "loadavg_before": load_before, "loadavg_after": load_after,
+            "wall_s": round(time.time() - t0, 1), "collapsed": collapsed,
+            "rows": rows, "median": table}, indent=2))
+        print(f"wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

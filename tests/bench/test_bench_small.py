@@ -1,0 +1,67 @@
+"""``rollart bench small`` (issue 12): what it runs and how it reads a run. No speed
+thresholds here: the figures are the benchmark's business (docs/benchmarks.md)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from rollart_sdk.bench.small import LATENCY, TAG, median_rows, summarize, workload_config
+from rollart_sdk.cli import main
+from rollart_sdk.config import load_config
+
+
+def _metrics(successes, t0=100.0, step_s=2.0):
+    return [{"t": t0 + step_s * (i + 1), "cpu": 1.0 + i, f"success/{TAG}": s,
+             f"count/{TAG}": 64, f"turns/{TAG}": 5, "time/get_batch_wait": 1.0,
+             "time/train": 0.5, "time/weight_sync": 0.01, "train_tokens": 900,
+             "trajectories/aborted_stale": 0} for i, s in enumerate(successes)]
+
+
+def test_target_is_the_first_window_of_five_at_0_7():
+    succ = [0.1, 0.5, 0.6, 0.8, 0.9, 0.6, 0.7, 0.9, 1.0]
+    data = {"t_start": 90.0, "t_ready": 100.0, "cpu_ready": 1.0, "metrics": _metrics(succ)}
+    row = summarize("sync", "none", 3, 80.0, data)
+    # windows of 5: 0.58 (step 5), 0.68 (step 6), 0.72 (step 7): the target is step 7
+    assert row["reached"] and row["steps_to_target"] == 7
+    assert row["time_to_target_s"] == pytest.approx(100.0 + 7 * 2.0 - 80.0)
+    assert row["time_to_target_after_startup_s"] == pytest.approx(14.0)
+    assert row["episodes_per_s"] == pytest.approx(7 * 64 / 14.0, abs=0.1)
+    assert row["startup_s"] == 20.0 and row["seed"] == 3 and not row["collapsed"]
+
+
+def test_a_collapse_is_flagged_and_a_miss_has_no_target_time():
+    succ = [0.2, 0.5, 0.6, 0.4, 0.0, 0.0, 0.0, 0.0, 0.0]
+    data = {"t_start": 0.0, "t_ready": 100.0, "cpu_ready": 1.0, "metrics": _metrics(succ)}
+    row = summarize("async", "normal", 0, 90.0, data)
+    assert not row["reached"] and row["time_to_target_s"] is None
+    assert row["collapsed"] and row["final_success_5"] == 0.0
+    table = median_rows([row])
+    assert table[0]["collapsed"] == 1 and table[0]["reached"] == 0
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+@pytest.mark.parametrize("latency", list(LATENCY))
+def test_every_variant_is_a_valid_run_config(tmp_path, mode, latency):
+    cfg, _ = load_config(data=workload_config(mode, latency, 0, str(tmp_path), 60))
+    task = cfg.tasks[0]
+    assert task.max_turns == 8 and task.constrain_actions and cfg.rollout.batch_size == 64
+    # Envs that sleep must not sleep on the control plane's event loop.
+    assert task.env_host == ("inline" if latency == "none" else "worker")
+    assert cfg.rollout.alpha == 1
+
+
+def test_bench_small_runs_end_to_end(tmp_path):
+    out = tmp_path / "small.json"
+    rc = main(["bench", "small", "--modes", "sync", "--latency", "none", "--seeds", "0",
+               "--max-steps", "2", "--json", str(out)])
+    assert rc == 0
+    data = json.loads(out.read_text())
+    (row,) = data["rows"]
+    for key in ("mode", "latency", "time_to_target_s", "steps_to_target", "episodes_per_s",
+                "seed"):
+        assert key in row
+    assert row["mode"] == "sync" and row["latency"] == "none" and row["steps"] == 2
+    assert row["episodes_per_s"] > 0 and row["startup_s"] > 0
+    assert "loadavg_before" in data and data["median"][0]["runs"] == 1
