@@ -20,10 +20,14 @@ The workload (any trainer can run it; docs/benchmarks.md spells it out):
   with seeds 0..R-1 (``--repeats``), the table shows the median.
 
 Every run is a fresh ``python`` process (as a user's command would be) running the real
-pipeline in one process: ``build_job(in_process=True)`` - the torch engine behind the
-LLMProxy, the torch trainer, the ``local`` transport (the weight swap is an in-memory
-copy), RolloutScheduler and SampleBuffer; environments hosted inline in the EnvManager's
-process (``env_host: inline``) when they have no latency, in its thread pool when they
+pipeline. ``--layout inprocess`` (default; the small-machine layout, engine and trainer
+colocated as in verl's hybrid engine): ``build_job(in_process=True)`` - the torch engine
+behind the LLMProxy, the torch trainer, the ``local`` transport (the weight swap is an
+in-memory copy), RolloutScheduler and SampleBuffer in one process. ``--layout ray``: the
+same on a local Ray, one process per role (trainer, engine, env worker when used), the
+``ray`` transport, threads per role from the thread plan. Environments are hosted inline
+in the EnvManagers' process (``env_host: inline``) when they have no latency, on the env
+role's workers (each env in its own process, the sleeps off the event loop) when they
 sleep. A run stops when it reaches the target or ``--max-steps``. A seed *collapses*
 when its success rate over its last 5 steps is 0 after having been above 0.3.
 """
@@ -115,7 +119,7 @@ def _registry() -> Any:
 
 
 def workload_config(mode: str, latency: str, seed: int, output_dir: str,
-                    max_steps: int) -> dict[str, Any]:
+                    max_steps: int, layout: str = "inprocess") -> dict[str, Any]:
     """The run config of one variant (what ``rollart train`` would be given)."""
     mu, sigma = LATENCY[latency]
     return {
@@ -138,7 +142,7 @@ def workload_config(mode: str, latency: str, seed: int, output_dir: str,
         "engine": {"name": "torch", "options": {"max_running": 64, "max_seq_len": 512}},
         "trainer": {"name": "torch", "options": {"lr": 1e-3, "micro_batch_size": 64,
                                                  "seed": seed}},
-        "transport": {"name": "local"},
+        "transport": {"name": "local" if layout == "inprocess" else "ray"},
         "rollout": {"batch_size": 64, "group_size": 8, "mode": mode, "alpha": 1},
         "train": {"steps": max_steps, "bucket_mb": 4, "save_final_model": False},
         "output_dir": output_dir,
@@ -146,8 +150,9 @@ def workload_config(mode: str, latency: str, seed: int, output_dir: str,
 
 
 # ---------------------------------------------------------------------------- one run
-def child(mode: str, latency: str, seed: int, max_steps: int, out: str) -> None:
-    """One run in this process; writes its figures as JSON to ``out``."""
+def child(mode: str, latency: str, seed: int, max_steps: int, out: str,
+          layout: str = "inprocess") -> None:
+    """One run from this process; writes its figures as JSON to ``out``."""
     t_start = time.time()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     from rollart_sdk.config import load_config
@@ -155,19 +160,23 @@ def child(mode: str, latency: str, seed: int, max_steps: int, out: str) -> None:
 
     registry = _registry()
     with tempfile.TemporaryDirectory(prefix="rollart-bench-small-") as tmp:
-        cfg, lines = load_config(data=workload_config(mode, latency, seed, tmp, max_steps))
-        job = build_job(cfg, lines, in_process=True, log=lambda *a: None, registry=registry)
+        cfg, lines = load_config(data=workload_config(mode, latency, seed, tmp, max_steps,
+                                                      layout))
+        job = build_job(cfg, lines, in_process=layout == "inprocess", log=lambda *a: None,
+                        registry=registry)
         t_ready = time.time()
         cpu_ready = time.process_time()
         try:
             metrics = asyncio.run(_drive(job, max_steps))
+            (engine,) = job.pipeline.proxy.workers.values()
+            stats = job.spawner.call(engine, "stats", timeout=60)
         finally:
             job.run_dir.close()
             job.close()
-    engine = job.pipeline.proxy.workers
-    stats = {}
-    for w in engine.values():
-        stats = w.target.engine.stats()
+            if layout == "ray":
+                import ray
+
+                ray.shutdown()  # this process's own local Ray (never `ray stop`)
     Path(out).write_text(json.dumps({"t_start": t_start, "t_ready": t_ready, "metrics": metrics,
                                      "cpu_ready": cpu_ready, "engine": stats}))
 
@@ -246,20 +255,21 @@ def summarize(mode: str, latency: str, seed: int, t_cmd: float, data: dict[str, 
     }
 
 
-def run_one(mode: str, latency: str, seed: int, max_steps: int) -> dict[str, Any]:
+def run_one(mode: str, latency: str, seed: int, max_steps: int,
+            layout: str = "inprocess") -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="rollart-bench-small-out-") as tmp:
         out = str(Path(tmp) / "run.json")
         t_cmd = time.time()
         proc = subprocess.run(
             [sys.executable, "-m", "rollart_sdk.bench.small", "--child", mode, latency,
-             str(seed), str(max_steps), out],
+             str(seed), str(max_steps), out, layout],
             env={**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")},
             capture_output=True, text=True, timeout=1800,
         )
         if proc.returncode != 0:
             raise RuntimeError(f"run {mode}/{latency}/seed {seed} failed:\n{proc.stderr[-3000:]}")
         data = json.loads(Path(out).read_text())
-    return summarize(mode, latency, seed, t_cmd, data)
+    return {**summarize(mode, latency, seed, t_cmd, data), "layout": layout}
 
 
 def median_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -285,8 +295,8 @@ def median_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "--child":
-        mode, latency, seed, steps, out = argv[1:6]
-        child(mode, latency, int(seed), int(steps), out)
+        mode, latency, seed, steps, out, layout = argv[1:7]
+        child(mode, latency, int(seed), int(steps), out, layout)
         return 0
     parser = argparse.ArgumentParser(prog="rollart bench small",
                                      description=(__doc__ or "").split("\n")[0])
@@ -295,6 +305,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=3, help="seeds 0..N-1 per variant")
     parser.add_argument("--seeds", type=int, nargs="+", default=None, help="explicit seeds")
     parser.add_argument("--max-steps", type=int, default=60)
+    parser.add_argument("--layout", choices=["inprocess", "ray"], default="inprocess",
+                        help="one process (engine and trainer colocated) or one Ray "
+                             "process per role")
     parser.add_argument("--json", metavar="PATH", default=None, help="also write results here")
     parser.add_argument("--threads", type=int, default=None,
                         help="torch threads of each run's process (ROLLART_TORCH_THREADS; "
@@ -309,7 +322,7 @@ def main(argv: list[str] | None = None) -> int:
     for latency in args.latency:
         for seed in seeds:
             for mode in args.modes:
-                r = run_one(mode, latency, seed, args.max_steps)
+                r = run_one(mode, latency, seed, args.max_steps, args.layout)
                 rows.append(r)
                 r["loadavg_1m_after"] = round(os.getloadavg()[0], 2)
                 print(f"{mode:5s} latency={latency:6s} seed={seed}: "
@@ -336,7 +349,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         Path(args.json).write_text(json.dumps({
             "benchmark": "small", "target": TARGET, "window": WINDOW, "reference": REFERENCE,
-            "threads": os.environ.get("ROLLART_TORCH_THREADS", "1"),
+            "threads": os.environ.get("ROLLART_TORCH_THREADS", "1"), "layout": args.layout,
             "cores": os.cpu_count(), "loadavg_before": load_before, "loadavg_after": load_after,
             "wall_s": round(time.time() - t0, 1), "collapsed": collapsed,
             "rows": rows, "median": table}, indent=2))

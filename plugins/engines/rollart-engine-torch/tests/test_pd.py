@@ -86,6 +86,7 @@ def test_pd_needs_both_phases(tmp_path):
         load_config(data=data)
 
 
+@pytest.mark.timeout(900)  # a local Ray and a 2-step run: minutes on a loaded machine
 def test_pd_trains_on_ray(tmp_path):
     """`rollart train` with roles.actor_gen.prefill/decode on a local Ray: the K/V hand-off
     goes prefill actor -> object store -> decode actor, and every engine gets the weights."""
@@ -106,7 +107,7 @@ def test_pd_trains_on_ray(tmp_path):
     env.pop("RAY_ADDRESS", None)
     res = subprocess.run([sys.executable, "-m", "rollart_sdk.cli", "train", str(cfg),
                           "--no-progress", f"output_dir={tmp_path / 'runs'}"],
-                         capture_output=True, text=True, env=env, timeout=600)
+                         capture_output=True, text=True, env=env, timeout=850)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     (run,) = [p for p in (tmp_path / "runs").iterdir() if p.name.startswith("pd")]
     summary = json.loads((run / "summary.json").read_text())
