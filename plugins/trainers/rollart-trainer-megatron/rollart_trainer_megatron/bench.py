@@ -5,9 +5,12 @@
 Same random Llama (the quickstart's tiny shape by default), same batch of variable-length
 trajectories, same optimiser settings; one warm-up step each, then ``repeats`` steps of
 each trainer interleaved (torch, megatron TP 1, torch, ...) in one process, one thread,
-so that machine load shifts hit both alike; the median is reported. TP 2 runs as two
-processes (gloo) on the same batch, rank 0's median reported. What it shows: the cost of
-the Megatron model and of packing vs padding on CPU at this size; not GPU behaviour.
+so that machine load shifts hit both alike; the median is reported. The two-process
+layouts (``--multi``: ``tp2`` tensor parallel, ``pp2`` pipeline parallel through
+Megatron's 1F1B schedule, ``dp2`` data parallel, ``dp2-distopt`` with the distributed
+optimizer) run afterwards on the same batch over gloo, rank 0's median reported. What it
+shows: the cost of the Megatron model, of packing vs padding and of gloo communication on
+CPU at this size; not GPU behaviour.
 """
 
 from __future__ import annotations
@@ -47,14 +50,22 @@ def _time(trainer: Any, batch: list[Any]) -> float:
     return time.perf_counter() - t0
 
 
-def _tp_rank(rank: int, world: int, path: str, init: str, batch: list[Any], repeats: int,
-             options: dict, out: str) -> None:
+_LAYOUTS = {
+    "tp2": {"tensor_parallel_size": 2},
+    "pp2": {"pipeline_parallel_size": 2},
+    "dp2": {},
+    "dp2-distopt": {"use_distributed_optimizer": True},
+}
+
+
+def _rank(rank: int, world: int, path: str, init: str, batch: list[Any], repeats: int,
+          options: dict, out: str) -> None:
     torch.set_num_threads(1)
     from rollart_sdk.config import ModelConfig
     from rollart_trainer_megatron.trainer import MegatronTrainer
 
     t = MegatronTrainer(model=ModelConfig(path=path), rank=rank, world_size=world,
-                        init_method=init, tensor_parallel_size=world, **options)
+                        init_method=init, **options)
     shard = batch[rank::world]
     _time(t, shard)
     times = [_time(t, shard) for _ in range(repeats)]
@@ -72,7 +83,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--vocab", type=int, default=128)
     p.add_argument("--pack-length", type=int, default=None,
                    help="trainer option pack_length (default: the longest trajectory)")
-    p.add_argument("--no-tp2", action="store_true", help="skip the two-process TP 2 run")
+    p.add_argument("--multi", type=str, default="tp2,pp2",
+                   help=f"two-process layouts to time, comma-separated, of {sorted(_LAYOUTS)} "
+                        "('' for none)")
     p.add_argument("--json", type=str, default=None)
     a = p.parse_args(argv)
     torch.set_num_threads(1)
@@ -98,12 +111,14 @@ def main(argv: list[str] | None = None) -> int:
             times["torch (padded, 1 micro-batch)"].append(_time(torch_t, batch))
             times[f"megatron TP1 (pack_length {a.pack_length or 'auto'})"].append(_time(meg_t, batch))
         meg_t.close()
-        if not a.no_tp2:
-            out = str(Path(tmp) / "tp2.json")
-            mp.spawn(_tp_rank, args=(2, str(path), f"file://{tmp}/init", batch, a.repeats,
-                                     {**common, **packing}, out),
+        for layout in filter(None, a.multi.split(",")):
+            if layout not in _LAYOUTS:
+                p.error(f"--multi: unknown layout {layout!r}; choose from {sorted(_LAYOUTS)}")
+            out = str(Path(tmp) / f"{layout}.json")
+            mp.spawn(_rank, args=(2, str(path), f"file://{tmp}/init-{layout}", batch, a.repeats,
+                                  {**common, **packing, **_LAYOUTS[layout]}, out),
                      nprocs=2, join=True)
-            times["megatron TP2 (2 processes)"] = json.loads(Path(out).read_text())
+            times[f"megatron {layout.upper()} (2 processes)"] = json.loads(Path(out).read_text())
     rows = {k: {"median_s": statistics.median(v), "min_s": min(v), "max_s": max(v)}
             for k, v in times.items()}
     print(f"batch: {a.batch} trajectories, {tokens} tokens; model hidden {a.hidden}, "

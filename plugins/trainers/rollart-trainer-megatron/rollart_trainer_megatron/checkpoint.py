@@ -114,6 +114,7 @@ def save(trainer: Any, path: str) -> None:
             "version": trainer.version,
             "step": trainer._step,
             "tensor_parallel_size": trainer.tp,
+            "pipeline_parallel_size": trainer.pp,
             "world_size": trainer.world_size,
             "param_groups": groups,
             "adam_steps": steps,
@@ -139,15 +140,19 @@ def load(trainer: Any, path: str) -> None:
     if state.get("format") != CHECKPOINT_FORMAT:
         raise ValueError(f"{src / _STATE_FILE}: checkpoint format {state.get('format')!r} is "
                          f"not supported (this trainer reads format {CHECKPOINT_FORMAT})")
-    if state["tensor_parallel_size"] != trainer.tp:
+    saved = (state["tensor_parallel_size"], state.get("pipeline_parallel_size", 1))
+    if saved != (trainer.tp, trainer.pp):
         raise ValueError(
-            f"{src} was saved with tensor_parallel_size={state['tensor_parallel_size']}, this "
-            f"trainer has {trainer.tp}: resume with the same TP size"
+            f"{src} was saved with tensor_parallel_size={saved[0]}, pipeline_parallel_size="
+            f"{saved[1]}; this trainer has {trainer.tp}, {trainer.pp}: resume with the same "
+            "TP and PP sizes (the data-parallel size may differ)"
         )
-    steps = state["adam_steps"]
+    # Every parameter takes every step (missing gradients are zero-filled), so one step
+    # count stands for all; the names are rank 0's, which under PP are not this stage's.
+    step = max(state["adam_steps"].values(), default=0.0)
     # Zero moments of the right shapes, so that the sharded template names every moment.
     zeros = {name: {key: torch.zeros_like(p) for key in ("exp_avg", "exp_avg_sq")}
-             for name, p in trainer.named_params.items() if name in steps}
+             for name, p in trainer.named_params.items() if step}
     loaded = dist_checkpointing.load(_sharded_state(trainer, zeros), str(src / _DIST_DIR))
     moments = {name: {key: loaded["optimizer"][key][name] for key in st}
                for name, st in zeros.items()}
@@ -161,11 +166,11 @@ def load(trainer: Any, path: str) -> None:
             names = list(trainer.named_params)
             opt.load_full_moments(
                 {key: [moments[n][key] for n in names] for key in ("exp_avg", "exp_avg_sq")},
-                steps[names[0]])
+                step)
     else:
         for name, p in trainer.named_params.items():
             if name in moments:
-                opt.state[p] = {"step": torch.tensor(steps[name]), **moments[name]}
+                opt.state[p] = {"step": torch.tensor(step), **moments[name]}
     for group, saved in zip(opt.param_groups, state["param_groups"], strict=True):
         for k, v in saved.items():
             if k != "params":

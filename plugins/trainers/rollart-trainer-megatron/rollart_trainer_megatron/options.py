@@ -16,9 +16,9 @@ class MegatronTrainerOptions(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    # Parallelism: world_size = tensor_parallel_size * data_parallel_size.
+    # Parallelism: world_size = tensor_parallel_size * pipeline_parallel_size * DP size.
     tensor_parallel_size: int = Field(1, ge=1)
-    pipeline_parallel_size: int = Field(1, ge=1)  # only 1 (see _check)
+    pipeline_parallel_size: int = Field(1, ge=1)  # Megatron's 1F1B schedule (schedule.py)
     # AdamW
     lr: float = Field(1e-5, gt=0)
     betas: tuple[float, float] = (0.9, 0.999)
@@ -57,10 +57,4 @@ class MegatronTrainerOptions(BaseModel):
     def _check(self) -> MegatronTrainerOptions:
         if not all(0.0 <= b < 1.0 for b in self.betas):
             raise ValueError(f"betas must each be in [0, 1), got {list(self.betas)}")
-        if self.pipeline_parallel_size != 1:
-            raise ValueError(
-                "pipeline_parallel_size > 1 is not implemented by trainer megatron (its loop "
-                "is its own; Megatron's pipeline schedules hard-code CUDA): use "
-                "tensor_parallel_size and data parallelism (roles.actor_train.workers)"
-            )
         return self

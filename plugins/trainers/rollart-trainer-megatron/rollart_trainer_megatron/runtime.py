@@ -14,8 +14,9 @@ is checked by the plugin's tests running on CPU):
   off, so no randomness is drawn during training).
 
 The model uses the local layer spec (no Transformer Engine), CPU initialisation and no
-fused kernels. Megatron's optimizer wrapper and pipeline schedules hard-code
-``device='cuda'``; the trainer runs its own loop (see trainer.py).
+fused kernels. Megatron's pipeline schedules run under ``pipeline.CudaToCpu`` (they
+allocate one counter with ``device="cuda"``); Megatron's optimizer wrapper is replaced by
+distopt.py.
 """
 
 from __future__ import annotations
@@ -144,8 +145,11 @@ def transformer_config(hf: Any, arch: Arch, tp: int, pp: int, dtype: torch.dtype
     )
 
 
-def build_gpt(hf: Any, arch: Arch, tp: int, pp: int, dtype: torch.dtype, cpu: bool) -> Any:
-    """An (uninitialised) GPTModel with the local layer spec, full logits output."""
+def build_gpt(hf: Any, arch: Arch, tp: int, pp: int, dtype: torch.dtype, cpu: bool,
+              pre_process: bool = True, post_process: bool = True) -> Any:
+    """An (uninitialised) GPTModel with the local layer spec, full logits output;
+    ``pre_process`` / ``post_process``: this pipeline stage holds the embedding / the
+    output layer."""
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 
@@ -172,5 +176,7 @@ def build_gpt(hf: Any, arch: Arch, tp: int, pp: int, dtype: torch.dtype, cpu: bo
         rotary_base=int(getattr(hf, "rope_theta", 10000)),
         rope_scaling=kind == "llama3",
         rope_scaling_factor=float(rope.get("factor", 8.0)),
+        pre_process=pre_process,
+        post_process=post_process,
     )
 

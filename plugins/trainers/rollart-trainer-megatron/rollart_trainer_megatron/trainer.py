@@ -36,15 +36,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from rollart_sdk.algorithms import (
-    aggregate,
-    fill_advantages,
-    kl_penalty,
-    ppo_clip_loss,
-    token_entropy,
-    token_logprobs,
-    truncated_is_weights,
-)
+from rollart_sdk.algorithms import fill_advantages
 from rollart_sdk.config import ModelConfig
 from rollart_sdk.types import TrainSample, WeightBucket
 from rollart_sdk.weights import split_buckets
@@ -58,11 +50,10 @@ from rollart_trainer_megatron.convert import (
 )
 from rollart_trainer_megatron.distopt import DistributedAdamW
 from rollart_trainer_megatron.options import MegatronTrainerOptions
-from rollart_trainer_megatron.packing import pack, plan_micro_batches
+from rollart_trainer_megatron.packing import plan_micro_batches
+from rollart_trainer_megatron.pipeline import Stage, device_mode, gather_stages, localize
 from rollart_trainer_megatron.runtime import build_gpt, init_parallel, patch_for_cpu
-
-_METRIC_SUMS = ("loss", "pg_loss", "kl", "clip", "approx_kl", "ratio", "entropy", "stale",
-                "tis_w", "tokens")
+from rollart_trainer_megatron.schedule import forward_backward
 
 
 class MegatronTrainer:
@@ -91,13 +82,14 @@ class MegatronTrainer:
         self.rank, self.world_size = int(rank), int(world_size)
         if not 0 <= self.rank < self.world_size:
             raise ValueError(f"trainer rank {rank} is outside world_size {world_size}")
-        self.tp = o.tensor_parallel_size
-        if self.world_size % self.tp:
+        self.tp, self.pp = o.tensor_parallel_size, o.pipeline_parallel_size
+        if self.world_size % (self.tp * self.pp):
             raise ValueError(
                 f"world_size {self.world_size} (roles.actor_train.workers) is not a multiple "
-                f"of trainer.options.tensor_parallel_size={self.tp}"
+                f"of trainer.options.tensor_parallel_size x pipeline_parallel_size = "
+                f"{self.tp} x {self.pp}"
             )
-        self.dp = self.world_size // self.tp
+        self.dp = self.world_size // (self.tp * self.pp)
         self.model_path = _checkpoint_path(model)
         dtype = getattr(torch, model.dtype) if isinstance(model, ModelConfig) else torch.float32
         if o.num_threads:
@@ -110,18 +102,25 @@ class MegatronTrainer:
             torch.cuda.set_device(self.device)
         self._init_distributed(init_method)
         random.seed(o.seed)
-        init_parallel(self.tp, 1, o.seed, self.cpu)
+        init_parallel(self.tp, self.pp, o.seed, self.cpu)
         from megatron.core import parallel_state as ps
 
         self.tp_group = ps.get_tensor_model_parallel_group()
+        self.pp_group = ps.get_pipeline_model_parallel_group()
+        self.mp_group = ps.get_model_parallel_group()  # TP x PP: one replica of the model
         self.dp_group = ps.get_data_parallel_group()
         self.tp_rank = ps.get_tensor_model_parallel_rank()
         self.dp_rank = ps.get_data_parallel_rank()
+        self.embedding_group = (ps.get_embedding_group()
+                                if self.pp > 1 and ps.is_rank_in_embedding_group() else None)
 
         self.hf_config = AutoConfig.from_pretrained(self.model_path)
         self.arch = Arch.from_hf(self.hf_config, self.tp)
+        self.stage = Stage.of(self.arch, self.pp, ps.get_pipeline_model_parallel_rank())
+        self._global_names = self.stage.local_to_global(self.arch)
         hf_state = ckpt_io.read_hf_weights(self.model_path)
-        local = hf_to_megatron(hf_state, self.arch, self.tp, self.tp_rank)
+        local = localize(hf_to_megatron(hf_state, self.arch, self.tp, self.tp_rank),
+                         self.arch, self.stage)
         del hf_state
         self.model = self._build(dtype, local)
         self.ref_model = None
@@ -133,7 +132,7 @@ class MegatronTrainer:
         if o.use_distributed_optimizer:  # AdamW state sharded over the DP group (distopt.py)
             counted = [self._counted(n) for n in self.named_params]
             self.optimizer = DistributedAdamW(
-                self.params, counted, self.dp_group, [self.tp_group], lr=o.lr, betas=o.betas,
+                self.params, counted, self.dp_group, [self.mp_group], lr=o.lr, betas=o.betas,
                 eps=o.eps, weight_decay=o.weight_decay)
         else:
             self.optimizer = torch.optim.AdamW(
@@ -166,65 +165,19 @@ class MegatronTrainer:
         normalizer = max(float(counts[0] if o.loss_agg == "token-mean" else counts[1]), 1.0)
 
         self.optimizer.zero_grad(set_to_none=True)
-        sums = dict.fromkeys(_METRIC_SUMS, 0.0)
-        ratio_max = 0.0
         lengths = [len(s.input_ids) for s in batch]
         plan = plan_micro_batches(lengths, o.pack_length or max(lengths, default=2),
                                   o.max_tokens_per_micro_batch, o.micro_batch_size)
-        for rows in plan:
-            p = pack([[batch[i] for i in row] for row in rows])
-            t = {k: getattr(p, k).to(self.device) for k in (
-                "ids", "positions", "mask", "loss_mask", "behaviour", "versions",
-                "advantages", "seq_weight")}
-            logits = self._logits(self.model, t)
-            logp = token_logprobs(logits, t["ids"])
-            mask = t["loss_mask"][:, 1:]
-            beh = t["behaviour"][:, 1:]
-            adv = t["advantages"][:, 1:]
-            m = mask.bool()
-            stale = (t["versions"][:, 1:] < self._version) & m
-            corrected = m if o.tis_on_fresh else stale
-            old = torch.where(corrected, logp.detach(), beh)
-            w = torch.where(corrected, truncated_is_weights(logp, beh, o.tis_cap),
-                            torch.ones_like(beh))
-            # seq-mean over packed rows: weight each token by 1 / (its trajectory's
-            # masked tokens) and divide by the number of trajectories (token sums).
-            seq_w = t["seq_weight"][:, 1:] if o.loss_agg == "seq-mean" else None
-            pg_loss, st = ppo_clip_loss(
-                logp, old, adv, mask, o.clip_eps, o.clip_eps_high, "token-mean",
-                is_weights=w if seq_w is None else w * seq_w, normalizer=normalizer,
-            )
-            loss = pg_loss
-            if self.ref_model is not None:
-                with torch.no_grad():
-                    ref_lp = token_logprobs(self._logits(self.ref_model, t), t["ids"])
-                kl = kl_penalty(logp, ref_lp, o.kl_kind)
-                kl_tok = kl if seq_w is None else kl * seq_w
-                loss = loss + o.kl_coef * aggregate(kl_tok, mask, "token-mean", normalizer)
-                sums["kl"] += float((kl.detach() * mask).sum())
-            loss.backward()
-
-            ntok = float(st["tokens"])
-            sums["loss"] += float(loss.detach())
-            sums["pg_loss"] += float(pg_loss.detach())
-            sums["clip"] += float(st["clip_frac"]) * ntok
-            sums["approx_kl"] += float(st["approx_kl"]) * ntok
-            sums["ratio"] += float(st["ratio_mean"]) * ntok
-            sums["stale"] += float(stale.sum())
-            sums["tis_w"] += float((w * stale).sum())
-            sums["tokens"] += ntok
-            ratio_max = max(ratio_max, float(st["ratio_max"]))
-            if o.compute_entropy:
-                with torch.no_grad():
-                    sums["entropy"] += float((token_entropy(logits.detach()) * mask).sum())
-            del logits, logp, loss
+        sums, ratio_max = forward_backward(self, batch, plan, normalizer)
 
         self._reduce_grads()
         keys = list(sums)
-        reduced = self._reduce(torch.tensor([sums[k] for k in keys], dtype=torch.float64),
-                               self.dp_group)
+        reduced = torch.tensor([sums[k] for k in keys], dtype=torch.float64)
+        for group in (self.pp_group, self.dp_group):  # only the last stage has losses
+            reduced = self._reduce(reduced, group)
         sums = dict(zip(keys, reduced.tolist(), strict=True))
-        ratio_max = float(self._reduce(torch.tensor([ratio_max]), self.dp_group, "max")[0])
+        ratio_max = float(self._reduce(self._reduce(torch.tensor([ratio_max]), self.pp_group,
+                                                    "max"), self.dp_group, "max")[0])
 
         max_norm = o.grad_clip if o.grad_clip > 0 else math.inf
         if o.use_distributed_optimizer:  # reduce-scatter, norm, clip, sharded step, gather
@@ -270,16 +223,26 @@ class MegatronTrainer:
         return split_buckets(self.hf_tensors(), bucket_bytes, self._version)
 
     def hf_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """(HF name, full CPU tensor) pairs of the current weights (collective over TP)."""
+        """(HF name, full CPU tensor) pairs of the current weights, the same on every rank
+        (collective: gathered over the TP group, sent from the owning stage over PP)."""
+        to_local = {g: n for n, g in self._global_names.items()
+                    if not self.stage.is_tied_copy(n, self.arch)}
         for name in megatron_names(self.arch):
-            local = self.named_params[name].detach()
-            if self.tp == 1 or is_replicated(name):
-                shards = [local]
-            else:
-                shards = [torch.empty_like(local) for _ in range(self.tp)]
-                dist.all_gather(shards, local.contiguous(), group=self.tp_group)
-            for hf_name, tensor in megatron_to_hf(name, shards, self.arch):
-                yield hf_name, tensor.to("cpu", copy=True).contiguous()
+            owner = self.stage.owner(name)
+            mine = None
+            if owner == self.stage.rank:
+                local = self.named_params[to_local[name]].detach()
+                if self.tp == 1 or is_replicated(name):
+                    shards = [local]
+                else:
+                    shards = [torch.empty_like(local) for _ in range(self.tp)]
+                    dist.all_gather(shards, local.contiguous(), group=self.tp_group)
+                mine = [(hf_name, tensor.to("cpu", copy=True).contiguous())
+                        for hf_name, tensor in megatron_to_hf(name, shards, self.arch)]
+            if self.pp == 1:
+                yield from mine or []
+            else:  # the owner stage sends the converted tensors to the other stages
+                yield from gather_stages(mine, owner, self.pp_group)
 
     def save_checkpoint(self, path: str) -> None:
         """Model and AdamW state in Megatron's distributed checkpoint format (each rank
@@ -307,7 +270,12 @@ class MegatronTrainer:
     # ------------------------------------------------------------------ internals
 
     def _build(self, dtype: torch.dtype, local: dict[str, torch.Tensor]) -> Any:
-        model = build_gpt(self.hf_config, self.arch, self.tp, 1, dtype, self.cpu)
+        with device_mode(self.cpu):  # tied embeddings under PP: Megatron calls .cuda()
+            model = build_gpt(self.hf_config, self.arch, self.tp, self.pp, dtype, self.cpu,
+                              self.stage.first, self.stage.last)
+        model.config.variable_seq_lengths = True  # packed micro-batches differ in shape
+        model.config.calculate_per_token_loss = True  # losses arrive normalised (schedule.py)
+        model.config.batch_p2p_comm = False
         params = dict(model.named_parameters())
         if set(params) != set(local):
             raise ValueError(
@@ -322,10 +290,6 @@ class MegatronTrainer:
                                      f"!= model shape {tuple(p.shape)}")
                 p.copy_(local[name])
         return model.to(self.device).train()
-
-    def _logits(self, model: Any, t: dict[str, torch.Tensor]) -> torch.Tensor:
-        out = model(input_ids=t["ids"], position_ids=t["positions"], attention_mask=t["mask"])
-        return out[..., : self.arch.vocab]  # drop the TP vocabulary padding
 
     def _init_distributed(self, init_method: str | None) -> None:
         if dist.is_initialized():
@@ -358,11 +322,13 @@ class MegatronTrainer:
         return x.cpu()
 
     def _pool_tp(self, batch: list[TrainSample]) -> list[TrainSample]:
-        """The union of the shards given to the ranks of this TP group, in TP-rank order."""
-        if self.tp == 1:
+        """The union of the shards given to the ranks of this replica (its TP x PP group),
+        in rank order: every rank of a replica trains on the same batch."""
+        n = self.tp * self.pp
+        if n == 1:
             return batch
-        parts: list[Any] = [None] * self.tp
-        dist.all_gather_object(parts, batch, group=self.tp_group)
+        parts: list[Any] = [None] * n
+        dist.all_gather_object(parts, batch, group=self.mp_group)
         return [s for part in parts for s in part]
 
     def _fill_advantages(self, batch: list[TrainSample]) -> None:
@@ -394,21 +360,28 @@ class MegatronTrainer:
             qk = [p.grad for n, p in self.named_params.items()
                   if n.endswith(("q_layernorm.weight", "k_layernorm.weight"))]
             _all_reduce_flat(qk, self.tp_group)
+        if self.embedding_group is not None and self.arch.tied:
+            # the tied embedding's two copies (first and last stage): one gradient, summed
+            shared = self.named_params["embedding.word_embeddings.weight" if self.stage.first
+                                       else "output_layer.weight"]
+            _all_reduce_flat([shared.grad], self.embedding_group)
         if self.dp > 1 and not self.options.use_distributed_optimizer:
             _all_reduce_flat([p.grad for p in self.params], self.dp_group)
 
     def _counted(self, name: str) -> bool:
         """Whether parameter ``name`` enters the global grad norm on this rank (a
-        TP-replicated one only on TP rank 0)."""
+        TP-replicated one only on TP rank 0, a tied embedding's copy only once)."""
+        if self.stage.is_tied_copy(name, self.arch):
+            return False
         return self.tp_rank == 0 or not is_replicated(name)
 
     def _clip_grads(self, max_norm: float) -> float:
-        """Global L2 norm over the whole model (TP shards counted once), clip, return it."""
+        """Global L2 norm over the whole model (TP / PP shards counted once), clip."""
         sq = torch.zeros((), dtype=torch.float64, device=self.device)
         for name, p in self.named_params.items():
             if self._counted(name):
                 sq += p.grad.detach().double().pow(2).sum()
-        total = float(self._reduce(sq.reshape(1), self.tp_group)[0].sqrt())
+        total = float(self._reduce(sq.reshape(1), self.mp_group)[0].sqrt())
         if math.isfinite(total) and total > max_norm:
             coef = max_norm / (total + 1e-6)
             for p in self.params:

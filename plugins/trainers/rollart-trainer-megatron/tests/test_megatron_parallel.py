@@ -18,23 +18,28 @@ from safetensors.torch import load_file
 from rollart_sdk.config import ModelConfig
 
 LAYOUTS = [pytest.param(2, 1, id="tp2-dp1"), pytest.param(1, 2, id="tp1-dp2")]
-KIT_LAYOUTS = [*LAYOUTS, pytest.param(1, 2, True, id="tp1-dp2-distopt")]
+# (tp, pp, dp, distributed optimizer)
+KIT_LAYOUTS = [pytest.param(2, 1, 1, False, id="tp2-dp1"),
+               pytest.param(1, 1, 2, False, id="tp1-dp2"),
+               pytest.param(1, 1, 2, True, id="tp1-dp2-distopt"),
+               pytest.param(1, 2, 1, False, id="pp2-dp1")]
 STEPS = 2
 
 
-@pytest.mark.parametrize("tp,dp,distopt", [pytest.param(*p.values, False, id=p.id)
-                                            for p in LAYOUTS[:2]] + KIT_LAYOUTS[2:])
+@pytest.mark.parametrize("tp,pp,dp,distopt", KIT_LAYOUTS)
 def test_conformance_kit_on_real_ranks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                       tp: int, dp: int, distopt: bool) -> None:
+                                       tp: int, pp: int, dp: int, distopt: bool) -> None:
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     ckpt = make_checkpoint(tmp_path / "model", kind="qwen3")
     batch = make_batch(ckpt, n_groups=2, group_size=4, seed=1)
-    options = {"tensor_parallel_size": tp, "lr": 1e-3, "seed": 0, "num_threads": 1,
+    world = tp * pp * dp
+    options = {"tensor_parallel_size": tp, "pipeline_parallel_size": pp, "lr": 1e-3,
+               "seed": 0, "num_threads": 1,
                "kl_coef": 0.05, "pack_length": 30,
                "max_tokens_per_micro_batch": 30, "use_distributed_optimizer": distopt}
-    mp.spawn(conformance, args=(tp * dp, str(ckpt), f"file://{tmp_path / 'init'}",
-                                str(tmp_path), batch, options), nprocs=tp * dp, join=True)
-    reports = [json.loads((tmp_path / f"kit{r}.json").read_text()) for r in range(tp * dp)]
+    mp.spawn(conformance, args=(world, str(ckpt), f"file://{tmp_path / 'init'}",
+                                str(tmp_path), batch, options), nprocs=world, join=True)
+    reports = [json.loads((tmp_path / f"kit{r}.json").read_text()) for r in range(world)]
     assert reports[0]["buckets"] > 1  # the bucket bound was exercised
     assert reports[0]["loss_after"] < reports[0]["loss_before"]
     for r in reports[1:]:

@@ -143,7 +143,9 @@ def test_registered_through_the_entry_point_without_importing_megatron() -> None
 def test_errors_say_what_and_how(tmp_path: Path) -> None:
     desc = load_plugins(autoload=True, strict=False).registry.get("trainer", "megatron")
     with pytest.raises(ConfigError, match="pipeline_parallel_size"):
-        desc.validate_options({"pipeline_parallel_size": 2}, where="trainer.options")
+        desc.validate_options({"pipeline_parallel_size": 0}, where="trainer.options")
+    desc.validate_options({"pipeline_parallel_size": 2, "use_distributed_optimizer": True},
+                          where="trainer.options")
     with pytest.raises(ConfigError, match="trainer.options.max_tokens"):
         desc.validate_options({"max_tokens": 2}, where="trainer.options")
     ckpt = make_checkpoint(tmp_path / "m", kind="gqa")
