@@ -105,7 +105,11 @@ def test_torch_trainer_conformance_on_device(ckpt: Path) -> None:
     assert report["metrics"]["ratio_mean"] == pytest.approx(1.0, abs=1e-4)
 
 
-def test_megatron_trainer_conformance_on_device(ckpt: Path) -> None:
+@pytest.mark.parametrize("distopt", [pytest.param(False, id="adamw"),
+                                     pytest.param(True, id="distributed-optimizer")])
+def test_megatron_trainer_conformance_on_device(ckpt: Path, distopt: bool) -> None:
+    """Megatron's schedule (no pipelining) and, with ``distopt``, the plugin's distributed
+    optimizer (one DP rank: its flat master range, NCCL world of one) on the device."""
     pytest.importorskip("megatron.core", reason="megatron-core is not installed here")
     pytest.importorskip("rollart_trainer_megatron", reason="trainer megatron is not installed")
     from rollart_trainer_megatron.trainer import MegatronTrainer
@@ -114,7 +118,7 @@ def test_megatron_trainer_conformance_on_device(ckpt: Path) -> None:
 
     report = check_trainer(
         lambda: MegatronTrainer(model=ModelConfig(path=str(ckpt)), lr=1e-3, seed=0,
-                                device=DEVICE),
+                                device=DEVICE, use_distributed_optimizer=distopt),
         toy_batch(ckpt), bucket_bytes=8192, resume_atol=1e-6 if DEVICE.startswith("cuda") else 0.0,
     )
     assert report["loss_after"] < report["loss_before"]
