@@ -52,9 +52,11 @@ def forward_backward(trainer: Any, batch: list[Any], plan: list[list[list[int]]]
     for rows in plan:
         p = pack([[batch[i] for i in row] for row in rows])
         micro.append({k: getattr(p, k).to(trainer.device) for k in _KEYS})
+    sums = dict.fromkeys(METRIC_SUMS, 0.0)
+    if not micro:  # this replica got no trajectories (DP > 1): zero gradients, no schedule
+        return sums, 0.0
     run = get_forward_backward_func()
     common = {"num_microbatches": len(micro), "seq_length": 0, "micro_batch_size": 0}
-    sums = dict.fromkeys(METRIC_SUMS, 0.0)
     ratio_max = [0.0]
     ref_logprobs: list[torch.Tensor] = []
     with device_mode(trainer.cpu):

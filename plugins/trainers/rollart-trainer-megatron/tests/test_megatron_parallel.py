@@ -119,3 +119,24 @@ def test_distributed_optimizer_matches_the_plain_one(tmp_path: Path,
     assert plain_i[0]["state_numel"] == 2 * n  # exp_avg + exp_avg_sq of every parameter
     for info in dist_i:
         assert info["state_numel"] == 2 * -(-n // 2)  # this rank's half of the moments
+
+
+def test_a_replica_without_trajectories_still_steps(tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """DP 2 on a one-trajectory batch: rank 1's shard is empty, it skips the schedule,
+    contributes zero gradients to the reduce-scatter (distributed optimizer), and both
+    ranks end the step with the same, updated weights and whole-batch metrics."""
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    ckpt = make_checkpoint(tmp_path / "model", kind="gqa")
+    batch = make_batch(ckpt, n_groups=1, group_size=2, seed=2)[:1]  # rank 1: empty shard
+    batch[0].advantage = 1.0
+    mp.spawn(steps, args=(2, str(ckpt), f"file://{tmp_path / 'init'}", str(tmp_path), batch,
+                          {"lr": 1e-2, "num_threads": 1, "use_distributed_optimizer": True}, 1),
+             nprocs=2, join=True)
+    got = [load_file(str(tmp_path / f"rank{r}.safetensors")) for r in range(2)]
+    start = load_file(str(ckpt / "model.safetensors"))
+    for name, tensor in got[0].items():
+        assert torch.equal(got[1][name], tensor), name
+    assert not torch.equal(got[0]["model.norm.weight"], start["model.norm.weight"])
+    infos = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    assert infos[1]["metrics"][0]["tokens"] == infos[0]["metrics"][0]["tokens"] > 0
