@@ -228,17 +228,20 @@ class TaskConfig(_Strict):
     # env in its own killable process (heavy, slow or unsafe envs; a hung env is killed).
     # "inline": in the EnvManagers' process, stepped directly on its event loop (no Ray
     # round trip, no process hop; only for envs whose steps take microseconds and cannot
-    # hang: a hung inline env stalls the control plane). "auto": inline when the env
-    # declares ``step_cost = "cheap"``, else worker.
-    env_host: Literal["auto", "worker", "inline"] = "auto"
+    # hang: a hung inline env stalls the control plane). "thread": in the EnvManagers'
+    # process, each call on a thread of its pool (envs that wait - a remote API, a sleep -
+    # rather than compute; a hung call is abandoned at its timeout, its thread is not
+    # killed). "auto": inline when the env declares ``step_cost = "cheap"``, else worker.
+    env_host: Literal["auto", "worker", "inline", "thread"] = "auto"
 
     @model_validator(mode="after")
     def _inline_without_faults(self) -> TaskConfig:
-        if self.env_host == "inline" and self.env.faults is not None and self.env.faults.active:
+        faults = self.env.faults is not None and self.env.faults.active
+        if self.env_host in ("inline", "thread") and faults:
             raise ValueError(
-                f"task {self.tag!r}: env_host inline cannot contain injected faults (a hang "
-                "or a crash would stall the control plane's process); use env_host: worker "
-                "(or auto) with tasks[].env.faults, or drop the faults"
+                f"task {self.tag!r}: env_host {self.env_host} cannot contain injected faults "
+                "(a hang or a crash would stall or leak in the control plane's process); use "
+                "env_host: worker (or auto) with tasks[].env.faults, or drop the faults"
             )
         return self
 

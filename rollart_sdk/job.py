@@ -212,19 +212,25 @@ def _spawn_prefill(cfg: RunConfig, resolved: ResolvedRun, plan: ResourcePlan,
 
 def _spawn_envs(cfg: RunConfig, resolved: ResolvedRun, spawner: Spawner,
                 described: dict[str, dict[str, Any]]) -> dict[str, list[WorkerHandle]]:
-    """Each task's env hosts: cheap envs inline in this (the EnvManagers') process
-    (``tasks[].env_host``), the rest on the environment role's workers."""
-    from rollart_sdk.cluster.inline_env import inline_handle, inline_tasks
+    """Each task's env hosts (``tasks[].env_host``): cheap envs inline in this (the
+    EnvManagers') process, waiting envs on its threads, the rest on the environment role's
+    workers."""
+    from rollart_sdk.cluster.inline_env import inline_handle, inline_tasks, thread_tasks
     from rollart_sdk.cluster.roles import EnvWorker
 
     inline = inline_tasks(cfg, described)
+    threaded = thread_tasks(cfg)
     env_spec = {tag: (res.descriptor, res.options, cfg.task(tag).env.faults)
                 for tag, res in resolved.envs.items()}
     hosts: dict[str, list[WorkerHandle]] = {}
     if inline:
         host = inline_handle({tag: env_spec[tag][:2] for tag in inline})
         hosts.update({tag: [host] for tag in inline})
-    remote = {tag: spec for tag, spec in env_spec.items() if tag not in inline}
+    if threaded:
+        host = inline_handle({tag: env_spec[tag][:2] for tag in threaded}, on_loop=False)
+        hosts.update({tag: [host] for tag in threaded})
+    remote = {tag: spec for tag, spec in env_spec.items()
+              if tag not in inline and tag not in threaded}
     if remote:
         workers = spawner.cluster(EnvWorker, "env", (remote,),
                                   num_workers=cfg.roles.environment.workers,

@@ -24,10 +24,10 @@ pipeline. ``--layout inprocess`` (default; the small-machine layout, engine and 
 colocated as in verl's hybrid engine): ``build_job(in_process=True)`` - the torch engine
 behind the LLMProxy, the torch trainer, the ``local`` transport (the weight swap is an
 in-memory copy), RolloutScheduler and SampleBuffer in one process. ``--layout ray``: the
-same on a local Ray, one process per role (trainer, engine, env worker when used), the
-``ray`` transport, threads per role from the thread plan. Environments are hosted inline
-in the EnvManagers' process (``env_host: inline``) when they have no latency, on the env
-role's workers (each env in its own process, the sleeps off the event loop) when they
+same on a local Ray, one process per role (trainer, engine), the ``ray`` transport,
+threads per role from the thread plan. Environments live in the EnvManagers' process:
+called on its event loop (``env_host: inline``) when they have no latency, on its threads
+(``env_host: thread``: the sleeps off the event loop, no process per env) when they
 sleep. A run stops when it reaches the target or ``--max-steps``. A seed *collapses*
 when its success rate over its last 5 steps is 0 after having been above 0.3.
 """
@@ -51,6 +51,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 ENV_NAME = "bench-frozenlake"
+_MODULE = "rollart_sdk.bench.small"
 TAG = "FrozenLake"
 TARGET = 0.7
 WINDOW = 5
@@ -110,8 +111,10 @@ def _registry() -> Any:
     from rollart_sdk.plugins import load_plugins
 
     def rollart_register_envs(registry: Any) -> None:
-        registry.register(ENV_NAME, factory=f"{__name__}:LatencyFrozenLake",
-                          options=f"{__name__}:LatencyFrozenLakeOptions",
+        # By its import name, not __name__: a run's child is `python -m` this module
+        # (__main__), and env processes must unpickle the class from an importable module.
+        registry.register(ENV_NAME, factory=f"{_MODULE}:LatencyFrozenLake",
+                          options=f"{_MODULE}:LatencyFrozenLakeOptions",
                           summary="benchmark env: FrozenLake whose steps sleep N(mu, sigma)")
 
     plugin = SimpleNamespace(rollart_register_envs=hookimpl(rollart_register_envs))
@@ -137,7 +140,8 @@ def workload_config(mode: str, latency: str, seed: int, output_dir: str,
             "constrain_actions": True,
             "system_prompt": None,
             "sampling": {"temperature": 1.0},
-            "env_host": "inline" if mu == 0 else "worker",
+            # Sleeping envs wait on the run's threads (no process per env, the loop runs on).
+            "env_host": "inline" if mu == 0 else "thread",
         }],
         "engine": {"name": "torch", "options": {"max_running": 64, "max_seq_len": 512}},
         "trainer": {"name": "torch", "options": {"lr": 1e-3, "micro_batch_size": 64,

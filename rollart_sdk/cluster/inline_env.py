@@ -6,6 +6,11 @@ process (issue 12 measured 89 ms per reset and 15 ms per step through Ray agains
 microseconds of work). ``tasks[].env_host: inline`` (or ``auto`` with an env class that
 declares ``step_cost = "cheap"``) builds such a task's envs here, and the
 :class:`~rollart_sdk.control.handles.WorkerHandle` calls them directly on the event loop.
+``env_host: thread`` builds them here too but runs each call on a thread of the process's
+pool: for envs that wait (a remote API, a sleep) rather than compute - no process per env,
+no Ray hop, and the event loop keeps running while they wait. A thread-hosted call that
+hangs is abandoned by its EnvManager at the call's timeout (the trajectory is dropped with
+the reason); its thread cannot be killed.
 
 What inline gives up, and why it is opt-in: the env shares the control plane's process.
 A hung ``step`` cannot be killed (it would stall every trajectory), a crash of the env's
@@ -16,9 +21,11 @@ workers). Injected faults (``tasks[].env.faults``) need a worker host; the confi
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 INLINE_NAME = "env-inline"
+THREAD_NAME = "env-thread"
 
 
 def _text(exc: BaseException) -> str:
@@ -35,8 +42,9 @@ class InlineEnvWorker:
 
     role = "environment"
 
-    def __init__(self, envs: dict[str, tuple[Any, ...]]) -> None:
-        self.name = INLINE_NAME
+    def __init__(self, envs: dict[str, tuple[Any, ...]], name: str = INLINE_NAME) -> None:
+        self.name = name
+        self._lock = threading.Lock()  # thread-hosted calls build envs concurrently
         self._specs = envs
         self._factories = {tag: spec[0].load() for tag, spec in envs.items()}
         self._envs: dict[str, Any] = {}
@@ -58,8 +66,9 @@ class InlineEnvWorker:
                 env = self._factories[tag](**self._specs[tag][1].model_dump())
             except Exception as exc:
                 raise InlineEnvCallError(f"constructing the env raised {_text(exc)}") from exc
-            self._envs[env_id] = env
-            self.constructions[tag] = self.constructions.get(tag, 0) + 1
+            with self._lock:
+                self._envs[env_id] = env
+                self.constructions[tag] = self.constructions.get(tag, 0) + 1
         try:
             obs, info = env.reset(seed=seed)
         except Exception as exc:
@@ -81,7 +90,8 @@ class InlineEnvWorker:
 
     def close(self, env_id: str) -> str | None:
         """Close the env; returns the close error's text, if any (never raises)."""
-        env = self._envs.pop(env_id, None)
+        with self._lock:
+            env = self._envs.pop(env_id, None)
         if env is None:
             return None
         close = getattr(env, "close", None)
@@ -90,7 +100,8 @@ class InlineEnvWorker:
                 close()
             except Exception as exc:  # noqa: BLE001 - reported to the caller, who logs it
                 return f"env close raised {_text(exc)}"
-        self.closed += 1
+        with self._lock:
+            self.closed += 1
         return None
 
     def count(self) -> int:
@@ -111,6 +122,8 @@ def inline_tasks(cfg: Any, described: dict[str, dict[str, Any]]) -> set[str]:
     declares ``step_cost = "cheap"`` and no injected faults."""
     out = set()
     for task in cfg.tasks:
+        if task.env_host == "thread":
+            continue
         faults = task.env.faults is not None and task.env.faults.active
         if task.env_host == "inline" or (
             task.env_host == "auto" and not faults
@@ -120,9 +133,16 @@ def inline_tasks(cfg: Any, described: dict[str, dict[str, Any]]) -> set[str]:
     return out
 
 
-def inline_handle(envs: dict[str, tuple[Any, ...]]) -> Any:
-    """A handle whose calls run the inline envs directly on the caller's event loop."""
+def thread_tasks(cfg: Any) -> set[str]:
+    """The tags whose envs live in this process, called on its thread pool."""
+    return {task.tag for task in cfg.tasks if task.env_host == "thread"}
+
+
+def inline_handle(envs: dict[str, tuple[Any, ...]], on_loop: bool = True) -> Any:
+    """A handle on envs built in this process: called directly on the caller's event loop
+    (``on_loop``), or each call on a thread of the loop's default pool."""
     from rollart_sdk.control.handles import WorkerHandle
 
-    return WorkerHandle(INLINE_NAME, InlineEnvWorker(envs), pool="control", hardware="cpu",
-                        is_ray=False, inline=True)
+    name = INLINE_NAME if on_loop else THREAD_NAME
+    return WorkerHandle(name, InlineEnvWorker(envs, name), pool="control", hardware="cpu",
+                        is_ray=False, inline=on_loop)

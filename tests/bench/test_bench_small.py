@@ -48,20 +48,24 @@ def test_every_variant_is_a_valid_run_config(tmp_path, mode, latency):
     task = cfg.tasks[0]
     assert task.max_turns == 8 and task.constrain_actions and cfg.rollout.batch_size == 64
     # Envs that sleep must not sleep on the control plane's event loop.
-    assert task.env_host == ("inline" if latency == "none" else "worker")
+    assert task.env_host == ("inline" if latency == "none" else "thread")
     assert cfg.rollout.alpha == 1
 
 
+@pytest.mark.timeout(900)  # two fresh processes, each building a model: minutes when loaded
 def test_bench_small_runs_end_to_end(tmp_path):
     out = tmp_path / "small.json"
-    rc = main(["bench", "small", "--modes", "sync", "--latency", "none", "--seeds", "0",
-               "--max-steps", "2", "--json", str(out)])
+    rc = main(["bench", "small", "--modes", "sync", "--latency", "none", "normal",
+               "--seeds", "0", "--max-steps", "2", "--json", str(out)])
     assert rc == 0
     data = json.loads(out.read_text())
-    (row,) = data["rows"]
-    for key in ("mode", "latency", "time_to_target_s", "steps_to_target", "episodes_per_s",
-                "seed"):
-        assert key in row
-    assert row["mode"] == "sync" and row["latency"] == "none" and row["steps"] == 2
-    assert row["episodes_per_s"] > 0 and row["startup_s"] > 0
-    assert "loadavg_before" in data and data["median"][0]["runs"] == 1
+    # Both variants ran: inline envs, and sleeping envs on the run's threads.
+    none, normal = data["rows"]
+    for row in (none, normal):
+        for key in ("mode", "latency", "time_to_target_s", "steps_to_target",
+                    "episodes_per_s", "seed"):
+            assert key in row
+        assert row["mode"] == "sync" and row["steps"] == 2
+        assert row["episodes_per_s"] > 0 and row["startup_s"] > 0
+    assert (none["latency"], normal["latency"]) == ("none", "normal")
+    assert "loadavg_before" in data and [m["runs"] for m in data["median"]] == [1, 1]

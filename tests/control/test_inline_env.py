@@ -8,7 +8,12 @@ import os
 import pytest
 from control_configs import TWO_TASKS
 
-from rollart_sdk.cluster.inline_env import InlineEnvCallError, InlineEnvWorker, inline_tasks
+from rollart_sdk.cluster.inline_env import (
+    InlineEnvCallError,
+    InlineEnvWorker,
+    inline_tasks,
+    thread_tasks,
+)
 from rollart_sdk.config import load_config
 from rollart_sdk.errors import ConfigError
 from rollart_sdk.job import build_job, env_summary, run_job
@@ -21,14 +26,17 @@ def _config(tmp_path, frozen_host: str, arith_host: str = "worker"):
     return load_config(data=data, overrides=[f"output_dir={tmp_path}", "rollout.mode=sync"])
 
 
-def test_inline_task_runs_in_this_process_beside_a_worker_task(tmp_path):
-    cfg, lines = _config(tmp_path, "inline")
+@pytest.mark.parametrize("host", ["inline", "thread"])
+def test_in_process_task_runs_beside_a_worker_task(tmp_path, host):
+    cfg, lines = _config(tmp_path, host)
     job = build_job(cfg, lines, in_process=True, log=lambda *a: None)
     try:
         sched = job.pipeline.scheduler
         (frozen,) = sched.env_by_tag["FrozenLake"]
         (arith,) = sched.env_by_tag["Arithmetic"]
-        assert frozen.inline and isinstance(frozen.target, InlineEnvWorker)
+        assert isinstance(frozen.target, InlineEnvWorker)
+        # inline: called on the event loop; thread: each call on the loop's thread pool
+        assert frozen.inline == (host == "inline") and frozen.name == f"env-{host}"
         assert not arith.inline and type(arith.target).__name__ != "InlineEnvWorker"
         records = run_job(job, 2, progress=False)
     finally:
@@ -82,14 +90,17 @@ def test_auto_is_inline_only_for_declared_cheap_envs_without_faults(tmp_path):
     cfg, _ = _config(tmp_path, "auto", "auto")
     described = {"FrozenLake": {"step_cost": "cheap"}, "Arithmetic": {"step_cost": None}}
     assert inline_tasks(cfg, described) == {"FrozenLake"}
+    cfg, _ = _config(tmp_path, "thread", "auto")
+    assert inline_tasks(cfg, described) == set() and thread_tasks(cfg) == {"FrozenLake"}
     data = copy.deepcopy(TWO_TASKS)
     data["output_dir"] = str(tmp_path)
     data["tasks"][0]["env"]["faults"] = {"step_error": 0.1}
     cfg, _ = load_config(data=data)
     assert inline_tasks(cfg, described) == set()  # faults need a killable worker host
-    data["tasks"][0]["env_host"] = "inline"
-    with pytest.raises(ConfigError, match="env_host inline cannot contain injected faults"):
-        load_config(data=data)
+    for host in ("inline", "thread"):
+        data["tasks"][0]["env_host"] = host
+        with pytest.raises(ConfigError, match=f"env_host {host} cannot contain injected faults"):
+            load_config(data=data)
 
 
 def test_inline_envs_build_in_the_callers_process():
