@@ -256,6 +256,11 @@ class RolloutConfig(_Strict):
     # only trajectories started at version >= n - alpha. docs/architecture.md maps it to
     # ROLL's async_generation_ratio and AReaL's eta.
     alpha: int = Field(1, ge=0)
+    # async only: when the next version has not fully arrived on every engine at a suspend
+    # point, keep generating on the old one and swap at a later suspend point, as long as
+    # alpha allows (docs/benchmarks.md, "Weight sync"); false: swap at every suspend point,
+    # waiting for the transfer.
+    defer_weight_update: bool = True
     redundancy: float = Field(0.0, ge=0)  # extra environments, as a fraction of a batch
     max_envs: int | None = Field(None, ge=1)  # cap on concurrent environments
     # "trajectory": each environment on its own timeline (Sync+ when mode is sync);

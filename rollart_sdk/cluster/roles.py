@@ -142,6 +142,20 @@ class EngineWorker(ActorGenWorker):
         """At the suspend point: finish the receive and swap (step 3 + 5 of the protocol)."""
         return await self.stager.commit(self.engine)
 
+    async def weights_status(self) -> dict[str, Any]:
+        """The staged version's transfer (``WeightStager.status``) and the engine's version."""
+        return {"name": self.name, "engine_version": self.engine.version,
+                **self.stager.status()}
+
+    async def await_weights(self, timeout_s: float | None = None) -> dict[str, Any]:
+        """Wait for the staged version to finish arriving (nothing is swapped in)."""
+        status = await self.stager.wait(timeout_s)
+        return {"name": self.name, "engine_version": self.engine.version, **status}
+
+    async def cancel_weights(self) -> None:
+        """Drop the staged version (a failed transfer); the engine keeps its version."""
+        self.stager.cancel()
+
     async def version(self) -> int:
         return self.engine.version
 

@@ -57,7 +57,15 @@ def step_metrics(rec: StepRecord, prev: StepRecord | None, buffer: SampleBuffer,
         "weight_sync/recompute_s": round(rec.weight_recompute_s, 4),
         "weight_sync/nbytes": rec.weight_sync_nbytes,
         "weight_sync/recomputed_requests": rec.recomputed,
+        # The bound forced a wait for the staged version (part of exposed_s).
+        "weight_sync/wait_s": round(rec.weight_sync_wait_s, 4),
+        # 1: at this step's suspend point the staged version had not arrived everywhere,
+        # and the engines kept generating on theirs (the swap comes at a later one).
+        "weight_sync/deferred": int(rec.weight_deferred is not None),
+        "weight_sync/lag": rec.version - rec.engine_version,
     }
+    if rec.weight_sync_failed is not None:
+        m["weight_sync/failed_version"] = rec.weight_sync_failed
     if rec.weight_sync_exposed_s > 0 and rec.weight_sync_baseline_s:
         # The paper's "hides 67-78 % of the pull cost": 1 - exposed / the same update with
         # nothing overlapping (pull + swap + recompute, measured once per run).

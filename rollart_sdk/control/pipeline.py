@@ -6,8 +6,12 @@ Every iteration:
                 groups, evicting groups started before ``engine version - alpha`` (the
                 version the engines serve while the batch is formed: the paper's bound);
 2. suspend    - the LLMProxy stops admitting requests; in-flight trajectories are kept;
-3. update     - every engine worker swaps in the newest weights, which it has been
-                receiving in the background since the trainer published them;
+3. update     - every engine worker swaps in the staged weights, which it has been
+                receiving in the background since the trainer published them. In async
+                mode (``rollout.defer_weight_update``, default on) a version that has not
+                fully arrived on every engine yet is not waited for: the engines keep
+                generating on the old version and swap at a later suspend point, as long
+                as alpha allows (``control/weight_updates.py``);
 4. resume     - the LLMProxy admits requests again;
 5. recompute  - inside the engines' swap: in-flight requests get their KV cache rebuilt
                 under the new weights and continue (not restart); their tokens carry the
@@ -50,6 +54,7 @@ from rollart_sdk.control.recovery import EngineRecovery
 from rollart_sdk.control.scheduler import RolloutScheduler
 from rollart_sdk.control.versions import PolicyVersions
 from rollart_sdk.control.watchdog import RunFailure, Watchdog
+from rollart_sdk.control.weight_updates import WeightUpdates
 from rollart_sdk.types import TrainSample, Trajectory, WeightUpdateReport
 from rollart_sdk.weights.sync import WeightSync
 
@@ -74,11 +79,14 @@ class StepRecord:
     tokens_trained: int = 0
     finished_turns: dict[str, tuple[int, int]] = field(default_factory=dict)
     train_s: float = 0.0
-    weight_sync_exposed_s: float = 0.0  # the whole window rollout waited (see _update_weights)
+    weight_sync_exposed_s: float = 0.0  # the whole window rollout waited (weight_updates.py)
     weight_transfer_s: float = 0.0  # the background receive (slowest engine)
     weight_recompute_s: float = 0.0  # engines' KV recompute after the swap (slowest engine)
     weight_sync_baseline_s: float | None = None  # the same update with nothing overlapping
     weight_sync_nbytes: int = 0
+    weight_sync_wait_s: float = 0.0  # waiting for the staged version the bound required
+    weight_deferred: int | None = None  # version not yet arrived at this suspend point
+    weight_sync_failed: int | None = None  # version whose transfer failed (engines kept theirs)
     recomputed: int = 0  # in-flight requests whose KV cache the update rebuilt
     train_metrics: dict[str, float] = field(default_factory=dict)
     aborted_stale: int = 0
@@ -116,15 +124,6 @@ class Pipeline:
         self.checkpoint_dir = checkpoint_dir
         self._emit = event_sink or (lambda e: None)
         self.versions = versions or PolicyVersions()  # shared with the scheduler
-        self._published: int | None = None  # newest version published, not yet loaded
-        # Weight-sync timing (docs/benchmarks.md, "hidden fraction"): the first update of a
-        # run is staged only at the suspend point, so that its pull + swap + recompute run
-        # with nothing overlapping; that is the baseline every later update is held to.
-        self.sync_baseline_s: float | None = None
-        self._unstaged: Any = None  # the manifest kept back for the baseline update
-        self._recompute_mark: dict[str, float] = {}  # engine -> its recompute_s after a swap
-        self._baseline_rec: StepRecord | None = None
-        self._baseline_taken = False  # the baseline update happened (its figure may follow)
         # Every step's record; the trajectories of all but the last KEEP_BATCHES steps are
         # freed once reported (memory stays flat over a long run).
         self.records: list[StepRecord] = []
@@ -132,21 +131,23 @@ class Pipeline:
         self.watchdog = Watchdog([t.tag for t in config.tasks], r0.drop_window,
                                  r0.max_drop_rate, r0.stall_timeout_s)
         scheduler.on_finish.append(self.watchdog.record)
-        # Weight updates and an engine's reload after a restart never interleave.
-        self.sync_lock = asyncio.Lock()
-        self._manifests: dict[int, Any] = {}  # version -> manifest (the last few)
+        r = config.rollout
+        self.alpha = r.effective_alpha
+        # Published, staged and served versions; the suspend point's swap (deferred while
+        # the next version is arriving, as far as alpha allows).
+        self.weights = WeightUpdates(
+            self.weight_sync, proxy, self.versions, mode=r.mode, alpha=self.alpha,
+            defer=r.defer_weight_update, log=self.log, emit=self._emit, span=self._span,
+            release=lambda v: self.trainers[0].call("release_weights", v),
+            wake=scheduler.wake)
+        self.sync_lock = self.weights.lock
         self.recovery = EngineRecovery(
-            proxy, self.sync_lock, manifest=lambda: self._manifests.get(self.engine_version),
+            proxy, self.sync_lock, manifest=self.weights.served_manifest,
             engine_version=lambda: self.engine_version, emit=self._emit,
-            staged=lambda: (self._manifests.get(self._published)
-                            if self._published is not None
-                            and self._published > self.engine_version else None),
+            staged=self.weights.staged_manifest,
         )
         self.started = time.time()
         self.ended: float | None = None
-        self.update_reports: list[WeightUpdateReport] = []
-        r = config.rollout
-        self.alpha = r.effective_alpha
         self.quota = task_quota(config)
         self.launch_per_step = launches_per_step(config)
 
@@ -192,15 +193,7 @@ class Pipeline:
         self.log.append(f"publish:{manifest.version}")
         # Push transports (nccl) size each round by how many engines receive the version.
         manifest.meta.setdefault("receivers", len(self.weight_sync.engines))
-        async with self.sync_lock:  # a restarted engine reloading sees this version too
-            self._manifests[manifest.version] = manifest
-            for v in [v for v in self._manifests if v < manifest.version - 2]:
-                del self._manifests[v]
-            if not self._baseline_taken:
-                self._unstaged = manifest  # received at the suspend point: the baseline update
-            else:
-                await self.weight_sync.stage(manifest)
-            self._published = manifest.version
+        await self.weights.on_publish(manifest)
         self._span("publish", self.trainers[0].name, t1, step)
         every = self.cfg.train.checkpoint_every
         if self.checkpoint_dir and every and (step + 1) % every == 0:
@@ -208,7 +201,7 @@ class Pipeline:
                 "save_checkpoint", f"{self.checkpoint_dir}/step-{step + 1}"), "save_checkpoint")
         self.watchdog.progress()
         if self.cfg.rollout.mode != "sync":
-            await self._settle_weight_sync(rec)
+            await self.weights.settle(rec)
             self._report(rec)  # the step ended: its metrics line now, not a step later
         return rec
 
@@ -266,76 +259,14 @@ class Pipeline:
         self._emit({"trajectory": None, "tag": None, "span": span, "worker": worker,
                     "step": step, "t0": now_wall - (now_perf - t0_perf), "t1": now_wall})
 
-    async def _update_weights(self, rec: StepRecord | None) -> None:
-        """Protocol steps 2-5: suspend, swap the staged version into every engine, resume."""
-        if self._published is None or self._published == self.engine_version:
-            return
-        async with self.sync_lock:
-            await self._update_locked(rec)
+    @property
+    def update_reports(self) -> list[WeightUpdateReport]:
+        return self.weights.reports
 
-    async def _update_locked(self, rec: StepRecord | None) -> None:
-        self.log.append("suspend")
-        t0 = time.perf_counter()
-        baseline: float | None = None
-        await self.proxy.suspend()
-        try:
-            self.log.append(f"update:{self._published}")
-            t_suspended = time.perf_counter()
-            if self._unstaged is not None:  # the baseline update: nothing overlaps the pull
-                manifest, self._unstaged = self._unstaged, None
-                await self.weight_sync.stage(manifest)
-            reports: list[WeightUpdateReport] = await self.weight_sync.commit()
-            if not self._baseline_taken:
-                baseline = time.perf_counter() - t_suspended
-                self._baseline_taken = True
-            self._recompute_mark = await self._recompute_s()
-        finally:
-            await self.proxy.resume()
-            self.log.append("resume")
-        # Exposed: the whole window the rollout waited, from asking the engines to stop
-        # (they finish their running step) to admitting again; the KV recompute the swap
-        # causes is added when the step is reported (_settle_weight_sync).
-        window = time.perf_counter() - t0
-        released = self.engine_version
-        assert self._published is not None
-        self.engine_version = self._published
-        self.scheduler.wake()  # admission control: the new version makes room
-        self.update_reports.extend(reports)
-        for w in self.weight_sync.engines:
-            self._span("weight_sync", w.name, t0, self.trainer_version)
-        if released:  # every engine committed a newer version: the trainer may drop it
-            await self.trainers[0].call("release_weights", released)
-        if rec is not None:
-            rec.weight_sync_exposed_s = window
-            rec.weight_transfer_s = max(r.transfer_s for r in reports)
-            rec.weight_sync_nbytes = max(r.nbytes for r in reports)
-            rec.recomputed = sum(r.recomputed_requests for r in reports)
-            if baseline is not None:
-                rec.weight_sync_baseline_s = baseline  # recompute added at report time
-                self._baseline_rec = rec
-        elif baseline is not None:
-            self.sync_baseline_s = baseline
-
-    async def _recompute_s(self) -> dict[str, float]:
-        """Each engine's cumulative KV-recompute seconds (engines that report them)."""
-        stats = await self.weight_sync.stats()
-        return {str(s.get("name")): float(s.get("recompute_s", 0.0)) for s in stats}
-
-    async def _settle_weight_sync(self, rec: StepRecord) -> None:
-        """Add the KV recompute the step's update caused (done by now: the engines ran a
-        whole training step since) to its exposed time, and to the baseline's."""
-        if rec.weight_sync_exposed_s == 0.0:  # no update in this step
-            return
-        if self._recompute_mark:
-            now = await self._recompute_s()
-            rec.weight_recompute_s = max(
-                (now.get(k, v) - v for k, v in self._recompute_mark.items()), default=0.0)
-            rec.weight_sync_exposed_s += rec.weight_recompute_s
-            self._recompute_mark = {}
-        if rec is self._baseline_rec and rec.weight_sync_baseline_s is not None:
-            rec.weight_sync_baseline_s += rec.weight_recompute_s
-            self.sync_baseline_s = rec.weight_sync_baseline_s
-        rec.weight_sync_baseline_s = self.sync_baseline_s
+    @property
+    def sync_baseline_s(self) -> float | None:
+        """The baseline update's seconds (pull + swap + recompute, nothing overlapping)."""
+        return self.weights.baseline_s
 
     # ------------------------------------------------------------------ the loop
     async def run(self, steps: int) -> list[StepRecord]:
@@ -350,9 +281,10 @@ class Pipeline:
                     self.scheduler.allow(self.launch_per_step)
                 self.log.append(f"get_batch:{step}")
                 t0 = time.perf_counter()
-                # The paper's bound: measured against the version the engines serve now.
+                # The staleness bound: trajectories started at >= the floor (the version
+                # the engines serve now, were every suspend point to swap, minus alpha).
                 batch = await self._guarded(self.buffer.get_batch(
-                    batch_size, min_version=self.engine_version - self.alpha, quota=self.quota
+                    batch_size, min_version=self.weights.batch_floor(step), quota=self.quota
                 ))
                 rec = self._record(step, batch, time.perf_counter() - t0)
                 if mode != "async":
@@ -362,11 +294,11 @@ class Pipeline:
                 if pending is not None:
                     await self._guarded(pending)
                     pending = None
-                await self._update_weights(rec)
+                await self.weights.update(rec)
                 if mode == "async":
-                    # Started before `engine version - alpha`: no batch can take it any more
+                    # Started before the next batch's floor: no batch can take it any more
                     # (it outlived the bound despite admission control); free its slot.
-                    floor = self.engine_version - self.alpha
+                    floor = self.weights.batch_floor(step + 1)
                     rec.aborted_stale = await self.scheduler.abort_where(
                         lambda t, floor=floor: t.start_version < floor, "stale"  # type: ignore[misc]
                     )
@@ -377,8 +309,8 @@ class Pipeline:
                 if mode == "sync":
                     done = await self._guarded(pending)
                     pending = None
-                    await self._update_weights(done)
-                    await self._settle_weight_sync(done)
+                    await self.weights.update(done)
+                    await self.weights.settle(done)
                     self._report(done)
             if pending is not None:
                 await self._guarded(pending)

@@ -26,7 +26,7 @@ import threading
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from rollart_sdk.interfaces import WeightTransport
 from rollart_sdk.types import WeightBucket, WeightManifest, WeightUpdateReport
@@ -84,6 +84,36 @@ class WeightStager:
         """True once the staged version's transfer has finished (successfully or not)."""
         t = self._transfer
         return t is not None and t.future.done()
+
+    def status(self) -> dict[str, Any]:
+        """The staged transfer: ``version`` (None: nothing staged), ``ready`` (finished,
+        successfully or not), ``error`` (why it failed; None while running or on success)
+        and ``transfer_s`` (how long it took, once finished)."""
+        t = self._transfer
+        if t is None:
+            return {"version": None, "ready": False, "error": None, "transfer_s": 0.0}
+        error = None
+        if t.future.done():
+            exc = t.future.exception()
+            if exc is not None:
+                error = f"{type(exc).__name__}: {exc}"
+        return {"version": t.manifest.version, "ready": t.future.done(), "error": error,
+                "transfer_s": t.transfer_s}
+
+    async def wait(self, timeout_s: float | None = None) -> dict[str, Any]:
+        """Wait until the staged transfer has finished (arrived or failed) without
+        committing it; returns :meth:`status` (still ``ready: False`` after a timeout)."""
+        t = self._transfer
+        if t is not None:
+            received = asyncio.wrap_future(t.future)
+            received.add_done_callback(lambda f: f.cancelled() or f.exception())
+            try:
+                await asyncio.wait_for(asyncio.shield(received), timeout_s)
+            except TimeoutError:
+                pass  # reported as not ready
+            except Exception:  # noqa: BLE001 - the failure is reported by status()["error"]
+                pass
+        return self.status()
 
     def start(self, manifest: WeightManifest) -> None:
         """Begin receiving ``manifest``'s buckets in a background thread; returns at once."""

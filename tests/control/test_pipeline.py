@@ -58,7 +58,9 @@ def record_prompts(job):
 
 
 def test_async_protocol_order_and_alpha_bound(tmp_path):
-    job, records = run(tmp_path, steps=4, prepare=record_prompts)
+    # A swap at every suspend point (the deferred order: tests/control/test_deferred_weights.py).
+    job, records = run(tmp_path, ["rollout.defer_weight_update=false"], steps=4,
+                       prepare=record_prompts)
     log = job.pipeline.log
     # Six-step order in every iteration after the first: get_batch -> suspend -> update ->
     # resume -> train_step (train_step k ran after update k was loaded; publish follows it).
@@ -110,6 +112,7 @@ def test_alpha_two_allows_older_but_bounded(tmp_path):
     job, records = run(tmp_path, ["rollout.alpha=2"], steps=5)
     staleness = [r.engine_version - t.start_version for r in records for t in r.batch]
     assert max(staleness) <= 2
+    assert all(r.version - t.start_version <= 3 for r in records for t in r.batch)
 
 
 def test_async_alpha_zero_runs_one_version_behind_the_trainer(tmp_path):

@@ -24,6 +24,13 @@ pip_install() {
 }
 "$venv/bin/python" -c "import torch" 2>/dev/null || pip_install "torch==2.13.0"
 pip_install "mooncake-transfer-engine-non-cuda>=0.3.13" pytest pytest-timeout
-pip_install -e "$root" -e "$here"
+# The pipeline test (test_mooncake_pipeline.py) runs the real training loop: the torch
+# engine and trainer, two envs and the rule reward, all light plugins of this repo.
+pip_install -e "$root" -e "$here" \
+  -e "$root/plugins/engines/rollart-engine-torch" \
+  -e "$root/plugins/trainers/rollart-trainer-torch" \
+  -e "$root/plugins/envs/rollart-env-frozenlake" \
+  -e "$root/plugins/envs/rollart-env-arithmetic" \
+  -e "$root/plugins/rewards/rollart-reward-rule"
 cd "$root"
 exec timeout 900 "$venv/bin/python" -m pytest -q -p no:cacheprovider "$here/tests" "$@"

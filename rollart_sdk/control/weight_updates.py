@@ -1,0 +1,300 @@
+"""Weight updates at the protocol's suspend points (steps 2-5), for the Pipeline.
+
+After each train step the trainer publishes version ``v`` and every engine starts
+receiving it in the background (``WeightSync.stage``). At a suspend point the staged
+version is swapped in (suspend, commit on every engine, resume); what the rollout waited
+for is the update's *exposed* time (docs/benchmarks.md, "Weight sync").
+
+Deferral (async mode, ``rollout.defer_weight_update``, on by default). When the next
+suspend point follows ``publish`` at once (the usual case: the next batch is complete when
+a training step ends), the background receive has had no time to overlap anything, and
+swapping there would expose the whole transfer. Instead, a version that has not fully
+arrived on every engine is not waited for: the engines keep generating on their version
+and the swap comes at a later suspend point, as long as
+
+- the staged version is the newest published one: at most one version is in flight per
+  engine (a newer published one is staged once this one is committed), so no transport
+  holds more than the version served, the one staged and the one just published; and
+- the staleness bound allows it: every batch takes only trajectories started at
+  ``>= trainer version - 1 - alpha`` (``batch_floor``: the engines' version at
+  ``get_batch`` were every suspend point to swap, minus alpha), so the engines may stay
+  on version ``e`` through training step ``t`` only while ``e >= t - alpha``.
+
+Otherwise the update waits for the transfer (the rollout goes on meanwhile: nothing is
+suspended until it has arrived) and the wait counts as exposed. With alpha = 1 the
+steady state is: at suspend point ``t`` version ``t - 1`` (received during training step
+``t - 1``) is swapped in and version ``t`` starts arriving; the engines serve ``t - 1``
+through training step ``t``. alpha = 0 never defers.
+
+A staged version that failed to arrive on any engine (a peer killed, a store key removed,
+a corrupt bucket) is dropped on all of them before anything is swapped in: every engine
+keeps the version it serves and the run goes on, with the newest published version staged
+next; when the bound does not allow going on without a newer version, that one is waited
+for, and the run stops with the reason only if it fails too.
+
+The first update of a run is the baseline: received only at its suspend point, so that
+its pull + swap + KV recompute run with nothing overlapping; every later update's
+``hidden_fraction`` is measured against it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+from rollart_sdk.control.versions import PolicyVersions
+from rollart_sdk.control.watchdog import RunFailure
+from rollart_sdk.types import WeightManifest, WeightUpdateReport
+from rollart_sdk.weights.sync import WeightSync
+
+if TYPE_CHECKING:
+    from rollart_sdk.control.pipeline import StepRecord
+    from rollart_sdk.control.proxy import LLMProxy
+
+KEEP_MANIFESTS = 3  # versions whose manifests are kept (served, staged, just published)
+
+
+class WeightUpdates:
+    """The pipeline's weight-sync state: published, staged and served versions."""
+
+    def __init__(self, weight_sync: WeightSync, proxy: LLMProxy, versions: PolicyVersions,
+                 *, mode: str, alpha: int, defer: bool, log: list[str],
+                 emit: Callable[[dict[str, Any]], None],
+                 span: Callable[[str, str, float, int], None],
+                 release: Callable[[int], Awaitable[Any]],
+                 wake: Callable[[], None]) -> None:
+        self.sync = weight_sync
+        self.proxy = proxy
+        self.versions = versions
+        self.mode = mode
+        self.alpha = alpha
+        self.defer = defer and mode == "async"
+        self.log = log
+        self._emit = emit
+        self._span = span
+        self._release = release  # the trainer drops a version every engine moved past
+        self._wake = wake  # admission control: a newer engine version makes room
+        # Weight updates and an engine's reload after a restart never interleave.
+        self.lock = asyncio.Lock()
+        self.manifests: dict[int, WeightManifest] = {}  # version -> manifest (the last few)
+        self.published: int | None = None  # newest version published
+        # The version every engine is receiving or holds received, not committed (at most
+        # one: a newer published version is staged once this one is committed).
+        self.staged: int | None = None
+        self.reports: list[WeightUpdateReport] = []
+        self.failures: list[tuple[int, str]] = []  # (version, why) of dropped transfers
+        self.baseline_s: float | None = None
+        self._unstaged: WeightManifest | None = None  # kept back for the baseline update
+        self._baseline_taken = False  # the baseline update happened (its figure may follow)
+        self._baseline_rec: StepRecord | None = None
+        self._recompute_mark: dict[str, float] = {}  # engine -> its recompute_s after a swap
+
+    # ------------------------------------------------------------------ versions
+    @property
+    def engine(self) -> int:
+        return self.versions.engine
+
+    def batch_floor(self, step: int) -> int:
+        """Oldest start version batch ``step`` may take (the staleness bound). Async: the
+        version the engines serve at ``get_batch`` when every suspend point swaps
+        (``step - 1``) minus alpha, so that a deferred swap never loosens the bound."""
+        if self.mode == "async":
+            return max(step - 1, 0) - self.alpha
+        return self.engine - self.alpha
+
+    def staged_manifest(self) -> WeightManifest | None:
+        """The version being received, not committed (a restarted engine receives it too)."""
+        if self.staged is None or self.staged <= self.engine:
+            return None
+        return self.manifests.get(self.staged)
+
+    def served_manifest(self) -> WeightManifest | None:
+        return self.manifests.get(self.engine)
+
+    # ------------------------------------------------------------------ publish
+    async def on_publish(self, manifest: WeightManifest) -> None:
+        """The trainer published ``manifest``: engines start receiving it unless another
+        version is in flight (then it is staged once that one is committed)."""
+        async with self.lock:  # a restarted engine reloading sees this version too
+            self.manifests[manifest.version] = manifest
+            for v in sorted(self.manifests)[:-KEEP_MANIFESTS]:
+                if v not in (self.engine, self.staged):
+                    del self.manifests[v]
+            self.published = manifest.version
+            if not self._baseline_taken:
+                self._unstaged = manifest  # received at the suspend point: the baseline
+            elif self.staged is None:
+                await self._stage(manifest)
+
+    async def _stage(self, manifest: WeightManifest) -> None:
+        await self.sync.stage(manifest)
+        self.staged = manifest.version
+
+    # ------------------------------------------------------------------ suspend point
+    async def update(self, rec: StepRecord | None) -> None:
+        """Protocol steps 2-5 at a suspend point (see the module docstring)."""
+        if self.published is None or self.published == self.engine:
+            return
+        async with self.lock:
+            if not self._baseline_taken:
+                await self._swap(rec)
+            else:
+                await self._update(rec)
+            if (self.staged is None and self.published > self.engine
+                    and self.published in self.manifests and not self._failed(self.published)):
+                await self._stage(self.manifests[self.published])
+            if self.published > self.engine:  # the engines go on generating on theirs
+                self.log.append(f"defer:{self.published}")
+                if rec is not None:
+                    rec.weight_deferred = self.published
+
+    def _failed(self, version: int) -> bool:
+        return any(v == version for v, _ in self.failures)
+
+    def _may_defer(self) -> bool:
+        """The engines' version still satisfies the next batch's floor."""
+        return self.defer and self.engine >= self.versions.trainer - self.alpha
+
+    async def _update(self, rec: StepRecord | None) -> None:
+        assert self.published is not None
+        if self.staged is None:
+            if self._failed(self.published):  # dropped: the next published one comes next
+                if self._may_defer():
+                    return
+                raise RunFailure(self._stuck(self.published, self.failures[-1][1]))
+            await self._stage(self.manifests[self.published])
+        statuses = await self.sync.status()
+        ready = all(s["ready"] for s in statuses)
+        if not ready and self.staged == self.published and self._may_defer():
+            return  # swapped at a later suspend point
+        wait_s = 0.0
+        if not ready:
+            t0 = time.perf_counter()
+            statuses = await self.sync.wait_ready()
+            wait_s = time.perf_counter() - t0
+        failed, why = self._check(statuses)
+        if failed is None:
+            await self._swap(rec, wait_s)
+            return
+        await self._drop(failed, why, rec)
+        if self._may_defer():
+            return  # the engines keep their version; the newest published one comes next
+        newer = self.published if self.published > failed else None
+        if newer is not None and newer in self.manifests:
+            await self._stage(self.manifests[newer])
+            t0 = time.perf_counter()
+            statuses = await self.sync.wait_ready()
+            wait_s += time.perf_counter() - t0
+            failed, why = self._check(statuses)
+            if failed is None:
+                await self._swap(rec, wait_s)
+                return
+            await self._drop(failed, why, rec)
+        raise RunFailure(self._stuck(failed, why))
+
+    def _stuck(self, failed: int, why: str) -> str:
+        return (f"weight version {failed} did not arrive on every engine ({why}); every "
+                f"engine still serves version {self.engine}, and the staleness bound "
+                f"(rollout.alpha={self.alpha}) does not allow training step "
+                f"{self.versions.trainer} to go on without a newer one. Check the transport "
+                "(its store, its peers) and resume from the last checkpoint")
+
+    def _check(self, statuses: list[dict[str, Any]]) -> tuple[int | None, str]:
+        """(staged version, why) when it did not arrive on some engine, else (None, "")."""
+        bad = [s for s in statuses if s.get("error") or not s.get("ready")
+               or s.get("version") != self.staged]
+        if not bad:
+            return None, ""
+        why = "; ".join(f"{s.get('name')}: {self._why(s)}" for s in bad)
+        return self.staged, why[:1000]
+
+    def _why(self, status: dict[str, Any]) -> str:
+        if status.get("error"):
+            return str(status["error"])
+        if status.get("version") != self.staged:
+            return f"holds version {status.get('version')}, not the staged {self.staged}"
+        return "still receiving"
+
+    async def _drop(self, version: int, why: str, rec: StepRecord | None) -> None:
+        """Every engine drops the staged ``version`` and keeps serving its own."""
+        await self.sync.cancel()
+        self.staged = None
+        self.failures.append((version, why))
+        self.log.append(f"failed:{version}")
+        now = time.time()
+        self._emit({"trajectory": None, "tag": None, "span": "weight_sync_failed",
+                    "worker": None, "t0": now, "t1": now, "version": version, "error": why})
+        if rec is not None:
+            rec.weight_sync_failed = version
+
+    async def _swap(self, rec: StepRecord | None, wait_s: float = 0.0) -> None:
+        """Suspend, commit the staged version on every engine, resume (and the timing)."""
+        self.log.append("suspend")
+        t0 = time.perf_counter()
+        baseline: float | None = None
+        await self.proxy.suspend()
+        try:
+            t_suspended = time.perf_counter()
+            if self._unstaged is not None:  # the baseline update: nothing overlaps the pull
+                manifest, self._unstaged = self._unstaged, None
+                await self._stage(manifest)
+            self.log.append(f"update:{self.staged}")
+            reports: list[WeightUpdateReport] = await self.sync.commit()
+            self.staged = None
+            if not self._baseline_taken:
+                baseline = time.perf_counter() - t_suspended
+                self._baseline_taken = True
+            self._recompute_mark = await self._recompute_s()
+        finally:
+            await self.proxy.resume()
+            self.log.append("resume")
+        # Exposed: the whole window the rollout waited, from asking the engines to stop
+        # (they finish their running step) to admitting again, plus a wait for the
+        # transfer that the staleness bound forced; the KV recompute the swap causes is
+        # added when the step is reported (settle).
+        window = time.perf_counter() - t0 + wait_s
+        released = self.engine
+        versions = {r.version for r in reports}
+        if len(versions) != 1:
+            raise RunFailure(f"the engines committed different versions {sorted(versions)}")
+        self.versions.engine = versions.pop()
+        self._wake()
+        self.reports.extend(reports)
+        for w in self.sync.engines:
+            self._span("weight_sync", w.name, t0, self.versions.trainer)
+        if released:  # every engine committed a newer version: the trainer may drop it
+            await self._release(released)
+        if rec is not None:
+            rec.weight_sync_exposed_s = window
+            rec.weight_sync_wait_s = wait_s
+            rec.weight_transfer_s = max(r.transfer_s for r in reports)
+            rec.weight_sync_nbytes = max(r.nbytes for r in reports)
+            rec.recomputed = sum(r.recomputed_requests for r in reports)
+            if baseline is not None:
+                rec.weight_sync_baseline_s = baseline  # recompute added at report time
+                self._baseline_rec = rec
+        elif baseline is not None:
+            self.baseline_s = baseline
+
+    async def _recompute_s(self) -> dict[str, float]:
+        """Each engine's cumulative KV-recompute seconds (engines that report them)."""
+        stats = await self.sync.stats()
+        return {str(s.get("name")): float(s.get("recompute_s", 0.0)) for s in stats}
+
+    async def settle(self, rec: StepRecord) -> None:
+        """Add the KV recompute the step's update caused (done by now: the engines ran a
+        whole training step since) to its exposed time, and to the baseline's."""
+        if rec.weight_sync_exposed_s == 0.0:  # no update in this step
+            return
+        if self._recompute_mark:
+            now = await self._recompute_s()
+            rec.weight_recompute_s = max(
+                (now.get(k, v) - v for k, v in self._recompute_mark.items()), default=0.0)
+            rec.weight_sync_exposed_s += rec.weight_recompute_s
+            self._recompute_mark = {}
+        if rec is self._baseline_rec and rec.weight_sync_baseline_s is not None:
+            rec.weight_sync_baseline_s += rec.weight_recompute_s
+            self.baseline_s = rec.weight_sync_baseline_s
+        rec.weight_sync_baseline_s = self.baseline_s
