@@ -12,9 +12,17 @@ the transport under test moving every version from the trainer to both engines) 
 - ``baseline_s``: the same update with nothing overlapping (the run's first update is
   received only at the suspend point: pull + swap + recompute);
 - ``hidden_fraction`` = 1 - exposed / baseline, the paper's "hides 67-78 % of the pull";
-- ``GB/s``: version bytes / ``transfer_s``.
+- ``GB/s``: version bytes / ``transfer_s``;
+- ``wait_s``: the part of ``exposed_s`` spent waiting for a transfer the staleness bound
+  did not allow to defer; ``deferred``: suspend points at which the engines went on
+  generating on their version while the next one arrived.
 
-Medians over the updates after the baseline one. Every worker runs in this process (one
+``--defer on,off`` runs each row with ``rollout.defer_weight_update`` on (the default:
+the swap waits for a later suspend point while the version arrives, as far as alpha
+allows) and off (a swap at every suspend point, waiting for the transfer): the same
+workload with and without deferral. Medians over the updates after the baseline one,
+then each column's median over ``--repeats`` runs; ``load`` is the 1-minute load average
+at the start and the end of the row's runs (the machine is shared). Every worker runs in this process (one
 machine, no Ray start-up), so the transports move bytes through their real mechanism
 (Ray's object store, a gloo group over TCP, a Mooncake store over TCP) but between threads
 of one process that also runs training and rollout on the same cores.
@@ -30,6 +38,7 @@ import argparse
 import asyncio
 import importlib.util
 import json
+import os
 import shutil
 import statistics
 import tempfile
@@ -66,7 +75,8 @@ def _close_transports(job: Any) -> None:
             transport.close()
 
 
-def run_pipeline(transport: str, model: str, steps: int, options: dict[str, Any]) -> dict[str, Any]:
+def run_pipeline(transport: str, model: str, steps: int, options: dict[str, Any],
+                 defer: bool = True) -> dict[str, Any]:
     """One training run with ``transport``; the weight-sync row from its step records."""
     from rollart_sdk.config import load_config
     from rollart_sdk.job import build_job, run_job
@@ -82,7 +92,7 @@ def run_pipeline(transport: str, model: str, steps: int, options: dict[str, Any]
     root = _mkdir(Path(tempfile.gettempdir()) / "rollart-bench-weights")
     overrides = [f"output_dir={root}", f"transport.name={transport}",
                  f"train.steps={steps}", "train.save_final_model=false",
-                 "train.checkpoint_every=0"]
+                 "train.checkpoint_every=0", f"rollout.defer_weight_update={str(defer).lower()}"]
     overrides += [f"transport.options.{k}={v}" for k, v in options.items()]
     cfg, lines = load_config(_examples() / MODELS[model], overrides=overrides)
     job = build_job(cfg, lines, in_process=True, log=lambda *a: None)
@@ -97,19 +107,24 @@ def run_pipeline(transport: str, model: str, steps: int, options: dict[str, Any]
             ray.shutdown()
     wall = time.perf_counter() - t0
     updates = [r for r in records if r.weight_sync_exposed_s > 0]
-    later = updates[1:] or updates
+    later = updates[1:]  # the first update is the baseline; none after it: no figures
     nbytes = max((r.weight_sync_nbytes for r in updates), default=0)
     baseline = next((r.weight_sync_baseline_s for r in reversed(updates)
                      if r.weight_sync_baseline_s), None)
-    transfer = statistics.median(r.weight_transfer_s for r in later) if later else 0.0
-    exposed = statistics.median(r.weight_sync_exposed_s for r in later) if later else 0.0
+    transfer = statistics.median(r.weight_transfer_s for r in later) if later else None
+    exposed = statistics.median(r.weight_sync_exposed_s for r in later) if later else None
     hidden = [max(0.0, 1 - r.weight_sync_exposed_s / baseline) for r in later] if baseline else []
     return {
-        "kind": "pipeline", "transport": transport, "model": model,
+        "kind": "pipeline", "transport": transport, "model": model, "defer": defer,
         "model_mb": round(nbytes / 2**20, 2), "steps": len(records), "updates": len(later),
-        "transfer_s": round(transfer, 4), "exposed_s": round(exposed, 4),
+        "wait_s": round(statistics.median(r.weight_sync_wait_s for r in later), 4)
+        if later else None,
+        "deferred": sum(1 for r in records if r.weight_deferred is not None),
+        "train_s": round(statistics.median(r.train_s for r in records[1:] or records), 3),
+        "transfer_s": None if transfer is None else round(transfer, 4),
+        "exposed_s": None if exposed is None else round(exposed, 4),
         "recompute_s": round(statistics.median(r.weight_recompute_s for r in later), 4)
-        if later else 0.0,
+        if later else None,
         "baseline_s": round(baseline or 0.0, 4),
         "hidden_fraction": round(statistics.median(hidden), 4) if hidden else None,
         "gbps": round(nbytes / transfer / 1e9, 4) if transfer else None,
@@ -188,34 +203,58 @@ def _options(transport: str, model_mb: float | None = None) -> dict[str, Any]:
     return {}
 
 
+MEDIAN_KEYS = ("transfer_s", "exposed_s", "recompute_s", "baseline_s", "hidden_fraction",
+               "gbps", "wait_s", "train_s", "wall_s", "deferred")
+
+
+def median_row(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Each figure's median over the runs (``*_runs``: every run's value)."""
+    row = dict(runs[0])
+    for k in MEDIAN_KEYS:
+        values = [r[k] for r in runs if r.get(k) is not None]
+        row[k] = round(statistics.median(values), 4) if values else None
+        row[f"{k}_runs"] = [r.get(k) for r in runs]
+    return row
+
+
+def _load() -> float:
+    return round(os.getloadavg()[0], 1)
+
+
 def run(transports: list[str], models: list[str], steps: int, repeats: int,
-        transfer_mb: float, bucket_mb: float) -> dict[str, Any]:
+        transfer_mb: float, bucket_mb: float,
+        defers: tuple[bool, ...] = (True,)) -> dict[str, Any]:
     rows: list[dict[str, Any]] = []
     skipped = [t for t in transports if not available(t)]
     transports = [t for t in transports if available(t)]
     for model in models:
         for transport in transports:
-            runs = [run_pipeline(transport, model, steps, _options(transport))
-                    for _ in range(repeats)]
-            runs.sort(key=lambda r: r["hidden_fraction"] or 0.0)
-            row = dict(runs[len(runs) // 2])
-            row["hidden_fraction_runs"] = [r["hidden_fraction"] for r in runs]
-            rows.append(row)
-            print(json.dumps(row), flush=True)
+            for defer in defers:
+                load0 = _load()
+                runs = [run_pipeline(transport, model, steps, _options(transport), defer)
+                        for _ in range(repeats)]
+                row = median_row(runs)
+                row["load"] = [load0, _load()]
+                rows.append(row)
+                print(json.dumps(row), flush=True)
     if transfer_mb > 0:
         for transport in transports:
-            row = transfer_alone(transport, transfer_mb, bucket_mb,
-                                 _options(transport, transfer_mb))
+            load0 = _load()
+            row = median_row([transfer_alone(transport, transfer_mb, bucket_mb,
+                                             _options(transport, transfer_mb))
+                              for _ in range(repeats)])
+            row["load"] = [load0, _load()]
             rows.append(row)
             print(json.dumps(row), flush=True)
     return {"benchmark": "weights", "steps": steps, "repeats": repeats,
+            "defer": list(defers),
             "transfer_mb": transfer_mb, "bucket_mb": bucket_mb, "skipped": skipped,
             "rows": rows}
 
 
 def _table(result: dict[str, Any]) -> str:
-    head = ("kind", "transport", "model", "model_mb", "transfer_s", "exposed_s", "baseline_s",
-            "hidden_fraction", "gbps")
+    head = ("kind", "transport", "model", "defer", "model_mb", "transfer_s", "exposed_s",
+            "wait_s", "baseline_s", "hidden_fraction", "gbps", "load")
     lines = [" | ".join(head), " | ".join("---" for _ in head)]
     for r in result["rows"]:
         lines.append(" | ".join("" if r.get(k) is None else str(r.get(k)) for k in head))
@@ -236,14 +275,21 @@ def main(argv: list[str] | None = None) -> int:
                         help="synthetic state dict for the transfer-alone rows (0: skip)")
     parser.add_argument("--bucket-mb", type=float, default=64.0,
                         help="trainer bucket size for the transfer-alone rows")
+    parser.add_argument("--defer", default="on",
+                        help="rollout.defer_weight_update per pipeline row: on, off or on,off")
     parser.add_argument("--json", default=None, help="write the result here")
     args = parser.parse_args(argv)
     models = [m for m in args.models.split(",") if m]
     unknown = [m for m in models if m not in MODELS]
     if unknown:
         parser.error(f"unknown model(s) {unknown}; choose from {sorted(MODELS)}")
+    choices = {"on": True, "off": False}
+    defers = [d for d in args.defer.split(",") if d]
+    if not defers or any(d not in choices for d in defers):
+        parser.error(f"--defer takes on, off or on,off (got {args.defer!r})")
     result = run([t for t in args.transports.split(",") if t], models, args.steps,
-                 args.repeats, args.transfer_mb, args.bucket_mb)
+                 args.repeats, args.transfer_mb, args.bucket_mb,
+                 tuple(choices[d] for d in defers))
     print(_table(result))
     if result["skipped"]:
         print(f"skipped (plugin not installed): {', '.join(result['skipped'])}")

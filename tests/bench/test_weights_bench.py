@@ -15,18 +15,27 @@ from rollart_sdk.cli import main
 def test_weights_bench_rows(tmp_path):
     out = tmp_path / "weights.json"
     rc = main(["bench", "weights", "--transports", "local", "--models", "tiny", "--steps",
-               "3", "--transfer-mb", "2", "--json", str(out)])
+               "4", "--transfer-mb", "2", "--defer", "on,off", "--json", str(out)])
     assert rc == 0
     result = json.loads(out.read_text())
-    pipeline, transfer = result["rows"]
-    for row in (pipeline, transfer):
+    deferred, eager, transfer = result["rows"]
+    for row in (deferred, eager, transfer):
         for key in ("transport", "model_mb", "transfer_s", "exposed_s", "hidden_fraction",
-                    "gbps"):
+                    "gbps", "load"):
             assert key in row, key
-    assert pipeline["kind"] == "pipeline" and pipeline["transport"] == "local"
-    assert pipeline["steps"] == 3 and pipeline["updates"] == 1  # updates 2 and 3; 2 is baseline
-    assert 0.3 < pipeline["model_mb"] < 0.5  # the quickstart's tiny model, float32
-    assert pipeline["baseline_s"] > 0 and pipeline["exposed_s"] > 0
-    assert 0.0 <= pipeline["hidden_fraction"] <= 1.0
+    assert (deferred["defer"], eager["defer"]) == (True, False)
+    for row in (deferred, eager):
+        assert row["kind"] == "pipeline" and row["transport"] == "local"
+        assert row["steps"] == 4
+        assert 0.3 < row["model_mb"] < 0.5  # the quickstart's tiny model, float32
+        assert row["baseline_s"] > 0 and row["exposed_s"] > 0
+        assert 0.0 <= row["hidden_fraction"] <= 1.0
+        assert row["exposed_s"] >= row["wait_s"] >= 0
+    # A swap at every suspend point: updates 1 (the baseline), 2 and 3.
+    assert eager["updates"] == 2 and eager["deferred"] == 0
+    # Deferred: a version not yet arrived at its suspend point is swapped at the next one
+    # (2 when nothing was deferred, 1 when version 3 was still arriving at the last one).
+    assert deferred["updates"] in (1, 2)
+    assert deferred["updates"] + deferred["deferred"] >= 2
     assert transfer["kind"] == "transfer" and abs(transfer["model_mb"] - 2) < 0.01
     assert transfer["transfer_s"] > 0 and transfer["gbps"] > 0
