@@ -17,6 +17,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from rollart_sdk.errors import ConfigError
+from rollart_sdk.sim.config import SimConfig
 
 
 class _Strict(BaseModel):
@@ -332,6 +333,10 @@ class RunConfig(_Strict):
     train: TrainConfig = Field(default_factory=TrainConfig)
     ray: RayConfig = Field(default_factory=RayConfig)
     output_dir: str = "runs"
+    # "simulated": `rollart train` runs the job on virtual time with the sim backends
+    # (docs/simulation.md); `sim` holds the cost models' settings.
+    clock: Literal["real", "simulated"] = "real"
+    sim: SimConfig = Field(default_factory=SimConfig)
 
     @field_validator("tasks")
     @classmethod

@@ -42,6 +42,7 @@ DEFAULT_PLUGINS: dict[str, str] = {
     "rollart-builtins-transports": "rollart_sdk.default_plugins.transports",
     "rollart-builtins-benchmarks": "rollart_sdk.default_plugins.benchmarks",
     "rollart-builtins-serverless": "rollart_sdk.default_plugins.serverless",
+    "rollart-builtins-sims": "rollart_sdk.default_plugins.sims",
 }
 
 

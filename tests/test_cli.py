@@ -35,7 +35,7 @@ def test_validate_ok_and_unknown_engine_names_installed(tmp_path):
     bad = run_cli("validate", str(write(tmp_path, CONFIG.replace("{engine}", "tensorrt"))))
     assert bad.returncode == 2
     assert ("engine.name (line 7): unknown engine 'tensorrt'; installed engines: sglang, "
-            "torch, vllm") in bad.stderr
+            "sim, torch, vllm") in bad.stderr
     assert "No installed plugin provides it" in bad.stderr
 
 

@@ -15,6 +15,7 @@ from rollart_sdk.cli import (
     plugins,
     report,
     serve_reward,
+    sim,
     status,
     train,
     validate,
@@ -24,7 +25,7 @@ from rollart_sdk.errors import RollartError
 __all__ = ["build_parser", "main"]
 
 # The commands, in the order `rollart --help` lists them.
-COMMANDS = (plugins, envs, validate, train, serve_reward, bench, report, status, model,
+COMMANDS = (plugins, envs, validate, train, sim, serve_reward, bench, report, status, model,
             new_plugin)
 
 

@@ -20,6 +20,10 @@ def cmd_train(args: argparse.Namespace) -> int:
     from rollart_sdk.errors import ConfigError
 
     cfg, lines = load_config(args.config, args.overrides)
+    if cfg.clock == "simulated":  # the sim backends on virtual time (docs/simulation.md)
+        from rollart_sdk.cli.sim import simulate
+
+        return simulate(cfg, lines, args.steps, source=args.config)
     try:
         job = build_job(cfg, lines)
     except ConfigError as exc:

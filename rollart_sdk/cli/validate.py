@@ -19,9 +19,13 @@ def cmd_validate(args: argparse.Namespace) -> int:
     cfg, lines = load_config(args.config, args.overrides)
     try:
         plugins = get_plugins()
-        resolved = resolve_run(cfg, plugins.registry, lines)
+        simulated = cfg.clock == "simulated"  # sim workers run in one process
+        resolved = resolve_run(cfg, plugins.registry, lines, in_process=simulated)
+        workers = ROLE_WORKERS
+        if simulated:
+            from rollart_sdk.sim.workers import SIM_ROLE_WORKERS as workers
         # Pools, affinities and the role workers' decorators, checked against each other.
-        plan = plan_resources(cfg, resolved, workers=ROLE_WORKERS)
+        plan = plan_resources(cfg, resolved, workers=workers)
     except ConfigError as exc:
         raise ConfigError(exc.problems, source=args.config) from None
     for warning in plugins.warnings:

@@ -1,0 +1,218 @@
+"""A simulated job: the real control plane wired to the sim workers, run on virtual time.
+
+``build_sim_job`` mirrors :func:`rollart_sdk.job.build_job`: resolve the backends through
+the installed plugins, plan the pools, open a run directory, spawn each role's workers in
+process (:class:`~rollart_sdk.cluster.spawn.LocalSpawner`, the sim role workers), then
+the very same ``_wire_control_plane`` (LLMProxy, RolloutScheduler, SampleBuffer,
+WeightSync, Pipeline). ``run_sim`` runs the pipeline on a
+:class:`~rollart_sdk.sim.clock.VirtualTimeLoop` and writes ``metrics.jsonl``,
+``events.jsonl`` (the timeline, in virtual seconds from the start's wall time) and
+``summary.json`` like a real run.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from rollart_sdk.config import RunConfig
+from rollart_sdk.errors import ConfigError
+
+if TYPE_CHECKING:
+    from rollart_sdk.config import LineMap
+    from rollart_sdk.control.pipeline import Pipeline, StepRecord
+    from rollart_sdk.control.run_dir import RunDir
+    from rollart_sdk.registry import Registry
+
+SIM_BACKENDS = ("engine", "trainer", "transport")
+
+
+@dataclass
+class SimJob:
+    config: RunConfig
+    run_dir: RunDir
+    pipeline: Pipeline
+    engines: list[Any]
+    trainers: list[Any]
+    envs: list[Any]
+    reward: Any
+    virtual_s: float = 0.0
+    wall_s: float = 0.0
+    metrics: list[dict[str, Any]] = field(default_factory=list)
+
+
+def _check_sim_backends(cfg: RunConfig, resolved: Any) -> None:
+    """A simulated run needs backends that model time (engine/trainer/transport ``sim``);
+    a task's env and reward must be ``sim`` too."""
+    problems = []
+    for kind in SIM_BACKENDS:
+        name = getattr(resolved, kind).descriptor.name
+        if name != "sim":
+            problems.append((f"{kind}.name", f"{name!r} computes for real; a simulated run "
+                             f"needs {kind}: {{name: sim}}"))
+    for i, t in enumerate(cfg.tasks):
+        if resolved.envs[t.tag].descriptor.name != "sim":
+            problems.append((f"tasks.{i}.env.name", "a simulated run needs env: {name: sim, "
+                             "options: {...the task's workload...}}"))
+        if resolved.rewards[t.tag].descriptor.name != "sim":
+            problems.append((f"tasks.{i}.reward.name", "a simulated run needs reward: "
+                             "{name: sim} (serverless latencies)"))
+    if problems:
+        raise ConfigError(problems)
+
+
+def _scaled_task(task: Any, block: int) -> Any:
+    """Token limits in token ids: one id stands for ``block`` modelled tokens."""
+    if block == 1:
+        return task
+    sampling = task.sampling.model_copy(
+        update={"max_new_tokens": max(1, task.sampling.max_new_tokens // block)})
+    return task.model_copy(update={"sampling": sampling,
+                                   "max_context_tokens": max(1, task.max_context_tokens // block)})
+
+
+def build_sim_job(cfg: RunConfig, lines: LineMap | None = None, run_name: str | None = None,
+                  log: Any = print, registry: Registry | None = None) -> SimJob:
+    from rollart_sdk.cluster.spawn import LocalSpawner
+    from rollart_sdk.control.env_manager import TaskRuntime
+    from rollart_sdk.control.handles import WorkerHandle
+    from rollart_sdk.control.run_dir import RunDir
+    from rollart_sdk.job import _wire_control_plane, _Workers
+    from rollart_sdk.plugins import get_plugins
+    from rollart_sdk.resolve import resolve_run
+    from rollart_sdk.resources.plan import plan_resources
+    from rollart_sdk.sim.backends import SimFormat
+    from rollart_sdk.sim.costs import resolve_hardware
+    from rollart_sdk.sim.workers import SIM_ROLE_WORKERS, SimContext
+
+    resolved = resolve_run(cfg, registry or get_plugins().registry, lines, in_process=True)
+    _check_sim_backends(cfg, resolved)
+    plan = plan_resources(cfg, resolved, workers=SIM_ROLE_WORKERS)
+    sim = cfg.sim
+    try:
+        spec = sim.model_spec()
+        for p in cfg.pools:
+            if p.kind == "gpu":
+                resolve_hardware(p.hardware, sim.hardware)
+    except ValueError as exc:
+        raise ConfigError([("sim", str(exc))]) from None
+    _check_devices(cfg, plan, resolved)
+    transport = resolved.transport.descriptor.create(resolved.transport.options)
+    response = {tag: res.options.response_tokens for tag, res in resolved.envs.items()}
+    ctx = SimContext(spec, dict(sim.hardware), transport, response, sim.token_block)
+    run_dir = RunDir(cfg.output_dir, cfg, run_name)
+    log(f"run directory: {run_dir.path}")
+    spawner = LocalSpawner(plan)
+    r = cfg.roles
+    trainers = spawner.cluster(SIM_ROLE_WORKERS["actor_train"], "train",
+                               (resolved.trainer.descriptor, resolved.trainer.options, ctx),
+                               num_workers=r.actor_train.workers)
+    engines = spawner.cluster(SIM_ROLE_WORKERS["actor_gen"], "gen",
+                              (resolved.engine.descriptor, resolved.engine.options, ctx),
+                              workers_per_pool=plan.role("actor_gen").workers_per_pool,
+                              hw_affinity=plan.hw_affinity())
+    routes = spawner.routes("gen", [t.tag for t in cfg.tasks])
+    env_spec = {tag: (res.descriptor, res.options) for tag, res in resolved.envs.items()}
+    envs = spawner.cluster(SIM_ROLE_WORKERS["environment"], "env", (env_spec,),
+                           num_workers=r.environment.workers)
+    from rollart_sdk.cluster.roles import RewardRouter
+
+    router = RewardRouter({tag: (res.descriptor, res.options)
+                           for tag, res in resolved.rewards.items()})
+    reward = WorkerHandle("reward@serverless", router, pool="serverless",
+                          hardware="serverless", is_ray=False)
+    fmt = SimFormat(sim.token_block)
+    tasks = {t.tag: TaskRuntime(_scaled_task(t, sim.token_block), None, None, fmt)
+             for t in cfg.tasks}
+    pipeline = _wire_control_plane(cfg, _Workers(trainers, engines, routes, reward, envs),
+                                   tasks, fmt, run_dir)  # type: ignore[arg-type]
+    run_dir.write_json("plan.json", plan.to_json())
+    run_dir.write_json("bindings.json", spawner.bindings())
+    return SimJob(cfg, run_dir, pipeline, engines, trainers, envs, router)
+
+
+def _check_devices(cfg: RunConfig, plan: Any, resolved: Any) -> None:
+    """Engines and trainer ranks take ``devices`` devices each: they must fit the pools."""
+    used: dict[str, float] = {}
+    eng = resolved.engine.options
+    for pool, n in plan.role("actor_gen").workers_per_pool.items():
+        dev = eng.devices_by_hardware.get(cfg.pool(pool).hardware, eng.devices)
+        used[pool] = used.get(pool, 0.0) + n * dev
+    train_pool = plan.role("actor_train").preferred
+    used[train_pool] = used.get(train_pool, 0.0) + (cfg.roles.actor_train.workers
+                                                    * resolved.trainer.options.devices)
+    problems = []
+    for pool, n in used.items():
+        have = cfg.pool(pool).count
+        if n > have:
+            problems.append((f"pools ({pool})", f"the simulated engines and trainer ranks take "
+                             f"{n:g} devices of pool {pool!r}, which has {have:g}; raise its "
+                             "count or lower engine.options.devices / trainer.options.devices "
+                             "/ roles.*.workers"))
+    if problems:
+        raise ConfigError(problems)
+
+
+def run_sim(job: SimJob, steps: int, log: Any = None) -> list[StepRecord]:
+    """Run ``steps`` training steps on virtual time; write metrics, events, summary."""
+    from rollart_sdk.control.metrics import learning_summary, run_rollout_summary
+    from rollart_sdk.sim.clock import run_virtual
+
+    every = job.config.sim.progress_every
+
+    def on_step(rec: StepRecord, metrics: dict[str, Any]) -> None:
+        metrics["sim/virtual_s"] = metrics.get("wall_time")
+        job.run_dir.log_metrics(metrics)
+        job.metrics.append(metrics)
+        if log is not None and every and (rec.step + 1) % every == 0:
+            log(f"step {rec.step + 1}/{steps}: {rec.formed_at - job.pipeline.started:.0f} "
+                f"virtual s, {time.perf_counter() - t0:.0f} wall s")
+
+    job.pipeline.on_step = on_step
+    t0 = time.perf_counter()
+    error: BaseException | None = None
+    try:
+        records, job.virtual_s = run_virtual(job.pipeline.run(steps))
+    except BaseException as exc:  # noqa: BLE001 - re-raised after the summary is written
+        error, records = exc, job.pipeline.records
+    job.wall_s = time.perf_counter() - t0
+    p = job.pipeline
+    summary = {
+        "clock": "simulated",
+        "steps": len(p.records),
+        "error": f"{type(error).__name__}: {error}" if error else None,
+        "virtual_s": job.virtual_s,
+        "wall_s": job.wall_s,
+        "launched": p.scheduler.launched,
+        "trained": p.buffer.trained,
+        "dropped": dict(p.buffer.dropped),
+        "retried": p.scheduler.retried,
+        "rollout": run_rollout_summary(p),
+        "served": {f"{tag}@{w}": n for (tag, w), n in p.proxy.served.items()},
+        "engines": engine_summary(job),
+        "learning": learning_summary(p),
+    }
+    job.run_dir.write_json("summary.json", summary)
+    job.run_dir.close()
+    if error is not None:
+        raise error
+    return records
+
+
+def engine_summary(job: SimJob) -> dict[str, Any]:
+    """Per engine: pool, busy fraction of the run, tokens, recompute seconds."""
+    out = {}
+    for h in job.engines:
+        e = h.target.engine
+        out[h.name] = {"pool": h.pool, "hardware": h.hardware,
+                       "busy_fraction": e.busy_s / job.virtual_s if job.virtual_s else 0.0,
+                       "prefill_tokens": e.prefill_tokens, "decode_tokens": e.decode_tokens,
+                       "recompute_s": e.recompute_s}
+    return out
+
+
+def step_times(metrics: list[dict[str, Any]]) -> list[float]:
+    """Seconds between consecutive steps' metrics lines (the first from the run's start)."""
+    ts = [float(m["wall_time"]) for m in metrics]
+    return [b - a for a, b in zip([0.0, *ts], ts, strict=False)]

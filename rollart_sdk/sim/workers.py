@@ -1,0 +1,249 @@
+"""The role workers of a simulated job: ActorGen, ActorTrain, Environment on virtual time.
+
+They subclass the same role bases as the real workers (:mod:`rollart_sdk.cluster.roles`)
+and carry the same method declarations (``@hw_mapping`` on ``generate``, ``dp_split``
+on ``train_step``, ``execute_all`` on the weight calls), so the LocalSpawner binds them to
+the planned pools and the route table is built by the one routing rule. Where a real
+worker computes, these sleep the modelled duration on the virtual clock; the control plane
+above them (LLMProxy, EnvManager, RolloutScheduler, SampleBuffer, Pipeline, WeightSync)
+is the real one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Any
+
+from rollart_sdk.cluster.decorators import hw_mapping, register
+from rollart_sdk.cluster.worker import ActorGenWorker, ActorTrainWorker, EnvironmentWorker
+from rollart_sdk.sim.backends import SimEnvFailure, SimTransport
+from rollart_sdk.sim.costs import Dist, HardwareClass, ModelSpec, resolve_hardware
+from rollart_sdk.types import (
+    BucketRef,
+    GenerationRequest,
+    GenerationResult,
+    TrainSample,
+    WeightManifest,
+    WeightUpdateReport,
+)
+
+
+@dataclass
+class SimContext:
+    """What every sim worker shares: the model, the hardware classes, the transport."""
+
+    model: ModelSpec
+    hardware: dict[str, HardwareClass]
+    transport: SimTransport
+    response_tokens: dict[str, Dist] = field(default_factory=dict)
+    token_block: int = 1
+    allreduce_gbps: float = 400.0
+
+    def hardware_of(self, worker: Any) -> HardwareClass:
+        name = (getattr(worker, "binding", None) or {}).get("hardware", "")
+        return resolve_hardware(name, self.hardware)
+
+
+class EnvHung(RuntimeError):
+    """A simulated env call outlived its timeout (the real EnvWorker kills the process)."""
+
+
+def _now() -> float:
+    return asyncio.get_running_loop().time()
+
+
+class SimEngineWorker(ActorGenWorker):
+    """ActorGen: a :class:`~rollart_sdk.sim.engine.SimEngine` plus the receiving side of
+    the simulated transport (background pull, or a broadcast at commit for ``push``)."""
+
+    def __init__(self, engine: Any, engine_options: Any, ctx: SimContext) -> None:
+        self.name = self.worker_name
+        self.ctx = ctx
+        self.engine = engine.create(
+            engine_options, hardware=ctx.hardware_of(self), model_spec=ctx.model,
+            hardware_name=(self.binding or {}).get("hardware", ""),
+            response_tokens=ctx.response_tokens, token_block=ctx.token_block, name=self.name)
+        self._staged: tuple[WeightManifest, asyncio.Task[None] | None, float] | None = None
+
+    @hw_mapping({})
+    async def generate(self, request: GenerationRequest) -> GenerationResult:
+        result: GenerationResult = await self.engine.generate(request)
+        result.worker = self.name
+        return result
+
+    async def abort(self, request_id: str) -> bool:
+        return bool(await self.engine.abort(request_id))
+
+    @register("execute_all")
+    async def suspend(self) -> None:
+        await self.engine.suspend()
+
+    @register("execute_all")
+    async def resume(self) -> None:
+        await self.engine.resume()
+
+    @register("execute_all")
+    async def stage_weights(self, manifest: WeightManifest) -> None:
+        t = self.ctx.transport
+        if t.style == "push":  # nothing moves before the suspend point
+            self._staged = (manifest, None, 0.0)
+            return
+        pull = t.pull_s(manifest.nbytes, int(manifest.meta.get("receivers", 1)))
+        task = asyncio.ensure_future(asyncio.sleep(pull))
+        self._staged = (manifest, task, pull)
+
+    @register("execute_all")
+    async def commit_weights(self) -> WeightUpdateReport:
+        if self._staged is None:
+            raise RuntimeError(f"{self.name}: commit_weights without a staged version")
+        manifest, task, transfer = self._staged
+        self._staged = None
+        t0 = _now()
+        t = self.ctx.transport
+        if task is None:
+            transfer = t.push_s(manifest.nbytes)
+            await asyncio.sleep(transfer)
+        else:
+            await task
+        await asyncio.sleep(t.opts.swap_s)
+        recomputed = await self.engine.load_weights([], manifest.version)
+        return WeightUpdateReport(manifest.version, transfer, _now() - t0, manifest.nbytes,
+                                  recomputed)
+
+    async def version(self) -> int:
+        return int(self.engine.version)
+
+    async def stats(self) -> dict[str, Any]:
+        return {"name": self.name, "pool": (self.binding or {}).get("pool"),
+                **self.engine.stats()}
+
+    async def shutdown(self) -> None:
+        await self.engine.shutdown()
+
+
+class SimTrainerWorker(ActorTrainWorker):
+    """ActorTrain: one data-parallel rank; a step sleeps its FLOPs time plus the gradient
+    all-reduce across ranks; rank 0 publishes at the transport's publish bandwidth."""
+
+    def __init__(self, trainer: Any, trainer_options: Any, ctx: SimContext) -> None:
+        self.name = self.worker_name
+        self.ctx = ctx
+        self.trainer = trainer.create(trainer_options, hardware=ctx.hardware_of(self),
+                                      model_spec=ctx.model, token_block=ctx.token_block)
+        self.steps_s: list[float] = []
+
+    def allreduce_s(self) -> float:
+        n = self.world_size
+        if n <= 1:
+            return 0.0
+        return 2 * self.ctx.model.weight_bytes * (n - 1) / n * 8 / (self.ctx.allreduce_gbps * 1e9)
+
+    @register("dp_split", collect="list")
+    async def train_step(self, batch: list[TrainSample]) -> dict[str, float]:
+        compute = self.trainer.step_s([len(s.input_ids) for s in batch])
+        dt = compute + self.allreduce_s()
+        await asyncio.sleep(dt)
+        self.trainer.version += 1
+        self.steps_s.append(dt)
+        tokens = sum(len(s.input_ids) for s in batch) * self.ctx.token_block
+        return {"loss": 0.0, "time/train_compute": compute, "sim/train_tokens": float(tokens)}
+
+    @register("execute_all")
+    async def publish_weights(self, bucket_bytes: int) -> WeightManifest | None:
+        if self.rank != 0:
+            return None
+        nbytes = self.ctx.model.weight_bytes
+        publish = self.ctx.transport.publish_s(nbytes)
+        await asyncio.sleep(publish)
+        n = max(1, int(-(-nbytes // max(bucket_bytes, 1))))
+        buckets = [BucketRef(i, [], int(nbytes // n), "") for i in range(n)]
+        return WeightManifest(self.trainer.version, "sim", buckets, {"publish_s": publish})
+
+    @register("rank0")
+    async def release_weights(self, version: int) -> None:
+        return None
+
+    async def version(self) -> int:
+        return int(self.trainer.version)
+
+    @register("execute_all")
+    async def save_checkpoint(self, path: str) -> None:
+        return None  # nothing to save: the simulation has no weights
+
+
+class SimEnvWorker(EnvironmentWorker):
+    """Environment: hosts ``sim`` envs by id; a call sleeps the env's drawn latency; one
+    slower than its timeout fails as hung after the timeout (as the real worker kills it).
+    ``envs``: tag -> (descriptor, options)."""
+
+    def __init__(self, envs: dict[str, tuple[Any, Any]]) -> None:
+        self.name = self.worker_name
+        self._specs = envs
+        self._envs: dict[str, Any] = {}
+        self.constructions: dict[str, int] = {}
+        self.killed = 0
+        self.failures = 0
+
+    async def _wait(self, env_id: str, env: Any, call: str, timeout_s: float) -> None:
+        latency = float(env.last_latency_s)
+        if latency > timeout_s:
+            await asyncio.sleep(timeout_s)
+            self._envs.pop(env_id, None)
+            self.killed += 1
+            raise EnvHung(f"EnvHung: {call} took longer than {timeout_s}s")
+        if latency > 0:
+            await asyncio.sleep(latency)
+
+    async def reset(self, env_id: str, tag: str, seed: int,
+                    timeout_s: float = 30.0) -> tuple[str, dict[str, Any]]:
+        env = self._envs.get(env_id)
+        if env is None:
+            desc, opts = self._specs[tag][0], self._specs[tag][1]
+            env = self._envs[env_id] = desc.create(opts)
+            env.instance_key = env_id
+            self.constructions[tag] = self.constructions.get(tag, 0) + 1
+        try:
+            out = env.reset(seed=seed)
+        except SimEnvFailure:
+            self.failures += 1
+            await self._wait(env_id, env, "reset", timeout_s)
+            raise
+        await self._wait(env_id, env, "reset", timeout_s)
+        return out  # type: ignore[no-any-return]
+
+    async def step(self, env_id: str, action: str,
+                   timeout_s: float = 30.0) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        env = self._envs.get(env_id)
+        if env is None:
+            raise KeyError(f"no env {env_id!r} on {self.name} (never reset, or killed)")
+        try:
+            out = env.step(action)
+        except SimEnvFailure:
+            self.failures += 1
+            await self._wait(env_id, env, "step", timeout_s)
+            raise
+        await self._wait(env_id, env, "step", timeout_s)
+        return out  # type: ignore[no-any-return]
+
+    async def close(self, env_id: str) -> str | None:
+        self._envs.pop(env_id, None)
+        return None
+
+    async def count(self) -> int:
+        return len(self._envs)
+
+    async def stats(self) -> dict[str, Any]:
+        return {"name": self.name, "live": len(self._envs),
+                "constructions": dict(self.constructions), "killed": self.killed,
+                "failures": self.failures, "closed": 0}
+
+    async def shutdown(self) -> None:
+        self._envs.clear()
+
+
+SIM_ROLE_WORKERS: dict[str, type] = {
+    "actor_train": SimTrainerWorker,
+    "actor_gen": SimEngineWorker,
+    "environment": SimEnvWorker,
+}

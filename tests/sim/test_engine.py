@@ -1,0 +1,144 @@
+"""The sim engine's costs: the roofline by hand, one request's virtual time equal to its
+modelled steps, KV capacity serialising requests, aborts, weight swaps."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from rollart_sdk.sim.clock import run_virtual
+from rollart_sdk.sim.costs import (
+    HARDWARE,
+    MODELS,
+    Dist,
+    HardwareClass,
+    engine_step_s,
+    prefill_pairs,
+)
+from rollart_sdk.sim.engine import SimEngine
+from rollart_sdk.types import GenerationRequest, SamplingParams
+
+Q8 = MODELS["qwen3-8b"]
+H800 = HARDWARE["H800"]
+
+
+def request(rid: str, prompt: int, tag: str = "t", max_new: int = 100_000, tid: str = "") -> GenerationRequest:
+    return GenerationRequest(rid, [1] * prompt, SamplingParams(max_new_tokens=max_new, seed=1),
+                             tag=tag, trajectory_id=tid or rid)
+
+
+def engine(n_out: int, hw: HardwareClass = H800, **kw) -> SimEngine:
+    return SimEngine(hardware=hw, model_spec=Q8, response_tokens={"t": Dist(mean=n_out)}, **kw)
+
+
+def test_roofline_by_hand():
+    # Decode of one token, empty context: the weights are read once (bandwidth-bound).
+    w = 8.2e9 * 2
+    assert engine_step_s(H800, 1, Q8, 0, 0, 1, 0) == pytest.approx(w / (3.35e12 * 0.75) + 0.003)
+    # A 4096-token prefill is FLOP-bound: 2 N per token + attention pairs.
+    flop = 2 * 8.2e9 * 4096 + 4 * 36 * 4096 * prefill_pairs(4096, 0)
+    assert engine_step_s(H800, 1, Q8, 4096, prefill_pairs(4096, 0), 0, 0) == pytest.approx(
+        flop / (989e12 * 0.5) + 0.003)
+    # H20: 6.7x less compute, a bit more bandwidth: prefill slower, decode faster.
+    h20 = HARDWARE["H20"]
+    assert engine_step_s(h20, 1, Q8, 4096, 0, 0, 0) > 5 * engine_step_s(H800, 1, Q8, 4096, 0, 0, 0)
+    assert engine_step_s(h20, 1, Q8, 0, 0, 8, 8000) < engine_step_s(H800, 1, Q8, 0, 0, 8, 8000)
+    # Batch-size dependent: a decode step of 512 costs more than one of 1 (compute and KV).
+    assert engine_step_s(H800, 1, Q8, 0, 0, 512, 512 * 2000) > 2 * engine_step_s(H800, 1, Q8, 0, 0, 1, 2000)
+
+
+def test_one_request_takes_exactly_its_modelled_steps():
+    P, N = 1000, 300
+    eng = engine(N)
+
+    async def main():
+        return await eng.generate(request("r", P))
+
+    result, elapsed = run_virtual(main())
+    prefill = engine_step_s(H800, 1, Q8, P, prefill_pairs(P, 0), 0, 0.0)
+    per = engine_step_s(H800, 1, Q8, 0, 0.0, 1, P + 1 + (N - 1) / 2)
+    assert elapsed == pytest.approx(prefill + (N - 1) * per, rel=1e-9)
+    assert len(result.token_ids) == N and result.finish_reason == "stop"
+
+
+def test_batched_decode_shares_steps_so_two_requests_take_less_than_twice_one():
+    async def one(eng):
+        return await eng.generate(request("a", 100))
+
+    async def two(eng):
+        return await asyncio.gather(eng.generate(request("b", 100)), eng.generate(request("c", 100)))
+
+    _, t1 = run_virtual(one(engine(500)))
+    _, t2 = run_virtual(two(engine(500)))
+    assert t1 < t2 < 1.2 * t1  # decode is bandwidth-bound: a second request is nearly free
+
+
+def test_kv_capacity_makes_requests_wait():
+    # Room for the weights and ~1.5 requests' KV: the second waits for the first.
+    need = 2000 + 3000
+    mem_gb = (Q8.weight_bytes + 1.5 * need * Q8.kv_bytes_per_token) / 1e9 / 0.9
+    small = H800.model_copy(update={"memory_gb": mem_gb})
+    big = H800.model_copy(update={"memory_gb": 80})
+
+    async def pair(e):
+        return await asyncio.gather(e.generate(request("a", 2000)), e.generate(request("b", 2000)))
+
+    _, t_small = run_virtual(pair(engine(3000, small)))
+    _, t_big = run_virtual(pair(engine(3000, big)))
+    assert t_small > 1.8 * t_big
+
+
+def test_max_new_tokens_caps_the_response_and_says_length():
+    eng = engine(1000)
+
+    async def main():
+        return await eng.generate(request("r", 10, max_new=64))
+
+    result, _ = run_virtual(main())
+    assert len(result.token_ids) == 64 and result.finish_reason == "length"
+
+
+def test_abort_returns_the_tokens_so_far_and_frees_the_slot():
+    eng = engine(100_000)
+
+    async def main():
+        task = asyncio.ensure_future(eng.generate(request("r", 10)))
+        await asyncio.sleep(5.0)
+        assert await eng.abort("r")
+        res = await task
+        return res, eng.stats()
+
+    (res, stats), elapsed = run_virtual(main())
+    assert res.finish_reason == "abort" and 0 < len(res.token_ids) < 100_000
+    assert stats["running"] == 0 and elapsed == pytest.approx(5.0, abs=0.1)
+
+
+def test_weight_swap_recomputes_in_flight_and_stamps_versions():
+    eng = engine(2000)
+
+    async def main():
+        task = asyncio.ensure_future(eng.generate(request("r", 500)))
+        await asyncio.sleep(3.0)
+        await eng.suspend()
+        n = await eng.load_weights([], 1)
+        await eng.resume()
+        return n, await task
+
+    (n, res), _ = run_virtual(main())
+    assert n == 1 and res.recomputed == 1
+    assert res.versions[0] == 0 and res.versions[-1] == 1
+    assert eng.recompute_s > 0
+
+
+def test_prefix_cache_prefills_only_the_new_tokens_of_a_next_turn():
+    eng = engine(100)
+
+    async def main():
+        await eng.generate(request("t0", 1000, tid="traj"))
+        before = eng.prefill_tokens
+        await eng.generate(request("t1", 1100 + 50, tid="traj"))  # 1000 + 100 out + 50 new
+        return eng.prefill_tokens - before
+
+    new, _ = run_virtual(main())
+    assert new == 50
