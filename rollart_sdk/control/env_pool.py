@@ -13,6 +13,7 @@ first, so constructions stay at the number of slots a task needs at once.
 from __future__ import annotations
 
 import asyncio
+import heapq
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -50,6 +51,15 @@ class EnvPool:
     reset_s: list[float] = field(default_factory=list)  # reset times since the last report
     failures: int = 0
     replaced: int = 0
+    # Free slots as two heaps of indices (built ones are handed out first): acquire and
+    # free() cost O(log n), not O(pool size) - the scheduler asks at every launch.
+    _free_built: list[int] = field(default_factory=list, repr=False)
+    _free_new: list[int] = field(default_factory=list, repr=False)
+
+    def __post_init__(self) -> None:
+        for s in self.slots:
+            if not s.busy:
+                heapq.heappush(self._free_built if s.built else self._free_new, s.index)
 
     @classmethod
     def spread(cls, tag: str, size: int, workers: list[WorkerHandle], offset: int = 0) -> EnvPool:
@@ -59,14 +69,14 @@ class EnvPool:
         return cls(tag, [EnvSlot(tag, i, workers[(offset + i) % len(workers)]) for i in range(size)])
 
     def free(self) -> int:
-        return sum(not s.busy for s in self.slots)
+        return len(self._free_built) + len(self._free_new)
 
     def acquire(self) -> EnvSlot:
-        """A free slot, one whose instance is already built first."""
-        free = [s for s in self.slots if not s.busy]
-        if not free:
+        """A free slot, one whose instance is already built first (lowest index first)."""
+        heap = self._free_built or self._free_new
+        if not heap:
             raise RuntimeError(f"task {self.tag!r}: no free environment in the pool")
-        slot = min(free, key=lambda s: (not s.built, s.index))
+        slot = self.slots[heapq.heappop(heap)]
         slot.busy = True
         return slot
 
@@ -77,14 +87,15 @@ class EnvPool:
         if reset_s is not None:
             slot.built = True
             self.reset_s.append(reset_s)
-        if dropped is None or not dropped.startswith(ENV_FAILURES):
-            return False
-        slot.failures += 1
-        self.failures += 1
-        self.replaced += 1
-        slot.generation += 1
-        slot.built = False
-        return True
+        failed = dropped is not None and dropped.startswith(ENV_FAILURES)
+        if failed:
+            slot.failures += 1
+            self.failures += 1
+            self.replaced += 1
+            slot.generation += 1
+            slot.built = False
+        heapq.heappush(self._free_built if slot.built else self._free_new, slot.index)
+        return failed
 
     def metrics(self) -> dict[str, float]:
         """Per-task figures since the last call (reset times) and totals (the rest)."""

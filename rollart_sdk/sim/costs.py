@@ -40,6 +40,8 @@ class HardwareClass(_Strict):
     mfu: float = Field(0.5, gt=0, le=1, description="fraction of peak FLOP/s reached")
     mbu: float = Field(0.75, gt=0, le=1, description="fraction of peak bandwidth reached")
     step_overhead_s: float = Field(0.003, ge=0, description="fixed cost of one engine step")
+    seq_overhead_s: float = Field(0.0, ge=0, description="cost per sequence in a step (host-side "
+                                                       "scheduling/sampling; fitted on CPUs)")
     kv_memory_fraction: float = Field(0.9, gt=0, le=1,
                                       description="memory share for weights + KV cache")
 
@@ -148,21 +150,25 @@ def resolve_hardware(name: str, declared: dict[str, HardwareClass]) -> HardwareC
 
 # ----------------------------------------------------------------------------- engines
 def engine_step_s(hw: HardwareClass, devices: int, model: ModelSpec, prefill_tokens: float,
-                  prefill_context: float, decode_batch: int, decode_context: float) -> float:
+                  prefill_context: float, decode_batch: int, decode_context: float,
+                  prefill_seqs: int = 0) -> float:
     """Seconds of one engine step that prefills ``prefill_tokens`` new tokens (attending
     to ``prefill_context`` token pairs in all) and decodes one token for each of
     ``decode_batch`` requests whose contexts sum to ``decode_context`` tokens.
 
     Roofline: max(FLOPs / FLOP/s, bytes moved / bandwidth) + the step overhead. FLOPs are
     2 N per token plus 4 x layers x width per attended token pair; bytes are the weights
-    (read once per step) plus the KV cache the step reads."""
+    (read once per step) plus the KV cache the step reads. ``seq_overhead_s`` per
+    sequence in the step (``decode_batch + prefill_seqs``) is host-side work (0 on the
+    built-in GPU classes; a CPU engine fitted by calibration has a large one)."""
     if prefill_tokens <= 0 and decode_batch <= 0:
         return 0.0
     tokens = prefill_tokens + decode_batch
     attn_pairs = prefill_context + decode_context
     flop = 2 * model.params * tokens + 4 * model.layers * model.hidden * attn_pairs
     moved = model.weight_bytes + model.kv_bytes_per_token * (decode_context + prefill_tokens)
-    return max(flop / (hw.flops * devices), moved / (hw.bandwidth * devices)) + hw.step_overhead_s
+    roof = max(flop / (hw.flops * devices), moved / (hw.bandwidth * devices))
+    return roof + hw.step_overhead_s + hw.seq_overhead_s * (decode_batch + prefill_seqs)
 
 
 def prefill_pairs(new_tokens: float, cached: float) -> float:

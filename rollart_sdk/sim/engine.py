@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import heapq
+import math
 import random
 from collections import OrderedDict, deque
 from typing import Any
@@ -96,6 +97,7 @@ class SimEngine:
         self._seq = 0
         self._it = 0.0  # decode iterations done (every running request gains one token each)
         self._sum_base = 0.0
+        self._tag_n: dict[str, int] = {}  # running requests per task tag
         self._kv_used = 0
         self._cache: OrderedDict[str, int] = OrderedDict()  # trajectory -> cached tokens
         self._recompute_tokens = 0.0
@@ -213,16 +215,17 @@ class SimEngine:
             return
         blocks = -(-tokens // self.block) if tokens > 0 else 0
         versions: list[int] = []
-        for b in range(blocks):
-            tok = b * self.block
-            v = next((ver for done, ver in r.switches if tok < done), self._version)
-            versions.append(v)
+        for done, ver in r.switches:  # blocks whose first token came before each swap
+            upto = min(blocks, math.ceil(done / self.block))
+            versions += [ver] * (upto - len(versions))
+        versions += [self._version] * (blocks - len(versions))
         r.future.set_result(GenerationResult(
             r.request.request_id, [1] * blocks, [-1.0] * blocks, versions, reason,  # type: ignore[arg-type]
             recomputed=len(r.switches)))
 
     def _drop_running(self, r: _Req) -> None:
         del self._running[r.request.request_id]
+        self._tag_n[r.request.tag] -= 1
         self._sum_base -= r.base
         self._kv_used -= r.prompt + r.n_out
 
@@ -295,7 +298,7 @@ class SimEngine:
         pairs = sum(prefill_pairs(r.new, r.prompt - r.new) for r in admitted)
         batch = len(self._running)
         dt = engine_step_s(self.hw, self.devices, self.spec, new, pairs, batch,
-                           self._decode_ctx())
+                           self._decode_ctx(), prefill_seqs=len(admitted))
         share: dict[str, float] = {}
         for r in admitted:
             share[r.request.tag] = share.get(r.request.tag, 0.0) + r.new
@@ -310,16 +313,14 @@ class SimEngine:
             r.start = self._it - 1.0
             r.base = r.prompt - r.start
             self._running[r.request.request_id] = r
+            self._tag_n[r.request.tag] = self._tag_n.get(r.request.tag, 0) + 1
             self._sum_base += r.base
             self._seq += 1
             heapq.heappush(self._heap, (r.start + r.n_out, self._seq, r.request.request_id))
         self._complete_due()
 
     def _advance(self, iters: float) -> None:
-        share: dict[str, float] = {}
-        for r in self._running.values():
-            share[r.request.tag] = share.get(r.request.tag, 0.0) + 1.0
-        for tag, n in share.items():
+        for tag, n in self._tag_n.items():
             self.tag_tokens.setdefault(tag, [0.0, 0.0])[1] += n * iters
         self.decode_tokens += len(self._running) * iters
         self._it += iters
@@ -341,10 +342,9 @@ class SimEngine:
         done = min(k, elapsed / per) if poked else k
         self.busy_s += elapsed
         self.steps += int(done)
-        share = {}
-        for r in self._running.values():
-            share[r.request.tag] = share.get(r.request.tag, 0.0) + 1.0
-        self._charge(self.tag_decode_s, share, elapsed)
+        share = {tag: float(n) for tag, n in self._tag_n.items() if n}
+        if share:
+            self._charge(self.tag_decode_s, share, elapsed)
         self._advance(done)
         self._complete_due()
 

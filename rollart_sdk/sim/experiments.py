@@ -35,6 +35,7 @@ class Outcome:
     trained: int
     virtual_s: float
     wall_s: float
+    engine_stats: list[dict[str, Any]]
 
 
 def simulate(data: dict[str, Any], steps: int, warmup: int = 2) -> Outcome:
@@ -59,6 +60,7 @@ def simulate(data: dict[str, Any], steps: int, warmup: int = 2) -> Outcome:
         trained=job.pipeline.buffer.trained,
         virtual_s=job.virtual_s,
         wall_s=job.wall_s,
+        engine_stats=[h.target.engine_stats() for h in job.engines],
     )
 
 
@@ -134,6 +136,37 @@ def affinity(quick: bool) -> list[Row]:
             for k, r in res.items()]
 
 
+def _affinity_tasks(fl: str | None, m: str | None) -> list[dict[str, Any]]:
+    return [W.frozenlake(step_mu=1.0, step_sigma=0.5, turns=12, affinity=fl),
+            W.math(affinity=m)]
+
+
+def profiler(quick: bool) -> list[Row]:
+    """The online affinity profiler: run with a wrong static mapping (prefill-heavy
+    FrozenLake on H20, decode-heavy Math on H800), let the profiler read the engines'
+    per-task prefill/decode times and propose a mapping, run again with it."""
+    from rollart_sdk.sim.costs import HARDWARE
+    from rollart_sdk.sim.profiler import profile, propose
+
+    steps = 4 if quick else 8
+    gen = {"H800": (8, 2), "H20": (8, 3)}
+    eng = {"prefix_cache": False}
+    wrong = {"FrozenLake": "H20", "Math": "H800"}
+    static = simulate(W.base(_affinity_tasks(wrong["FrozenLake"], wrong["Math"]), gen,
+                             engine=eng), steps)
+    roof = {k: (v.flops, v.bandwidth) for k, v in HARDWARE.items()}
+    proposal = propose(profile(static.engine_stats, roof), wrong)
+    mapped = proposal.hw_mapping
+    tuned = simulate(W.base(_affinity_tasks(mapped["FrozenLake"], mapped["Math"]), gen,
+                            engine=eng), steps)
+    ratio = proposal.prefill_decode_ratio
+    return [{"mapping": "static " + ", ".join(f"{t}->{p}" for t, p in sorted(wrong.items())),
+             "step_s": static.step_s, "speedup": 1.0, "prefill_decode_ratio": ratio},
+            {"mapping": "profiled " + ", ".join(f"{t}->{p}" for t, p in sorted(mapped.items())),
+             "step_s": tuned.step_s, "speedup": static.step_s / tuned.step_s,
+             "prefill_decode_ratio": ratio}]
+
+
 # ----------------------------------------------------------------------------- alpha
 def alpha(quick: bool) -> list[Row]:
     """R4: async throughput and aborted (stale) trajectories across alpha."""
@@ -193,19 +226,23 @@ class Experiment:
     paper: str
     x: str
     y: str
+    paper_points: tuple[tuple[float, float], ...] = ()  # (x, y) the paper reports
 
 
 EXPERIMENTS: dict[str, Experiment] = {
     "straggler": Experiment(straggler, "trajectory vs batched env interaction across sigma/mu",
                             "R2: trajectory-level 1.23x (sigma 1 s) to 2.27x (sigma 10 s) "
                             "faster rollout, env latency N(10 s, sigma)",
-                            "sigma_over_mu", "speedup"),
+                            "sigma_over_mu", "speedup", ((0.1, 1.23), (1.0, 2.27))),
     "async": Experiment(async_modes, "Sync / Sync+ / one_off / async alpha throughput",
                         "ROLLART 2.65-4.58x Sync throughput; 1.35x one_off (time to target)",
                         "mode", "speedup_vs_sync"),
     "affinity": Experiment(affinity, "mixed H800+H20 vs homogeneous pools, same cost",
                            "R1: mixed 1.12-1.37x shorter steps than all-H800, 1.30-1.68x "
                            "than all-H20", "pools", "mixed_speedup"),
+    "profiler": Experiment(profiler, "online affinity profiler vs a wrong static mapping",
+                           "future work in the paper (section 9): no figure", "mapping",
+                           "speedup"),
     "alpha": Experiment(alpha, "async throughput and stale aborts across alpha",
                         "R4: larger alpha aborts fewer trajectories and shortens steps, "
                         "with a quick plateau (alpha = 1 chosen)", "alpha",
@@ -247,7 +284,10 @@ def plot(name: str, rows: list[Row], path: str) -> bool:
     ys = [float(r[exp.y]) for r in rows]
     fig, ax = plt.subplots(figsize=(6, 3.5))
     if isinstance(rows[0][exp.x], (int, float)):
-        ax.plot([float(r[exp.x]) for r in rows], ys, marker="o")
+        ax.plot([float(r[exp.x]) for r in rows], ys, marker="o", label="simulated")
+        if exp.paper_points:
+            ax.plot(*zip(*exp.paper_points, strict=True), "rs", label="paper")
+        ax.legend(fontsize=8)
     else:
         ax.bar(xs, ys)
         ax.tick_params(axis="x", labelsize=8)

@@ -115,7 +115,11 @@ class SimEngineWorker(ActorGenWorker):
         return int(self.engine.version)
 
     async def stats(self) -> dict[str, Any]:
-        return {"name": self.name, "pool": (self.binding or {}).get("pool"),
+        return self.engine_stats()
+
+    def engine_stats(self) -> dict[str, Any]:
+        b = self.binding or {}
+        return {"name": self.name, "pool": b.get("pool"), "hardware_name": b.get("hardware"),
                 **self.engine.stats()}
 
     async def shutdown(self) -> None:
