@@ -55,7 +55,7 @@ class SimEnvFailure(RuntimeError):
     """A modelled environment failure (e.g. a container that did not start)."""
 
 
-class SimEnv(gymnasium.Env):  # type: ignore[type-arg]
+class SimEnv(gymnasium.Env):
     """One environment of a simulated task (see the module docstring)."""
 
     system_prompt = None

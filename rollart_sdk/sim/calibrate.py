@@ -22,6 +22,7 @@ import copy
 import json
 import statistics
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -103,7 +104,7 @@ def fit_engine(engine: Any, spec: ModelSpec, token: int, repeats: int = 2) -> Ha
             for k, (b, p, m) in enumerate(shapes):
                 dt = await _time_batch(engine, b, p, m, token, rep * 100 + k)
                 # m steps: one with b prompts of p tokens, m - 1 decoding b sequences.
-                rows.append([m, m * b, b * (p + m - 1)])
+                rows.append([float(m), float(m * b), float(b * (p + m - 1))])
                 ys.append(dt)
         return rows, ys
 
@@ -168,7 +169,7 @@ def measured_workload(run_dir: Path, records: list[Any]) -> dict[str, dict[str, 
         later = [len(turn.obs_ids) for t in mine for turn in t.turns[1:]]
         resp = [len(turn.action_ids) for t in mine for turn in t.turns]
 
-        def normal(xs: list[float]) -> dict[str, Any]:
+        def normal(xs: Sequence[float]) -> dict[str, Any]:
             sd = statistics.pstdev(xs) if len(xs) > 1 else 0.0
             return {"kind": "normal", "mean": statistics.fmean(xs), "std": sd, "min": 1}
 

@@ -116,7 +116,7 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
         if seconds > 0:
             self._vnow += seconds
 
-    def run_in_executor(self, executor: Any, func: Any, *args: Any) -> asyncio.Future[Any]:
+    def run_in_executor(self, executor: Any, func: Any, *args: Any) -> asyncio.Future[Any]:  # type: ignore[override]
         fut = super().run_in_executor(executor, func, *args)
         self.threads_busy += 1
 

@@ -204,8 +204,8 @@ def weight_sync(quick: bool) -> list[Row]:
     rate 10 Gb/s (the paper's exposed 38.6-157 s for sync NCCL imply 3-14 Gb/s)."""
     steps = 4 if quick else 8
     slow = {"publish_gbps": 10.0, "push_gbps": 10.0, "pull_gbps": 400.0}
-    rows = []
-    res = {}
+    rows: list[Row] = []
+    res: dict[str, Outcome] = {}
     for style in ("push", "pull"):
         data = W.base(_mixed_tasks(), {"H800": (8, 2)}, model="qwen3-32b",
                       transport={"style": style, **slow})

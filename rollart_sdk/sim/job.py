@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rollart_sdk.config import RunConfig
@@ -82,7 +83,7 @@ def build_sim_job(cfg: RunConfig, lines: LineMap | None = None, run_name: str | 
     from rollart_sdk.plugins import get_plugins
     from rollart_sdk.resolve import resolve_run
     from rollart_sdk.resources.plan import plan_resources
-    from rollart_sdk.sim.backends import SimFormat
+    from rollart_sdk.sim.backends import SimEnvOptions, SimFormat
     from rollart_sdk.sim.costs import resolve_hardware
     from rollart_sdk.sim.workers import SIM_ROLE_WORKERS, SimContext
 
@@ -99,7 +100,8 @@ def build_sim_job(cfg: RunConfig, lines: LineMap | None = None, run_name: str | 
         raise ConfigError([("sim", str(exc))]) from None
     _check_devices(cfg, plan, resolved)
     transport = resolved.transport.descriptor.create(resolved.transport.options)
-    response = {tag: res.options.response_tokens for tag, res in resolved.envs.items()}
+    response = {tag: SimEnvOptions.model_validate(res.options.model_dump()).response_tokens
+                for tag, res in resolved.envs.items()}
     ctx = SimContext(spec, dict(sim.hardware), transport, response, sim.token_block)
     run_dir = RunDir(cfg.output_dir, cfg, run_name)
     log(f"run directory: {run_dir.path}")
@@ -163,6 +165,8 @@ def run_sim(job: SimJob, steps: int, log: Any = None) -> list[StepRecord]:
 
     def on_step(rec: StepRecord, metrics: dict[str, Any]) -> None:
         metrics["sim/virtual_s"] = metrics.get("wall_time")
+        metrics["sim/wall_s"] = round(time.perf_counter() - t0, 3)
+        metrics["sim/rss_mb"] = _rss_mb()  # memory stays flat over a long run
         job.run_dir.log_metrics(metrics)
         job.metrics.append(metrics)
         if log is not None and every and (rec.step + 1) % every == 0:
@@ -198,6 +202,17 @@ def run_sim(job: SimJob, steps: int, log: Any = None) -> list[StepRecord]:
     if error is not None:
         raise error
     return records
+
+
+def _rss_mb() -> float | None:
+    """This process's resident memory (Linux), MB."""
+    try:
+        pages = int(Path("/proc/self/statm").read_text().split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    import os
+
+    return round(pages * os.sysconf("SC_PAGE_SIZE") / 2**20, 1)
 
 
 def engine_summary(job: SimJob) -> dict[str, Any]:

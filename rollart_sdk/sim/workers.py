@@ -214,7 +214,7 @@ class SimEnvWorker(EnvironmentWorker):
             await self._wait(env_id, env, "reset", timeout_s)
             raise
         await self._wait(env_id, env, "reset", timeout_s)
-        return out  # type: ignore[no-any-return]
+        return out
 
     async def step(self, env_id: str, action: str,
                    timeout_s: float = 30.0) -> tuple[str, float, bool, bool, dict[str, Any]]:
@@ -228,7 +228,7 @@ class SimEnvWorker(EnvironmentWorker):
             await self._wait(env_id, env, "step", timeout_s)
             raise
         await self._wait(env_id, env, "step", timeout_s)
-        return out  # type: ignore[no-any-return]
+        return out
 
     async def close(self, env_id: str) -> str | None:
         self._envs.pop(env_id, None)

@@ -80,6 +80,9 @@ def test_rollart_sim_writes_metrics_events_and_summary(tmp_path):
     assert summary["clock"] == "simulated" and summary["trained"] == 2
     spans = {json.loads(line)["span"] for line in (run / "events.jsonl").read_text().splitlines()}
     assert {"env_reset", "generate", "env_step", "reward", "train"} <= spans
+    # `clock: simulated` makes `rollart train` run it on simulated time too.
+    res = run_cli("train", str(cfg_path), "--steps", "1")
+    assert res.returncode == 0 and "simulated 1 steps" in res.stdout, res.stdout + res.stderr
     # A config that names a real backend is refused with the key to change.
     bad = tiny(tmp_path)
     bad["engine"] = {"name": "torch"}
