@@ -153,6 +153,10 @@ class SimEngine:
         self._poke()
         return True
 
+    async def release(self, trajectory_id: str) -> bool:
+        """The trajectory ended: its cached prefix is freed."""
+        return self._cache.pop(trajectory_id, None) is not None
+
     async def suspend(self) -> None:
         self._suspended = True
         self._poke()

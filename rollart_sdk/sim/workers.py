@@ -75,6 +75,10 @@ class SimEngineWorker(ActorGenWorker):
     async def abort(self, request_id: str) -> bool:
         return bool(await self.engine.abort(request_id))
 
+    async def release(self, trajectory_id: str) -> bool:
+        """The trajectory ended: forget its cached prefix."""
+        return bool(await self.engine.release(trajectory_id))
+
     @register("execute_all")
     async def suspend(self) -> None:
         await self.engine.suspend()
