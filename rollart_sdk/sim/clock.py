@@ -44,6 +44,7 @@ CLOCKED_MODULES = (
     "rollart_sdk.control.recovery",
     "rollart_sdk.control.run_dir",
     "rollart_sdk.control.progress",
+    "rollart_sdk.control.weight_updates",
 )
 
 
@@ -179,10 +180,12 @@ def run_virtual(main: Awaitable[T]) -> tuple[T, float]:
 
 def _cancel_rest(loop: VirtualTimeLoop) -> None:
     """Cancel tasks still pending at the end (as ``asyncio.run`` does)."""
-    pending = [t for t in asyncio.all_tasks(loop) if not t.done()]
-    for t in pending:
-        t.cancel()
-    if pending:
+    for _ in range(10):  # cancelling may start tasks (an ABORT sent for a cancelled call)
+        pending = [t for t in asyncio.all_tasks(loop) if not t.done()]
+        if not pending:
+            break
+        for t in pending:
+            t.cancel()
         loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
     loop.run_until_complete(loop.shutdown_asyncgens())
     # Not loop.shutdown_default_executor(): it waits for a thread the loop does not count.

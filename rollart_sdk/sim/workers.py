@@ -97,6 +97,32 @@ class SimEngineWorker(ActorGenWorker):
         task = asyncio.ensure_future(asyncio.sleep(pull))
         self._staged = (manifest, task, pull)
 
+    async def weights_status(self) -> dict[str, Any]:
+        """The staged version's transfer, as ``WeightStager.status`` reports it."""
+        out: dict[str, Any] = {"name": self.name, "engine_version": self.engine.version,
+                               "version": None, "ready": False, "error": None,
+                               "transfer_s": 0.0}
+        if self._staged is not None:
+            manifest, task, transfer = self._staged
+            out.update(version=manifest.version, transfer_s=transfer,
+                       ready=task is None or task.done())  # push: moves at the commit
+        return out
+
+    async def await_weights(self, timeout_s: float | None = None) -> dict[str, Any]:
+        """Wait for the staged version to arrive (nothing is swapped in)."""
+        if self._staged is not None and self._staged[1] is not None:
+            try:
+                await asyncio.wait_for(asyncio.shield(self._staged[1]), timeout_s)
+            except TimeoutError:
+                pass  # reported as not ready
+        return await self.weights_status()
+
+    async def cancel_weights(self) -> None:
+        """Drop the staged version; the engine keeps its own."""
+        if self._staged is not None and self._staged[1] is not None:
+            self._staged[1].cancel()
+        self._staged = None
+
     @register("execute_all")
     async def commit_weights(self) -> WeightUpdateReport:
         if self._staged is None:
