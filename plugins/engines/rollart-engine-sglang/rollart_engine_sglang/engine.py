@@ -32,6 +32,7 @@ bucket, then ``flush_cache``.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -42,7 +43,10 @@ from rollart_sdk.config import ModelConfig
 from rollart_sdk.errors import RollartError
 from rollart_sdk.types import FinishReason, GenerationRequest, GenerationResult, WeightBucket
 
+log = logging.getLogger(__name__)
 BIAS_OFF = -1.0e9  # logit_bias of an id outside allowed_token_ids
+SETTLE_QUIET_S = 0.05  # no stream chunk for this long after a pause: the last step arrived
+SETTLE_MAX_S = 2.0
 
 
 @dataclass(eq=False)
@@ -113,10 +117,12 @@ class SglangEngine:
         max_running_requests: int = 64,
         enable_prefix_caching: bool = True,
         mem_fraction_static: float | None = None,
+        max_total_tokens: int | None = None,
         tp_size: int = 1,
         attention_backend: str | None = None,
         seed: int = 0,
         eos_token_ids: list[int] | None = None,
+        deterministic_inference: bool = False,
         engine_factory: Any = None,
     ) -> None:
         if model.path is None:
@@ -164,8 +170,11 @@ class SglangEngine:
             device=device,
             log_level="error",
         )
+        if deterministic_inference:
+            kwargs["enable_deterministic_inference"] = True
         for key, value in (("context_length", context_length),
                            ("mem_fraction_static", mem_fraction_static),
+                           ("max_total_tokens", max_total_tokens),
                            ("attention_backend", attention_backend)):
             if value is not None:
                 kwargs[key] = value
@@ -185,6 +194,10 @@ class SglangEngine:
             eos = getattr(hf, "eos_token_id", None)
             eos_token_ids = [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
         self._eos = [int(e) for e in eos_token_ids]
+        # SGLang 0.5.23 uses a request's sampling_seed only under
+        # enable_deterministic_inference (GPU attention backends only); said once.
+        self._seeds_honoured = deterministic_inference
+        self._seed_warned = False
         self._name = f"sglang-engine:{model.path}"
         self._version = 0
         self._suspended = False
@@ -237,8 +250,7 @@ class SglangEngine:
             return
         self._suspended = True
         await self._tm.pause_generation(self._io["pause"](mode="in_place"))
-        for _ in range(3):  # let streams consume what SGLang delivered before the pause
-            await asyncio.sleep(0)
+        await self._settle()
 
     async def resume(self) -> None:
         if not self._suspended:
@@ -324,6 +336,25 @@ class SglangEngine:
 
     # ------------------------------------------------------------------ internals
 
+    async def _settle(self) -> None:
+        """Return once the scheduler has stopped and its last outputs have arrived.
+
+        SGLang 0.5.23's ``pause_generation`` only sends the pause to the scheduler (it does
+        not wait for it), and token outputs reach the streams through the detokenizer
+        process. So: a ``get_internal_state`` round trip, which the scheduler answers after
+        it has handled the pause sent before it (one ordered socket); then wait until no
+        stream chunk has arrived for ``SETTLE_QUIET_S`` (the outputs of the scheduler's
+        last step before the pause, still in the detokenizer), at most ``SETTLE_MAX_S``.
+        """
+        await self._tm.get_internal_state()
+        loop = asyncio.get_running_loop()
+        end = loop.time() + SETTLE_MAX_S
+        while loop.time() < end:
+            seen = self._outputs
+            await asyncio.sleep(SETTLE_QUIET_S)
+            if self._outputs == seen:
+                return
+
     async def _drive(self, st: _Request) -> FinishReason:
         sp = st.request.sampling
         while True:
@@ -392,6 +423,13 @@ class SglangEngine:
         if sp.top_k > 0:
             params["top_k"] = sp.top_k
         if sp.seed is not None:
+            if not self._seeds_honoured and not self._seed_warned:
+                self._seed_warned = True
+                log.warning(
+                    "engine 'sglang': requests carry seeds, but SGLang 0.5.23 ignores "
+                    "sampling_seed unless deterministic_inference is on (GPU attention "
+                    "backends only); seeded requests are not reproducible on this engine"
+                )
             seed = sp.seed if st.attempt == 1 else sp.seed + 1_000_003 * len(st.out_ids)
             params["sampling_seed"] = seed % (1 << 63)
         if sp.allowed_token_ids is not None:

@@ -28,6 +28,10 @@ class SglangEngineOptions(BaseModel):
     mem_fraction_static: float | None = Field(
         None, gt=0.0, lt=1.0, description="share of device memory for weights + KV cache"
     )
+    max_total_tokens: int | None = Field(
+        None, ge=1, description="KV-cache size in tokens (all requests together); None: from "
+        "mem_fraction_static. On device 'cpu' SGLang otherwise sizes it from free host memory"
+    )
     tp_size: int = Field(1, ge=1, description="tensor-parallel ranks per engine")
     attention_backend: str | None = Field(
         None, description="SGLang attention backend; None: SGLang's choice (cpu: torch_native)"
@@ -35,6 +39,10 @@ class SglangEngineOptions(BaseModel):
     seed: int = Field(0, description="SGLang random_seed; requests that bring a seed use their own")
     eos_token_ids: list[int] | None = Field(
         None, description="ids ending a generation besides stop_token_ids; None: the model's"
+    )
+    deterministic_inference: bool = Field(
+        False, description="SGLang enable_deterministic_inference (batch-invariant kernels): "
+        "without it SGLang 0.5.23 ignores per-request seeds; needs a GPU attention backend"
     )
 
     @model_validator(mode="after")
@@ -48,6 +56,11 @@ class SglangEngineOptions(BaseModel):
             problems.append(
                 f"attention_backend {self.attention_backend!r} needs a GPU; on device 'cpu' "
                 "use torch_native (or leave it unset)"
+            )
+        if self.device == "cpu" and self.deterministic_inference:
+            problems.append(
+                "deterministic_inference needs a GPU attention backend (SGLang 0.5.23 rejects "
+                "torch_native with it); on device 'cpu' seeded requests are not reproducible"
             )
         if problems:
             raise ValueError("; ".join(problems))

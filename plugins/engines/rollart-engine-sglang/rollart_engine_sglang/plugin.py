@@ -12,5 +12,5 @@ def rollart_register_engines(registry: Registrar) -> None:
         "sglang",
         factory="rollart_engine_sglang.engine:SglangEngine",
         options="rollart_engine_sglang.options:SglangEngineOptions",
-        summary="SGLang Engine 0.5.23 (GPU; CPU engine experimental); radix cache, in-place weight updates",
+        summary="SGLang Engine 0.5.23 (GPU; CPU engine tested with a test-only kit); radix cache, in-place weight updates",
     )

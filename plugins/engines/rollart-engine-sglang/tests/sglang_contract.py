@@ -14,6 +14,8 @@ compares them with the wheel's source) and the behaviour recorded from the real 
   ``continue_generation``);
 - ``pause_generation(PauseGenerationReqInput(mode=...))``: ``in_place`` freezes the batch
   with its KV; ``retract`` moves running requests back to the waiting queue (KV freed);
+- ``pause_generation`` only sends the pause to the scheduler (the real one takes effect
+  later); ``get_internal_state()`` is a scheduler round trip answered after it;
 - ``flush_cache()`` fails while requests are in the running batch;
 - ``update_weights_from_tensor`` outside ``begin_weight_update`` / ``end_weight_update``
   answers ``(False, message)``;
@@ -159,6 +161,12 @@ class TokenizerManager:
         if obj.mode == "retract":
             self.waiting = self.running + self.waiting
             self.running = []
+
+    async def get_internal_state(self) -> list[dict[str, Any]]:
+        # In 0.5.23 a scheduler round trip; pause_generation does not wait for the scheduler,
+        # the adapter awaits this after it so that the pause has taken effect.
+        self.calls.append("get_internal_state")
+        return [{}]
 
     async def continue_generation(self, obj: ContinueGenerationReqInput) -> None:
         self.calls.append("continue_generation")

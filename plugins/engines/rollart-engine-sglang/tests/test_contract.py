@@ -115,7 +115,7 @@ def test_stand_in_matches_the_wheel():
     mixin = _class(_tree("srt/managers/tokenizer_control_mixin.py"), "TokenizerControlMixin")
     for name in ("abort_request", "pause_generation", "continue_generation",
                  "begin_weight_update", "end_weight_update", "update_weights_from_tensor",
-                 "flush_cache"):
+                 "flush_cache", "get_internal_state"):
         owner = tm if name in ("abort_request", "pause_generation", "continue_generation") else mixin
         real = _params(_method(owner, name))
         mine = list(inspect.signature(getattr(contract.TokenizerManager, name)).parameters)
@@ -167,4 +167,7 @@ def test_options_reject_impossible_combinations():
         SglangEngineOptions(device="cpu", tp_size=2)
     with pytest.raises(ValidationError, match="torch_native"):
         SglangEngineOptions(device="cpu", attention_backend="flashinfer")
+    with pytest.raises(ValidationError, match="deterministic_inference"):
+        SglangEngineOptions(device="cpu", deterministic_inference=True)
+    assert SglangEngineOptions(device="cuda", deterministic_inference=True).deterministic_inference
     assert SglangEngineOptions(device="cpu").enable_prefix_caching is True
