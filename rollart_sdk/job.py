@@ -351,9 +351,9 @@ def env_summary(job: Job) -> dict[str, Any]:
     built: dict[str, int] = {}
     for w in sched.env_workers:
         try:
-            # an inline host lives in this process, whatever the spawner
-            stats = (w.target.stats() if getattr(w, "inline", False)
-                     else job.spawner.call(w, "stats", timeout=30))
+            # an in-process host (env_host inline or thread) whatever the spawner
+            stats = (job.spawner.call(w, "stats", timeout=30) if w.is_ray
+                     else w.target.stats())
         except Exception as exc:  # noqa: BLE001 - a dead env worker: say so in the summary
             built[f"error:{w.name}"] = 0
             pools.setdefault("_errors", {})[w.name] = f"{type(exc).__name__}: {exc}"
