@@ -170,9 +170,11 @@ def run_virtual(main: Awaitable[T]) -> tuple[T, float]:
     loop = VirtualTimeLoop()
     try:
         with virtual_time(loop):
-            result = loop.run_until_complete(main)
-            elapsed = loop.time()
-            _cancel_rest(loop)
+            try:
+                result = loop.run_until_complete(main)
+                elapsed = loop.time()
+            finally:  # on an error too: no task is left pending on a closed loop
+                _cancel_rest(loop)
         return result, elapsed
     finally:
         loop.close()
