@@ -224,7 +224,7 @@ def calibration_check(real_data: dict[str, Any], steps: int, out_dir: str,
                       token: int = 10) -> dict[str, Any]:
     """Run ``real_data`` for real (in process), fit the cost models on fresh instances of
     its engine and trainer, simulate the same run, and compare mean step times (the
-    first step, which includes start-up, excluded)."""
+    first step, which includes start-up, excluded): the error of the median step time."""
     from rollart_sdk.config import load_config
     from rollart_sdk.job import build_job, run_job
     from rollart_sdk.plugins import get_plugins
@@ -262,9 +262,10 @@ def calibration_check(real_data: dict[str, Any], steps: int, out_dir: str,
     sjob = build_sim_job(scfg, log=lambda *a: None)
     run_sim(sjob, steps)
     sim_steps = step_times(sjob.metrics)[1:]
-    real_mean, sim_mean = statistics.fmean(real_steps), statistics.fmean(sim_steps)
-    return {"real_step_s": real_steps, "sim_step_s": sim_steps, "real_mean_s": real_mean,
-            "sim_mean_s": sim_mean, "error": sim_mean / real_mean - 1,
+    # Medians: a load spike from other processes on a shared machine moves a step or two.
+    real_med, sim_med = statistics.median(real_steps), statistics.median(sim_steps)
+    return {"real_step_s": real_steps, "sim_step_s": sim_steps, "real_median_s": real_med,
+            "sim_median_s": sim_med, "error": sim_med / real_med - 1,
             "engine": engine_hw.model_dump(), "trainer": train_hw.model_dump(),
             "train_overhead_s": train_overhead, "swap_s": swap,
             "model_params": spec.params, "workload": workload}
