@@ -299,8 +299,8 @@ def median_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "--child":
-        mode, latency, seed, steps, out, layout = argv[1:7]
-        child(mode, latency, int(seed), int(steps), out, layout)
+        mode, latency, seed_arg, steps, out, layout = argv[1:7]
+        child(mode, latency, int(seed_arg), int(steps), out, layout)
         return 0
     parser = argparse.ArgumentParser(prog="rollart bench small",
                                      description=(__doc__ or "").split("\n")[0])
