@@ -75,6 +75,19 @@ class TinyModelConfig(_Strict):
     max_position_embeddings: int = Field(2048, gt=0)
     seed: int = 0
 
+    @model_validator(mode="after")
+    def _shape(self) -> TinyModelConfig:
+        if self.hidden_size % self.num_heads:
+            raise ValueError(
+                f"hidden_size {self.hidden_size} is not divisible by num_heads "
+                f"{self.num_heads}; choose sizes with hidden_size % num_heads == 0 (e.g. "
+                f"num_heads {_divisor_near(self.hidden_size, self.num_heads)})")
+        return self
+
+
+def _divisor_near(n: int, k: int) -> int:
+    return min((d for d in range(1, n + 1) if n % d == 0), key=lambda d: (abs(d - k), d))
+
 
 class ModelConfig(_Strict):
     """Which model to train and serve. Exactly one of ``path``, ``gguf`` or ``tiny``.
@@ -407,7 +420,11 @@ class LineMap:
 
     @classmethod
     def from_yaml(cls, text: str) -> LineMap:
-        root = yaml.compose(text)
+        return cls.from_node(yaml.compose(text))
+
+    @classmethod
+    def from_node(cls, root: yaml.Node | None) -> LineMap:
+        """From a node tree already checked to be bounded (config_file.read_config_file)."""
         lines: dict[str, int] = {}
 
         def walk(node: yaml.Node, path: str) -> None:
@@ -446,7 +463,9 @@ def parse_override(item: str) -> tuple[list[str], Any]:
     if not key:
         raise ConfigError([(item, "empty key in override")])
     try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
+        from rollart_sdk.config_file import parse_yaml
+
+        value = parse_yaml(raw, f"override {key}")[0] if raw.strip() else ""
     except yaml.YAMLError as exc:
         raise ConfigError([(key, f"override value {raw!r} is not valid YAML: {exc}")]) from None
     return key.split("."), value
@@ -500,21 +519,9 @@ def load_config(
     if data is None:
         if path is None:
             raise ValueError("give a path or data")
-        p = Path(path)
-        if not p.is_file():
-            raise ConfigError([(str(path), "no such file")], source)
-        text = p.read_text()
-        try:
-            data = yaml.safe_load(text)
-            lines = LineMap.from_yaml(text)
-        except yaml.YAMLError as exc:
-            mark = getattr(exc, "problem_mark", None)
-            where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "?"
-            problem = getattr(exc, "problem", None) or str(exc)
-            ctx, ctx_mark = getattr(exc, "context", None), getattr(exc, "context_mark", None)
-            if ctx and ctx_mark:
-                problem += f" ({ctx} at line {ctx_mark.line + 1}, column {ctx_mark.column + 1})"
-            raise ConfigError([(where, f"malformed YAML: {problem}")], source) from None
+        from rollart_sdk.config_file import read_config_file
+
+        data, lines = read_config_file(path)
         if data is None:
             data = {}
         if not isinstance(data, dict):

@@ -43,9 +43,36 @@ class Job:
     trainers: list[WorkerHandle]
     spawner: Spawner
     signal: str | None = None  # SIGINT / SIGTERM that stopped the run
+    resume: ResumePoint | None = None  # --resume: where this session continues from
 
     def close(self) -> None:
         self.spawner.close()
+
+
+@dataclass
+class ResumePoint:
+    """``rollart train --resume RUN_DIR``: the run directory, its newest complete
+    checkpoint and the control plane's state saved with it (control/resume.py)."""
+
+    run_dir: Path
+    checkpoint: Path
+    state: dict[str, Any]
+    changed: list[str]  # config keys that differ from the run's (all allowed ones)
+
+    @classmethod
+    def prepare(cls, cfg: RunConfig, run_dir: str | Path, steps: int) -> ResumePoint:
+        """Check the run directory, its checkpoint and the config, before anything starts."""
+        from rollart_sdk.control.resume import check_config, check_run_dir, read_state
+
+        path, ckpt = check_run_dir(run_dir)
+        changed = check_config(cfg, path)
+        state = read_state(ckpt)
+        if state["step"] >= steps:
+            raise RollartError(
+                f"--resume {run_dir}: {ckpt.name} has {state['step']} steps done, and the run "
+                f"stops at {steps}; to train further, raise the step count (e.g. "
+                f"train.steps={state['step'] + steps} or --steps {state['step'] + steps})")
+        return cls(path, ckpt, state, changed)
 
 
 @dataclass
@@ -82,24 +109,39 @@ def describe_env(resolved: Resolved) -> dict[str, Any]:
 
 def build_job(cfg: RunConfig, lines: LineMap | None = None, run_name: str | None = None,
               log: Any = print, in_process: bool = False, registry: Registry | None = None,
-              ) -> Job:
+              resume: ResumePoint | None = None) -> Job:
     """Bind and spawn every worker and wire the control plane.
 
     ``in_process=True`` runs every worker in this process (no Ray): the control plane and
     the backends are the same code; only placement and process boundaries are skipped.
     ``registry``: resolve backends there instead of the installed plugins (tests).
+    ``resume``: continue that run (its directory; ``run_job`` loads the checkpoint).
     """
     from rollart_sdk.cluster.roles import ROLE_WORKERS
     from rollart_sdk.cluster.spawn import LocalSpawner, RaySpawner
     from rollart_sdk.control.run_dir import RunDir
-    from rollart_sdk.models import prepare_model
     from rollart_sdk.plugins import get_plugins
+    from rollart_sdk.preflight import preflight
     from rollart_sdk.resolve import resolve_run
     from rollart_sdk.resources.plan import plan_resources
 
     resolved = resolve_run(cfg, registry or get_plugins().registry, lines, in_process=in_process)
     plan = plan_resources(cfg, resolved, workers=ROLE_WORKERS)
-    run_dir = RunDir(cfg.output_dir, cfg, run_name)
+    # Before any worker starts (and before the run directory exists): output dir, model,
+    # each task's context budget. The env facts (action words) shape a tiny tokenizer.
+    checked = preflight(cfg, resolved, lines, log, output_dir=resume is None)
+    described, model, tokenizer = checked["described"], checked["model"], checked["tokenizer"]
+    log(f"model: {model.path}")
+    if resume is not None:
+        from rollart_sdk.control.resume import rollback_metrics
+
+        moved = rollback_metrics(resume.run_dir, resume.state["step"])
+        log(f"resuming from {resume.checkpoint} ({resume.state['step']} steps done)"
+            + (f"; changed: {', '.join(resume.changed)}" if resume.changed else "")
+            + (f"; {moved} metrics lines past it moved to metrics.rolledback.jsonl"
+               if moved else ""))
+    run_dir = RunDir(cfg.output_dir, cfg, run_name,
+                     resume=resume.run_dir if resume is not None else None)
     log(f"run directory: {run_dir.path}")
     for warning in plan.warnings:
         log(f"warning: {warning}")
@@ -108,13 +150,6 @@ def build_job(cfg: RunConfig, lines: LineMap | None = None, run_name: str | None
         spawner = LocalSpawner(plan)
     else:
         spawner = RaySpawner(cfg, plan, resolved.placement.create(), run_dir.path.name)
-
-    # Static facts of each task's env (action vocabulary, instructions): the tiny model's
-    # tokenizer needs the action words before any worker starts.
-    described = {tag: describe_env(res) for tag, res in resolved.envs.items()}
-    extra_tokens = sorted({w for d in described.values() for w in (d["action_vocabulary"] or [])})
-    model = prepare_model(cfg.model, Path(cfg.output_dir) / ".models", extra_tokens)
-    log(f"model: {model.path}")
 
     from rollart_sdk.resources.threads import thread_plan
 
@@ -129,15 +164,12 @@ def build_job(cfg: RunConfig, lines: LineMap | None = None, run_name: str | None
     except BaseException:
         spawner.close()  # the workers already started (all clusters start at once)
         raise
-    from rollart_sdk.models import load_tokenizer
-
-    assert model.path is not None  # prepare_model sets it
-    tasks = _task_runtimes(cfg, described, load_tokenizer(model.path))
+    tasks = _task_runtimes(cfg, described, tokenizer)
     chat = tasks[cfg.tasks[0].tag].prompt_format  # the scheduler's default format
     pipeline = _wire_control_plane(cfg, workers, tasks, chat, run_dir)
     run_dir.write_json("plan.json", {**plan.to_json(), "threads": threads})
     run_dir.write_json("bindings.json", spawner.bindings())
-    return Job(cfg, run_dir, pipeline, workers.trainers, spawner)
+    return Job(cfg, run_dir, pipeline, workers.trainers, spawner, resume=resume)
 
 
 def _max_running(cfg: RunConfig) -> int:
@@ -318,7 +350,13 @@ def _wire_control_plane(cfg: RunConfig, workers: _Workers, tasks: dict[str, Task
 
 
 def newest_checkpoint(root: Path) -> str | None:
-    """The newest complete checkpoint (trainer_state.json is written last)."""
+    """The newest complete checkpoint: the one ``--resume`` would take (it has
+    run_state.json), else the newest with a trainer_state.json."""
+    from rollart_sdk.control.resume import newest_resumable
+
+    resumable = newest_resumable(Path(root).parent)
+    if resumable is not None:
+        return str(resumable)
     done = [p for p in Path(root).iterdir() if (p / "trainer_state.json").exists()]
     return str(max(done, key=lambda p: (p / "trainer_state.json").stat().st_mtime)) if done else None
 
@@ -402,6 +440,8 @@ def run_job(job: Job, steps: int, progress: bool = True) -> list[StepRecord]:
         asyncio.get_running_loop().set_default_executor(
             ThreadPoolExecutor(max_workers=job.pipeline.scheduler.max_running + 16)
         )
+        if job.resume is not None:
+            await job.pipeline.restore(str(job.resume.checkpoint), job.resume.state)
         await job.pipeline.run(steps)
 
     error: Exception | None = None
@@ -430,24 +470,10 @@ def run_job(job: Job, steps: int, progress: bool = True) -> list[StepRecord]:
                 signal.signal(signal.SIGTERM, previous)
     job.signal = signals[0] if signals else ("SIGINT" if interrupted else None)
 
-    # Whatever ended the run (done, Ctrl-C, a failed weight sync), keep what was trained.
-    # Every trainer rank takes part (collective for a tensor-parallel trainer). A dead
-    # trainer cannot save: that is recorded, and the original error stays the error.
-    def all_trainers(method: str, path: Path) -> str | None:
-        try:
-            asyncio.run(asyncio.wait_for(job.pipeline.all_trainers(method, str(path)), 600))
-        except Exception as exc:  # noqa: BLE001 - reported in summary.json, never masks
-            return f"{method} failed: {type(exc).__name__}: {exc}"[:1000]
-        return None
-
-    save_errors = [e for e in [all_trainers("save_checkpoint", job.run_dir.checkpoints / "final")]
-                   if e]
-    if job.config.train.save_final_model and not save_errors:
-        save_errors += [e for e in [all_trainers("save_pretrained",
-                                                 job.run_dir.path / "final_model")] if e]
+    save_errors = _final_checkpoint(job)
     p = job.pipeline
     summary: dict[str, Any] = {
-        "steps": len(p.records),
+        "steps": p.first_step + len(p.records),  # steps done, sessions before a resume too
         "interrupted": interrupted,
         "error": f"{type(error).__name__}: {error}" if error else None,
         "signal": job.signal,
@@ -467,7 +493,9 @@ def run_job(job: Job, steps: int, progress: bool = True) -> list[StepRecord]:
         "rollout": run_rollout_summary(p),
         "served": {f"{tag}@{w}": n for (tag, w), n in p.proxy.served.items()},
         "weight_updates": [vars(r) for r in p.update_reports],
-        "wall_time_s": time.time() - p.started,
+        "wall_time_s": time.time() - p.started,  # this session
+        "resumed_from": str(job.resume.checkpoint) if job.resume else None,
+        "resumes": p.resumes,
         "envs": env_summary(job),
         "learning": learning_summary(p),
         "engines": _engine_stats(p),
@@ -481,3 +509,28 @@ def run_job(job: Job, steps: int, progress: bool = True) -> list[StepRecord]:
     return p.records
 
 
+def _final_checkpoint(job: Job) -> list[str]:
+    """The final checkpoint (and model); the errors, if any, as lines for the summary."""
+    # Whatever ended the run (done, Ctrl-C, a failed weight sync), keep what was trained.
+    # Every trainer rank takes part (collective for a tensor-parallel trainer). A dead
+    # trainer cannot save: that is recorded, and the original error stays the error.
+    def all_trainers(method: str, path: Path) -> str | None:
+        try:
+            asyncio.run(asyncio.wait_for(job.pipeline.all_trainers(method, str(path)), 600))
+        except Exception as exc:  # noqa: BLE001 - reported in summary.json, never masks
+            return f"{method} failed: {type(exc).__name__}: {exc}"[:1000]
+        return None
+
+    final = job.run_dir.checkpoints / "final"
+    save_errors = [e for e in [all_trainers("save_checkpoint", final)] if e]
+    if not save_errors:  # complete: --resume may continue from it
+        try:
+            version = int(job.spawner.call(job.trainers[0], "version", timeout=60))
+            job.pipeline.save_run_state(str(final), version, version)
+            job.pipeline.report_trained(version)  # trained, interrupted before its line
+        except Exception as exc:  # noqa: BLE001 - reported in summary.json, never masks
+            save_errors.append(f"run_state failed: {type(exc).__name__}: {exc}"[:1000])
+    if job.config.train.save_final_model and not save_errors:
+        save_errors += [e for e in [all_trainers("save_pretrained",
+                                                 job.run_dir.path / "final_model")] if e]
+    return save_errors

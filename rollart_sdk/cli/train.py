@@ -5,10 +5,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 from typing import Any
 
 from rollart_sdk.config import load_config
-from rollart_sdk.job import build_job, run_job
+from rollart_sdk.job import ResumePoint, build_job, run_job
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -24,16 +25,22 @@ def cmd_train(args: argparse.Namespace) -> int:
         from rollart_sdk.cli.sim import simulate
 
         return simulate(cfg, lines, args.steps, source=args.config)
+    steps = args.steps or cfg.train.steps
+    resume = ResumePoint.prepare(cfg, args.resume, steps) if args.resume else None
     try:
-        job = build_job(cfg, lines)
+        job = build_job(cfg, lines, resume=resume)
     except ConfigError as exc:
         raise ConfigError(exc.problems, source=args.config) from None
     try:
-        run_job(job, args.steps or cfg.train.steps, progress=not args.no_progress)
+        run_job(job, steps, progress=not args.no_progress)
     except KeyboardInterrupt:
         print(f"interrupted ({job.signal}); final checkpoint in "
               f"{job.run_dir.checkpoints / 'final'}")
+        print(_how_to_resume(args, job))
         return 143 if job.signal == "SIGTERM" else 130
+    except Exception:
+        print(_how_to_resume(args, job), file=sys.stderr)
+        raise
     finally:
         job.close()
     summary = json.loads((job.run_dir.path / "summary.json").read_text())
@@ -50,6 +57,18 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
+def _how_to_resume(args: argparse.Namespace, job: Any) -> str:
+    from rollart_sdk.control.resume import newest_resumable
+
+    ckpt = newest_resumable(job.run_dir.path)
+    if ckpt is None:
+        return ("no complete checkpoint was saved (set train.checkpoint_every to keep "
+                "some); start the run again")
+    extra = " ".join(args.overrides)
+    return (f"newest checkpoint: {ckpt}; continue the run with: rollart train {args.config}"
+            f"{' ' + extra if extra else ''} --resume {job.run_dir.path}")
+
+
 def _num(x: float | None) -> str:
     return "n/a" if x is None else f"{x:.2f}"
 
@@ -61,4 +80,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--address", help="Ray cluster address (default: RAY_ADDRESS or local)")
     p.add_argument("--steps", type=int, help="override train.steps")
     p.add_argument("--no-progress", action="store_true", help="plain log lines only")
+    p.add_argument("--resume", metavar="RUN_DIR",
+                   help="continue that run from its newest complete checkpoint (same config; "
+                   "train.steps may be raised); metrics.jsonl and the logs are appended to")
     p.set_defaults(func=cmd_train)

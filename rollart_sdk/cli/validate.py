@@ -1,4 +1,5 @@
-"""``rollart validate CONFIG``: resolve every backend and check every options block."""
+"""``rollart validate CONFIG``: resolve every backend, check every options block, and run
+what ``train`` checks before starting workers (output dir, model, context budgets)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     from rollart_sdk.config import load_config
     from rollart_sdk.errors import ConfigError
     from rollart_sdk.plugins import get_plugins
+    from rollart_sdk.preflight import preflight
     from rollart_sdk.resolve import resolve_run
     from rollart_sdk.resources.plan import plan_resources
 
@@ -26,6 +28,10 @@ def cmd_validate(args: argparse.Namespace) -> int:
             from rollart_sdk.sim.workers import SIM_ROLE_WORKERS as workers
         # Pools, affinities and the role workers' decorators, checked against each other.
         plan = plan_resources(cfg, resolved, workers=workers)
+        if not simulated:
+            # What `train` checks before any worker starts: output dir, model, context
+            # budgets (a simulated run has no real model or envs to check).
+            preflight(cfg, resolved, lines, log=console.print, build_model=False)
     except ConfigError as exc:
         raise ConfigError(exc.problems, source=args.config) from None
     for warning in plugins.warnings:

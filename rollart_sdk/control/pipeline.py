@@ -40,6 +40,7 @@ from __future__ import annotations
 import asyncio
 import math
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -127,6 +128,14 @@ class Pipeline:
         # Every step's record; the trajectories of all but the last KEEP_BATCHES steps are
         # freed once reported (memory stays flat over a long run).
         self.records: list[StepRecord] = []
+        # Resume (control/resume.py): the first step of this session, the wall time and
+        # resumes of the sessions before it; trajectories trained per task up to a step.
+        self.first_step = 0
+        self.wall_offset = 0.0
+        self.resumes = 0
+        self.trained_by_tag: Counter[str] = Counter()
+        self.trained_by_tag_at: dict[int, Counter[str]] = {}  # steps done -> per task
+        self._reported = 0  # steps whose metrics line is written
         r0 = config.rollout
         self.watchdog = Watchdog([t.tag for t in config.tasks], r0.drop_window,
                                  r0.max_drop_rate, r0.stall_timeout_s)
@@ -171,7 +180,7 @@ class Pipeline:
 
     # ------------------------------------------------------------------ protocol pieces
     async def _train(self, step: int, batch: list[Trajectory]) -> StepRecord:
-        rec = self.records[step]
+        rec = self.records[step - self.first_step]
         # Advantages are the trainer's (its options, over the batch on all its ranks).
         samples: list[TrainSample] = [t.to_sample() for t in batch]
         # TrainerWorker.train_step is @register("dp_split"): shard by that one rule.
@@ -197,8 +206,10 @@ class Pipeline:
         self._span("publish", self.trainers[0].name, t1, step)
         every = self.cfg.train.checkpoint_every
         if self.checkpoint_dir and every and (step + 1) % every == 0:
-            await self._trainer_call(self.all_trainers(
-                "save_checkpoint", f"{self.checkpoint_dir}/step-{step + 1}"), "save_checkpoint")
+            path = f"{self.checkpoint_dir}/step-{step + 1}"
+            await self._trainer_call(self.all_trainers("save_checkpoint", path),
+                                     "save_checkpoint")
+            self.save_run_state(path, step + 1)
         self.watchdog.progress()
         if self.cfg.rollout.mode != "sync":
             await self.weights.settle(rec)
@@ -276,8 +287,8 @@ class Pipeline:
         self.scheduler.start(quota=self.launch_per_step if mode != "async" else None)
         pending: asyncio.Task[StepRecord] | None = None
         try:
-            for step in range(steps):
-                if mode == "sync" and step > 0:
+            for step in range(self.first_step, steps):
+                if mode == "sync" and step > self.first_step:
                     self.scheduler.allow(self.launch_per_step)
                 self.log.append(f"get_batch:{step}")
                 t0 = time.perf_counter()
@@ -323,6 +334,42 @@ class Pipeline:
             await self.recovery.close()
         return self.records
 
+    # ------------------------------------------------------------------ resume
+    def wall_s(self) -> float:
+        """Seconds of pipeline run time, the sessions before a resume included."""
+        return self.wall_offset + (self.ended or time.time()) - self.started
+
+    def save_run_state(self, path: str, step: int, version: int | None = None) -> None:
+        """Mark the trainer checkpoint at ``path`` complete with the control plane's
+        state at ``step`` steps done (control/resume.py)."""
+        from rollart_sdk.control.resume import capture_state, write_state
+
+        write_state(path, capture_state(self, step, version))
+
+    async def restore(self, ckpt: str, state: dict[str, Any]) -> None:
+        """Continue from checkpoint ``ckpt``: the trainer loads it (model, optimiser,
+        RNG), every engine is given its weights (stage everywhere, then commit), and the
+        counters, step numbering and scheduler RNG continue from ``state``."""
+        from rollart_sdk.control.resume import apply_state
+        from rollart_sdk.errors import RollartError
+
+        await self._trainer_call(self.all_trainers("load_checkpoint", ckpt), "load_checkpoint")
+        version = int(await self.trainers[0].call("version"))
+        if version != int(state["version"]):
+            raise RollartError(f"{ckpt}: the trainer loaded version {version} but the run "
+                               f"state says {state['version']}; the checkpoint is inconsistent")
+        apply_state(self, state)
+        self.trainer_version = version
+        manifests = await self._trainer_call(self.all_trainers(
+            "publish_weights", int(self.cfg.train.bucket_mb * 2**20)), "publish_weights")
+        manifest = manifests[0]
+        manifest.meta.setdefault("receivers", len(self.weight_sync.engines))
+        await self.weight_sync.stage(manifest)
+        await self.weight_sync.commit()
+        self._manifests[version] = manifest
+        self.engine_version = version
+        self.log.append(f"restore:{version}")
+
     # ------------------------------------------------------------------ metrics
     def _record(self, step: int, batch: list[Trajectory], wait_s: float) -> StepRecord:
         b = self.buffer
@@ -337,11 +384,29 @@ class Pipeline:
             in_flight=len(self.scheduler.running) + b.held(),
         )
         self.records.append(rec)
+        self.trained_by_tag.update(t.tag for t in batch)
+        self.trained_by_tag_at[step + 1] = Counter(self.trained_by_tag)
+        for old in [k for k in self.trained_by_tag_at if k < step - 2 * KEEP_BATCHES]:
+            del self.trained_by_tag_at[old]  # periodic checkpoints read recent steps only
         return rec
 
+    def report_trained(self, version: int) -> int:
+        """Write the metrics line of every step the trainer finished (its ``version``)
+        that was not reported yet: a run interrupted between a train step and its report
+        still has a line for it (``train/interrupted`` 1: the step's train metrics were
+        lost with the call). Returns the lines written."""
+        late = [r for r in self.records if r.step < version and r.step >= self._reported]
+        for rec in late:
+            if not rec.train_metrics:
+                rec.train_metrics = {"interrupted": 1.0}
+            self._report(rec)
+        return len(late)
+
     def _report(self, rec: StepRecord) -> None:
-        prev = self.records[rec.step - 1] if rec.step > 0 else None
-        metrics = step_metrics(rec, prev, self.buffer, time.time() - self.started)
+        self._reported = max(self._reported, rec.step + 1)
+        i = rec.step - self.first_step
+        prev = self.records[i - 1] if i > 0 else None
+        metrics = step_metrics(rec, prev, self.buffer, self.wall_s())
         metrics.update(self.scheduler.env_metrics())
         # Accounting at the batch's formation: launched = trained + dropped + in flight
         # (running, or finished and not yet trained or counted).

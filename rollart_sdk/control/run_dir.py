@@ -24,25 +24,29 @@ MAX_DROP_LINES = 20_000
 class RunDir:
     """Writes what a person (or `rollart report`) reads after a run."""
 
-    def __init__(self, root: str | Path, config: RunConfig, name: str | None = None) -> None:
-        stamp = time.strftime("%Y%m%d-%H%M%S")
-        self.path = Path(root) / f"{name or config.name}-{stamp}"
-        n = 1
-        while self.path.exists():
-            n += 1
-            self.path = Path(root) / f"{name or config.name}-{stamp}-{n}"
-        self.path.mkdir(parents=True)
-        (self.path / "config.yaml").write_text(
-            yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)
-        )
+    def __init__(self, root: str | Path, config: RunConfig, name: str | None = None,
+                 resume: Path | None = None) -> None:
+        if resume is not None:  # --resume: the same folder; every log is appended to
+            self.path = Path(resume)
+        else:
+            stamp = time.strftime("%Y%m%d-%H%M%S")
+            self.path = Path(root) / f"{name or config.name}-{stamp}"
+            n = 1
+            while self.path.exists():
+                n += 1
+                self.path = Path(root) / f"{name or config.name}-{stamp}-{n}"
+            self.path.mkdir(parents=True)
+            (self.path / "config.yaml").write_text(
+                yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)
+            )
         self._metrics = open(self.path / "metrics.jsonl", "a", buffering=1)
         self._events = open(self.path / "events.jsonl", "a")
         self._pending_events = 0
-        self._event_bytes = 0
+        self._event_bytes = (self.path / "events.jsonl").stat().st_size  # resume: so far
         self._last_flush = time.monotonic()
         self.events_dropped = 0  # events past MAX_EVENT_BYTES, not written
         self._drops = open(self.path / "drops.jsonl", "a", buffering=1)
-        self._drop_lines = 0
+        self._drop_lines = _count_lines(self.path / "drops.jsonl")
         self.drop_examples: dict[str, str] = {}  # reason -> first full text seen
         self.close_errors: Counter[str] = Counter()
 
@@ -104,6 +108,11 @@ class RunDir:
         self._metrics.close()
         self._events.close()
         self._drops.close()
+
+
+def _count_lines(path: Path) -> int:
+    with open(path, "rb") as f:
+        return sum(1 for _ in f)
 
 
 def _jsonable(obj: Any) -> Any:

@@ -120,3 +120,35 @@ def test_killing_an_engine_worker_mid_run_is_survived(tmp_path):
     assert set(summary["engine_versions"].values()) == {7}, summary["engine_versions"]
     bindings = json.loads((path / "bindings.json").read_text())
     assert any(b.get("restarts", 0) >= 1 for b in bindings), bindings
+
+
+def test_sigint_then_resume_continues_steps_and_metrics(tmp_path):
+    config = two_tasks(name="resume", transport={"name": "ray"},
+                       train={"steps": 6, "bucket_mb": 1, "save_final_model": False})
+    proc = start(tmp_path, config)
+    try:
+        wait_for_lines(tmp_path / "runs", 2, proc, timeout=400)
+        proc.send_signal(signal.SIGINT)
+        out = finish(proc, 300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, out[-4000:]
+    path = run_dir(tmp_path, "resume")
+    assert f"--resume {path}" in out  # it says how to continue
+    first = [json.loads(x) for x in (path / "metrics.jsonl").read_text().splitlines()]
+    done = json.loads((path / "checkpoints" / "final" / "run_state.json").read_text())["step"]
+    assert 2 <= done < 6 and [m["step"] for m in first] == list(range(1, len(first) + 1))
+
+    proc = start(tmp_path, config, "--resume", str(path))
+    out = finish(proc, 600)
+    assert proc.returncode == 0, out[-4000:]
+    assert f"resuming from {path / 'checkpoints' / 'final'} ({done} steps done)" in out
+    metrics = [json.loads(x) for x in (path / "metrics.jsonl").read_text().splitlines()]
+    kept = [m for m in first if m["step"] <= done]
+    assert metrics[:len(kept)] == kept  # appended, not rewritten
+    assert [m["step"] for m in metrics] == [1, 2, 3, 4, 5, 6]
+    assert [m["version"] for m in metrics[done:]] == list(range(done, 6))
+    summary = json.loads((path / "summary.json").read_text())
+    assert summary["steps"] == 6 and summary["resumes"] == 1 and accounted(summary), summary
+    assert len(list((tmp_path / "runs").iterdir())) == 1 + 1  # the run dir (and .models)

@@ -1,0 +1,205 @@
+"""Resume: what a checkpoint holds beyond the trainer's state, and reading it back.
+
+A checkpoint folder (``checkpoints/step-N`` or ``checkpoints/final``) holds the trainer's
+own files (model, optimiser, RNG) and, written after them, ``run_state.json``: the
+control plane's side of the run at that step (step number, version, the accounting
+``launched = trained + dropped`` per task, the scheduler's task-choice RNG and counters,
+the wall time so far). A folder without ``run_state.json`` is incomplete (the save was
+interrupted) and is never resumed from.
+
+``rollart train CONFIG --resume RUN_DIR`` (:mod:`rollart_sdk.cli.train`) checks that the
+config is the run's (``check_config``: only ``RESUME_MAY_CHANGE`` may differ), opens the
+run directory for appending, and the pipeline loads the newest complete checkpoint
+(``Pipeline.restore``): trainer state, weights pushed to every engine, counters and RNG.
+Trajectories that were running or waiting in the buffer at the checkpoint are not in it:
+they are counted as dropped, reason ``resumed_in_flight``, so the accounting still holds.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import yaml
+
+from rollart_sdk.config import RunConfig
+from rollart_sdk.errors import RollartError
+
+if TYPE_CHECKING:
+    from rollart_sdk.control.pipeline import Pipeline
+
+RUN_STATE = "run_state.json"
+RUN_STATE_FORMAT = 1
+# Keys a resumed run may change (everything else must equal the run's config.yaml).
+RESUME_MAY_CHANGE = ("train.steps", "train.call_timeout_s", "train.checkpoint_every",
+                     "rollout.stall_timeout_s", "ray.address", "ray.num_cpus", "output_dir")
+
+
+def capture_state(p: Pipeline, step: int, version: int | None = None) -> dict[str, Any]:
+    """The control plane at the end of step ``step`` (steps done; ``version``: the
+    trainer's, default the pipeline's record of it): trained counts are the batches up to
+    that step; everything else launched and not dropped is in flight."""
+    s, b = p.scheduler, p.buffer
+    trained_by_tag = dict(p.trained_by_tag_at.get(step, Counter()))
+    return {
+        "format": RUN_STATE_FORMAT,
+        "step": step,
+        "version": p.trainer_version if version is None else version,
+        "launched": s.launched,
+        "launched_by_tag": dict(s.launched_by_tag),
+        "trained": sum(trained_by_tag.values()),
+        "trained_by_tag": trained_by_tag,
+        "dropped": dict(b.dropped),
+        "tokens_trained": b.tokens_trained,
+        "tokens_dropped": b.tokens_dropped,
+        "retried": s.retried,
+        "rng": _jsonable_state(s._rng.getstate()),
+        "group_counter": s._group_counter,
+        "traj_counter": s._traj_counter,
+        "wall_s": p.wall_s(),
+        "resumes": p.resumes,
+    }
+
+
+def write_state(path: str | Path, state: dict[str, Any]) -> None:
+    out = Path(path) / RUN_STATE
+    tmp = out.with_suffix(".tmp")
+    tmp.write_text(json.dumps(state, indent=1))
+    tmp.replace(out)  # atomic: a folder with run_state.json is a complete checkpoint
+
+
+def apply_state(p: Pipeline, state: dict[str, Any]) -> None:
+    """Counters, RNG and step numbering of ``state`` into a freshly built pipeline."""
+    s, b = p.scheduler, p.buffer
+    p.first_step = int(state["step"])
+    p._reported = p.first_step
+    p.wall_offset = float(state["wall_s"])
+    p.resumes = int(state.get("resumes", 0)) + 1
+    trained_by_tag = Counter({k: int(v) for k, v in state["trained_by_tag"].items()})
+    p.trained_by_tag = Counter(trained_by_tag)
+    p.trained_by_tag_at = {p.first_step: Counter(trained_by_tag)}
+    s.launched = int(state["launched"])
+    s.launched_by_tag = Counter({k: int(v) for k, v in state["launched_by_tag"].items()})
+    s.retried = int(state.get("retried", 0))
+    b.trained = int(state["trained"])
+    b.dropped = Counter({k: int(v) for k, v in state["dropped"].items()})
+    lost = s.launched - b.trained - sum(b.dropped.values())
+    if lost > 0:  # running or buffered at the checkpoint: not in it
+        b.dropped["resumed_in_flight"] += lost
+    # Admission control counts a task's live trajectories as launched - dropped.
+    b.dropped_by_tag = Counter({tag: n - trained_by_tag.get(tag, 0)
+                                for tag, n in s.launched_by_tag.items()})
+    b.tokens_trained = int(state.get("tokens_trained", 0))
+    b.tokens_dropped = int(state.get("tokens_dropped", 0))
+    s._rng.setstate(_tuplify(state["rng"]))
+    s._group_counter = int(state["group_counter"])
+    s._traj_counter = int(state["traj_counter"])
+
+
+def newest_resumable(run_dir: Path) -> Path | None:
+    """The complete checkpoint of ``run_dir`` with the most steps (newest on a tie)."""
+    root = Path(run_dir) / "checkpoints"
+    if not root.is_dir():
+        return None
+    done = []
+    for d in root.iterdir():
+        f = d / RUN_STATE
+        if f.is_file():
+            try:
+                step = int(json.loads(f.read_text())["step"])
+            except (ValueError, KeyError, OSError):
+                continue
+            done.append((step, f.stat().st_mtime, d))
+    return max(done)[2] if done else None
+
+
+def read_state(ckpt: Path) -> dict[str, Any]:
+    state: dict[str, Any] = json.loads((ckpt / RUN_STATE).read_text())
+    if state.get("format") != RUN_STATE_FORMAT:
+        raise RollartError(f"{ckpt / RUN_STATE}: format {state.get('format')!r} is not "
+                           f"supported (this version reads {RUN_STATE_FORMAT})")
+    return state
+
+
+def check_run_dir(run_dir: str | Path) -> tuple[Path, Path]:
+    """``(run dir, newest complete checkpoint)``, or a RollartError saying what is missing."""
+    path = Path(run_dir)
+    if not (path / "config.yaml").is_file():
+        raise RollartError(f"--resume {run_dir}: not a run directory (no config.yaml); give "
+                           "the folder `rollart train` printed as 'run directory: ...'")
+    ckpt = newest_resumable(path)
+    if ckpt is None:
+        raise RollartError(
+            f"--resume {run_dir}: no complete checkpoint in {path / 'checkpoints'} (a "
+            f"complete one has {RUN_STATE}); the run stopped before its first checkpoint: "
+            "start it again without --resume, and set train.checkpoint_every to keep some")
+    return path, ckpt
+
+
+def check_config(cfg: RunConfig, run_dir: Path) -> list[str]:
+    """Keys where ``cfg`` differs from the run's ``config.yaml`` that may not change.
+    Returns the allowed differences (for the log)."""
+    old = _flat(yaml.safe_load((run_dir / "config.yaml").read_text()))
+    new = _flat(cfg.model_dump(mode="json"))
+    changed = sorted(k for k in old.keys() | new.keys() if old.get(k, _MISSING) != new.get(k, _MISSING))
+    allowed = [k for k in changed if k.startswith(RESUME_MAY_CHANGE)]
+    refused = [k for k in changed if k not in allowed]
+    if refused:
+        shown = "; ".join(f"{k}: run has {_show(old.get(k, _MISSING))}, now "
+                          f"{_show(new.get(k, _MISSING))}" for k in refused[:5])
+        more = f" (and {len(refused) - 5} more)" if len(refused) > 5 else ""
+        raise RollartError(
+            f"--resume {run_dir}: the config differs from the run's config.yaml at {shown}{more}. "
+            f"A resumed run keeps its config; only {', '.join(RESUME_MAY_CHANGE)} may change "
+            f"(pass {run_dir / 'config.yaml'} as CONFIG to resume with it unchanged)")
+    return allowed
+
+
+def rollback_metrics(run_dir: Path, step: int) -> int:
+    """Lines of ``metrics.jsonl`` past ``step`` (trained after the checkpoint, so trained
+    again now) move to ``metrics.rolledback.jsonl``; returns how many moved."""
+    path = run_dir / "metrics.jsonl"
+    if not path.is_file():
+        return 0
+    keep, moved = [], []
+    for line in path.read_text().splitlines():
+        try:
+            past = int(json.loads(line).get("step", 0)) > step
+        except (ValueError, AttributeError):
+            past = False
+        (moved if past else keep).append(line)
+    if moved:
+        with open(run_dir / "metrics.rolledback.jsonl", "a") as f:
+            f.write("".join(x + "\n" for x in moved))
+        path.write_text("".join(x + "\n" for x in keep))
+    return len(moved)
+
+
+_MISSING = object()
+
+
+def _show(v: Any) -> str:
+    return "(absent)" if v is _MISSING else repr(v)[:80]
+
+
+def _flat(data: Any, prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    if isinstance(data, dict):
+        for k, v in data.items():
+            out.update(_flat(v, f"{prefix}.{k}" if prefix else str(k)))
+    elif isinstance(data, list) and data and all(isinstance(x, dict) for x in data):
+        for i, v in enumerate(data):
+            out.update(_flat(v, f"{prefix}.{i}"))
+    else:
+        out[prefix] = data
+    return out
+
+
+def _jsonable_state(x: Any) -> Any:
+    return [_jsonable_state(v) for v in x] if isinstance(x, tuple | list) else x
+
+
+def _tuplify(x: Any) -> Any:
+    return tuple(_tuplify(v) for v in x) if isinstance(x, list) else x

@@ -1,0 +1,89 @@
+"""`rollart train --resume RUN_DIR`: a stopped run continues from its newest checkpoint.
+
+In-process (the real torch engine, trainer and envs; no Ray): a run stopped after 2 of 4
+steps is resumed, and the step numbering, metrics.jsonl, accounting and RNG continue.
+The same through `rollart train` on Ray with SIGINT: tests/control/test_failures_ray.py.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+from control_configs import two_tasks
+
+from rollart_sdk.config import load_config
+from rollart_sdk.control.resume import RUN_STATE, newest_resumable
+from rollart_sdk.errors import RollartError
+from rollart_sdk.job import ResumePoint, build_job, run_job
+
+pytestmark = pytest.mark.timeout(900)
+
+
+def config(tmp_path, *overrides):
+    data = two_tasks(train={"steps": 4, "bucket_mb": 1, "save_final_model": False})
+    return load_config(data=copy.deepcopy(data), overrides=[f"output_dir={tmp_path}", *overrides])
+
+
+def run(cfg, lines, steps, resume=None):
+    job = build_job(cfg, lines, in_process=True, log=lambda *a: None, resume=resume)
+    try:
+        run_job(job, steps, progress=False)
+    finally:
+        job.close()
+    return job
+
+
+def test_a_stopped_run_resumes_where_it_stopped(tmp_path):
+    cfg, lines = config(tmp_path, "rollout.mode=one_off")
+    first = run(cfg, lines, 2)  # stopped after 2 of train.steps=4 (as a Ctrl-C would)
+    path = first.run_dir.path
+    ckpt = newest_resumable(path)
+    assert ckpt is not None and ckpt.name == "final"
+    state = json.loads((ckpt / RUN_STATE).read_text())
+    assert state["step"] == 2 and state["version"] == 2
+    before = [json.loads(x) for x in (path / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in before] == [1, 2]
+    s1 = json.loads((path / "summary.json").read_text())
+
+    resume = ResumePoint.prepare(cfg, path, 4)
+    second = run(cfg, lines, 4, resume=resume)
+    assert second.run_dir.path == path  # the same run directory
+    p = second.pipeline
+    assert p.log[0] == "restore:2" and p.first_step == 2
+    metrics = [json.loads(x) for x in (path / "metrics.jsonl").read_text().splitlines()]
+    assert metrics[:2] == before  # appended to, not rewritten
+    assert [m["step"] for m in metrics] == [1, 2, 3, 4]
+    # The trainer continued from the checkpoint's version (2), and the engines serve it.
+    assert [m["version"] for m in metrics[2:]] == [2, 3]
+    assert metrics[2]["engine_version"] >= 2
+    assert metrics[2]["wall_time"] >= before[-1]["wall_time"]  # wall time continues
+    # Counts continue: the second session starts from the first one's totals.
+    s2 = json.loads((path / "summary.json").read_text())
+    assert s2["steps"] == 4 and s2["resumes"] == 1 and s2["resumed_from"] == str(ckpt)
+    assert s2["launched"] == s2["trained"] + sum(s2["dropped"].values())
+    assert s2["trained"] == s1["trained"] + 2 * 8 and s2["launched"] > s1["launched"]
+    # RNG and counters continue: no trajectory id of the first session is reused.
+    assert p.scheduler._traj_counter > state["traj_counter"]
+    assert p.scheduler._group_counter > state["group_counter"]
+    final = json.loads((path / "checkpoints" / "final" / RUN_STATE).read_text())
+    assert final["step"] == 4 and final["resumes"] == 1
+
+
+def test_resume_refuses_a_changed_config_and_a_finished_run(tmp_path):
+    cfg, lines = config(tmp_path)
+    first = run(cfg, lines, 1)
+    path = first.run_dir.path
+    changed, _ = config(tmp_path, "rollout.alpha=3")
+    with pytest.raises(RollartError, match=r"rollout.alpha: run has 1, now 3.*only train.steps"):
+        ResumePoint.prepare(changed, path, 4)
+    more, _ = config(tmp_path, "train.steps=6")  # allowed: train further
+    assert ResumePoint.prepare(more, path, 6).changed == ["train.steps"]
+    with pytest.raises(RollartError, match=r"1 steps done, and the run stops at 1.*train.steps=2"):
+        ResumePoint.prepare(cfg, path, 1)
+    with pytest.raises(RollartError, match="not a run directory"):
+        ResumePoint.prepare(cfg, tmp_path, 4)
+    (path / "checkpoints" / "final" / RUN_STATE).unlink()  # an interrupted save
+    with pytest.raises(RollartError, match="no complete checkpoint"):
+        ResumePoint.prepare(cfg, path, 4)

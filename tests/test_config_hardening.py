@@ -1,0 +1,113 @@
+"""Hostile config files and what `validate` checks before Ray: one clear line each.
+
+An alias bomb, a repeated key, a binary file, an unwritable output dir, a model path that
+is not there or whose shape is impossible, a context budget too small for the first
+prompt (which used to pass validate and then spin on `no_turns` drops).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from rollart_sdk.config import load_config
+from rollart_sdk.config_file import MAX_NODES
+from rollart_sdk.errors import ConfigError
+from rollart_sdk.testing.dists import run_cli
+
+BASE = """\
+model:
+  tiny: {hidden_size: 32, num_heads: 2}
+tasks:
+  - tag: FrozenLake
+    env: {name: frozenlake}
+    max_turns: 2
+rollout: {batch_size: 4, group_size: 2}
+output_dir: OUT
+"""
+
+
+def write(tmp_path, text, name="c.yaml"):
+    p = tmp_path / name
+    p.write_text(text.replace("OUT", str(tmp_path / "runs")))
+    return p
+
+
+def one_line_error(res):
+    """The CLI's answer: exit 2, no traceback, the message lines."""
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert "Traceback" not in res.stderr
+    return res.stderr
+
+
+def test_alias_bomb_is_refused_fast_and_bounded(tmp_path):
+    levels = ['l0: &l0 ["x", "x", "x", "x", "x", "x", "x", "x", "x"]']
+    levels += [f"l{i}: &l{i} [{', '.join([f'*l{i - 1}'] * 9)}]" for i in range(1, 9)]
+    path = write(tmp_path, BASE + "\n".join(levels) + "\n")  # 9**9 values when expanded
+    t0 = time.monotonic()
+    with pytest.raises(ConfigError, match=f"line 14: YAML aliases here expand to more than "
+                                          f"{MAX_NODES:,} values"):
+        load_config(path)
+    assert time.monotonic() - t0 < 30  # hang guard: it used to take minutes and GBs
+    # A few ordinary aliases (and merge keys) are fine.
+    ok = write(tmp_path, BASE + "defaults: &d {max_turns: 2}\n", "ok.yaml")
+    with pytest.raises(ConfigError, match="defaults.*unknown key"):
+        load_config(ok)  # reaches validation: the alias itself was accepted
+
+
+def test_alias_cycle_and_bomb_in_an_override_are_refused(tmp_path):
+    path = write(tmp_path, BASE + "x: &x\n  y: *x\n")
+    with pytest.raises(ConfigError, match="line 9: a YAML alias refers to the value that "
+                                          "contains it"):
+        load_config(path)
+    bomb = "[" + ", ".join(["&a [1, 1, 1, 1, 1, 1, 1, 1, 1, 1]"] + [
+        f"&a{i} [{', '.join([f'*a{i - 1}' if i > 1 else '*a'] * 10)}]" for i in range(1, 7)]) + "]"
+    with pytest.raises(ConfigError, match="alias bomb"):
+        load_config(write(tmp_path, BASE), [f"tasks.0.env.options={bomb}"])
+
+
+def test_repeated_key_is_refused_with_both_lines(tmp_path):
+    path = write(tmp_path, BASE + "seed: 1\nname: a\nseed: 2\n")
+    with pytest.raises(ConfigError, match=r"line 11: key 'seed' appears twice in this mapping "
+                                          r"\(first at line 9\)"):
+        load_config(path)
+
+
+def test_non_utf8_file_is_refused(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_bytes(b"\x89PNG\r\n\x1a\n\x00\x00")
+    res = run_cli("validate", str(path))
+    assert "not UTF-8 text (byte 0x89 at offset 0)" in one_line_error(res)
+
+
+def test_validate_checks_what_train_would_find(tmp_path):
+    cfg = write(tmp_path, BASE)
+    assert run_cli("validate", str(cfg)).returncode == 0
+    cases = {
+        "output_dir=/proc/rollart": "'/proc/rollart' cannot be created or written",
+        f"output_dir={cfg}": "is a file, not a folder",
+        "model={path: /nonexistent/model}": "'/nonexistent/model' does not exist; give a Hugging Face checkpoint folder",
+        "model.tiny.num_heads=5": "hidden_size 32 is not divisible by num_heads 5",
+        "tasks.0.max_context_tokens=4": (
+            "tasks.0.max_context_tokens (line 4): 4 tokens cannot hold task 'FrozenLake''s "
+            "first prompt"),
+    }
+    for override, message in cases.items():
+        err = one_line_error(run_cli("validate", str(cfg), override))
+        assert message in err, (override, err)
+    # A checkpoint folder whose shape is impossible.
+    bad = tmp_path / "bad-model"
+    bad.mkdir()
+    (bad / "config.json").write_text(json.dumps({"hidden_size": 64, "num_attention_heads": 4,
+                                                 "num_key_value_heads": 3}))
+    err = one_line_error(run_cli("validate", str(cfg), f"model={{path: {bad}}}"))
+    assert "num_attention_heads 4 is not divisible by num_key_value_heads 3" in err
+
+
+def test_train_refuses_a_small_context_before_starting_anything(tmp_path):
+    res = run_cli("train", str(write(tmp_path, BASE)), "tasks.0.max_context_tokens=4")
+    assert "4 tokens cannot hold task 'FrozenLake''s first prompt" in one_line_error(res)
+    assert not (tmp_path / "runs").exists() or not [
+        p for p in (tmp_path / "runs").iterdir() if not p.name.startswith(".")]  # no run dir
