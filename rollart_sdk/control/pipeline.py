@@ -366,7 +366,8 @@ class Pipeline:
         manifest.meta.setdefault("receivers", len(self.weight_sync.engines))
         await self.weight_sync.stage(manifest)
         await self.weight_sync.commit()
-        self._manifests[version] = manifest
+        self.weights.manifests[version] = manifest  # served: a restarted engine reloads it
+        self.weights.published = version
         self.engine_version = version
         self.log.append(f"restore:{version}")
 
