@@ -18,6 +18,12 @@ def rollart_register_benchmarks(registry):
         summary="trajectory-level vs batched env interaction under env latency",
     )
     registry.register(
+        "soak",
+        factory="rollart_sdk.bench.soak:main",
+        summary="the quickstart loop for N minutes under injected faults: driver RSS growth "
+                "after warm-up, accounting",
+    )
+    registry.register(
         "weights",
         factory="rollart_sdk.bench.weights:main",
         summary="weight transports on the real pipeline: transfer, exposed, hidden fraction",

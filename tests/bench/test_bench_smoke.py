@@ -88,3 +88,17 @@ def test_async_bench_equal_capacity_and_bounds(tmp_path):
             assert r["dropped"].get("aborted:surplus", 0) + r["dropped"].get("surplus", 0) > 0
     for r in rows[:2]:
         assert r["staleness_hist"] == {"0": 8}
+
+
+def test_soak_memory_figures_measure_growth_after_warm_up():
+    from rollart_sdk.bench.soak import memory_figures
+
+    # 100 MiB until warm-up ends at 60 s, then +1 MiB every 10 s (110 MiB at 160 s); the
+    # end is the median of the last 3 samples (108, 109, 110).
+    samples = [(t, 100.0 + max(0, t - 60) / 10, 0) for t in range(0, 170, 10)]
+    fig = memory_figures(samples, warm_s=60)
+    assert fig["rss_warm_mib"] == 100.0 and fig["rss_end_mib"] == 109.0
+    assert fig["growth_pct"] == 9.0 and fig["slope_mib_per_h"] == 360.0
+    flat = memory_figures([(t, 200.0, 0) for t in range(0, 100, 10)], warm_s=30)
+    assert flat["growth_pct"] == 0.0 and flat["slope_mib_per_h"] == 0.0
+    assert memory_figures(samples[:3], warm_s=0)["growth_pct"] is None  # too few samples
