@@ -152,3 +152,27 @@ def test_sigint_then_resume_continues_steps_and_metrics(tmp_path):
     summary = json.loads((path / "summary.json").read_text())
     assert summary["steps"] == 6 and summary["resumes"] == 1 and accounted(summary), summary
     assert len(list((tmp_path / "runs").iterdir())) == 1 + 1  # the run dir (and .models)
+
+
+def test_killing_the_trainer_stops_cleanly_and_says_how_to_resume(tmp_path):
+    config = two_tasks(name="kill-trainer", transport={"name": "ray"},
+                       train={"steps": 40, "bucket_mb": 1, "checkpoint_every": 2})
+    proc = start(tmp_path, config)
+    try:
+        wait_for_lines(tmp_path / "runs", 3, proc, timeout=400)
+        trainers = {p: c for p, c in descendants(proc.pid).items() if "ray::TrainerWorker" in c}
+        assert trainers, descendants(proc.pid)
+        os.kill(min(trainers), signal.SIGKILL)
+        out = finish(proc, 300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode != 0
+    path = run_dir(tmp_path, "kill-trainer")
+    summary = json.loads((path / "summary.json").read_text())
+    assert "Actor" in summary["error"] or "actor" in summary["error"], summary["error"]
+    assert summary["checkpoint_errors"] and accounted(summary)
+    newest = summary["newest_checkpoint"]
+    assert newest and (Path(newest) / "run_state.json").is_file()
+    assert f"newest checkpoint: {newest}; continue the run with: rollart train" in out
+    assert f"--resume {path}" in out
