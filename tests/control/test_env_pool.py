@@ -10,7 +10,7 @@ import pytest
 from control_configs import TWO_TASKS
 
 from rollart_sdk.config import load_config
-from rollart_sdk.control.env_pool import EnvPool
+from rollart_sdk.control.env_pool import ENV_FAILURES, EnvPool
 from rollart_sdk.control.handles import WorkerHandle
 from rollart_sdk.errors import ConfigError
 from rollart_sdk.job import build_job, run_job
@@ -132,14 +132,18 @@ def test_a_failed_env_is_closed_and_replaced(tmp_path, pool_envs):
     job, records = run(tmp_path, pool_envs, "breaking", env_pool=4, steps=3)
     pool = job.pipeline.scheduler.pools["T"]
     dropped = job.pipeline.buffer.dropped
-    assert dropped["env_reset_failed"] == pool.failures > 0, dict(dropped)
+    # Every env failure the pool replaced is a counted drop. Under load a reset can also
+    # time out (env_reset_timeout), so compare with all env-failure reasons together.
+    env_drops = sum(dropped.get(reason, 0) for reason in ENV_FAILURES)
+    assert env_drops == pool.failures and dropped["env_reset_failed"] > 0, dict(dropped)
     built = sum(w.stats()["constructions"].get("T", 0) for w in env_workers(job))
     # Every failure cost one new instance (the BreakingEnv asserts a broken one is never
     # reset again); nothing else was rebuilt.
     assert 4 < built <= 4 + pool.failures
     assert len(records) == 3 and all(t.reward == 1.0 for r in records for t in r.batch)
     metrics = [json.loads(x) for x in (job.run_dir.path / "metrics.jsonl").read_text().splitlines()]
-    assert metrics[-1]["env/failures"] == pool.failures
+    # written at the last step's end; async rollouts may fail once more before the run stops
+    assert 0 < metrics[-1]["env/failures"] <= pool.failures
 
 
 def test_env_pool_zero_keeps_one_env_per_trajectory(tmp_path, pool_envs):
