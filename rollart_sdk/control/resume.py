@@ -163,7 +163,8 @@ def rollback_metrics(run_dir: Path, step: int) -> int:
     path = run_dir / "metrics.jsonl"
     if not path.is_file():
         return 0
-    keep, moved = [], []
+    keep: list[str] = []
+    moved: list[str] = []
     for line in path.read_text().splitlines():
         try:
             past = int(json.loads(line).get("step", 0)) > step
