@@ -143,7 +143,8 @@ def ray_session():
     ids=["no-verify", "no-release", "loses-dtype"],
 )
 def test_kit_fails_broken_pull_transports(ray_session, receiver_cls, sender_cls, message):
+    before = threading.active_count()  # earlier tests in this process may have left some
     with pytest.raises(AssertionError, match=message):
         check_transport(lambda: sender_cls("sender"),
                         lambda: receiver_cls("receiver", fetch_timeout_s=20))
-    assert threading.active_count() < 50  # stagers' threads do not pile up
+    assert threading.active_count() - before < 10  # stagers' threads do not pile up
