@@ -63,7 +63,9 @@ def test_serve_reward_scales_from_zero_and_logs_it(tmp_path):
             [sys.executable, "-m", "rollart_sdk.cli", "serve-reward", str(QUICKSTART),
              "--task", "FrozenLake", "--insecure", "--port", str(port),
              "--downscale-to-zero-delay-s", "2", "--duration", "240"],
-            stdout=out, stderr=subprocess.STDOUT, env=env, cwd=tmp_path)
+            stdout=out, stderr=subprocess.STDOUT, env=env, cwd=tmp_path,
+            # SIGINT stops it below; a CI runner's background job would inherit it ignored
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         deadline = time.monotonic() + 200
         while "run it with" not in log.read_text():

@@ -36,6 +36,9 @@ def start(tmp_path, config, *args):
         [sys.executable, "-m", "rollart_sdk.cli", "train", str(cfg), "--no-progress",
          f"output_dir={tmp_path / 'runs'}", *args],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=ROOT,
+        # A background job of a non-interactive shell (a CI runner's `cmd &`) inherits
+        # SIGINT ignored, and Python then keeps ignoring it: the tests send one.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
 
 
