@@ -22,10 +22,13 @@ the swap waits for a later suspend point while the version arrives, as far as al
 allows) and off (a swap at every suspend point, waiting for the transfer): the same
 workload with and without deferral. Medians over the updates after the baseline one,
 then each column's median over ``--repeats`` runs; ``load`` is the 1-minute load average
-at the start and the end of the row's runs (the machine is shared). Every worker runs in this process (one
-machine, no Ray start-up), so the transports move bytes through their real mechanism
-(Ray's object store, a gloo group over TCP, a Mooncake store over TCP) but between threads
-of one process that also runs training and rollout on the same cores.
+at the start and the end of the row's runs (the machine is shared). Each pipeline run is
+a fresh ``python`` process (a run's memory, e.g. a Mooncake segment and two SmolLM2
+engines, is returned to the system before the next one starts; repeats do not inherit
+each other's state). Every worker of a run shares that process (one machine, no Ray
+start-up), so the transports move bytes through their real mechanism (Ray's object store,
+a gloo group over TCP, a Mooncake store over TCP) but between threads of one process that
+also runs training and rollout on the same cores.
 
 Transfer rows (``--transfer-mb``, default 1024): a synthetic state dict of that size
 published and received once through each transport, nothing else running: the transport's
@@ -41,6 +44,8 @@ import json
 import os
 import shutil
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -130,6 +135,31 @@ def run_pipeline(transport: str, model: str, steps: int, options: dict[str, Any]
         "gbps": round(nbytes / transfer / 1e9, 4) if transfer else None,
         "wall_s": round(wall, 1),
     }
+
+
+_CHILD_MARK = "ROLLART_BENCH_WEIGHTS_ROW "
+
+
+def run_pipeline_isolated(transport: str, model: str, steps: int, options: dict[str, Any],
+                          defer: bool = True) -> dict[str, Any]:
+    """:func:`run_pipeline` in a fresh ``python`` process; its row, or an error naming the run.
+
+    Its output is passed through (progress and errors stay visible); the row is the line
+    the child marks.
+    """
+    spec = json.dumps({"transport": transport, "model": model, "steps": steps,
+                       "options": options, "defer": defer})
+    proc = subprocess.run([sys.executable, "-m", "rollart_sdk.bench.weights", "--child", spec],
+                          stdout=subprocess.PIPE, text=True, check=False)
+    rows = [line[len(_CHILD_MARK):] for line in proc.stdout.splitlines()
+            if line.startswith(_CHILD_MARK)]
+    if proc.returncode != 0 or not rows:
+        tail = "\n".join(proc.stdout.splitlines()[-20:])
+        raise RuntimeError(f"bench weights: the {transport}/{model} run (defer={defer}) "
+                           f"exited with code {proc.returncode} and no row; its last "
+                           f"output:\n{tail}")
+    row: dict[str, Any] = json.loads(rows[-1])
+    return row
 
 
 class _CountingEngine:
@@ -231,7 +261,8 @@ def run(transports: list[str], models: list[str], steps: int, repeats: int,
         for transport in transports:
             for defer in defers:
                 load0 = _load()
-                runs = [run_pipeline(transport, model, steps, _options(transport), defer)
+                runs = [run_pipeline_isolated(transport, model, steps, _options(transport),
+                                              defer)
                         for _ in range(repeats)]
                 row = median_row(runs)
                 row["load"] = [load0, _load()]
@@ -278,7 +309,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--defer", default="on",
                         help="rollout.defer_weight_update per pipeline row: on, off or on,off")
     parser.add_argument("--json", default=None, help="write the result here")
+    parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.child is not None:  # one pipeline run, in the process run_pipeline_isolated made
+        spec = json.loads(args.child)
+        row = run_pipeline(spec["transport"], spec["model"], spec["steps"], spec["options"],
+                           spec["defer"])
+        print(_CHILD_MARK + json.dumps(row), flush=True)
+        return 0
     models = [m for m in args.models.split(",") if m]
     unknown = [m for m in models if m not in MODELS]
     if unknown:
@@ -296,3 +334,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2))
     return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
