@@ -21,7 +21,8 @@ Rules checked:
   equal length; ``max_new_tokens``, ``stop_token_ids`` and ``allowed_token_ids`` obeyed;
 - logprobs are the behaviour policy's: equal (within ``tolerance``) to a teacher-forced
   forward pass of the same model, ``log_softmax`` over the full vocabulary at temperature
-  1 without masks (this is what trainers recompute for the importance ratio);
+  1 without masks (this is what trainers recompute for the importance ratio), also for
+  requests with ``allowed_token_ids`` (constrained actions);
 - a seeded request samples the same tokens alone and inside a busy batch;
 - ABORT: an aborted request returns promptly with ``finish_reason="abort"`` and the
   tokens so far; aborting an unknown id returns False;
@@ -224,10 +225,18 @@ class _Kit:
 
     async def check_logprobs(self, reference: ReferenceLogprobs | None) -> None:
         assert reference is not None
+        # Constrained actions: a few ids (little of the model's mass), one token as the
+        # pipeline asks for an action and several in a row; the logprob is still the
+        # full-vocabulary one (a renormalised one would be off by log of the set's mass).
+        allowed = sorted({3 % self.vocab, 5 % self.vocab, 11 % self.vocab, 17 % self.vocab})
         for sampling in ({"temperature": 0.0}, {"temperature": 1.0, "seed": 3},
                          {"temperature": 0.7, "top_k": 5, "seed": 4},
-                         {"temperature": 1.0, "top_p": 0.5, "seed": 5}):
-            req = self.req(max_new_tokens=12, **sampling)
+                         {"temperature": 1.0, "top_p": 0.5, "seed": 5},
+                         {"temperature": 1.0, "seed": 6, "allowed_token_ids": allowed,
+                          "max_new_tokens": 1},
+                         {"temperature": 1.0, "seed": 7, "allowed_token_ids": allowed}):
+            sampling = {"max_new_tokens": 12, **sampling}
+            req = self.req(**sampling)
             res = await self.engine.generate(req)
             ref = reference(list(req.prompt_ids), list(res.token_ids))
             assert len(ref) == len(res.token_ids), "reference_logprobs returned a wrong length"

@@ -8,9 +8,10 @@ loop:
 - ADD: ``Engine.async_generate(input_ids=..., sampling_params=..., return_logprob=True,
   stream=True, rid=...)``. Log-probs are those of the unmodified logits because the
   engine process runs with ``SGLANG_RETURN_ORIGINAL_LOGPROB=1`` (otherwise SGLang returns
-  temperature-scaled ones). SGLang has no ``allowed_token_ids``: constrained actions
-  become a ``logit_bias`` of -1e9 on every other id, so with it the returned log-probs
-  are those of the constrained (renormalised) distribution.
+  temperature-scaled ones). SGLang has no ``allowed_token_ids`` (and a ``logit_bias``
+  would change the log-probs it reports): a constrained request runs one token per SGLang
+  request, with ``token_ids_logprob`` = the allowed ids, and the adapter samples among
+  them (``constrained.py``), so its log-probs are the full-vocabulary ones too.
 - ABORT: ``tokenizer_manager.abort_request(rid=...)``.
 - suspend / resume: new requests are held here; in-flight ones are paused inside SGLang
   with ``pause_generation(PauseGenerationReqInput(mode="in_place"))`` (KV kept) and
@@ -39,12 +40,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
+
+from rollart_engine_sglang.constrained import allowed_logprobs, choose_allowed
 from rollart_sdk.config import ModelConfig
 from rollart_sdk.errors import RollartError
 from rollart_sdk.types import FinishReason, GenerationRequest, GenerationResult, WeightBucket
 
 log = logging.getLogger(__name__)
-BIAS_OFF = -1.0e9  # logit_bias of an id outside allowed_token_ids
 SETTLE_QUIET_S = 0.05  # no stream chunk for this long after a pause: the last step arrived
 SETTLE_MAX_S = 2.0
 
@@ -58,7 +61,9 @@ class _Request:
     logprobs: list[float] = field(default_factory=list)
     versions: list[int] = field(default_factory=list)
     recomputed: int = 0
-    attempt: int = 0
+    attempt: int = 0  # SGLang submissions so far (> 0: in flight for load_weights)
+    allowed: list[int] | None = None  # sorted allowed ids: sampled here (constrained.py)
+    generator: torch.Generator | None = None
     rid: str | None = None  # SGLang rid of the submission in flight
     aborted: bool = False
     resubmit: bool = False
@@ -222,14 +227,17 @@ class SglangEngine:
             raise RollartError("engine 'sglang' is shut down; create a new engine")
         self._check(request)
         st = _Request(request)
+        sp = request.sampling
+        if sp.allowed_token_ids is not None:
+            st.allowed = sorted(set(sp.allowed_token_ids))
+            st.generator = torch.Generator()
+            if sp.seed is not None:
+                st.generator.manual_seed(sp.seed % (1 << 63))
+            else:
+                st.generator.seed()
         self._reqs[request.request_id] = st
         try:
             reason = await self._drive(st)
-        except asyncio.CancelledError:
-            st.aborted = True
-            if st.rid is not None:
-                self._tm.abort_request(rid=st.rid)
-            raise
         finally:
             self._reqs.pop(request.request_id, None)
         return st.result(reason, self._name)
@@ -272,13 +280,17 @@ class SglangEngine:
             # Retract: running requests go back to SGLang's waiting queue, their KV freed,
             # so that the aborts below land at once and flush_cache is allowed.
             await self._tm.pause_generation(self._io["pause"](mode="retract"))
-            moved = [st for st in self._reqs.values() if st.rid is not None and not st.aborted]
+            # In flight: started and not finished (a constrained request between two of
+            # its one-token submissions too); requests held since a suspend() before they
+            # started are not.
+            moved = [st for st in self._reqs.values() if st.attempt > 0 and not st.aborted]
             for st in moved:
                 st.resubmit = True
                 if st.rid is not None:
                     self._tm.abort_request(rid=st.rid)
-            if moved:
-                await asyncio.gather(*(st.finished.wait() for st in moved))
+            pending = [st.finished.wait() for st in moved if st.rid is not None]
+            if pending:
+                await asyncio.gather(*pending)
             _check_ok("begin_weight_update",
                       await self._tm.begin_weight_update(self._io["begin"](), None))
             try:
@@ -295,10 +307,7 @@ class SglangEngine:
                 _check_ok("end_weight_update",
                           await self._tm.end_weight_update(self._io["end"](), None))
             _check_ok("flush_cache", await self._tm.flush_cache())
-            self._version = int(version)
-            for st in moved:
-                st.recomputed += 1
-            self._recomputed_total += len(moved)
+            self._version = int(version)  # _drive counts each request's KV rebuild
             self._suspended = was_suspended
             if not was_suspended:
                 self._suspended = True  # resume() flips it and wakes the held requests
@@ -356,7 +365,10 @@ class SglangEngine:
                 return
 
     async def _drive(self, st: _Request) -> FinishReason:
+        """Submit ``st`` to SGLang until it finishes: once (plus once per weight update it
+        spans, resubmitted with its tokens so far), or once per token when constrained."""
         sp = st.request.sampling
+        stops = set(sp.stop_token_ids) | set(self._eos)
         while True:
             if st.aborted:
                 return "abort"
@@ -370,49 +382,96 @@ class SglangEngine:
                 return "length"
             st.attempt += 1
             st.rid = f"{st.request.request_id}#{st.attempt}"
+            st.resubmit = False
             st.finished.clear()
             version = self._version
-            reason: str | None = None
-            seen = 0
-            first = True
+            if st.versions and st.versions[-1] != version:
+                # Weights changed since this request's last token: its prefix (prompt +
+                # tokens so far) is prefilled again under the new weights.
+                st.recomputed += 1
+                self._recomputed_total += 1
             try:
-                stream = await self._engine.async_generate(
-                    input_ids=context,
-                    sampling_params=self._sampling(st, remaining),
-                    return_logprob=True,
-                    stream=True,
-                    rid=st.rid,
-                )
-                async for chunk in stream:
-                    self._outputs += 1
-                    meta = chunk.get("meta_info", {})
-                    if first:
-                        first = False
-                        self._prompt_tokens += len(context)
-                        self._cached_tokens += int(meta.get("cached_tokens", 0) or 0)
-                    ids = list(chunk.get("output_ids") or [])  # cumulative per submission
-                    lps = meta.get("output_token_logprobs") or []
-                    for i in range(seen, min(len(ids), len(lps))):
-                        st.out_ids.append(int(ids[i]))
-                        st.logprobs.append(float(lps[i][0]))
-                        st.versions.append(version)
-                    self._tokens_generated += max(0, min(len(ids), len(lps)) - seen)
-                    seen = max(seen, min(len(ids), len(lps)))
-                    fin = meta.get("finish_reason")
-                    if fin:
-                        reason = fin.get("type") if isinstance(fin, dict) else str(fin)
+                reason = await self._submit(st, context, remaining, version)
+            except asyncio.CancelledError:
+                st.aborted = True
+                self._tm.abort_request(rid=st.rid)  # the caller gave up: free SGLang's slot
+                raise
             finally:
                 st.rid = None
                 st.finished.set()
-            if reason in ("stop", "length"):
+            if reason == "abort":
+                if st.resubmit and not st.aborted:
+                    continue  # aborted by load_weights: continue under the new weights
+                return "abort"
+            if st.allowed is None:
                 return reason  # type: ignore[return-value]
-            if st.resubmit and not st.aborted:
-                st.resubmit = False
+            if st.out_ids and st.out_ids[-1] in stops:
+                return "stop"
+            # constrained: next token (the loop's top ends it at max_new_tokens)
+
+    async def _submit(self, st: _Request, context: list[int], remaining: int,
+                      version: int) -> str | None:
+        """One SGLang request for ``st``; returns its finish reason (None: stream ended
+        without one). Unconstrained: its tokens and log-probs are appended as they stream.
+        Constrained: one token, sampled here among the allowed ids from their
+        full-vocabulary log-probs (``constrained.py``)."""
+        extra: dict[str, Any] = {}
+        if st.allowed is not None:
+            extra["token_ids_logprob"] = list(st.allowed)
+        reason: str | None = None
+        seen = 0
+        first = True
+        stream = await self._engine.async_generate(
+            input_ids=context,
+            sampling_params=self._sampling(st, remaining),
+            return_logprob=True,
+            stream=True,
+            rid=st.rid,
+            **extra,
+        )
+        async for chunk in stream:
+            self._outputs += 1
+            meta = chunk.get("meta_info", {})
+            if first:
+                first = False
+                self._prompt_tokens += len(context)
+                self._cached_tokens += int(meta.get("cached_tokens", 0) or 0)
+            fin = meta.get("finish_reason")
+            if fin:
+                reason = fin.get("type") if isinstance(fin, dict) else str(fin)
+            if st.allowed is not None:
+                if seen == 0 and reason != "abort":
+                    lps = allowed_logprobs(meta, st.allowed)
+                    if lps is not None:
+                        assert st.generator is not None
+                        i = st.allowed.index(choose_allowed(lps, st.allowed, st.request.sampling,
+                                                            st.generator))
+                        st.out_ids.append(st.allowed[i])
+                        st.logprobs.append(lps[i])
+                        st.versions.append(version)
+                        self._tokens_generated += 1
+                        seen = 1
                 continue
-            return "abort"
+            ids = list(chunk.get("output_ids") or [])  # cumulative per submission
+            lps_out = meta.get("output_token_logprobs") or []
+            for i in range(seen, min(len(ids), len(lps_out))):
+                st.out_ids.append(int(ids[i]))
+                st.logprobs.append(float(lps_out[i][0]))
+                st.versions.append(version)
+            self._tokens_generated += max(0, min(len(ids), len(lps_out)) - seen)
+            seen = max(seen, min(len(ids), len(lps_out)))
+        if st.allowed is not None and reason != "abort" and seen == 0:
+            raise RollartError(
+                f"engine 'sglang': request {st.rid!r} finished ({reason}) without the "
+                "token_ids_logprob of its allowed ids; cannot sample the constrained token"
+            )
+        return reason
 
     def _sampling(self, st: _Request, remaining: int) -> dict[str, Any]:
         sp = st.request.sampling
+        if st.allowed is not None:
+            # One step whose token SGLang discards (chosen here): greedy, no stop, no seed.
+            return {"temperature": 0.0, "max_new_tokens": 1, "ignore_eos": True}
         room = self.max_model_len - len(st.request.prompt_ids) - len(st.out_ids)
         params: dict[str, Any] = {
             "temperature": sp.temperature,
@@ -428,15 +487,11 @@ class SglangEngine:
                 log.warning(
                     "engine 'sglang': requests carry seeds, but SGLang 0.5.23 ignores "
                     "sampling_seed unless deterministic_inference is on (GPU attention "
-                    "backends only); seeded requests are not reproducible on this engine"
+                    "backends only); seeded requests are not reproducible on this engine "
+                    "(constrained ones are: their tokens are sampled by the adapter)"
                 )
             seed = sp.seed if st.attempt == 1 else sp.seed + 1_000_003 * len(st.out_ids)
             params["sampling_seed"] = seed % (1 << 63)
-        if sp.allowed_token_ids is not None:
-            allowed = set(sp.allowed_token_ids)
-            params["logit_bias"] = {
-                str(i): BIAS_OFF for i in range(self.vocab_size) if i not in allowed
-            }
         return params
 
     def _check(self, request: GenerationRequest) -> None:

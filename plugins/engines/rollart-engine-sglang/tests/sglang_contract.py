@@ -20,7 +20,9 @@ compares them with the wheel's source) and the behaviour recorded from the real 
 - ``update_weights_from_tensor`` outside ``begin_weight_update`` / ``end_weight_update``
   answers ``(False, message)``;
 - log-probs with ``SGLANG_RETURN_ORIGINAL_LOGPROB=1``: ``log_softmax`` of the logits after
-  ``logit_bias`` and before temperature.
+  ``logit_bias`` and before temperature; ``token_ids_logprob=[ids]`` adds
+  ``meta_info["output_token_ids_logprobs"]``: per output position, ``(logprob, id, None)``
+  for each requested id, from the same log-probs.
 
 Generation itself is a plain forward pass of the HF checkpoint (no KV cache), one token
 per running request per scheduler step.
@@ -97,6 +99,8 @@ class _Req:
     params: dict[str, Any]
     out: list[int] = field(default_factory=list)
     lps: list[float] = field(default_factory=list)
+    token_ids_logprob: list[int] | None = None
+    ids_lps: list[list[tuple[float, int, None]]] = field(default_factory=list)
     finish: dict[str, Any] | None = None
     to_abort: bool = False
     gen: torch.Generator = field(default_factory=torch.Generator)
@@ -118,7 +122,8 @@ class TokenizerManager:
 
     # -- requests
     async def generate_request(self, obj: dict[str, Any], request: Any = None):
-        req = _Req(obj["rid"], list(obj["input_ids"]), dict(obj["sampling_params"] or {}))
+        req = _Req(obj["rid"], list(obj["input_ids"]), dict(obj["sampling_params"] or {}),
+                   token_ids_logprob=obj.get("token_ids_logprob"))
         seed = req.params.get("sampling_seed")
         req.gen.manual_seed(int(seed) if seed is not None else hash(req.rid) % (1 << 31))
         self.rid_to_state[req.rid] = req
@@ -130,15 +135,15 @@ class TokenizerManager:
             req.changed.clear()
             if len(req.out) != sent or req.finish:
                 sent = len(req.out)
-                yield {
-                    "output_ids": list(req.out),
-                    "meta_info": {
-                        "id": req.rid,
-                        "output_token_logprobs": [(lp, t, None) for lp, t in zip(req.lps, req.out, strict=True)],
-                        "finish_reason": req.finish,
-                        "cached_tokens": 0,
-                    },
+                meta: dict[str, Any] = {
+                    "id": req.rid,
+                    "output_token_logprobs": [(lp, t, None) for lp, t in zip(req.lps, req.out, strict=True)],
+                    "finish_reason": req.finish,
+                    "cached_tokens": 0,
                 }
+                if req.token_ids_logprob is not None:
+                    meta["output_token_ids_logprobs"] = list(req.ids_lps)
+                yield {"output_ids": list(req.out), "meta_info": meta}
             if req.finish:
                 self.rid_to_state.pop(req.rid, None)
                 return
@@ -253,6 +258,8 @@ class TokenizerManager:
             tok = int(torch.multinomial(probs / probs.sum(), 1, generator=req.gen))
         req.out.append(tok)
         req.lps.append(float(lp[tok]))
+        if req.token_ids_logprob is not None:
+            req.ids_lps.append([(float(lp[i]), i, None) for i in req.token_ids_logprob])
         if tok in set(p.get("stop_token_ids") or ()):
             req.finish = {"type": "stop", "matched": tok}
         elif len(req.out) >= int(p.get("max_new_tokens", 128)):
@@ -279,10 +286,12 @@ class Engine:
 
     async def async_generate(self, prompt: Any = None, sampling_params: Any = None,
                              input_ids: Any = None, *args: Any, return_logprob: Any = False,
-                             stream: bool = False, rid: Any = None, **kwargs: Any) -> Any:
+                             stream: bool = False, rid: Any = None,
+                             token_ids_logprob: Any = None, **kwargs: Any) -> Any:
         assert input_ids is not None and prompt is None and return_logprob and stream
         gen = self.tokenizer_manager.generate_request(
-            {"rid": rid, "input_ids": input_ids, "sampling_params": sampling_params}, None
+            {"rid": rid, "input_ids": input_ids, "sampling_params": sampling_params,
+             "token_ids_logprob": token_ids_logprob}, None
         )
         return gen
 

@@ -12,6 +12,7 @@ import ast
 import asyncio
 import dataclasses
 import inspect
+import math
 import os
 import sys
 from pathlib import Path
@@ -62,7 +63,8 @@ def test_engine_and_tokenizer_manager_signatures():
     engine = _class(_tree("srt/entrypoints/engine.py"), "Engine")
     gen = _method(engine, "async_generate")
     assert isinstance(gen, ast.AsyncFunctionDef)
-    for p in ("prompt", "sampling_params", "input_ids", "return_logprob", "stream", "rid"):
+    for p in ("prompt", "sampling_params", "input_ids", "return_logprob", "stream", "rid",
+              "token_ids_logprob"):
         assert p in _params(gen), f"Engine.async_generate lost {p}"
     _method(engine, "shutdown")
     tm = _class(_tree("srt/managers/tokenizer_manager.py"), "TokenizerManager")
@@ -91,11 +93,14 @@ def test_request_structs_and_sampling_fields():
     assert "success" in _fields(_class(io, "FlushCacheReqOutput"))
     sp = _fields(_class(_tree("srt/sampling/sampling_params.py"), "SamplingParams"))
     for f in ("temperature", "top_p", "top_k", "max_new_tokens", "stop_token_ids",
-              "logit_bias", "sampling_seed"):
+              "ignore_eos", "sampling_seed"):
         assert f in sp, f"SamplingParams lost {f}"
-    assert "allowed_token_ids" not in sp  # why the adapter uses logit_bias
+    assert "allowed_token_ids" not in sp  # why constrained requests are sampled by the adapter
     sampler = (Path(SRC or "") / "sglang/srt/layers/sampler.py").read_text()
     assert "SGLANG_RETURN_ORIGINAL_LOGPROB" in sampler
+    # token_ids_logprob: the requested ids' log-probs per output position, in meta_info
+    tm_src = (Path(SRC or "") / "sglang/srt/managers/tokenizer_manager.py").read_text()
+    assert 'meta_info["output_token_ids_logprobs"]' in tm_src
     serializer = _class(_tree("srt/utils/common.py"), "MultiprocessingSerializer")
     _method(serializer, "serialize")
 
@@ -124,37 +129,78 @@ def test_stand_in_matches_the_wheel():
 
 def test_weight_update_runs_in_a_session_after_retract(tiny_model, other_weights):
     """The adapter's update: retract, abort + resubmit, begin, one tensor update per
-    bucket, end, flush (which fails while requests run), continue; the request in flight
-    continues with the new version."""
+    bucket, end, flush (which fails while requests run), continue; the requests in flight
+    (one free, one constrained: one SGLang request per token) continue with the new
+    version."""
     from rollart_engine_sglang.engine import SglangEngine
 
     from rollart_sdk.types import GenerationRequest, SamplingParams
     from rollart_sdk.weights import split_buckets
 
     async def run():
-        engine = SglangEngine(model=tiny_model, device="cpu", context_length=1024)
+        # no eos: the free request cannot stop before the update
+        engine = SglangEngine(model=tiny_model, device="cpu", context_length=1024,
+                              eos_token_ids=[])
         tm = engine._tm
-        task = asyncio.ensure_future(engine.generate(GenerationRequest(
-            "r", [5, 6, 7, 8], SamplingParams(max_new_tokens=60, seed=1,
+        free = asyncio.ensure_future(engine.generate(GenerationRequest(
+            "u", [5, 6, 7, 8], SamplingParams(max_new_tokens=60, seed=2))))
+        constrained = asyncio.ensure_future(engine.generate(GenerationRequest(
+            "c", [5, 6, 7, 8], SamplingParams(max_new_tokens=60, seed=1,
                                               allowed_token_ids=list(range(3, 60))))))
-        while engine.stats()["tokens_generated"] < 3:
+        while engine.stats()["tokens_generated"] < 6:
             await asyncio.sleep(0.002)
         buckets = list(split_buckets(other_weights.items(), bucket_bytes=20_000, version=1))
         n = await engine.load_weights(buckets, 1)
-        res = await task
+        res = await asyncio.gather(free, constrained)
         await engine.shutdown()
         return n, res, tm.calls, len(buckets)
 
-    n, res, calls, nb = asyncio.run(run())
-    assert n == 1 and res.recomputed == 1 and len(res.token_ids) == 60
-    assert res.versions[0] == 0 and res.versions[-1] == 1
-    assert all(t in range(3, 60) for t in res.token_ids)  # logit_bias kept the constraint
+    n, (free, constrained), calls, nb = asyncio.run(run())
+    assert n == 2
+    for res in (free, constrained):
+        assert res.recomputed == 1 and len(res.token_ids) == 60
+        assert res.versions[0] == 0 and res.versions[-1] == 1
+    assert all(t in range(3, 60) for t in constrained.token_ids)
     start = calls.index("pause_generation:retract")
     tail = calls[start:]
-    assert tail[:2] == ["pause_generation:retract", "abort_request"]
-    assert tail[2] == "begin_weight_update"
-    assert tail[3:3 + nb] == ["update_weights_from_tensor"] * nb
-    assert tail[3 + nb:] [:3] == ["end_weight_update", "flush_cache", "continue_generation"]
+    begin = tail.index("begin_weight_update")
+    # the free request's submission is aborted (the constrained one's too when one of its
+    # one-token submissions was in flight), all before the weights go in
+    assert 1 <= tail[:begin].count("abort_request") <= 2 and len(tail[:begin]) == 1 + tail[:begin].count("abort_request")
+    assert tail[begin + 1:begin + 1 + nb] == ["update_weights_from_tensor"] * nb
+    assert tail[begin + 1 + nb:][:3] == ["end_weight_update", "flush_cache", "continue_generation"]
+
+
+def test_constrained_logprobs_are_full_vocabulary(tiny_model, reference):
+    """A constrained request reports log p(token) over the full vocabulary (what the
+    trainer recomputes), not the renormalised log-prob a logit_bias would give; the
+    tokens stay inside the allowed set and a seed reproduces them."""
+    from rollart_engine_sglang.engine import SglangEngine
+
+    from rollart_sdk.types import GenerationRequest, SamplingParams
+
+    allowed = [3, 5, 11, 17]
+
+    async def run():
+        engine = SglangEngine(model=tiny_model, device="cpu", context_length=1024)
+        out = []
+        for rid in ("a", "b"):
+            out.append(await engine.generate(GenerationRequest(
+                rid, [5, 6, 7, 8], SamplingParams(max_new_tokens=8, seed=4,
+                                                  allowed_token_ids=allowed))))
+        await engine.shutdown()
+        return out
+
+    a, b = asyncio.run(run())
+    assert a.token_ids == b.token_ids and len(a.token_ids) == 8
+    assert set(a.token_ids) <= set(allowed)
+    ref = reference([5, 6, 7, 8], a.token_ids)
+    assert max(abs(x - y) for x, y in zip(a.logprobs, ref, strict=True)) < 1e-4
+    # ... and far from the renormalised (logit_bias) ones: the allowed ids hold little mass
+    prompt = [5, 6, 7, 8]
+    log_z = [math.log(sum(math.exp(reference(prompt + a.token_ids[:i], [t])[0]) for t in allowed))
+             for i in range(len(a.token_ids))]
+    assert max(log_z) < -1.0
 
 
 def test_options_reject_impossible_combinations():

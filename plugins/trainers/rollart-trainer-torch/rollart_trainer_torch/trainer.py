@@ -151,9 +151,9 @@ class TorchTrainer:
         # Metric sums over tokens (reduced over ranks at the end).
         sums = dict.fromkeys(
             ("loss", "pg_loss", "kl", "clip", "approx_kl", "ratio", "entropy", "stale",
-             "tis_w", "tokens"), 0.0
+             "tis_w", "tokens", "beh_ratio"), 0.0
         )
-        ratio_max = 0.0
+        ratio_max = beh_ratio_max = 0.0
         for mb in self._micro_batches(batch):
             t = self._pad(mb)
             mask = t["mask"][:, 1:]
@@ -167,6 +167,11 @@ class TorchTrainer:
             corrected = m if o.tis_on_fresh else stale
             old = torch.where(corrected, logp.detach(), beh)
             w = torch.where(corrected, truncated_is_weights(logp, beh, o.tis_cap), torch.ones_like(beh))
+            with torch.no_grad():  # pi_trainer / mu_engine on every token, stale or fresh
+                beh_ratio = torch.exp(logp.detach() - beh).masked_fill(~m, 0.0)
+            sums["beh_ratio"] += float(beh_ratio.sum())
+            if bool(m.any()):
+                beh_ratio_max = max(beh_ratio_max, float(beh_ratio.max()))
             pg_loss, st = ppo_clip_loss(
                 logp, old, t["adv"], mask, o.clip_eps, o.clip_eps_high, o.loss_agg,
                 is_weights=w, normalizer=normalizer,
@@ -197,7 +202,9 @@ class TorchTrainer:
         keys = list(sums)
         reduced = self._all_reduce(torch.tensor([sums[k] for k in keys], dtype=torch.float64))
         sums = dict(zip(keys, reduced.tolist(), strict=True))
-        ratio_max = float(self._all_reduce(torch.tensor([ratio_max]), op="max")[0])
+        ratio_max, beh_ratio_max = (
+            float(x) for x in self._all_reduce(torch.tensor([ratio_max, beh_ratio_max]), op="max")
+        )
 
         max_norm = o.grad_clip if o.grad_clip > 0 else math.inf
         grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, max_norm))
@@ -223,6 +230,8 @@ class TorchTrainer:
             "entropy": sums["entropy"] / ntok if o.compute_entropy else float("nan"),
             "stale_frac": sums["stale"] / ntok,
             "tis_weight_mean": sums["tis_w"] / max(sums["stale"], 1.0),
+            "behaviour_ratio_mean": sums["beh_ratio"] / ntok,
+            "behaviour_ratio_max": beh_ratio_max,
             "tokens": sums["tokens"],
             "sequences": float(counts[1]),
             # reward/advantage means are of this rank's shard (the pipeline logs the batch's)

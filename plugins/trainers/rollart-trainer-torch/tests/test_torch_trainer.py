@@ -77,6 +77,15 @@ def test_learns_to_prefer_positive_actions(ckpt: Path) -> None:
     assert all(m["stale_frac"] == 1.0 for m in metrics[1:])
     assert all(0 < m["tis_weight_mean"] <= 2.0 for m in metrics[1:])
     assert any(m["tis_weight_mean"] != pytest.approx(1.0, abs=1e-3) for m in metrics[1:])
+    # ratio_mean is pi / pi_prox: a stale token's anchor is the current weights' own
+    # log-prob, so it is exactly 1 from step 2 on; the engine-vs-trainer ratio pi / mu is
+    # behaviour_ratio_mean (1 at step 1: the behaviour log-probs are this model's)
+    assert all(m["ratio_mean"] == 1.0 for m in metrics[1:])
+    assert metrics[0]["behaviour_ratio_mean"] == pytest.approx(1.0, abs=1e-4)
+    for m in metrics[1:]:
+        assert m["behaviour_ratio_mean"] != pytest.approx(1.0, abs=1e-3)
+        if m["behaviour_ratio_max"] <= 2.0:  # no weight truncated: the two agree
+            assert m["tis_weight_mean"] == pytest.approx(m["behaviour_ratio_mean"], rel=1e-5)
 
 
 def test_micro_batching_gives_the_full_batch_gradient(ckpt: Path) -> None:

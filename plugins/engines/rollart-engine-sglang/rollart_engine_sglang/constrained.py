@@ -1,0 +1,74 @@
+"""Constrained actions (``allowed_token_ids``) on SGLang 0.5.23, which has no such option.
+
+A ``logit_bias`` of -inf on every other id would constrain SGLang's sampling, but SGLang
+adds the bias before it computes log-probs, so the log-prob it reports for the sampled
+token is that of the constrained (renormalised) distribution,
+``log p(a) - log sum_{b in allowed} p(b)``. Trainers recompute ``log p(a)`` over the full
+vocabulary (``rollart_sdk.algorithms.losses.token_logprobs``; the torch and vLLM engines
+report that one), so the importance ratio engine vs trainer was ``sum_{allowed} p`` (0.045
+at the first step of ``examples/sglang.yaml``).
+
+Instead, one token at a time: SGLang runs the step without any bias and reports, through
+``token_ids_logprob``, the full-vocabulary log-prob (temperature 1, the engine runs with
+``SGLANG_RETURN_ORIGINAL_LOGPROB=1``) of each allowed id at that position; the adapter
+samples among the allowed ids from those log-probs (temperature, top-k, top-p as the torch
+engine applies them after its mask) with the request's own generator, and reports the
+chosen id's full-vocabulary log-prob: exactly what the trainer recomputes. SGLang's own
+token for that step is discarded. A constrained request of ``n`` tokens is ``n`` SGLang
+requests (each a one-token extend over the radix-cached prefix); RL actions are one token
+(the pipeline asks for ``max_new_tokens=1`` with allowed ids), so the training workload
+pays nothing extra. As a side effect a constrained request's seed is honoured on every
+SGLang backend (the sampling happens here).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from rollart_sdk.types import SamplingParams
+
+
+def allowed_logprobs(meta: dict[str, Any], allowed: Sequence[int]) -> list[float] | None:
+    """The full-vocabulary log-probs of ``allowed`` at the first output position of a
+    one-token SGLang request made with ``token_ids_logprob=allowed``, in that order; None
+    when the chunk does not carry them yet (SGLang streams them with the token)."""
+    rows = meta.get("output_token_ids_logprobs") or []
+    if not rows or not rows[0]:
+        return None
+    by_id = {int(entry[1]): float(entry[0]) for entry in rows[0]}
+    missing = [t for t in allowed if t not in by_id]
+    if missing:
+        raise RuntimeError(
+            f"SGLang returned token_ids_logprob for {sorted(by_id)[:8]} but not for the "
+            f"allowed ids {missing[:8]}; cannot sample the constrained action"
+        )
+    return [by_id[t] for t in allowed]
+
+
+def choose_allowed(logprobs: Sequence[float], allowed: Sequence[int], params: SamplingParams,
+                   generator: torch.Generator) -> int:
+    """Pick one of ``allowed`` from their full-vocabulary ``logprobs`` under ``params``.
+
+    The same rule as the torch engine's ``choose_token`` after its allowed-ids mask:
+    argmax at temperature 0, else divide by the temperature, keep the top-k, then the
+    smallest prefix whose mass reaches top-p (at least one), and draw. The log-probs
+    differ from the logits by one constant per position, so the distribution is the same.
+    """
+    x = torch.tensor(list(logprobs), dtype=torch.float64)
+    if params.temperature <= 0:
+        return int(allowed[int(torch.argmax(x))])
+    x = x / params.temperature
+    if params.top_k and params.top_k < x.numel():
+        kth = torch.topk(x, params.top_k).values[-1]
+        x = x.masked_fill(x < kth, float("-inf"))
+    if params.top_p < 1.0:
+        sorted_x, order = torch.sort(x, descending=True)
+        probs = torch.softmax(sorted_x, dim=-1)
+        drop = (torch.cumsum(probs, dim=-1) - probs) >= params.top_p
+        sorted_x = sorted_x.masked_fill(drop, float("-inf"))
+        x = torch.empty_like(x).scatter_(0, order, sorted_x)
+    probs = torch.softmax(x, dim=-1)
+    return int(allowed[int(torch.multinomial(probs, 1, generator=generator))])
