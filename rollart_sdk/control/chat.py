@@ -20,13 +20,26 @@ _PROBE_USER = "\x00user-probe\x00"
 _PROBE_ASSISTANT = "\x00assistant-probe\x00"
 
 
+_MEMO_ENTRIES = 8192  # texts whose ids a format remembers (observations repeat a lot)
+
+
 class _Tokens:
     """What both formats share: decoding and single-token action words."""
 
     tok: Any
+    _memo: dict[str, tuple[int, ...]]
 
     def _ids(self, text: str) -> list[int]:
-        return list(self.tok(text, add_special_tokens=False)["input_ids"])
+        """The ids of ``text`` (no special tokens added), remembered: an env's
+        observations repeat (FrozenLake has 16 positions), and a tokenizer call costs
+        far more than a dict lookup on every turn of every trajectory."""
+        memo = self.__dict__.setdefault("_memo", {})
+        ids = memo.get(text)
+        if ids is None:
+            if len(memo) >= _MEMO_ENTRIES:
+                memo.clear()
+            ids = memo[text] = tuple(self.tok(text, add_special_tokens=False)["input_ids"])
+        return list(ids)
 
     def decode(self, ids: list[int]) -> str:
         return self.tok.decode(ids, skip_special_tokens=True)
@@ -87,6 +100,7 @@ class ChatFormat(_Tokens):
     def __init__(self, tokenizer: Any) -> None:
         self.tok = tokenizer
         self.eos_id: int | None = tokenizer.eos_token_id
+        self._first: dict[tuple[str, str | None], str] = {}
         # Text the template puts after an assistant message (e.g. "<|im_end|>\n"), and
         # the text of a user turn + generation prompt, found by rendering probes once.
         base = [{"role": "user", "content": _PROBE_USER}]
@@ -106,11 +120,17 @@ class ChatFormat(_Tokens):
         )
 
     def first_prompt(self, observation: str, system: str | None = None) -> list[int]:
-        messages = []
-        if system:
-            messages.append({"role": "system", "content": system})
-        messages.append({"role": "user", "content": observation})
-        return self._ids(self._render(messages, add_generation_prompt=True))
+        rendered = self._first.get((observation, system))
+        if rendered is None:  # the template rendered once per distinct first observation
+            messages = []
+            if system:
+                messages.append({"role": "system", "content": system})
+            messages.append({"role": "user", "content": observation})
+            if len(self._first) >= _MEMO_ENTRIES:
+                self._first.clear()
+            rendered = self._first[(observation, system)] = self._render(
+                messages, add_generation_prompt=True)
+        return self._ids(rendered)
 
     def next_observation(self, observation: str, action_ids: list[int]) -> list[int]:
         """Ids that follow the engine's ``action_ids``: the end of the assistant turn (minus

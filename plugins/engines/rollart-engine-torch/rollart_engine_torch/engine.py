@@ -180,6 +180,7 @@ class TorchEngine:
         self._tokens_generated = 0
         self._prefill_tokens = 0  # tokens computed besides the one-per-step decode token
         self._reused_tokens = 0  # prompt tokens served from a kept cache (not computed)
+        self._shared_tokens = 0  # prefill tokens copied from an identical row of a step
         self._evicted = 0
         self._steps = 0
         self._recomputed_total = 0
@@ -308,6 +309,7 @@ class TorchEngine:
             "tokens_generated": self._tokens_generated,
             "prefill_tokens": self._prefill_tokens,
             "reused_tokens": self._reused_tokens,
+            "shared_tokens": self._shared_tokens,
             "kv_idle": len(self._idle),
             "kv_evicted": self._evicted,
             "steps": self._steps,
@@ -514,7 +516,21 @@ class TorchEngine:
                 seq.cached = len(seq.handoff.tokens)
                 self._reused_tokens += seq.cached
                 seq.handoff = None
-        for group in _length_groups(self._running):
+        # Rows with the same tokens and the same cached length (a group's shared prompt;
+        # multi-turn episodes that took the same actions so far) are computed once: the
+        # others copy the new K/V into their slots and sample from the same logits.
+        same: dict[tuple[int, tuple[int, ...]], _Seq] = {}
+        copies: list[tuple[_Seq, _Seq]] = []  # (copy, computed row)
+        computed: list[_Seq] = []
+        for seq in self._running:
+            key = (seq.cached, tuple(seq.tokens))
+            first = None if seq.prefill_only else same.setdefault(key, seq)
+            if first is None or first is seq:
+                computed.append(seq)
+            else:
+                copies.append((seq, first))
+        row_of: dict[int, tuple[torch.Tensor | None, int]] = {}
+        for group in _length_groups(computed):
             chunks = [s.tokens[s.cached :] for s in group]
             t0 = time.perf_counter()
             logits = runner.extend([s.slot for s in group], chunks, [s.cached for s in group],
@@ -524,14 +540,21 @@ class TorchEngine:
                 self._recompute_s += (time.perf_counter() - t0) * rebuilt / sum(map(len, chunks))
             self._prefill_tokens += sum(len(c) for c in chunks) - len(chunks)
             for row, seq in enumerate(group):
-                seq.cached = len(seq.tokens)
-                seq.recomputing = False
-                if seq.prefill_only:
-                    seq.exported = runner.export_slot(seq.slot, seq.cached)
-                    seq.finish = "stop"
-                    finished.append(seq)
-                elif self._append(seq, logits[row]):
-                    finished.append(seq)
+                row_of[id(seq)] = (logits, row)
+        for seq, first in copies:
+            runner.copy_slot(first.slot, seq.slot, seq.cached, len(seq.tokens))
+            self._shared_tokens += len(seq.tokens) - seq.cached - 1  # as prefill_tokens
+            row_of[id(seq)] = row_of[id(first)]
+        for seq in self._running:
+            logits, row = row_of[id(seq)]
+            seq.cached = len(seq.tokens)
+            seq.recomputing = False
+            if seq.prefill_only:
+                seq.exported = runner.export_slot(seq.slot, seq.cached)
+                seq.finish = "stop"
+                finished.append(seq)
+            elif self._append(seq, logits[row]):  # type: ignore[index]
+                finished.append(seq)
         self._steps += 1
         return finished
 

@@ -126,6 +126,17 @@ class SlotRunner:
             self.k[i][slot, :, :n] = k[i].to(self.device, self.dtype)
             self.v[i][slot, :, :n] = v[i].to(self.device, self.dtype)
 
+    @torch.inference_mode()
+    def copy_slot(self, src: int, dst: int, start: int, end: int) -> None:
+        """Copy cached positions ``start..end-1`` of slot ``src`` into slot ``dst`` (a row
+        identical to one computed in the same step)."""
+        if end <= start:
+            return
+        self.ensure_capacity(end)
+        for store in (self.k, self.v):
+            for t in store:
+                t[dst, :, start:end] = t[src, :, start:end]
+
     # ------------------------------------------------------------------ forward
 
     def _qkv(self, attn: Any, x: torch.Tensor) -> tuple[torch.Tensor, ...]:

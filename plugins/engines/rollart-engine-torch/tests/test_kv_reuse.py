@@ -157,3 +157,43 @@ def test_pd_handoff_equals_single_engine(tiny_model, reference):
         assert max(abs(x - y) for x, y in zip(b.logprobs, reference(p, b.token_ids), strict=True)) < 1e-4
     assert dec_stats["reused_tokens"] == sum(len(p) - 1 for p in prompts)
     assert pre_stats["tokens_generated"] == 0 and pre_stats["running"] == 0
+
+
+def test_identical_rows_of_a_step_are_computed_once(tiny_model, reference):
+    """Trajectories with the same context (a group's shared prompt, the same actions so
+    far) are computed once per step and copied: same tokens and logprobs as computing
+    each on its own (one episode after another), fewer prefill tokens."""
+
+    async def episode(engine: TorchEngine, traj: str, seed: int) -> list:
+        context = [5, 6, 7, 8]
+        out = []
+        for t in range(3):
+            res = await engine.generate(_turn(f"{traj}/t{t}", context, traj, seed=seed * 10 + t,
+                                              max_new_tokens=1, allowed_token_ids=[3, 4]))
+            out.append((list(context), res))
+            context = context + res.token_ids + [20, 21 + res.token_ids[0]]
+        return out
+
+    async def run(together: bool):
+        engine = TorchEngine(model=tiny_model, max_running=6, eos_token_ids=[])
+        if together:
+            out = await asyncio.gather(*(episode(engine, f"e{i}", i) for i in range(6)))
+        else:  # one episode after another: no two rows in one step
+            out = [await episode(engine, f"e{i}", i) for i in range(6)]
+        stats = engine.stats()
+        await engine.shutdown()
+        return out, stats
+
+    shared, s_shared = asyncio.run(run(True))
+    alone, s_alone = asyncio.run(run(False))
+    for a, b in zip(shared, alone, strict=True):
+        for (prompt, ra), (_, rb) in zip(a, b, strict=True):
+            assert ra.token_ids == rb.token_ids
+            assert ra.logprobs == rb.logprobs or max(
+                abs(x - y) for x, y in zip(ra.logprobs, rb.logprobs, strict=True)) < 1e-5
+            ref = reference(prompt, ra.token_ids)
+            assert max(abs(x - y) for x, y in zip(ra.logprobs, ref, strict=True)) < 1e-4
+    assert s_alone["shared_tokens"] == 0
+    # the first turn's prompt is the same for all six: computed once, copied five times
+    assert s_shared["shared_tokens"] >= 5 * 3
+    assert s_shared["prefill_tokens"] + s_shared["shared_tokens"] == s_alone["prefill_tokens"]

@@ -25,6 +25,11 @@ class TorchTrainerOptions(BaseModel):
     micro_batch_size: int = Field(4, ge=1)
     # ... and at most this many padded tokens (sequences x the longest) per forward.
     micro_batch_tokens: int = Field(8192, ge=1)
+    # Shared prefixes (a group's prompt, a multi-turn episode's common turns) computed
+    # once per micro-batch (Llama-family models): "auto" when the distinct prefix tokens
+    # are at most prefix_sharing_max_ratio of the batch's tokens.
+    prefix_sharing: Literal["auto", "on", "off"] = "auto"
+    prefix_sharing_max_ratio: float = Field(0.8, gt=0, le=1)
     # Loss
     clip_eps: float = Field(0.2, gt=0, lt=1)  # PPO clip, lower side (and upper by default)
     clip_eps_high: float | None = Field(None, gt=0)  # DAPO clip-higher; None = clip_eps

@@ -45,6 +45,7 @@ from rollart_sdk.config import ModelConfig
 from rollart_sdk.types import TrainSample, WeightBucket
 from rollart_sdk.weights import split_buckets
 from rollart_trainer_torch.options import TorchTrainerOptions
+from rollart_trainer_torch.prefix_tree import PrefixTree
 
 CHECKPOINT_FORMAT = 1
 HEAD_ONLY_MODELS = ("llama", "qwen2", "qwen3", "mistral")
@@ -154,10 +155,14 @@ class TorchTrainer:
              "tis_w", "tokens", "beh_ratio"), 0.0
         )
         ratio_max = beh_ratio_max = 0.0
-        for mb in self._micro_batches(batch):
+        micro_batches, shared = self._micro_batches(batch)
+        forward_tokens = 0
+        for mb in micro_batches:
             t = self._pad(mb)
             mask = t["mask"][:, 1:]
-            logp, entropy = self._logprobs(self.model, t, mask.bool(), o.compute_entropy)
+            tree = PrefixTree.build(mb) if shared else None
+            forward_tokens += tree.computed if tree is not None else t["ids"].numel()
+            logp, entropy = self._logprobs(self.model, t, mask.bool(), o.compute_entropy, tree)
             beh = t["beh"][:, 1:]
             m = mask.bool()
             # Decoupled PPO: a token sampled by an older version is anchored at the current
@@ -179,7 +184,7 @@ class TorchTrainer:
             loss = pg_loss
             if self.ref_model is not None:
                 with torch.no_grad():
-                    ref_lp, _ = self._logprobs(self.ref_model, t, mask.bool(), False)
+                    ref_lp, _ = self._logprobs(self.ref_model, t, mask.bool(), False, tree)
                 kl = kl_penalty(logp, ref_lp, o.kl_kind)
                 loss = loss + o.kl_coef * aggregate(kl, mask, o.loss_agg, normalizer)
                 sums["kl"] += float((kl.detach() * mask).sum())
@@ -234,6 +239,9 @@ class TorchTrainer:
             "behaviour_ratio_max": beh_ratio_max,
             "tokens": sums["tokens"],
             "sequences": float(counts[1]),
+            # tokens run through the model (shared prefixes once) / in the batch
+            "forward_tokens": float(forward_tokens),
+            "batch_tokens": float(sum(len(s.input_ids) for s in batch)),
             # reward/advantage means are of this rank's shard (the pipeline logs the batch's)
             "reward_mean": sum(rewards) / max(len(rewards), 1),
             "advantage_abs_mean": sum(abs(a) for a in advs) / max(len(advs), 1),
@@ -425,10 +433,39 @@ class TorchTrainer:
         for s, f in zip(batch, full[offset : offset + len(batch)], strict=True):
             s.advantage = f.advantage
 
-    def _micro_batches(self, batch: list[TrainSample]) -> list[list[TrainSample]]:
-        """Samples sorted by length, cut into micro-batches of at most
-        ``micro_batch_size`` sequences and ``micro_batch_tokens`` padded tokens: samples
-        of similar length share a forward, so padding stays small."""
+    def _micro_batches(self, batch: list[TrainSample]) -> tuple[list[list[TrainSample]], bool]:
+        """The micro-batches, and whether they run as prefix trees.
+
+        Shared prefixes (``prefix_sharing``; Llama-family models): samples in
+        lexicographic order, so that those sharing a prefix are neighbours, cut at
+        ``micro_batch_size`` sequences or ``micro_batch_tokens`` distinct prefix tokens
+        (what the tree computes). ``auto`` takes this when the distinct tokens are at most
+        ``prefix_sharing_max_ratio`` of the batch's tokens. Otherwise: samples sorted by
+        length, cut at ``micro_batch_size`` sequences or ``micro_batch_tokens`` padded
+        tokens: samples of similar length share a forward, so padding stays small."""
+        o = self.options
+        if o.prefix_sharing != "off" and self._head_only:
+            order = sorted(batch, key=lambda s: s.input_ids)
+            new = [len(s.input_ids) - _lcp(a.input_ids if a else None, s.input_ids)
+                   for a, s in zip([None, *order], order, strict=False)]
+            total = sum(len(s.input_ids) for s in batch)
+            if o.prefix_sharing == "on" or sum(new) <= o.prefix_sharing_max_ratio * total:
+                trees: list[list[TrainSample]] = []
+                cur: list[TrainSample] = []
+                size = 0
+                for s, n in zip(order, new, strict=True):
+                    if cur and (len(cur) >= o.micro_batch_size
+                                or size + n > o.micro_batch_tokens):
+                        trees.append(cur)
+                        cur, size = [], len(s.input_ids)
+                    else:
+                        size += n
+                    cur.append(s)
+                trees.append(cur)
+                return trees, True
+        return self._padded_micro_batches(batch), False
+
+    def _padded_micro_batches(self, batch: list[TrainSample]) -> list[list[TrainSample]]:
         o = self.options
         order = sorted(batch, key=lambda s: -len(s.input_ids))
         out: list[list[TrainSample]] = []
@@ -445,11 +482,23 @@ class TorchTrainer:
         return out
 
     def _logprobs(self, model: Any, t: dict[str, torch.Tensor], sel: torch.Tensor,
-                  entropy: bool) -> tuple[torch.Tensor, float]:
+                  entropy: bool, tree: PrefixTree | None = None) -> tuple[torch.Tensor, float]:
         """Log-probs ``[B, T-1]`` of the tokens where ``sel`` is set (0 elsewhere) and the
         summed entropy there, in one pass: the LM head and softmax run only on the
-        positions that are trained (the policy's tokens), not on every prompt token."""
+        positions that are trained (the policy's tokens), not on every prompt token.
+        With ``tree``, every shared prefix of the micro-batch is computed once."""
         head = model.get_output_embeddings() if self._head_only else None
+        if tree is not None and head is not None:
+            flat = tree.hidden(model.base_model)
+            rows = torch.tensor(tree.rows, dtype=torch.long, device=flat.device)
+            at = torch.tensor(tree.sample_pos, dtype=torch.long, device=flat.device)
+            r, c = (at[:, 0], at[:, 1]) if len(tree.rows) else (rows, rows)
+            logits = head(flat[rows]).float()
+            log_z = torch.logsumexp(logits, dim=-1)
+            picked = logits.gather(-1, t["ids"][r, c + 1].unsqueeze(-1)).squeeze(-1) - log_z
+            logp = torch.zeros(sel.shape, dtype=picked.dtype, device=picked.device)
+            logp = logp.index_put((r, c), picked)
+            return logp, self._entropy(logits, log_z) if entropy else 0.0
         if head is None:  # a model with its own logit post-processing: full forward
             logits = model(input_ids=t["ids"], attention_mask=t["attn"]).logits
             logp = token_logprobs(logits, t["ids"])
@@ -467,12 +516,14 @@ class TorchTrainer:
         picked = logits.gather(-1, t["ids"][rows, cols + 1].unsqueeze(-1)).squeeze(-1) - log_z
         logp = torch.zeros(sel.shape, dtype=picked.dtype, device=picked.device)
         logp = logp.index_put((rows, cols), picked)
-        ent = 0.0
-        if entropy:
-            with torch.no_grad():
-                lp = logits.detach() - log_z.detach().unsqueeze(-1)
-                ent = float(-(lp.exp() * lp).sum())
-        return logp, ent
+        return logp, self._entropy(logits, log_z) if entropy else 0.0
+
+    @staticmethod
+    def _entropy(logits: torch.Tensor, log_z: torch.Tensor) -> float:
+        """Summed entropy of the next-token distributions of ``logits`` rows."""
+        with torch.no_grad():
+            lp = logits.detach() - log_z.detach().unsqueeze(-1)
+            return float(-(lp.exp() * lp).sum())
 
     def _pad(self, mb: list[TrainSample]) -> dict[str, torch.Tensor]:
         """Right-pad a micro-batch (causal attention: padding after a sequence never
@@ -493,6 +544,17 @@ class TorchTrainer:
         adv = torch.tensor([float(s.advantage) for s in mb], dtype=torch.float32)
         out = {"ids": ids, "attn": attn, "mask": mask, "beh": beh, "vers": vers, "adv": adv}
         return {k: v.to(self.device) for k, v in out.items()}
+
+
+def _lcp(a: list[int] | None, b: list[int]) -> int:
+    """Length of the common prefix of ``a`` and ``b`` (0 when ``a`` is None)."""
+    if a is None:
+        return 0
+    n = min(len(a), len(b))
+    k = 0
+    while k < n and a[k] == b[k]:
+        k += 1
+    return k
 
 
 def _all_reduce_flat(tensors: list[torch.Tensor]) -> None:

@@ -109,11 +109,12 @@ def test_head_only_pass_and_token_micro_batches_match_the_full_forward(ckpt: Pat
     batch = make_batch(ckpt, n_groups=3, seed=5)
     runs = []
     for head_only, tokens in ((False, 100_000), (True, 100_000), (True, 40)):
-        t = _trainer(ckpt, micro_batch_size=64, micro_batch_tokens=tokens, grad_clip=0.0)
+        t = _trainer(ckpt, micro_batch_size=64, micro_batch_tokens=tokens, grad_clip=0.0,
+                     prefix_sharing="off")
         t._head_only = head_only
         m = t.train_step(copy.deepcopy(batch))
         runs.append((m, {k: v.clone() for k, v in t.model.state_dict().items()},
-                     len(t._micro_batches(batch))))
+                     len(t._micro_batches(batch)[0])))
     (m0, w0, n0), *rest = runs
     assert n0 == 1 and rest[1][2] > 2  # the 40-token budget really split the batch
     for m, w, _ in rest:

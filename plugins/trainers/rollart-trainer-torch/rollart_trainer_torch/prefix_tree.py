@@ -1,0 +1,159 @@
+"""Shared-prefix forward: each distinct token prefix of a batch computed once.
+
+GRPO batches are full of shared prefixes: a group's trajectories start from one prompt,
+and in a multi-turn task they share every turn up to the first action where they differ
+(FrozenLake's 64 episodes of a step share the first observation; two that chose the same
+first moves share those turns too). A padded forward computes every one of those tokens
+once per trajectory. Here the batch becomes a tree:
+
+1. each sequence is cut to the positions the loss needs (a position ``p`` is an input
+   when some token ``q > p`` is trained; tokens after the last trained one are never an
+   input);
+2. *cuts*: the offsets where two sequences of the batch first differ, or where one ends
+   inside a longer one (from the longest common prefixes of neighbours in lexicographic
+   order); every sequence is split at every cut, so a piece ``[start, end)`` of one sequence is a node of the tree, the same
+   node for every sequence with the same tokens up to ``end``;
+3. nodes with the same ``(start, length)`` form a group: one batched forward through the
+   model with the parents' keys and values as its cache (gathered rows of the groups
+   ending at ``start``, autograd flows through them), positions ``start..end-1``;
+4. a trained token ``t`` of sequence ``i`` takes its log-prob from the hidden state of
+   the node holding position ``t - 1`` on ``i``'s path.
+
+Attention sees exactly what a causal forward over each whole sequence sees (its own
+prefix), so log-probs, loss and gradients equal the padded forward's up to float
+rounding (tests: ``test_prefix_tree_matches_the_padded_forward``). Works for models whose
+decoder takes ``cache`` and ``position_ids`` (the Llama family: ``HEAD_ONLY_MODELS``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from rollart_sdk.types import TrainSample
+
+
+@dataclass
+class _Group:
+    start: int
+    length: int
+    tokens: list[list[int]] = field(default_factory=list)  # one row per node
+    parents: list[int] = field(default_factory=list)  # row in the KV ending at ``start``
+    flat: int = 0  # offset of this group's first hidden state in the flat list
+
+
+@dataclass
+class PrefixTree:
+    """The batch as groups of nodes, and where each trained token reads its hidden state."""
+
+    groups: list[_Group]
+    rows: list[int]  # per trained token (sample-major): flat hidden-state index of t - 1
+    sample_pos: list[tuple[int, int]]  # per trained token: (sample, t - 1)
+    computed: int  # tokens run through the model
+    padded: int  # tokens a right-padded forward of the same sequences would run
+
+    @classmethod
+    def build(cls, batch: list[TrainSample]) -> PrefixTree:
+        seqs: list[list[int]] = []
+        sample_pos: list[tuple[int, int]] = []
+        for i, s in enumerate(batch):
+            trained = [t for t in range(1, len(s.input_ids)) if s.loss_mask[t]]
+            seqs.append(list(s.input_ids[: trained[-1]]) if trained else [])
+            sample_pos.extend((i, t - 1) for t in trained)
+        cuts = _cut_offsets(seqs)
+        groups: dict[tuple[int, int], _Group] = {}
+        Node = tuple[tuple[int, int], int]  # (group key, row)
+        node_of: dict[tuple[Node | None, tuple[int, ...]], Node] = {}
+        parent_of: dict[tuple[int, int], list[Node | None]] = {}
+        paths: list[list[tuple[int, Node]]] = []  # per sample: (start, node) of its pieces
+        for seq in seqs:
+            path: list[tuple[int, Node]] = []
+            if not seq:  # nothing trained: no input position is needed
+                paths.append(path)
+                continue
+            bounds = [0, *(c for c in cuts if 0 < c < len(seq)), len(seq)]
+            parent: Node | None = None
+            for a, b in zip(bounds, bounds[1:], strict=False):
+                key = (parent, tuple(seq[a:b]))
+                node = node_of.get(key)
+                if node is None:
+                    gkey = (a, b - a)
+                    g = groups.setdefault(gkey, _Group(a, b - a))
+                    g.tokens.append(seq[a:b])
+                    parent_of.setdefault(gkey, []).append(parent)
+                    node = node_of[key] = (gkey, len(g.tokens) - 1)
+                path.append((a, node))
+                parent = node
+            paths.append(path)
+        ordered = sorted(groups.values(), key=lambda g: (g.start, g.length))
+        # A child's parent row: its position in the concatenation, in group order, of the
+        # groups ending at the child's start (hidden() concatenates their keys so).
+        base: dict[tuple[int, int], int] = {}
+        filled: dict[int, int] = {}
+        for g in ordered:
+            end = g.start + g.length
+            base[(g.start, g.length)] = filled.get(end, 0)
+            filled[end] = filled.get(end, 0) + len(g.tokens)
+        flat = 0
+        for g in ordered:
+            g.parents = [-1 if p is None else base[p[0]] + p[1]
+                         for p in parent_of[(g.start, g.length)]]
+            g.flat = flat
+            flat += len(g.tokens) * g.length
+        rows = []
+        for i, pos in sample_pos:
+            for a, (gkey, row) in reversed(paths[i]):
+                if a <= pos:
+                    g = groups[gkey]
+                    rows.append(g.flat + row * g.length + (pos - a))
+                    break
+        padded = len(seqs) * max((len(s) for s in seqs), default=0)
+        return cls(ordered, rows, sample_pos, flat, padded)
+
+    def hidden(self, base_model: Any) -> torch.Tensor:
+        """Final hidden states of every computed position, flat ``[computed, H]``."""
+        from transformers import DynamicCache
+
+        device = next(base_model.parameters()).device
+        kv: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] = {}  # end -> per layer
+        parts_by_end: dict[int, list[list[tuple[torch.Tensor, torch.Tensor]]]] = {}
+        out: list[torch.Tensor] = []
+        for g in self.groups:
+            ids = torch.tensor(g.tokens, dtype=torch.long, device=device)
+            n = ids.shape[0]
+            cache = DynamicCache(config=base_model.config)
+            if g.start > 0:
+                if g.start not in kv:  # every group ending here is done (sorted by start)
+                    kv[g.start] = [
+                        (torch.cat([p[layer][0] for p in parts_by_end[g.start]]),
+                         torch.cat([p[layer][1] for p in parts_by_end[g.start]]))
+                        for layer in range(len(parts_by_end[g.start][0]))
+                    ]
+                    del parts_by_end[g.start]
+                idx = torch.tensor(g.parents, dtype=torch.long, device=device)
+                for layer, (k, v) in enumerate(kv[g.start]):
+                    cache.update(k.index_select(0, idx), v.index_select(0, idx), layer)
+            pos = torch.arange(g.start, g.start + g.length, device=device).expand(n, -1)
+            res = base_model(input_ids=ids, position_ids=pos, cache=cache, use_cache=True)
+            out.append(res.last_hidden_state.reshape(n * g.length, -1))
+            layers = [(layer.keys, layer.values) for layer in cache.layers]
+            parts_by_end.setdefault(g.start + g.length, []).append(layers)
+        return torch.cat(out)
+
+
+def _cut_offsets(seqs: list[list[int]]) -> list[int]:
+    """Offsets where two sequences first differ, or where one ends and a longer one with
+    the same tokens goes on (so that the shorter one's last piece is the longer one's),
+    sorted."""
+    order = sorted(seqs)
+    cuts: set[int] = set()
+    for a, b in zip(order, order[1:], strict=False):  # a <= b: a may be a prefix of b
+        n = min(len(a), len(b))
+        k = 0
+        while k < n and a[k] == b[k]:
+            k += 1
+        if k < len(b):
+            cuts.add(k)
+    return sorted(cuts)
