@@ -359,6 +359,11 @@ class RewardRouter:
     def local_tags(self) -> list[str]:
         return sorted(self._local)
 
+    def set_backend(self, tag: str, backend: Any) -> None:
+        """Score task ``tag`` with ``backend`` (any object with ``async score``) from now
+        on: the simulator's shared reward pools (rollart_sdk.sim.reward_pool)."""
+        self._local[tag] = backend
+
     async def score(self, tag: str, request: RewardRequest) -> RewardResult:
         backend = self._local.get(tag)
         if backend is not None:

@@ -22,6 +22,7 @@ Used by ``rollart serve-reward CONFIG`` (a standalone service) and by reward
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
 import ipaddress
@@ -30,6 +31,7 @@ import logging
 import threading
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -93,6 +95,11 @@ class DeployOptions(BaseModel):
     downscale_to_zero_delay_s: float = Field(10.0, ge=0)
     num_cpus: float = Field(0.5, ge=0, description="Ray CPUs per replica")
     max_body_bytes: int = Field(1 << 20, ge=1024)
+    warm_up: bool = Field(True, description="load the backend's model in the replica's "
+                          "constructor (a cold start), before it takes traffic")
+    replica_log: str | None = Field(
+        None, description="a directory: each replica logs its life there (created, ready, "
+        "busy intervals, heartbeats, closed; rollart_sdk.cluster.replica_log)")
 
     @model_validator(mode="after")
     def _bounds(self) -> DeployOptions:
@@ -129,15 +136,39 @@ class RewardFunction:
     """The body of one replica: checks the request, then ``backend.score``."""
 
     def __init__(self, name: str, options: dict[str, Any], digest: str | None,
-                 max_body_bytes: int) -> None:
+                 max_body_bytes: int, warm_up: bool = False,
+                 replica_log: str | None = None) -> None:
+        from rollart_sdk.cluster.replica_log import ReplicaLog
         from rollart_sdk.plugins import get_registry
 
+        self.log = ReplicaLog(replica_log) if replica_log else None
         self.backend = get_registry().get("reward", name).create(options)
         self.digest = digest
         self.max_body = max_body_bytes
         self.started = time.time()
         self.calls = 0
         self.busy_s = 0.0
+        if warm_up and callable(getattr(self.backend, "warm_up", None)):
+            # On a thread of its own: the constructor may run inside an event loop.
+            with ThreadPoolExecutor(1) as pool:
+                pool.submit(asyncio.run, self.backend.warm_up()).result()
+        if self.log is not None:
+            self.log.write("ready")
+
+    def close(self) -> None:
+        """Release the backend (its model) and close the replica's log."""
+        close = getattr(self.backend, "close", None)
+        try:
+            if callable(close):
+                close()
+        finally:
+            if self.log is not None:
+                self.log.close()
+
+    def __del__(self) -> None:  # Ray Serve calls it when it stops the replica
+        if getattr(self, "backend", None) is not None:
+            self.close()
+            self.backend = None
 
     def check(self, headers: Any, length: int | None) -> tuple[int, str] | None:
         if self.digest is not None:
@@ -159,6 +190,8 @@ class RewardFunction:
             return 400, {"error": 'the body must be {"args": [<RewardRequest as JSON>]}'}
         t0 = time.monotonic()
         self.calls += 1
+        if self.log is not None:
+            self.log.begin()
         try:
             result = await self.backend.score(request)
         except Exception:  # logged with an id; the caller sees only the id
@@ -167,6 +200,8 @@ class RewardFunction:
             return 500, {"error": f"the reward function failed (error id {error_id})"}
         finally:
             self.busy_s += time.monotonic() - t0
+            if self.log is not None:
+                self.log.end()
         details = dict(result.details)
         details["replica"] = {"calls": self.calls, "age_s": round(time.time() - self.started, 3)}
         return 200, {"result": {"reward": result.reward, "details": details}}
@@ -181,6 +216,9 @@ def _deployment(opts: DeployOptions) -> Any:
         name=opts.app_name,
         max_ongoing_requests=opts.max_ongoing_requests,
         ray_actor_options={"num_cpus": opts.num_cpus},
+        # A stateless function has nothing to finish but its calls: stop within seconds.
+        graceful_shutdown_wait_loop_s=0.5,
+        graceful_shutdown_timeout_s=10.0,
         autoscaling_config={
             "min_replicas": opts.min_replicas,
             "initial_replicas": opts.min_replicas,
@@ -209,22 +247,30 @@ def _deployment(opts: DeployOptions) -> Any:
     return ServedReward
 
 
-def deploy(opts: DeployOptions, token: str | None) -> str:
+def deploy(opts: DeployOptions, token: str | None, wait: bool = True) -> str:
     """Deploy (or update) ``opts.backend`` on the connected Ray cluster; return its URL.
 
-    Idempotent per application name: a second caller with the same options gets the URL of
-    the running application."""
+    ``wait``: return once the application runs (its ``min_replicas`` are up); False
+    returns at once (poll :func:`replica_count`). Idempotent per application name: a
+    second caller with the same options gets the URL of the running application."""
     from ray import serve
 
     serve.start(http_options={"host": opts.host, "port": opts.port})
     app = _deployment(opts).bind(opts.backend.name, opts.backend.options,
-                                 token_digest(token), opts.max_body_bytes)
-    serve.run(app, name=opts.app_name, route_prefix=f"/{opts.app_name}", blocking=False)
+                                 token_digest(token), opts.max_body_bytes, opts.warm_up,
+                                 opts.replica_log)
+    if wait:
+        serve.run(app, name=opts.app_name, route_prefix=f"/{opts.app_name}", blocking=False)
+    else:
+        from ray.serve.api import _run  # Ray 2.x: serve.run without waiting for RUNNING
+
+        _run(app, _blocking=False, name=opts.app_name, route_prefix=f"/{opts.app_name}")
     return opts.url()
 
 
-def replica_count(app: str) -> int:
-    """Running replicas of ``app``'s deployment (0 when scaled to zero or not deployed)."""
+def replica_count(app: str, states: tuple[str, ...] = ("RUNNING",)) -> int:
+    """Replicas of ``app``'s deployment in ``states`` (RUNNING: serving; add STARTING,
+    STOPPING to count every replica holding resources). 0 when none or not deployed."""
     from ray import serve
 
     status = serve.status().applications.get(app)
@@ -233,7 +279,7 @@ def replica_count(app: str) -> int:
     total = 0
     for dep in status.deployments.values():
         total += sum(n for state, n in dep.replica_states.items()
-                     if str(getattr(state, "value", state)) == "RUNNING")
+                     if str(getattr(state, "value", state)) in states)
     return total
 
 
@@ -241,8 +287,10 @@ class ReplicaMonitor:
     """Polls an application's replica count and logs every change with its time: the
     scale-up from zero, the scale-down to zero (``rollart serve-reward`` prints them)."""
 
-    def __init__(self, app: str, emit: Any = print, interval_s: float = 0.5) -> None:
+    def __init__(self, app: str, emit: Any = print, interval_s: float = 0.5,
+                 states: tuple[str, ...] = ("RUNNING",)) -> None:
         self.app = app
+        self.states = states
         self.emit = emit
         self.interval_s = interval_s
         self.history: list[tuple[float, int]] = []  # (seconds since start, replicas)
@@ -260,7 +308,7 @@ class ReplicaMonitor:
         last = -1
         while not self._stop.wait(self.interval_s):
             try:
-                n = replica_count(self.app)
+                n = replica_count(self.app, self.states)
             except Exception as exc:  # noqa: BLE001 - a status call can fail during shutdown
                 self.emit(f"[{self.app}] replica status unavailable: {exc}")
                 continue

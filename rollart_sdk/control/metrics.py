@@ -149,3 +149,37 @@ def learning_summary(pipeline: Pipeline) -> dict[str, dict[str, float | None]]:
             "success_last_tenth": mean(recs[-k:], "success"),
         }
     return out
+
+
+def _reward_spans(traj: Trajectory) -> tuple[float, float | None]:
+    """(the end of the trajectory's rollout, the end of its reward call or None)."""
+    rollout_end = max((t1 for span, _, t1 in traj.timings if span != "reward"), default=0.0)
+    rewards = [t1 for span, _, t1 in traj.timings if span == "reward"]
+    return rollout_end, (rewards[-1] if rewards else None)
+
+
+def reward_exposure(records: list[StepRecord], run_started: float) -> dict[str, Any]:
+    """How much of each step waited on rewards (paper R3; ``rollart bench reward`` and
+    ``rollart sim --experiment reward``).
+
+    Per step: its duration (since the previous batch; the first since ``run_started``)
+    and ``exposed_reward_s``, the time it waited on rewards only: from the later of "the
+    trainer asked for the batch" and "the batch's last rollout ended" to "the batch's last
+    reward arrived" (0 when the rewards were in before either). Plus every reward call's
+    latency as the EnvManager saw it, and the batch's mean reward."""
+    steps = []
+    previous = run_started
+    for r in records:
+        spans = [_reward_spans(t) for t in r.batch]
+        reward_ends = [e for _, e in spans if e is not None]
+        asked = r.formed_at - r.get_batch_wait_s
+        exposed = 0.0
+        if reward_ends:
+            exposed = max(0.0, max(reward_ends) - max(asked, max(s for s, _ in spans)))
+        steps.append({"step": r.step, "formed_at": r.formed_at, "step_s": r.formed_at - previous,
+                      "wait_s": r.get_batch_wait_s, "exposed_reward_s": exposed})
+        previous = r.formed_at
+    latencies = [t1 - t0 for r in records for t in r.batch
+                 for span, t0, t1 in t.timings if span == "reward"]
+    rewards = [sum(t.reward for t in r.batch) / len(r.batch) for r in records if r.batch]
+    return {"steps": steps, "reward_latencies_s": latencies, "rewards": rewards}

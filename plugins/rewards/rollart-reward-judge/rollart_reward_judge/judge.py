@@ -147,7 +147,7 @@ class JudgeReward:
             opts.engine.options, model=model
         )
         yes_ids, no_ids = _single_tokens(tok, _YES), _single_tokens(tok, _NO)
-        if opts.parser != "score" and not (yes_ids and no_ids):
+        if opts.parser in ("yes_prob", "yes_no") and not (yes_ids and no_ids):
             raise JudgeError(
                 f"the judge model's tokenizer ({model.path}) has no single token for "
                 "'yes'/'no'; use parser: score, or another judge model"

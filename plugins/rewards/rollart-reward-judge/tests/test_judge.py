@@ -94,6 +94,19 @@ def test_a_judge_model_without_yes_no_tokens_is_refused_with_the_fix(cache):
         judge.close()
 
 
+def test_a_likelihood_judge_needs_no_yes_no_tokens(cache):
+    """parser likelihood reads the response's log-probabilities only: a model whose
+    tokenizer has no 'yes'/'no' (the tiny one) still judges, a reward <= 0."""
+    judge = JudgeReward(model=TINY, engine=ENGINE, parser="likelihood",
+                        template="Here is a {info[category]}:", cache_dir=cache)
+    try:
+        result = asyncio.run(judge.score(make_request(responses=["red"],
+                                                      info={"category": "color"})))
+    finally:
+        judge.close()
+    assert result.reward <= 0 and "mean log p" in result.details["judge_text"]
+
+
 @smollm2
 def test_smollm2_likelihood_judge_knows_what_fits_a_category():
     """parser: likelihood - the words of the asked category score higher than the others."""

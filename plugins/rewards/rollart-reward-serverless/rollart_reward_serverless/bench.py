@@ -1,178 +1,310 @@
 """``rollart bench reward``: the paper's R3 experiment at laptop scale, on the real pipeline.
 
-The same run twice over - the quickstart's FrozenLake beside the ``category`` task scored
-by reward ``judge`` (SmolLM2-135M-Instruct) - once with the judge on a dedicated reward
-worker reserved for the whole run, once with the same judge deployed on Ray Serve
-(``serverless`` with ``deploy:``, scaling from zero, autoscaled). Same config, seeds,
-steps and capacity; ``--repeats`` runs of each, the median reported.
+Several jobs run at once (``--jobs``, default 3), each a real training run
+(:mod:`rollart_reward_serverless.bench_job`: same workload, its own seed, the same seeds
+in every arm) whose reward is the same LLM judge behind a URL. Two arms:
 
-Columns (JSON ``rows``, one per run, and ``median`` per deployment):
+- ``dedicated``: each job reserves a judge replica of its own (a Ray Serve deployment
+  pinned to one replica, min = max = 1), deployed before the job starts and removed when
+  it ends - the paper's reward GPU reserved per job;
+- ``serverless``: all jobs share ONE deployment that scales from zero (min 0, max
+  ``--max-replicas``, default 2; another replica starts while more than
+  ``--target-ongoing`` calls per replica are in flight), removed once it has scaled back
+  to zero after the last job.
 
-- ``replica_utilisation``: judge busy time (at least one call in flight) over reserved
-  time: the run's wall time for the dedicated worker; replica-seconds (the integral of
-  the running replica count, polled every 0.25 s) for Serve;
-- ``rollout_step_s``: median time between consecutive batches;
-- ``reward_latency_p50_s``: median reward call, as the EnvManager sees it (HTTP and
+Both arms use the same serving stack (HTTP, auth, the same replica code), so the figures
+isolate what R3 changes: capacity reserved per job vs shared and scaled with demand.
+
+Figures (JSON ``rows``: one per arm and repeat; ``median`` over repeats per arm):
+
+- ``replica_utilisation``: sum of the replicas' busy seconds (at least one call in
+  flight) over the sum of their reserved seconds (created -> closed, a cold start's model
+  load included), both read from the replicas' own logs
+  (:mod:`rollart_sdk.cluster.replica_log`);
+- ``rollout_step_s``: median step time over every step of every job;
+- ``reward_latency_p50_s``: median reward call as the EnvManager sees it (HTTP and
   queueing included);
-- ``exposed_reward_s``: per step, how long the batch waited on rewards after its last
-  rollout ended (``max reward end - max rollout end`` over the batch, floored at 0),
-  median over steps; ``exposed_fraction`` divides it by the step time.
-
-What it does not show: the paper's reward GPUs served many jobs; here one run feeds one
-judge on a shared 2-core CPU, so utilisation depends on how bursty this run's traffic is.
+- ``exposed_reward_s``: median over steps of the time the step waited on rewards only
+  (rollart_sdk.control.metrics.reward_exposure); ``exposed_fraction``: total exposed
+  time over total step time.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import socket
+import os
+import secrets
+import shutil
 import statistics
+import subprocess
+import sys
 import time
+from pathlib import Path
 from typing import Any
 
-JUDGE = {"parser": "likelihood", "template": "Here is a {info[category]}:",
-         "engine": {"name": "torch", "options": {"max_running": 64, "max_seq_len": 256}}}
+JUDGE: dict[str, Any] = {
+    "parser": "likelihood", "template": "Here is a {info[category]}:",
+    "engine": {"name": "torch", "options": {"max_running": 64, "max_seq_len": 256}},
+}
+WORKLOAD = {"env_mu_s": 1.5, "env_sigma_s": 0.5, "batch_size": 32, "group_size": 4,
+            "max_envs": 8}
+HELD = ("STARTING", "RUNNING", "STOPPING")  # replica states that hold resources
+KEYS = ["replica_utilisation", "rollout_step_s", "reward_latency_p50_s", "exposed_reward_s",
+        "exposed_fraction"]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def _wait(cond: Any, timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"bench reward: no {what} after {timeout_s:.0f} s")
+        time.sleep(0.25)
 
 
-def run_config(deployment: str, steps: int, seed: int, mode: str, out: str) -> dict[str, Any]:
-    if deployment == "dedicated":
-        reward: dict[str, Any] = {"name": "judge", "options": JUDGE}
-    else:
-        reward = {"name": "serverless", "options": {
-            "timeout_s": 120, "retries": 1,
-            "deploy": {"backend": {"name": "judge", "options": JUDGE}, "port": _free_port(),
-                       "min_replicas": 0, "max_replicas": 2, "target_ongoing_requests": 16,
-                       "downscale_delay_s": 1.0, "downscale_to_zero_delay_s": 2.0}}}
+class Arm:
+    """One arm of one repeat: its deployments, its jobs and their results."""
+
+    def __init__(self, args: argparse.Namespace, deployment: str, seed: int, port: int) -> None:
+        self.args, self.deployment, self.seed, self.port = args, deployment, seed, port
+        self.dir = Path(args.out).resolve() / f"{deployment}-r{seed}"
+        self.logs = self.dir / "replicas"
+        if self.dir.exists():  # a previous run's logs would count as this run's replicas
+            shutil.rmtree(self.dir)
+        self.logs.mkdir(parents=True)
+
+    def options(self, app: str, lo: int, hi: int) -> Any:
+        from rollart_sdk.cluster.serve_app import DeployOptions
+
+        return DeployOptions(
+            backend={"name": "judge", "options": self.args.judge}, app=app, port=self.port,
+            min_replicas=lo, max_replicas=hi, target_ongoing_requests=self.args.target_ongoing,
+            max_ongoing_requests=64, upscale_delay_s=2.0, downscale_delay_s=5.0,
+            downscale_to_zero_delay_s=self.args.idle_s, num_cpus=0.5,
+            replica_log=str(self.logs))
+
+    def spec(self, job: int, url: str) -> Path:
+        path = self.dir / f"job{job}.spec.json"
+        path.write_text(json.dumps({
+            "name": f"{self.deployment}-r{self.seed}-j{job}", "seed": 1000 * self.seed + job,
+            "steps": self.args.steps, "url": url, "workload": self.args.workload,
+            "out": str(self.dir / "runs"), "result": str(self.dir / f"job{job}.result.json")}))
+        return path
+
+    def launch(self, job: int, url: str) -> subprocess.Popen[bytes]:
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
+               "TOKENIZERS_PARALLELISM": "false"}
+        log = open(self.dir / f"job{job}.log", "wb")
+        return subprocess.Popen(
+            [sys.executable, "-m", "rollart_reward_serverless.bench_job", str(self.spec(job, url))],
+            stdout=log, stderr=subprocess.STDOUT, env=env)
+
+    def run(self) -> dict[str, Any]:
+        t0 = time.time()
+        self.procs: dict[int, subprocess.Popen[bytes]] = {}
+        self.apps: dict[int, str | None] = {}
+        self.monitors: list[Any] = []
+        try:
+            shared = self._start()
+            self._wait_jobs()
+            self._drain(shared)
+        finally:
+            self._clean_up()
+        failed = {j: p.returncode for j, p in self.procs.items() if p.returncode != 0}
+        if failed:
+            raise RuntimeError(f"bench reward: job(s) failed {failed}; see {self.dir}/job*.log")
+        results = [json.loads((self.dir / f"job{j}.result.json").read_text())
+                   for j in range(self.args.jobs)]
+        held = sum(m.replica_seconds() for m in self.monitors)
+        row = summarise(self.deployment, results, self.logs, held)
+        row.update(seed=self.seed, jobs=self.args.jobs, steps=self.args.steps,
+                   wall_s=round(time.time() - t0, 1))
+        if shared is not None:
+            row["replica_changes"] = [n for _, n in shared.history]
+        return row
+
+    def _monitored(self, app: str) -> Any:
+        """Serve's view of every replica of ``app`` holding resources, start-up included:
+        a cross-check of (and a floor under) the reserved time the replicas log."""
+        from rollart_sdk.cluster.serve_app import ReplicaMonitor
+
+        self.monitors.append(ReplicaMonitor(app, emit=self._say, interval_s=0.25,
+                                            states=HELD).start())
+        return self.monitors[-1]
+
+    def _start(self) -> Any:
+        """Deploy and launch the jobs; the shared deployment's monitor (serverless)."""
+        from rollart_sdk.cluster.serve_app import deploy
+
+        jobs = self.args.jobs
+        if self.deployment == "serverless":
+            app = f"r3-serverless-r{self.seed}"
+            shared = self._monitored(app)
+            url = deploy(self.options(app, 0, self.args.max_replicas), self.token)
+            self.procs = {j: self.launch(j, url) for j in range(jobs)}
+            return shared
+        for j in range(jobs):  # each job reserves its replica (all start at once) ...
+            app = self.apps[j] = f"r3-dedicated-r{self.seed}-j{j}"
+            self._monitored(app)
+            deploy(self.options(app, 1, 1), self.token, wait=False)
+        return None
+
+    def _wait_jobs(self) -> None:
+        """Until every job ends; a dedicated replica is removed when its job ends."""
+        from ray import serve
+
+        from rollart_sdk.cluster.serve_app import replica_count
+
+        limit = self.args.job_timeout_s
+        deadline = time.monotonic() + limit
+        while len(self.procs) < self.args.jobs or not all(
+                p.poll() is not None for p in self.procs.values()):
+            for j, app in self.apps.items():  # ... and starts once its replica is up
+                if j not in self.procs and app is not None and replica_count(app) >= 1:
+                    self.procs[j] = self.launch(j, f"http://127.0.0.1:{self.port}/{app}")
+            for j, p in self.procs.items():
+                app = self.apps.get(j)
+                if p.poll() is not None and app is not None:
+                    serve.delete(app, _blocking=False)  # its reservation ends
+                    self.apps[j] = None
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"bench reward: {self.deployment} jobs still running "
+                                   f"after {limit:.0f} s (--job-timeout-s)")
+            time.sleep(0.25)
+        for j, app in self.apps.items():
+            if app is not None:
+                serve.delete(app, _blocking=False)
+                self.apps[j] = None
+
+    def _drain(self, shared: Any) -> None:
+        """The shared deployment scales to zero by itself (its idle tail is reserved
+        time); then every replica is gone and has logged "closed"."""
+        from ray import serve
+
+        from rollart_sdk.cluster.serve_app import replica_count
+
+        if shared is not None:
+            _wait(lambda: replica_count(shared.app, HELD) == 0, self.args.idle_s + 60,
+                  "scale-down to zero")
+            serve.delete(shared.app)
+        _wait(lambda: all(replica_count(m.app, HELD) == 0 for m in self.monitors), 60,
+              "replica shutdown")
+        time.sleep(1.0)  # the monitors' last poll
+
+    def _clean_up(self) -> None:
+        from ray import serve
+
+        for p in self.procs.values():
+            if p.poll() is None:
+                p.kill()
+                p.wait(timeout=30)
+        for m in self.monitors:
+            m.stop()
+        for app in self.apps.values():
+            if app is not None:
+                serve.delete(app)
+
+    @property
+    def token(self) -> str:
+        from rollart_sdk.cluster.serve_app import TOKEN_ENV
+
+        return os.environ[TOKEN_ENV]
+
+    def _say(self, line: str) -> None:
+        print(f"  {line}", flush=True)
+
+
+def summarise(deployment: str, results: list[dict[str, Any]], logs: Path,
+              held_s: float = 0.0) -> dict[str, Any]:
+    """One row from the jobs' results and the replicas' logs; ``held_s``: Serve's
+    replica-seconds (start-up included), the floor of the reserved time."""
+    from rollart_sdk.cluster.replica_log import read_usage
+
+    usage = read_usage(logs)
+    busy = sum(u.busy_s for u in usage)
+    logged = sum(u.reserved_s for u in usage)
+    reserved = max(logged, held_s)
+    steps = [s for r in results for s in r["steps"]]
+    step_times = [s["step_s"] for s in steps]
+    exposed = [s["exposed_reward_s"] for s in steps]
+    latencies = [x for r in results for x in r["reward_latencies_s"]]
+    start_ups = [u.start_up_s for u in usage if u.start_up_s is not None]
     return {
-        "name": f"bench-reward-{deployment}", "seed": seed,
-        "model": {"tiny": {"hidden_size": 64, "num_layers": 2, "num_heads": 4,
-                           "intermediate_size": 128, "seed": 0}},
-        "pools": [{"name": "H800", "hardware": "H800", "kind": "gpu", "profile": "compute", "count": 2},
-                  {"name": "H20", "hardware": "H20", "kind": "gpu", "profile": "bandwidth", "count": 2},
-                  {"name": "cpu", "hardware": "cpu", "kind": "cpu", "count": 8}],
-        "roles": {"actor_gen": {"workers": 2}},
-        "tasks": [
-            {"tag": "FrozenLake", "affinity": "H800", "max_turns": 10, "constrain_actions": True,
-             "system_prompt": None,
-             "env": {"name": "frozenlake", "options": {"desc": ["SFF", "FHF", "FFG"],
-                                                       "obs_format": "compact"}},
-             "reward": {"name": "rule", "options": {"mode": "success"}}},
-            {"tag": "Category", "affinity": "H20", "max_turns": 1, "constrain_actions": True,
-             "system_prompt": None, "env": {"name": "category"}, "reward": reward},
-        ],
-        "engine": {"name": "torch", "options": {"max_running": 64}},
-        "trainer": {"name": "torch", "options": {"lr": 0.001, "micro_batch_size": 64}},
-        "transport": {"name": "ray"},
-        "rollout": {"batch_size": 32, "group_size": 8, "mode": mode, "alpha": 1},
-        "train": {"steps": steps, "bucket_mb": 4, "save_final_model": False},
-        "output_dir": out,
-    }
-
-
-def _spans(traj: Any) -> tuple[float, float | None, float | None]:
-    rollout_end = max((t1 for span, _, t1 in traj.timings if span != "reward"), default=0.0)
-    rewards = [(t0, t1) for span, t0, t1 in traj.timings if span == "reward"]
-    if not rewards:
-        return rollout_end, None, None
-    t0, t1 = rewards[-1]
-    return rollout_end, t1, t1 - t0
-
-
-def measure(records: list[Any], wall_s: float, reserved_s: float | None) -> dict[str, Any]:
-    """The row's numbers from the run's step records (see the module doc)."""
-    judged = [t for r in records for t in r.batch if t.tag == "Category"]
-    latencies = [lat for t in judged if (lat := _spans(t)[2]) is not None]
-    exposed = []
-    for r in records:
-        spans = [_spans(t) for t in r.batch]
-        ends = [s[1] for s in spans if s[1] is not None]
-        if ends:
-            exposed.append(max(0.0, max(ends) - max(s[0] for s in spans)))
-    formed = [r.formed_at for r in records if r.formed_at]
-    steps = [b - a for a, b in zip(formed, formed[1:], strict=False)]
-    busy: dict[str, float] = {}
-    for t in judged:
-        d = t.info.get("reward_details") or {}
-        if "judge_id" in d:
-            busy[d["judge_id"]] = max(busy.get(d["judge_id"], 0.0), float(d["judge_busy_s"]))
-    step_s = statistics.median(steps) if steps else wall_s
-    reserved = reserved_s if reserved_s is not None else wall_s
-    exposed_s = statistics.median(exposed) if exposed else 0.0
-    return {
-        "replica_utilisation": round(sum(busy.values()) / reserved, 4) if reserved else None,
-        "judge_busy_s": round(sum(busy.values()), 2),
-        "reserved_s": round(reserved, 2),
-        "replicas_seen": len(busy),
-        "rollout_step_s": round(step_s, 3),
+        "deployment": deployment,
+        "replica_utilisation": round(busy / reserved, 4) if reserved else None,
+        "rollout_step_s": round(statistics.median(step_times), 3),
         "reward_latency_p50_s": round(statistics.median(latencies), 4) if latencies else None,
-        "exposed_reward_s": round(exposed_s, 4),
-        "exposed_fraction": round(exposed_s / step_s, 4) if step_s else None,
-        "judged": len(judged),
-        "wall_s": round(wall_s, 1),
+        "exposed_reward_s": round(statistics.median(exposed), 4),
+        "exposed_fraction": round(sum(exposed) / sum(step_times), 4),
+        "exposed_reward_max_s": round(max(exposed), 3),
+        "busy_s": round(busy, 2), "reserved_s": round(reserved, 2),
+        "reserved_logged_s": round(logged, 2), "serve_held_s": round(held_s, 2),
+        "replicas": len(usage), "replicas_unclosed": sum(not u.closed for u in usage),
+        "replica_start_up_s": round(statistics.median(start_ups), 2) if start_ups else None,
+        "judged": len(latencies),
+        "trained": sum(r["trained"] for r in results),
+        "dropped": sum(sum(r["dropped"].values()) for r in results),
+        "job_run_s": [round(r["run_ended"] - r["run_started"], 1) for r in results],
     }
-
-
-def run_once(deployment: str, steps: int, seed: int, mode: str, out: str) -> dict[str, Any]:
-    from rollart_sdk.cluster.serve_app import ReplicaMonitor
-    from rollart_sdk.config import load_config
-    from rollart_sdk.job import build_job, run_job
-
-    cfg, lines = load_config(data=run_config(deployment, steps, seed, mode, out))
-    job = build_job(cfg, lines, log=lambda *a: None)
-    monitor = None
-    try:
-        if deployment == "serverless":
-            monitor = ReplicaMonitor("reward-judge", emit=lambda line: print(line, flush=True),
-                                     interval_s=0.25).start()
-        t0 = time.monotonic()
-        records = run_job(job, steps, progress=False)
-        wall = time.monotonic() - t0
-        reserved = None
-        if monitor is not None:
-            reserved = monitor.replica_seconds(until=time.monotonic() - monitor.started)
-    finally:
-        if monitor is not None:
-            monitor.stop()
-        job.close()
-    row = {"deployment": deployment, "seed": seed, "mode": mode, "steps": steps}
-    row.update(measure(records, wall, reserved))
-    return row
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="rollart bench reward", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--steps", type=int, default=12)
+    p.add_argument("--jobs", type=int, default=3, help="concurrent jobs per arm")
+    p.add_argument("--steps", type=int, default=6, help="training steps per job")
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--mode", default="async", choices=["sync", "one_off", "async"])
     p.add_argument("--deployments", default="dedicated,serverless")
+    p.add_argument("--max-replicas", type=int, default=2, help="serverless max replicas")
+    p.add_argument("--target-ongoing", type=float, default=16.0,
+                   help="serverless: calls in flight per replica before another starts")
+    p.add_argument("--idle-s", type=float, default=2.0,
+                   help="serverless: idle seconds before scaling to zero")
+    p.add_argument("--workload", type=json.loads, default=WORKLOAD,
+                   help=f"JSON, default {json.dumps(WORKLOAD)}")
+    p.add_argument("--judge", type=json.loads, default=JUDGE,
+                   help="JSON options of reward judge (default SmolLM2-135M, likelihood)")
+    p.add_argument("--job-timeout-s", type=float, default=900.0)
     p.add_argument("--out", default="runs/bench-reward", help="run directories go here")
     p.add_argument("--json", help="write {rows, median} here")
     args = p.parse_args(argv)
+    args.workload = {**WORKLOAD, **args.workload}
+
+    import ray
+    from ray import serve
+
+    from rollart_sdk.cluster.serve_app import TOKEN_ENV
+    from rollart_sdk.job import _free_port
+    from rollart_sdk.ray_utils import init_ray
+
+    os.environ[TOKEN_ENV] = secrets.token_hex(16)  # the jobs inherit it; never printed
+    init_ray(num_cpus=2 * args.jobs + 2, log_to_driver=False)
+    port = _free_port()
     rows = []
-    for seed in range(args.repeats):
-        for deployment in args.deployments.split(","):
-            row = run_once(deployment, args.steps, seed, args.mode, args.out)
-            print(json.dumps(row), flush=True)
-            rows.append(row)
-    keys = ["replica_utilisation", "rollout_step_s", "reward_latency_p50_s", "exposed_reward_s",
-            "exposed_fraction"]
-    median = {}
+    try:
+        for seed in range(args.repeats):
+            for deployment in args.deployments.split(","):
+                print(f"{deployment}, repeat {seed}: {args.jobs} jobs x {args.steps} steps",
+                      flush=True)
+                row = Arm(args, deployment, seed, port).run()
+                print(json.dumps(row), flush=True)
+                rows.append(row)
+    finally:
+        serve.shutdown()
+        ray.shutdown()
+    median: dict[str, dict[str, float]] = {}
     for deployment in args.deployments.split(","):
         mine = [r for r in rows if r["deployment"] == deployment]
         median[deployment] = {k: statistics.median(r[k] for r in mine if r[k] is not None)
-                              for k in keys if any(r[k] is not None for r in mine)}
-    print(f"{'deployment':<12}" + "".join(f"{k:>24}" for k in keys))
+                              for k in KEYS if any(r[k] is not None for r in mine)}
+    print(f"{'deployment':<12}" + "".join(f"{k:>24}" for k in KEYS))
     for deployment, m in median.items():
-        print(f"{deployment:<12}" + "".join(f"{m.get(k, float('nan')):>24.4f}" for k in keys))
+        print(f"{deployment:<12}" + "".join(f"{m.get(k, float('nan')):>24.4f}" for k in KEYS))
     if args.json:
+        meta = {"jobs": args.jobs, "steps": args.steps, "repeats": args.repeats,
+                "workload": args.workload, "judge": args.judge,
+                "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                "load_average": os.getloadavg()}
         with open(args.json, "w") as f:
-            json.dump({"rows": rows, "median": median}, f, indent=1)
+            json.dump({"meta": meta, "rows": rows, "median": median}, f, indent=1)
     return 0

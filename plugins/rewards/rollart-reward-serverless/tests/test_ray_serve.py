@@ -53,12 +53,16 @@ def ray_local():
     ray.shutdown()
 
 
-def test_deploy_scales_from_zero_serves_with_auth_and_back_to_zero(ray_local, monkeypatch):
+def test_deploy_scales_from_zero_serves_with_auth_and_back_to_zero(ray_local, monkeypatch,
+                                                                   tmp_path):
     import psutil
+
+    from rollart_sdk.cluster.replica_log import read_usage
 
     monkeypatch.setenv("RS_TEST_TOKEN", "t0k-secret")
     opts = DeployOptions(backend={"name": "rule", "options": {"mode": "success"}},
-                         port=_free_port(), downscale_delay_s=0.5, downscale_to_zero_delay_s=2)
+                         port=_free_port(), downscale_delay_s=0.5, downscale_to_zero_delay_s=2,
+                         replica_log=str(tmp_path / "replicas"))
     app = opts.app_name
     events: list[str] = []
     backend = ServerlessReward(deploy=opts.model_dump(), token_env="RS_TEST_TOKEN",
@@ -91,3 +95,11 @@ def test_deploy_scales_from_zero_serves_with_auth_and_back_to_zero(ray_local, mo
     counts = [n for _, n in monitor.history]
     assert counts[0] == 0 and max(counts) >= 1 and counts[-1] == 0, events
     assert any("-> 0" in e for e in events[1:]), events
+    # Each replica's own log: created -> ready -> busy while scoring -> closed when Serve
+    # stopped it at the scale-down; the two scored calls (not the refused ones) are in it.
+    _wait(lambda: all(u.closed for u in read_usage(tmp_path / "replicas")), 30,
+          "every replica to log 'closed'")
+    usage = read_usage(tmp_path / "replicas")
+    assert len(usage) >= 1 and sum(u.calls for u in usage) == 2
+    assert all(u.ready is not None and 0 < u.busy_s <= u.reserved_s for u in usage
+               if u.calls)
