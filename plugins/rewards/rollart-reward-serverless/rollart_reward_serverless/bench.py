@@ -243,7 +243,11 @@ def summarise(deployment: str, results: list[dict[str, Any]], logs: Path,
         "replica_start_up_s": round(statistics.median(start_ups), 2) if start_ups else None,
         "judged": len(latencies),
         "trained": sum(r["trained"] for r in results),
-        "dropped": sum(sum(r["dropped"].values()) for r in results),
+        # dropped for a fault (a reward that failed...); the run's end aborts apart
+        "dropped": sum(n for r in results for k, n in r["dropped"].items()
+                       if not k.startswith("aborted")),
+        "aborted_at_end": sum(n for r in results for k, n in r["dropped"].items()
+                              if k.startswith("aborted")),
         "job_run_s": [round(r["run_ended"] - r["run_started"], 1) for r in results],
     }
 

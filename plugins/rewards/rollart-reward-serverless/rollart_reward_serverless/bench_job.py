@@ -35,8 +35,12 @@ def job_config(spec: dict[str, Any]) -> dict[str, Any]:
             "tag": "Category", "max_turns": 1, "constrain_actions": True, "system_prompt": None,
             "env": {"name": "category", "faults": {"latency": {"mu": w["env_mu_s"],
                                                                "sigma": w["env_sigma_s"]}}},
+            # Patient with the endpoint: on this shared machine Serve's proxy can restart
+            # under memory pressure; a call retries for about a minute (1+2+...+32 s)
+            # before its trajectory is dropped (counted in the row's "dropped").
             "reward": {"name": "serverless", "options": {
-                "url": spec["url"], "token_env": TOKEN_ENV, "timeout_s": 120, "retries": 1}},
+                "url": spec["url"], "token_env": TOKEN_ENV, "timeout_s": 120, "retries": 6,
+                "backoff_s": 1.0, "breaker_failures": 1000}},
             "reward_timeout_s": 300,
         }],
         "engine": {"name": "torch", "options": {"max_running": 64}},
