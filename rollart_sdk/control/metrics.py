@@ -181,5 +181,6 @@ def reward_exposure(records: list[StepRecord], run_started: float) -> dict[str, 
         previous = r.formed_at
     latencies = [t1 - t0 for r in records for t in r.batch
                  for span, t0, t1 in t.timings if span == "reward"]
-    rewards = [sum(t.reward for t in r.batch) / len(r.batch) for r in records if r.batch]
+    rewards = [sum(float(t.reward or 0.0) for t in r.batch) / len(r.batch)
+               for r in records if r.batch]
     return {"steps": steps, "reward_latencies_s": latencies, "rewards": rewards}

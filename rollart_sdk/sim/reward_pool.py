@@ -207,12 +207,13 @@ class RewardPool:
 # The reward model on one device: a forward pass over the trajectory, N(0.3 s, 0.1 s),
 # up to 8 calls batched at once; a job's dedicated reward capacity is one 8-device node.
 # The serverless deployment: a 30 s cold start, Ray Serve's rule aiming at 8 calls per
-# instance (up after 5 s, down after 60 s, to zero after 60 s idle).
+# instance over a 30 s look-back (up after 30 s and look-back as Ray Serve's defaults;
+# down after 60 s, to zero after 60 s idle, where Ray's default would wait 600 s).
 JUDGE_S = {"kind": "normal", "mean": 0.3, "std": 0.1, "min": 0.05}
 RESERVED_PER_JOB = 8
 CONCURRENCY = 8
-SERVERLESS = {"cold_s": 30.0, "target_ongoing": 8.0, "upscale_delay_s": 5.0,
-              "downscale_delay_s": 60.0, "keep_warm_s": 60.0}
+SERVERLESS = {"cold_s": 30.0, "target_ongoing": 8.0, "upscale_delay_s": 30.0,
+              "look_back_s": 30.0, "downscale_delay_s": 60.0, "keep_warm_s": 60.0}
 STAGGER_S = 120.0  # jobs start at seeded uniform times in [0, STAGGER_S] (the first at 0)
 
 

@@ -94,10 +94,10 @@ class Arm:
     def launch(self, job: int, url: str) -> subprocess.Popen[bytes]:
         env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
                "TOKENIZERS_PARALLELISM": "false"}
-        log = open(self.dir / f"job{job}.log", "wb")
-        return subprocess.Popen(
-            [sys.executable, "-m", "rollart_reward_serverless.bench_job", str(self.spec(job, url))],
-            stdout=log, stderr=subprocess.STDOUT, env=env)
+        with open(self.dir / f"job{job}.log", "wb") as log:  # the child keeps its copy
+            return subprocess.Popen(
+                [sys.executable, "-m", "rollart_reward_serverless.bench_job",
+                 str(self.spec(job, url))], stdout=log, stderr=subprocess.STDOUT, env=env)
 
     def run(self) -> dict[str, Any]:
         t0 = time.time()
@@ -243,11 +243,11 @@ def summarise(deployment: str, results: list[dict[str, Any]], logs: Path,
         "replica_start_up_s": round(statistics.median(start_ups), 2) if start_ups else None,
         "judged": len(latencies),
         "trained": sum(r["trained"] for r in results),
-        # dropped for a fault (a reward that failed...); the run's end aborts apart
+        # dropped for a fault (a reward that failed...); what the run's end discarded apart
         "dropped": sum(n for r in results for k, n in r["dropped"].items()
-                       if not k.startswith("aborted")),
-        "aborted_at_end": sum(n for r in results for k, n in r["dropped"].items()
-                              if k.startswith("aborted")),
+                       if "run_end" not in k),
+        "discarded_at_end": sum(n for r in results for k, n in r["dropped"].items()
+                                if "run_end" in k),
         "job_run_s": [round(r["run_ended"] - r["run_started"], 1) for r in results],
     }
 
