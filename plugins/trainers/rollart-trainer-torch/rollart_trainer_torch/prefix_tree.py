@@ -34,6 +34,8 @@ import torch
 
 from rollart_sdk.types import TrainSample
 
+_Node = tuple[tuple[int, int], int]  # (group key (start, length), row in the group)
+
 
 @dataclass
 class _Group:
@@ -64,17 +66,16 @@ class PrefixTree:
             sample_pos.extend((i, t - 1) for t in trained)
         cuts = _cut_offsets(seqs)
         groups: dict[tuple[int, int], _Group] = {}
-        Node = tuple[tuple[int, int], int]  # (group key, row)
-        node_of: dict[tuple[Node | None, tuple[int, ...]], Node] = {}
-        parent_of: dict[tuple[int, int], list[Node | None]] = {}
-        paths: list[list[tuple[int, Node]]] = []  # per sample: (start, node) of its pieces
+        node_of: dict[tuple[_Node | None, tuple[int, ...]], _Node] = {}
+        parent_of: dict[tuple[int, int], list[_Node | None]] = {}
+        paths: list[list[tuple[int, _Node]]] = []  # per sample: (start, node) of its pieces
         for seq in seqs:
-            path: list[tuple[int, Node]] = []
+            path: list[tuple[int, _Node]] = []
             if not seq:  # nothing trained: no input position is needed
                 paths.append(path)
                 continue
             bounds = [0, *(c for c in cuts if 0 < c < len(seq)), len(seq)]
-            parent: Node | None = None
+            parent: _Node | None = None
             for a, b in zip(bounds, bounds[1:], strict=False):
                 key = (parent, tuple(seq[a:b]))
                 node = node_of.get(key)
@@ -141,6 +142,43 @@ class PrefixTree:
             layers = [(layer.keys, layer.values) for layer in cache.layers]
             parts_by_end.setdefault(g.start + g.length, []).append(layers)
         return torch.cat(out)
+
+
+def tree_micro_batches(batch: list[TrainSample], max_seqs: int, max_tokens: int,
+                       max_ratio: float) -> list[list[TrainSample]] | None:
+    """Samples in lexicographic order (those sharing a prefix are neighbours), cut at
+    ``max_seqs`` sequences or ``max_tokens`` distinct prefix tokens (what a tree
+    computes); None when the distinct tokens exceed ``max_ratio`` of the batch's tokens
+    (little to share: the padded forward is cheaper)."""
+    order = sorted(batch, key=lambda s: s.input_ids)
+    new = [len(s.input_ids) - _lcp(a.input_ids if a else None, s.input_ids)
+           for a, s in zip([None, *order], order, strict=False)]
+    if sum(new) > max_ratio * sum(len(s.input_ids) for s in batch):
+        return None
+    trees: list[list[TrainSample]] = []
+    cur: list[TrainSample] = []
+    size = 0
+    for s, n in zip(order, new, strict=True):
+        if cur and (len(cur) >= max_seqs or size + n > max_tokens):
+            trees.append(cur)
+            cur, size = [], len(s.input_ids)
+        else:
+            size += n
+        cur.append(s)
+    if cur:
+        trees.append(cur)
+    return trees
+
+
+def _lcp(a: list[int] | None, b: list[int]) -> int:
+    """Length of the common prefix of ``a`` and ``b`` (0 when ``a`` is None)."""
+    if a is None:
+        return 0
+    n = min(len(a), len(b))
+    k = 0
+    while k < n and a[k] == b[k]:
+        k += 1
+    return k
 
 
 def _cut_offsets(seqs: list[list[int]]) -> list[int]:

@@ -45,7 +45,7 @@ from rollart_sdk.config import ModelConfig
 from rollart_sdk.types import TrainSample, WeightBucket
 from rollart_sdk.weights import split_buckets
 from rollart_trainer_torch.options import TorchTrainerOptions
-from rollart_trainer_torch.prefix_tree import PrefixTree
+from rollart_trainer_torch.prefix_tree import PrefixTree, tree_micro_batches
 
 CHECKPOINT_FORMAT = 1
 HEAD_ONLY_MODELS = ("llama", "qwen2", "qwen3", "mistral")
@@ -445,23 +445,10 @@ class TorchTrainer:
         tokens: samples of similar length share a forward, so padding stays small."""
         o = self.options
         if o.prefix_sharing != "off" and self._head_only:
-            order = sorted(batch, key=lambda s: s.input_ids)
-            new = [len(s.input_ids) - _lcp(a.input_ids if a else None, s.input_ids)
-                   for a, s in zip([None, *order], order, strict=False)]
-            total = sum(len(s.input_ids) for s in batch)
-            if o.prefix_sharing == "on" or sum(new) <= o.prefix_sharing_max_ratio * total:
-                trees: list[list[TrainSample]] = []
-                cur: list[TrainSample] = []
-                size = 0
-                for s, n in zip(order, new, strict=True):
-                    if cur and (len(cur) >= o.micro_batch_size
-                                or size + n > o.micro_batch_tokens):
-                        trees.append(cur)
-                        cur, size = [], len(s.input_ids)
-                    else:
-                        size += n
-                    cur.append(s)
-                trees.append(cur)
+            trees = tree_micro_batches(batch, o.micro_batch_size, o.micro_batch_tokens,
+                                       1.0 if o.prefix_sharing == "on"
+                                       else o.prefix_sharing_max_ratio)
+            if trees is not None:
                 return trees, True
         return self._padded_micro_batches(batch), False
 
@@ -544,17 +531,6 @@ class TorchTrainer:
         adv = torch.tensor([float(s.advantage) for s in mb], dtype=torch.float32)
         out = {"ids": ids, "attn": attn, "mask": mask, "beh": beh, "vers": vers, "adv": adv}
         return {k: v.to(self.device) for k, v in out.items()}
-
-
-def _lcp(a: list[int] | None, b: list[int]) -> int:
-    """Length of the common prefix of ``a`` and ``b`` (0 when ``a`` is None)."""
-    if a is None:
-        return 0
-    n = min(len(a), len(b))
-    k = 0
-    while k < n and a[k] == b[k]:
-        k += 1
-    return k
 
 
 def _all_reduce_flat(tensors: list[torch.Tensor]) -> None:
