@@ -85,6 +85,11 @@ class _Workers:
     prefill: list[WorkerHandle]  # prefill-decode disaggregation: the prefill engines
 
 
+# Times Ray restarts a dead engine worker's process (it then reloads the served weights
+# before it serves again: control/recovery.py).
+ENGINE_MAX_RESTARTS = 3
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -167,6 +172,12 @@ def build_job(cfg: RunConfig, lines: LineMap | None = None, run_name: str | None
     tasks = _task_runtimes(cfg, described, tokenizer)
     chat = tasks[cfg.tasks[0].tag].prompt_format  # the scheduler's default format
     pipeline = _wire_control_plane(cfg, workers, tasks, chat, run_dir)
+
+    def rebind(worker: str) -> None:  # a restarted engine: its record counts the restart
+        spawner.rebind(worker)
+        run_dir.write_json("bindings.json", spawner.bindings())
+
+    pipeline.recovery.rebind = rebind
     run_dir.write_json("plan.json", {**plan.to_json(), "threads": threads})
     run_dir.write_json("bindings.json", spawner.bindings())
     return Job(cfg, run_dir, pipeline, workers.trainers, spawner, resume=resume)
@@ -207,6 +218,7 @@ def _spawn_workers(cfg: RunConfig, resolved: ResolvedRun, plan: ResourcePlan,
          resolved.transport.descriptor, resolved.transport.options, threads["actor_gen"]),
         workers_per_pool=plan.role("actor_gen").workers_per_pool,
         hw_affinity=plan.hw_affinity(),
+        max_restarts=ENGINE_MAX_RESTARTS,
     )
     routes = spawner.routes("gen", [t.tag for t in cfg.tasks])
     prefill = _spawn_prefill(cfg, resolved, plan, model, spawner, threads["actor_gen"])
@@ -238,6 +250,7 @@ def _spawn_prefill(cfg: RunConfig, resolved: ResolvedRun, plan: ResourcePlan,
         (resolved.engine.descriptor, resolved.engine.options, model,
          resolved.transport.descriptor, resolved.transport.options, threads),
         workers_per_pool=plan.role("actor_gen").prefill_per_pool,
+        max_restarts=ENGINE_MAX_RESTARTS,
     )
     return handles
 
@@ -401,6 +414,23 @@ def env_summary(job: Job) -> dict[str, Any]:
     return {"pools": pools, "constructions": built}
 
 
+def _engine_versions(p: Pipeline) -> dict[str, Any]:
+    """The version each engine serves at the end, or the error that kept one from saying
+    (a dead engine; a restarted one that has not reloaded says so)."""
+    async def gather() -> list[Any]:
+        return list(await asyncio.gather(*(asyncio.wait_for(e.call("weights_status"), 30)
+                                           for e in p.weight_sync.engines),
+                                         return_exceptions=True))
+
+    try:
+        answers = asyncio.run(gather())
+    except Exception as exc:  # noqa: BLE001 - reported in summary.json, never masks
+        return {"error": f"{type(exc).__name__}: {exc}"[:500]}
+    return {e.name: (int(a["engine_version"]) if not isinstance(a, BaseException)
+                     else f"{type(a).__name__}: {a}"[:300])
+            for e, a in zip(p.weight_sync.engines, answers, strict=True)}
+
+
 def _engine_stats(p: Pipeline) -> dict[str, Any]:
     """Each engine worker's counters at run end (tokens prefilled, reused, generated; KV
     cache; PD hand-off errors), or the error that kept one from answering."""
@@ -486,7 +516,9 @@ def run_job(job: Job, steps: int, progress: bool = True) -> list[StepRecord]:
         "trajectories_trained": p.buffer.trained,
         "retried": p.scheduler.retried,
         "drop_examples": job.run_dir.drop_examples,
-        "engine_recovery": {**p.recovery.summary(), "rerouted_requests": p.proxy.rerouted},
+        "engine_recovery": {**p.recovery.summary(), "rerouted_requests": p.proxy.rerouted,
+                            "down_at_end": dict(p.proxy.down)},
+        "engine_versions": _engine_versions(p),
         "env_close_errors": dict(job.run_dir.close_errors),
         "events_not_written": job.run_dir.events_dropped,
         "rollout_s": (p.ended or time.time()) - p.started,  # start to the rollout's stop

@@ -167,6 +167,19 @@ def convert_gguf(gguf_path: str | os.PathLike[str], out_dir: str | os.PathLike[s
     return str(out)
 
 
+def read_gguf_meta(gguf_path: str | os.PathLike[str]) -> tuple[dict[str, Any], Any]:
+    """The config (as a dict) and the tokenizer that :func:`convert_gguf` would write for
+    ``gguf_path``, read from the GGUF's metadata alone (nothing dequantised): what
+    ``rollart validate`` checks a GGUF model with."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    src = Path(gguf_path)
+    folder, name = str(src.parent), src.name
+    config = AutoConfig.from_pretrained(folder, gguf_file=name)
+    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+    return config.to_dict(), tokenizer
+
+
 def _is_tied(model: PreTrainedModel, key: str) -> bool:
     return key == "lm_head.weight" and bool(getattr(model.config, "tie_word_embeddings", False))
 

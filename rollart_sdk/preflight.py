@@ -5,10 +5,16 @@ What a run would otherwise find only after Ray started (or never, spinning on dr
 - ``check_output_dir``: ``output_dir`` can be created and written to;
 - ``check_model``: ``model.path`` is a Hugging Face checkpoint folder whose shape is
   valid (``hidden_size`` divisible by the heads, heads by the KV heads), a ``model.gguf``
-  file exists (the tiny model's shape is checked by the config itself);
+  file exists (the tiny model's shape is checked by the config itself); ``validate``
+  also reads a GGUF's config and tokenizer from its metadata (``check_gguf``: the shape
+  and tokenizer ``train`` gets once it converted the file);
 - ``check_context``: each task's ``max_context_tokens`` holds its first prompt (system
   prompt + the env's first observation, env seed 0, through the task's prompt format):
-  a budget that cannot hold it drops every trajectory (``no_turns``).
+  a budget that cannot hold it drops every trajectory (``no_turns``);
+- ``check_sim_context``: the same for a simulated run (``clock: simulated``): the sim
+  env's first observation (seed 0) in the sim's token ids (``sim.token_block``) against
+  the task's budget in those ids, and against the KV cache of the engines that serve
+  the task (the sim engine finishes a prompt that does not fit with no tokens).
 
 Each returns ``(where, message)`` problems for a :class:`~rollart_sdk.errors.ConfigError`.
 """
@@ -61,16 +67,38 @@ def check_model(model: ModelConfig) -> Problems:
         conf = json.loads((p / "config.json").read_text())
     except (OSError, ValueError) as exc:
         return [("model.path", f"{p / 'config.json'} is not readable JSON ({exc})")]
+    return check_shape(conf, "model.path", str(p / "config.json"), "the checkpoint's config")
+
+
+def check_shape(conf: dict[str, Any], where: str, source: str, fix: str) -> Problems:
+    """A model config's attention shape: hidden size divisible by the heads (unless
+    ``head_dim`` is given), heads by the KV heads."""
     hidden, heads = conf.get("hidden_size"), conf.get("num_attention_heads")
     kv = conf.get("num_key_value_heads") or heads
     if isinstance(hidden, int) and isinstance(heads, int) and heads > 0:
         if hidden % heads and conf.get("head_dim") is None:
-            return [("model.path", f"{p / 'config.json'}: hidden_size {hidden} is not divisible "
-                     f"by num_attention_heads {heads}; fix the checkpoint's config")]
+            return [(where, f"{source}: hidden_size {hidden} is not divisible by "
+                     f"num_attention_heads {heads}; fix {fix}")]
         if isinstance(kv, int) and kv > 0 and heads % kv:
-            return [("model.path", f"{p / 'config.json'}: num_attention_heads {heads} is not "
-                     f"divisible by num_key_value_heads {kv}; fix the checkpoint's config")]
+            return [(where, f"{source}: num_attention_heads {heads} is not divisible by "
+                     f"num_key_value_heads {kv}; fix {fix}")]
     return []
+
+
+def check_gguf(model: ModelConfig) -> tuple[Problems, Any]:
+    """``(problems, tokenizer)``: the config and tokenizer a GGUF file converts to, read
+    from its metadata (``rollart_sdk.models.read_gguf_meta``, the calls ``convert_gguf``
+    makes, without dequantising the weights)."""
+    from rollart_sdk.models import read_gguf_meta
+
+    src = model.gguf_path()
+    try:
+        conf, tokenizer = read_gguf_meta(src)
+    except Exception as exc:  # noqa: BLE001 - any reader error is this file's problem
+        return [("model.gguf", f"{src}: its config or tokenizer cannot be read "
+                 f"({type(exc).__name__}: {str(exc)[:300]}); give a GGUF that transformers "
+                 "reads (llama.cpp's convert script writes one)")], None
+    return check_shape(conf, "model.gguf", str(src), "the GGUF's metadata"), tokenizer
 
 
 def first_observation(env_cls: Any, options: dict[str, Any], timeout: float) -> Any:
@@ -132,13 +160,72 @@ def check_context(cfg: RunConfig, envs: dict[str, Any], described: dict[str, dic
     return problems, warnings
 
 
+def check_sim_context(cfg: RunConfig, resolved: Any, plan: Any) -> tuple[Problems, list[str]]:
+    """``(problems, warnings)`` of a simulated run's context budgets: each task's first
+    prompt (the sim env's first observation, seed 0, in the sim's token ids: one id per
+    ``sim.token_block`` tokens) against ``max_context_tokens`` in those ids (what the
+    EnvManager compares), and against the KV cache of the engines that serve the task
+    (a sim engine finishes a prompt larger than its KV cache with no tokens)."""
+    from rollart_sdk.sim.backends import SimFormat
+    from rollart_sdk.sim.costs import resolve_hardware
+
+    block = cfg.sim.token_block
+    fmt = SimFormat(block)
+    try:
+        spec = cfg.sim.model_spec()
+    except ValueError as exc:
+        return [("sim", str(exc))], []
+    engine_pools = list(plan.role("actor_gen").workers_per_pool)
+    problems: Problems = []
+    warnings: list[str] = []
+    capacity: dict[str, int] = {}  # engine pool -> KV tokens of an engine there
+    for pool in engine_pools:
+        hw = cfg.pool(pool).hardware
+        try:
+            engine = resolved.engine.descriptor.create(
+                resolved.engine.options, hardware=resolve_hardware(hw, cfg.sim.hardware),
+                model_spec=spec, hardware_name=hw, response_tokens={}, token_block=block)
+        except ValueError as exc:  # the model does not fit the pool's devices
+            problems.append((f"pools ({pool})", str(exc)))
+            continue
+        capacity[pool] = int(engine.capacity)
+    for i, task in enumerate(cfg.tasks):
+        res = resolved.envs[task.tag]
+        obs = first_observation(res.descriptor.load(), res.options.model_dump(),
+                                task.reset_timeout_s)
+        if isinstance(obs, BaseException):
+            warnings.append(f"tasks.{i}: context budget not checked: the env's reset failed "
+                            f"here ({type(obs).__name__}: {str(obs)[:200]})")
+            continue
+        ids = len(fmt.first_prompt(str(obs)))
+        budget = max(1, task.max_context_tokens // block)
+        if ids >= budget:
+            problems.append((f"tasks.{i}.max_context_tokens", (
+                f"{task.max_context_tokens} tokens ({budget} ids of sim.token_block={block}) "
+                f"cannot hold task {task.tag!r}'s first prompt ({ids * block} tokens, {ids} "
+                "ids: the sim env's first observation, seed 0), so every trajectory would be "
+                "dropped (no_turns); raise it to at least "
+                f"{max((ids + 1) * block, ids * block + task.sampling.max_new_tokens)} "
+                "(prompt + sampling.max_new_tokens)")))
+        pools = [p for p in engine_pools if task.affinity in (p, cfg.pool(p).hardware)]
+        caps = [capacity[p] for p in (pools or engine_pools) if p in capacity]
+        if caps and ids * block >= max(caps):
+            problems.append((f"tasks.{i}.env.options.first_obs_tokens", (
+                f"task {task.tag!r}'s first prompt ({ids * block} tokens) does not fit the "
+                f"KV cache of any engine serving it ({max(caps)} tokens on "
+                f"{', '.join(pools or engine_pools)}), so every request would end with no "
+                "tokens; give the engines more devices (engine.options.devices) or memory "
+                "(sim.hardware), or a smaller first_obs_tokens")))
+    return problems, warnings
+
+
 def preflight(cfg: RunConfig, resolved: Any, lines: Any = None, log: Any = print,
               build_model: bool = True, output_dir: bool = True) -> dict[str, Any]:
     """Every check above, in order, as one ConfigError (with the config's lines).
 
     ``build_model``: prepare the model (build a tiny one, convert a GGUF) as ``train``
     does and read its tokenizer; otherwise (``validate``) a tiny model's tokenizer is
-    built alone and a GGUF's context check is skipped. Returns ``described`` (each
+    built alone and a GGUF's config and tokenizer are read from its metadata. Returns ``described`` (each
     task's env facts), ``model`` (with ``path`` set when built) and ``tokenizer``.
     """
     from rollart_sdk.errors import ConfigError
@@ -161,15 +248,29 @@ def preflight(cfg: RunConfig, resolved: Any, lines: Any = None, log: Any = print
         tokenizer = build_tokenizer(extra)
     elif cfg.model.path is not None:
         tokenizer = load_tokenizer(cfg.model.path)
-    else:
-        log("note: context budgets not checked (the GGUF's tokenizer is read when "
-            "`rollart train` converts it)")
+    else:  # a GGUF: the shape and tokenizer its conversion gives, from its metadata
+        problems, tokenizer = check_gguf(cfg.model)
+        fail(problems)
     if tokenizer is not None:
         problems, warnings = check_context(cfg, resolved.envs, described, tokenizer)
         for w in warnings:
             log(f"warning: {w}")
         fail(problems)
     return {"described": described, "model": model, "tokenizer": tokenizer}
+
+
+def sim_preflight(cfg: RunConfig, resolved: Any, plan: Any, lines: Any = None,
+                  log: Any = print) -> None:
+    """``check_output_dir`` and ``check_sim_context`` for a simulated run, as one
+    ConfigError (with the config's lines)."""
+    from rollart_sdk.errors import ConfigError
+
+    problems, warnings = check_sim_context(cfg, resolved, plan)
+    for w in warnings:
+        log(f"warning: {w}")
+    problems = check_output_dir(cfg.output_dir) + problems
+    if problems:
+        raise ConfigError([(_at(w, lines), m) for w, m in problems])
 
 
 def _at(where: str, lines: Any) -> str:

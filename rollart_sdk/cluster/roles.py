@@ -39,6 +39,27 @@ from rollart_sdk.types import (
 _MAX_EARLY_ABORTS = 4096
 
 
+class EngineRestartedError(RuntimeError):
+    """This engine worker's process was restarted by Ray and has not reloaded the weights
+    every engine serves yet (``reload``): the proxy and WeightSync treat it like a dead
+    worker, so EngineRecovery reloads it before it serves again."""
+
+
+def _was_restarted() -> bool:
+    """True in a Ray actor whose process is a restart (its ``__init__`` runs again)."""
+    import warnings
+
+    try:
+        import ray
+
+        with warnings.catch_warnings():  # Ray's property reads its own deprecated actor_id
+            warnings.simplefilter("ignore", DeprecationWarning)
+            return bool(ray.is_initialized()
+                        and ray.get_runtime_context().was_current_actor_reconstructed)
+    except Exception:  # noqa: BLE001 - not a Ray actor (in-process): never restarted
+        return False
+
+
 def _one_thread(threads: int | None = None) -> None:
     """Processes share few cores: ``threads`` torch threads (the run's thread plan,
     :mod:`rollart_sdk.resources.threads`), else ``ROLLART_TORCH_THREADS``, else one
@@ -72,6 +93,14 @@ class EngineWorker(ActorGenWorker):
         # calls): honoured when the request comes; the oldest forgotten past the cap.
         self._early_aborts: OrderedDict[str, None] = OrderedDict()
         self.handoff_errors: dict[str, int] = {}  # PD hand-offs that failed, by error type
+        # A restarted process holds the model's initial weights: it serves nothing (and
+        # takes part in no weight update) until EngineRecovery called reload().
+        self.restarted = _was_restarted()
+
+    def _serving(self) -> None:
+        if self.restarted:
+            raise EngineRestartedError(f"{self.name} was restarted and has not reloaded the "
+                                       "weights every engine serves yet")
 
     @hw_mapping({})  # the table comes from the config: Cluster(hw_affinity=plan.hw_affinity())
     async def generate(self, request: GenerationRequest,
@@ -79,6 +108,7 @@ class EngineWorker(ActorGenWorker):
         """``kv``: with prefill-decode disaggregation, ``[the prefill worker's K/V
         hand-off]`` (a Ray ObjectRef, fetched here from the object store; in-process an
         awaitable). A hand-off that failed is counted and the prompt computed here."""
+        self._serving()
         rid = request.request_id
         if self._early_aborts.pop(rid, 0) is None:
             return GenerationResult(rid, [], [], [], "abort", worker=self.name)
@@ -104,6 +134,7 @@ class EngineWorker(ActorGenWorker):
 
     async def prefill_kv(self, request: GenerationRequest) -> Any:
         """PD prefill side: the K/V of the request's prompt, for a decode worker."""
+        self._serving()
         prefill = getattr(self.engine, "prefill_kv", None)
         if prefill is None:
             raise TypeError(f"engine {type(self.engine).__name__} has no prefill_kv; "
@@ -135,20 +166,40 @@ class EngineWorker(ActorGenWorker):
     @register("execute_all")
     async def stage_weights(self, manifest: WeightManifest) -> None:
         """Start receiving the next version in the background; generation continues."""
+        self._serving()
         self.stager.start(manifest)
 
     @register("execute_all")
     async def commit_weights(self) -> WeightUpdateReport:
         """At the suspend point: finish the receive and swap (step 3 + 5 of the protocol)."""
+        self._serving()
         return await self.stager.commit(self.engine)
+
+    async def reload(self, manifest: WeightManifest | None,
+                     staged: WeightManifest | None = None) -> int:
+        """After a restart (EngineRecovery): load ``manifest`` (the version every other
+        engine serves; None: the initial weights, version 0), start receiving ``staged``
+        (published, not loaded yet) if any, then serve again. Returns the version loaded."""
+        if manifest is not None:
+            self.stager.start(manifest)
+            report = await self.stager.commit(self.engine)
+            if report.version != manifest.version:
+                raise RuntimeError(f"{self.name} reloaded version {report.version}, "
+                                   f"not {manifest.version}")
+        if staged is not None:
+            self.stager.start(staged)
+        self.restarted = False
+        return self.engine.version
 
     async def weights_status(self) -> dict[str, Any]:
         """The staged version's transfer (``WeightStager.status``) and the engine's version."""
+        self._serving()
         return {"name": self.name, "engine_version": self.engine.version,
                 **self.stager.status()}
 
     async def await_weights(self, timeout_s: float | None = None) -> dict[str, Any]:
         """Wait for the staged version to finish arriving (nothing is swapped in)."""
+        self._serving()
         status = await self.stager.wait(timeout_s)
         return {"name": self.name, "engine_version": self.engine.version, **status}
 
@@ -158,6 +209,11 @@ class EngineWorker(ActorGenWorker):
 
     async def version(self) -> int:
         return self.engine.version
+
+    async def restart_state(self) -> dict[str, Any]:
+        """For EngineRecovery: the engine's version and whether this process is a restart
+        that has not reloaded yet."""
+        return {"version": self.engine.version, "restarted": self.restarted}
 
     async def stats(self) -> dict[str, Any]:
         out = {"name": self.name, **self.engine.stats()}

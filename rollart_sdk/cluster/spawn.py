@@ -28,11 +28,13 @@ class Spawner(Protocol):
     def cluster(self, cls: type[Worker], name: str, init_args: tuple[Any, ...],
                 workers_per_pool: dict[str, int] | None = None, num_workers: int = 1,
                 concurrency: int | None = None, hw_affinity: dict[str, str] | None = None,
-                ) -> list[Any]: ...
+                max_restarts: int = 0) -> list[Any]: ...
 
     def routes(self, cluster: str, tags: list[str]) -> dict[str, list[str]]: ...
 
     def ready(self) -> None: ...
+
+    def rebind(self, worker: str) -> None: ...
 
     def call(self, handle: Any, method: str, *args: Any, timeout: float = 600) -> Any: ...
 
@@ -70,14 +72,19 @@ class RaySpawner:
     def cluster(self, cls: type[Worker], name: str, init_args: tuple[Any, ...],
                 workers_per_pool: dict[str, int] | None = None, num_workers: int = 1,
                 concurrency: int | None = None, hw_affinity: dict[str, str] | None = None,
-                ) -> list[Any]:
+                max_restarts: int = 0) -> list[Any]:
         from rollart_sdk.cluster import Cluster
         from rollart_sdk.control.handles import WorkerHandle
 
-        opts = {"max_concurrency": concurrency} if concurrency else None
+        opts: dict[str, Any] = {"max_concurrency": concurrency} if concurrency else {}
+        if max_restarts:
+            # Ray restarts a dead worker's process in the same reservation (its __init__
+            # runs again); calls in flight fail at once (no task retries): the caller
+            # re-sends them elsewhere (control/proxy.py, control/recovery.py).
+            opts.update(max_restarts=max_restarts, max_task_retries=0)
         cl = Cluster(cls, cls.role, self.rm, num_workers=None if workers_per_pool else num_workers,
                      workers_per_pool=workers_per_pool, init_args=init_args, name=name,
-                     hw_affinity=hw_affinity, actor_options=opts,
+                     hw_affinity=hw_affinity, actor_options=opts or None,
                      timeout_s=_start_timeout_s(), wait=False)
         self.clusters[name] = cl
         return [WorkerHandle(w.name, w.actor, pool=w.pool, hardware=w.hardware) for w in cl.workers]
@@ -95,6 +102,14 @@ class RaySpawner:
     def routes(self, cluster: str, tags: list[str]) -> dict[str, list[str]]:
         cl = self.clusters[cluster]
         return route_table(cl.workers, cl.hw_affinity or {}, self.plan.pools, tags)
+
+    def rebind(self, worker: str) -> None:
+        """A worker's process was restarted by Ray: its binding record (the GCS store)
+        counts the restart; the reservation (pool, node, placement group) is the same."""
+        b = next((b for b in self.rm.bindings() if b.worker == worker), None)
+        if b is None:
+            raise KeyError(f"no binding record for worker {worker!r}")
+        self.rm.annotate(worker, restarts=b.restarts + 1)
 
     def call(self, handle: Any, method: str, *args: Any, timeout: float = 600) -> Any:
         import ray
@@ -124,7 +139,7 @@ class LocalSpawner:
     def cluster(self, cls: type[Worker], name: str, init_args: tuple[Any, ...],
                 workers_per_pool: dict[str, int] | None = None, num_workers: int = 1,
                 concurrency: int | None = None, hw_affinity: dict[str, str] | None = None,
-                ) -> list[Any]:
+                max_restarts: int = 0) -> list[Any]:
         from rollart_sdk.cluster.worker import WorkerContext, bound_worker_class
         from rollart_sdk.control.handles import WorkerHandle
 
@@ -150,6 +165,13 @@ class LocalSpawner:
     def routes(self, cluster: str, tags: list[str]) -> dict[str, list[str]]:
         members, table = self._members[cluster]
         return route_table(members, table, self.plan.pools, tags)
+
+    def rebind(self, worker: str) -> None:
+        for b in self._bindings:
+            if b["worker"] == worker:
+                b["restarts"] = b.get("restarts", 0) + 1
+                return
+        raise KeyError(f"no binding record for worker {worker!r}")
 
     def call(self, handle: Any, method: str, *args: Any, timeout: float = 600) -> Any:
         result = getattr(handle.target, method)(*args)

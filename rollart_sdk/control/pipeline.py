@@ -59,6 +59,9 @@ from rollart_sdk.control.weight_updates import WeightUpdates
 from rollart_sdk.types import TrainSample, Trajectory, WeightUpdateReport
 from rollart_sdk.weights.sync import WeightSync
 
+# At the end of a completed run, how long an engine's restart + reload may still take (so
+# that every engine ends on one version); past it the engine is reported as not back.
+RECOVERY_WAIT_S = 120.0
 KEEP_BATCHES = 16  # steps whose trained trajectories stay in ``Pipeline.records``
 
 
@@ -117,6 +120,8 @@ class Pipeline:
         self.proxy = proxy
         # Stages/commits each published version on every engine (default: the proxy's).
         self.weight_sync = weight_sync or WeightSync(list(proxy.workers.values()))
+        if self.weight_sync.proxy is None:  # engines marked down are left out of updates
+            self.weight_sync.proxy = proxy
         self.scheduler = scheduler
         self.buffer = buffer
         self.trainers = trainers
@@ -286,6 +291,7 @@ class Pipeline:
         self.started = time.time()
         self.scheduler.start(quota=self.launch_per_step if mode != "async" else None)
         pending: asyncio.Task[StepRecord] | None = None
+        completed = False
         try:
             for step in range(self.first_step, steps):
                 if mode == "sync" and step > self.first_step:
@@ -325,13 +331,14 @@ class Pipeline:
                     self._report(done)
             if pending is not None:
                 await self._guarded(pending)
+            completed = True
         finally:
             if pending is not None and not pending.done():
                 pending.cancel()
             self.ended = time.time()  # the rollout stopped (before the run-end cleanup)
             await self.scheduler.stop("run_end")
             self.buffer.discard_all("run_end")
-            await self.recovery.close()
+            await self.recovery.close(wait_s=RECOVERY_WAIT_S if completed else 0.0)
         return self.records
 
     # ------------------------------------------------------------------ resume

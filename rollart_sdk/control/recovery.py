@@ -1,14 +1,21 @@
 """Engine recovery: a dead engine worker comes back, on the weights every engine serves.
 
-When the LLMProxy sees an engine worker's process die (``mark_down``), its requests are
-re-sent to the task's other engines (or the fallback) and this module waits for Ray to
-restart the worker (engine actors run with ``max_restarts``). Once the restarted worker
-answers, it is re-bound (its binding record gets the new process), loads the version
-every other engine serves (``stage_weights`` + ``commit_weights``; under the pipeline's
-weight-sync lock, so no update lands in between), starts receiving the version published
-but not loaded yet (if any), and only then rejoins the routes.
-A worker that does not come back within ``restart_timeout_s`` stays out; if that leaves
-a task without engines, the watchdog stops the run with the reason.
+When the LLMProxy (or WeightSync) sees an engine worker's process die (``mark_down``), its
+requests are re-sent to the task's other engines (or the fallback) and this module waits
+for Ray to restart the worker (engine actors run with ``max_restarts`` and no task
+retries: ``rollart_sdk.job.ENGINE_MAX_RESTARTS``). A restarted process holds the model's
+initial weights and refuses requests and weight updates (``EngineRestartedError``, seen as
+a dead worker) until it is reloaded. Once it answers, it is re-bound (its binding record
+counts the restart; ``bindings.json`` is rewritten), loads the version every other engine
+serves and starts receiving the version published but not loaded yet, if any
+(``EngineWorker.reload``; under the weight-update lock, so no update lands in between),
+and only then rejoins the routes. One that dies again while reloading is waited for again;
+a reload that fails otherwise (the served version was released by its sender meanwhile:
+transports keep only their newest few) is tried again once the engines serve a newer one.
+A worker that does not come back within ``restart_timeout_s`` stays out (``failed`` in the
+summary); if that leaves a task without engines, the watchdog stops the run with the
+reason. At the end of a completed run, a recovery in progress may finish (bounded: the
+Pipeline's ``RECOVERY_WAIT_S``).
 """
 
 from __future__ import annotations
@@ -42,6 +49,7 @@ class EngineRecovery:
         self.recovered: Counter[str] = Counter()
         self.failed: dict[str, str] = {}  # worker -> why it did not come back
         self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._closing = False  # the run ended: a recovery in progress may still finish
         proxy.on_worker_death.append(self._on_death)
 
     def _on_death(self, name: str, why: str) -> None:
@@ -52,49 +60,98 @@ class EngineRecovery:
             self._tasks[name] = asyncio.ensure_future(self._recover(name))
 
     async def _recover(self, name: str) -> None:
-        worker = self.proxy.worker(name)
+        from rollart_sdk.control.proxy import is_worker_death
+
         deadline = time.monotonic() + self.restart_timeout_s
+        rebound = False
         while True:
             try:
-                await asyncio.wait_for(worker.call("version"), 10)
+                rebound = await self._recover_once(name, deadline, rebound)
+                return
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - recorded; the run goes on without it
+                why = f"reload failed: {type(exc).__name__}: {exc}"[:500]
+                # Past the deadline, or the run is over (no newer version will come).
+                if time.monotonic() >= deadline or self._closing:
+                    self.failed[name] = why
+                    self._lost(name)
+                    return
+                if is_worker_death(exc):
+                    rebound = False
+                    continue  # it died again while reloading: wait for the next restart
+                # E.g. the served version was released by its sender meanwhile (it keeps
+                # only its newest few): try again once the engines serve a newer one.
+                self._emit({"trajectory": None, "tag": None, "span": "reload_retry",
+                            "worker": name, "t0": time.time(), "t1": time.time(),
+                            "error": why})
+                served = self.engine_version()
+                while (self.engine_version() == served and time.monotonic() < deadline
+                       and not self._closing):
+                    await asyncio.sleep(self.poll_s)
+
+    async def _recover_once(self, name: str, deadline: float, rebound: bool) -> bool:
+        """Wait for the restarted process, re-bind it (once per restart), reload it and
+        put it back in the routes. Returns whether it was re-bound."""
+        worker = self.proxy.worker(name)
+        while True:
+            try:
+                state = await asyncio.wait_for(worker.call("restart_state"), 10)
                 break
             except Exception as exc:  # noqa: BLE001 - still restarting; give up at the deadline
                 if time.monotonic() > deadline:
                     self.failed[name] = f"not restarted within {self.restart_timeout_s:g}s: " \
                                         f"{type(exc).__name__}: {exc}"[:500]
-                    return
+                    self._lost(name)
+                    return rebound
                 await asyncio.sleep(self.poll_s)
-        if self.rebind is not None:
+        if state["restarted"] and not rebound and self.rebind is not None:
+            rebound = True
             try:
                 await asyncio.to_thread(self.rebind, name)
             except Exception as exc:  # noqa: BLE001 - the record is informative; serve anyway
                 self._emit({"trajectory": None, "tag": None, "span": "rebind_failed",
                             "worker": name, "t0": time.time(), "t1": time.time(),
                             "error": f"{type(exc).__name__}: {exc}"[:500]})
-        async with self.sync_lock:
+        async with self.sync_lock:  # no weight update lands while it reloads
             target = self.engine_version()
-            manifest = self.manifest()
-            if target > 0:
-                if manifest is None or manifest.version != target:
-                    self.failed[name] = f"no manifest of version {target} to reload"
-                    return
-                await worker.call("stage_weights", manifest)
-                report = await worker.call("commit_weights")
-                if report.version != target:
-                    self.failed[name] = f"reloaded version {report.version}, not {target}"
-                    return
-            nxt = self.staged()  # published, not loaded yet: receive it like the others
-            if nxt is not None:
-                await worker.call("stage_weights", nxt)
+            manifest = self.manifest() if target > 0 else None
+            if target > 0 and (manifest is None or manifest.version != target):
+                raise LookupError(f"no manifest of the served version {target} to reload")
+            # The served version, then the one published and not loaded yet (if any).
+            loaded = await worker.call("reload", manifest, self.staged())
+            if loaded != target:
+                raise RuntimeError(f"reloaded version {loaded}, not the served {target}")
             self.proxy.mark_up(name)
+        self.failed.pop(name, None)
         self.recovered[name] += 1
         self._emit({"trajectory": None, "tag": None, "span": "worker_rejoined", "worker": name,
-                    "t0": time.time(), "t1": time.time(), "version": target})
+                    "t0": time.time(), "t1": time.time(), "version": target,
+                    "restarted": bool(state["restarted"])})
+        return rebound
 
-    async def close(self) -> None:
+    def _lost(self, name: str) -> None:
+        self._emit({"trajectory": None, "tag": None, "span": "worker_lost", "worker": name,
+                    "t0": time.time(), "t1": time.time(), "error": self.failed[name]})
+
+    def in_progress(self) -> list[str]:
+        """Engines being recovered now."""
+        return [n for n, t in self._tasks.items() if not t.done()]
+
+    async def close(self, wait_s: float = 0.0) -> None:
+        """Stop recovering; a recovery in progress may first finish within ``wait_s`` (at
+        the end of a completed run: the restarted engine then ends on the version every
+        engine serves); past it, it is reported as not back."""
+        self._closing = True
+        pending = [t for t in self._tasks.values() if not t.done()]
+        if pending and wait_s > 0:
+            await asyncio.wait(pending, timeout=wait_s)
         for t in self._tasks.values():
             t.cancel()
         await asyncio.gather(*self._tasks.values(), return_exceptions=True)
+        for name, t in self._tasks.items():
+            if t.cancelled():
+                self.failed.setdefault(name, "the run ended before it was back")
 
     def summary(self) -> dict[str, Any]:
         return {"deaths": dict(self.deaths), "recovered": dict(self.recovered),

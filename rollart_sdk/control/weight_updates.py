@@ -241,6 +241,9 @@ class WeightUpdates:
                 manifest, self._unstaged = self._unstaged, None
                 await self._stage(manifest)
             self.log.append(f"update:{self.staged}")
+            target = self.staged
+            # Engines marked down (or dying now) are left out: each loads this version
+            # before it serves again (control/recovery.py).
             reports: list[WeightUpdateReport] = await self.sync.commit()
             self.staged = None
             if not self._baseline_taken:
@@ -256,21 +259,23 @@ class WeightUpdates:
         # added when the step is reported (settle).
         window = time.perf_counter() - t0 + wait_s
         released = self.engine
-        versions = {r.version for r in reports}
+        # No report: every engine was down; each loads this version when it is back.
+        versions = ({r.version for r in reports} if reports
+                    else {target} if target is not None else set())
         if len(versions) != 1:
             raise RunFailure(f"the engines committed different versions {sorted(versions)}")
         self.versions.engine = versions.pop()
         self._wake()
         self.reports.extend(reports)
-        for w in self.sync.engines:
+        for w in self.sync.live():  # the engines that swapped (a down one reloads later)
             self._span("weight_sync", w.name, t0, self.versions.trainer)
         if released:  # every engine committed a newer version: the trainer may drop it
             await self._release(released)
         if rec is not None:
             rec.weight_sync_exposed_s = window
             rec.weight_sync_wait_s = wait_s
-            rec.weight_transfer_s = max(r.transfer_s for r in reports)
-            rec.weight_sync_nbytes = max(r.nbytes for r in reports)
+            rec.weight_transfer_s = max((r.transfer_s for r in reports), default=0.0)
+            rec.weight_sync_nbytes = max((r.nbytes for r in reports), default=0)
             rec.recomputed = sum(r.recomputed_requests for r in reports)
             if baseline is not None:
                 rec.weight_sync_baseline_s = baseline  # recompute added at report time

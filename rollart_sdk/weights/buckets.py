@@ -32,6 +32,10 @@ class WeightSyncError(RollartError):
         where = f"bucket {bucket} of " if bucket is not None else ""
         super().__init__(f"weight sync of {where}version {version} failed: {reason}")
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Pickled with its own arguments (Ray sends it from an engine to the driver).
+        return (type(self), (self.version, self.reason, self.bucket))
+
 
 class CorruptBucketError(WeightSyncError, ValueError):
     """A bucket's bytes do not match its checksum (also a ``ValueError``, as it always was)."""

@@ -24,13 +24,15 @@ class LocalTransportOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     channel: str = Field("default", description="name shared by the sender and its receivers")
-    keep_versions: int = Field(2, ge=1, description="published versions kept before release")
+    keep_versions: int = Field(3, ge=1, description="published versions kept before release "
+                               "(3: the version the engines serve, the one they receive and "
+                               "the one just published; a restarted engine reloads the first)")
 
 
 class LocalTransport:
     style: ClassVar[Literal["push", "pull"]] = "pull"
 
-    def __init__(self, role: str = "sender", channel: str = "default", keep_versions: int = 2) -> None:
+    def __init__(self, role: str = "sender", channel: str = "default", keep_versions: int = 3) -> None:
         self.role = role
         self.channel = channel
         self.keep_versions = keep_versions

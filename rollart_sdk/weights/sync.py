@@ -6,8 +6,16 @@ The trainer publishes a version through its transport and hands back a manifest;
 ``commit()`` swaps it in on every engine at the protocol's suspend point
 (``EngineWorker.commit_weights``). ``status()`` / ``wait_ready()`` tell whether the staged
 version has fully arrived everywhere, so that the pipeline can defer the commit while it
-has not (the engines keep generating on the old version meanwhile). The request router (``LLMProxy``) only routes; this
-object is the weight-sync channel.
+has not (the engines keep generating on the old version meanwhile). The request router
+(``LLMProxy``) only routes; this object is the weight-sync channel.
+
+Dead engines: with a ``proxy`` (the Pipeline attaches its LLMProxy), every call goes to the
+engines the proxy has not marked down, and an engine whose process dies during a call (or
+that was restarted and has not reloaded: ``EngineRestartedError``) is marked down and left
+out of that call's answers instead of failing the update. Once Ray restarted it,
+EngineRecovery (``rollart_sdk.control.recovery``) loads the version every other engine
+serves, under the weight-update lock, before it rejoins: a live engine is never left on
+another version than its peers, and a down one catches up before it serves.
 """
 
 from __future__ import annotations
@@ -23,36 +31,63 @@ if TYPE_CHECKING:
 
 
 class WeightSync:
-    """Stages and commits a version on every engine worker."""
+    """Stages and commits a version on every live engine worker."""
 
     def __init__(self, engines: Sequence[WorkerHandle]) -> None:
         self.engines = list(engines)
+        self.proxy: Any = None  # LLMProxy: which engines are down (set by the Pipeline)
+
+    def live(self) -> list[WorkerHandle]:
+        """The engines not marked down."""
+        down = self.proxy.down if self.proxy is not None else {}
+        return [e for e in self.engines if e.name not in down]
+
+    async def _each(self, method: str, *args: Any) -> list[Any]:
+        """Call every live engine; one that dies meanwhile is marked down and left out of
+        the answers; any other error is raised (the first one)."""
+        from rollart_sdk.control.proxy import is_worker_death
+
+        live = self.live()
+        results = await asyncio.gather(*(e.call(method, *args) for e in live),
+                                       return_exceptions=True)
+        out: list[Any] = []
+        error: BaseException | None = None
+        for e, r in zip(live, results, strict=True):
+            if not isinstance(r, BaseException):
+                out.append(r)
+            elif is_worker_death(r) and self.proxy is not None:
+                self.proxy.mark_down(e.name, f"{type(r).__name__}: {r}"[:500])
+            elif error is None:
+                error = r
+        if error is not None:
+            raise error
+        return out
 
     async def stage(self, manifest: WeightManifest) -> None:
-        """Every engine starts receiving ``manifest``'s buckets; generation continues."""
-        await asyncio.gather(*(e.call("stage_weights", manifest) for e in self.engines))
+        """Every live engine starts receiving ``manifest``'s buckets; generation continues."""
+        await self._each("stage_weights", manifest)
 
     async def commit(self) -> list[WeightUpdateReport]:
-        """Every engine swaps in the staged version (call it while the proxy is suspended).
+        """Every live engine swaps in the staged version (call it while the proxy is
+        suspended). An engine that died is left out (it reloads when restarted).
 
         Raises the first engine's :class:`~rollart_sdk.weights.WeightSyncError`.
         """
-        return list(await asyncio.gather(*(e.call("commit_weights") for e in self.engines)))
+        return await self._each("commit_weights")
 
     async def status(self) -> list[dict[str, Any]]:
-        """Every engine's staged transfer: version, ready, error (``weights_status``)."""
-        return list(await asyncio.gather(*(e.call("weights_status") for e in self.engines)))
+        """Every live engine's staged transfer: version, ready, error (``weights_status``)."""
+        return await self._each("weights_status")
 
     async def wait_ready(self, timeout_s: float | None = None) -> list[dict[str, Any]]:
-        """Wait until every engine's staged transfer has finished (arrived or failed);
-        nothing is swapped in, generation goes on meanwhile."""
-        return list(await asyncio.gather(
-            *(e.call("await_weights", timeout_s) for e in self.engines)))
+        """Wait until every live engine's staged transfer has finished (arrived or
+        failed); nothing is swapped in, generation goes on meanwhile."""
+        return await self._each("await_weights", timeout_s)
 
     async def cancel(self) -> None:
-        """Every engine drops its staged version and keeps serving the one it has."""
-        await asyncio.gather(*(e.call("cancel_weights") for e in self.engines))
+        """Every live engine drops its staged version and keeps serving the one it has."""
+        await self._each("cancel_weights")
 
     async def stats(self) -> list[dict[str, Any]]:
-        """Every engine's ``stats()`` (the pipeline reads their KV-recompute seconds)."""
-        return list(await asyncio.gather(*(e.call("stats") for e in self.engines)))
+        """Every live engine's ``stats()`` (the pipeline reads their KV-recompute seconds)."""
+        return await self._each("stats")

@@ -37,11 +37,12 @@ class RayTransportOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     keep_versions: int = Field(
-        2,
+        3,
         ge=1,
         description="published versions the sender keeps fetchable; publishing a newer "
-        "one releases the oldest beyond this count (2 lets slow engines finish pulling "
-        "version n while n+1 lands)",
+        "one releases the oldest beyond this count (3: the version the engines serve, the "
+        "one they receive and the one just published, with deferred updates; an engine "
+        "restarted after its process died reloads the served one)",
     )
     fetch_timeout_s: float = Field(
         300.0,
@@ -90,7 +91,7 @@ def _get(handle: Any, timeout_s: float) -> Any:
 class RayObjectStoreTransport:
     """:class:`rollart_sdk.interfaces.WeightTransport` over Ray's object store (pull).
 
-    Factory call: ``RayObjectStoreTransport(role="sender"|"receiver", keep_versions=2,
+    Factory call: ``RayObjectStoreTransport(role="sender"|"receiver", keep_versions=3,
     fetch_timeout_s=300.0)``. Only a sender may ``publish`` and ``release``; any role may
     ``fetch``.
     """
@@ -100,7 +101,7 @@ class RayObjectStoreTransport:
     def __init__(
         self,
         role: str = "sender",
-        keep_versions: int = 2,
+        keep_versions: int = 3,
         fetch_timeout_s: float = 300.0,
     ) -> None:
         if role not in ("sender", "receiver"):
