@@ -14,6 +14,10 @@ end (median of the last 3 samples), the growth in per cent between them (the tar
 under 10 %), the least-squares slope after warm-up in MiB per hour, and the run's
 accounting (launched, trained, dropped by reason).
 
+``--kill-engine-every MIN`` also SIGKILLs one engine worker's process every MIN minutes
+(the engines take turns): Ray restarts it and EngineRecovery reloads it
+(docs/failures.md, "Engine worker death"); the kills and ``engine_recovery`` are reported.
+
 ``--baseline`` runs the same loop for the same time without faults first: the growth the
 faults add is the difference. What it does not show: memory of the worker processes
 (engines, trainer, envs: each is its own process, restarted envs start fresh), and leaks
@@ -43,8 +47,47 @@ def rss_mib() -> float:
     return float("nan")
 
 
+def engine_pids() -> list[int]:
+    """PIDs of this process's engine worker processes (``ray::EngineWorker`` below it:
+    the driver starts Ray's raylet, which starts the workers), from /proc."""
+    children: dict[int, list[int]] = {}
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(ppid, []).append(int(d.name))
+    found, todo = [], [os.getpid()]
+    while todo:
+        for c in children.get(todo.pop(), []):
+            todo.append(c)
+            try:
+                if b"ray::EngineWorker" in Path(f"/proc/{c}/cmdline").read_bytes():
+                    found.append(c)
+            except OSError:
+                continue
+    return sorted(found)
+
+
+def kill_engines(stop: threading.Event, every_s: float, t0: float,
+                 kills: list[tuple[float, int]]) -> None:
+    """SIGKILL one engine worker's process every ``every_s`` (they take turns) until
+    ``stop``; each kill is appended to ``kills`` as (seconds since ``t0``, PID)."""
+    n = 0
+    while not stop.wait(every_s):
+        pids = engine_pids()
+        if pids:
+            victim = pids[n % len(pids)]
+            os.kill(victim, signal.SIGKILL)
+            kills.append((round(time.monotonic() - t0, 1), victim))
+            n += 1
+
+
 def soak(config: str, minutes: float, faults: dict[str, Any] | None, warmup: float,
-         sample_s: float, out_dir: str, overrides: list[str]) -> dict[str, Any]:
+         sample_s: float, out_dir: str, overrides: list[str],
+         kill_engine_every: float | None = None) -> dict[str, Any]:
     from rollart_sdk.config import load_config
     from rollart_sdk.job import build_job, run_job
 
@@ -72,8 +115,12 @@ def soak(config: str, minutes: float, faults: dict[str, Any] | None, warmup: flo
         if not stop.wait(minutes * 60):
             signal.raise_signal(signal.SIGINT)  # ends the run like Ctrl-C
 
+    kills: list[tuple[float, int]] = []  # (seconds, PID) of each engine process killed
     threads = [threading.Thread(target=sampler, daemon=True),
                threading.Thread(target=stopper, daemon=True)]
+    if kill_engine_every:
+        threads.append(threading.Thread(target=kill_engines, daemon=True,
+                                        args=(stop, kill_engine_every * 60, t0, kills)))
     for t in threads:
         t.start()
     try:
@@ -92,6 +139,8 @@ def soak(config: str, minutes: float, faults: dict[str, Any] | None, warmup: flo
             "trained": summary["trained"], "dropped": summary["dropped"],
             "accounted": summary["launched"] == summary["trained"]
             + sum(summary["dropped"].values()),
+            "engine_kills": kills, "engine_recovery": summary.get("engine_recovery"),
+            "engine_versions": summary.get("engine_versions"),
             "run_dir": str(job.run_dir.path)}
 
 
@@ -122,6 +171,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sample-s", type=float, default=10.0)
     ap.add_argument("--baseline", action="store_true",
                     help="first the same loop without faults, for the same time")
+    ap.add_argument("--kill-engine-every", type=float, default=None, metavar="MIN",
+                    help="also SIGKILL one engine worker's process every MIN minutes "
+                         "(they take turns; Ray restarts it and it is reloaded)")
     ap.add_argument("--json", help="write the results here")
     ap.add_argument("overrides", nargs="*", help="dotted config overrides")
     args = ap.parse_args(argv)
@@ -131,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
         runs = ([None] if args.baseline else []) + [json.loads(args.faults)]
         for faults in runs:
             r = soak(args.config, args.minutes, faults, args.warmup, args.sample_s, tmp,
-                     args.overrides)
+                     args.overrides, args.kill_engine_every if faults else None)
             results.append(r)
             label = "faults" if faults else "no faults"
             print(f"{label}: {r['minutes']:g} min, {r['steps']} steps; driver RSS "
@@ -140,6 +192,9 @@ def main(argv: list[str] | None = None) -> int:
                   f"{r.get('rss_peak_mib')}); launched {r['launched']} = trained "
                   f"{r['trained']} + dropped {sum(r['dropped'].values())}: "
                   f"{'balanced' if r['accounted'] else 'NOT balanced'}; dropped {r['dropped']}")
+            if r["engine_kills"]:
+                print(f"  engine processes killed at (s, PID): {r['engine_kills']}; "
+                      f"recovery {r['engine_recovery']}; versions {r['engine_versions']}")
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))
     return 0 if all(r["accounted"] for r in results) else 1
