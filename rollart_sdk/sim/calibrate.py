@@ -81,7 +81,9 @@ def model_spec_of(path: str) -> ModelSpec:
 async def _time_batch(engine: Any, batch: int, prompt: int, new: int, token: int, k: int) -> float:
     from rollart_sdk.types import GenerationRequest, SamplingParams
 
-    reqs = [GenerationRequest(f"cal-{k}-{i}", [token] * prompt,
+    # Rows differ in their last prompt token: an engine that computes identical rows of a
+    # step once (the torch engine) would otherwise time one row for the whole batch.
+    reqs = [GenerationRequest(f"cal-{k}-{i}", [token] * (prompt - 1) + [i],
                               SamplingParams(max_new_tokens=new, seed=i,
                                              allowed_token_ids=[token]),
                               tag="cal", trajectory_id=f"cal-{k}-{i}") for i in range(batch)]
