@@ -124,8 +124,11 @@ def fit_trainer(trainer: Any, spec: ModelSpec, token: int, factor: float = 8.0,
     """(hardware class of the training device, train step overhead seconds)."""
     from rollart_sdk.types import TrainSample
 
+    # Samples differ in their first token: a trainer that computes shared prefixes once
+    # (the torch trainer's prefix tree) would otherwise time one sample for the batch.
     def batch(n: int, length: int) -> list[TrainSample]:
-        return [TrainSample([token] * length, [0] * (length // 2) + [1] * (length - length // 2),
+        return [TrainSample([token + i] + [token] * (length - 1),
+                            [0] * (length // 2) + [1] * (length - length // 2),
                             [-1.0] * length, [0] * length, float(i % 2), f"g{i // 4}")
                 for i in range(n)]
 
