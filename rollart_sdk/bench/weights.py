@@ -144,8 +144,8 @@ def run_pipeline_isolated(transport: str, model: str, steps: int, options: dict[
                           defer: bool = True) -> dict[str, Any]:
     """:func:`run_pipeline` in a fresh ``python`` process; its row, or an error naming the run.
 
-    Its output is passed through (progress and errors stay visible); the row is the line
-    the child marks.
+    The child's stderr passes through (its warnings and errors stay visible); its stdout
+    is read for the row (the line it marks) and its last lines are quoted if it fails.
     """
     spec = json.dumps({"transport": transport, "model": model, "steps": steps,
                        "options": options, "defer": defer})
