@@ -94,6 +94,7 @@ class ReplicaUsage:
     closed: bool  # False: the log stops without "closed" (killed); ended is its last sign
     busy_s: float
     calls: int
+    last_busy: float | None = None  # when its last busy interval ended (None: never busy)
 
     @property
     def reserved_s(self) -> float:
@@ -102,6 +103,20 @@ class ReplicaUsage:
     @property
     def start_up_s(self) -> float | None:
         return None if self.ready is None else self.ready - self.created
+
+    def breakdown(self) -> dict[str, float]:
+        """Where the reserved time went; the four parts sum to ``reserved_s``:
+        ``start_up_s`` (created -> ready: the cold start), ``busy_s`` (>= 1 call in flight),
+        ``idle_s`` (ready, no call, before its last call ended), ``tail_s`` (from its last
+        call, or from ready when it never served, to its end: the idle tail before
+        scale-down)."""
+        ready = self.ready if self.ready is not None else self.ended
+        start_up = max(0.0, min(ready, self.ended) - self.created)
+        served_until = max(ready, self.last_busy or ready)
+        serving = max(0.0, min(served_until, self.ended) - min(ready, self.ended))
+        busy = min(self.busy_s, serving) if self.ready is not None else self.busy_s
+        return {"start_up_s": start_up, "busy_s": busy, "idle_s": max(0.0, serving - busy),
+                "tail_s": max(0.0, self.ended - max(served_until, self.created))}
 
 
 def read_usage(directory: str | os.PathLike[str]) -> list[ReplicaUsage]:
@@ -121,5 +136,6 @@ def read_usage(directory: str | os.PathLike[str]) -> list[ReplicaUsage]:
             ready=ready[0] if ready else None, ended=closed[0] if closed else last,
             closed=bool(closed), busy_s=sum(e["t1"] - e["t0"] for e in busy),
             calls=sum(int(e["calls"]) for e in busy),
+            last_busy=max(e["t1"] for e in busy) if busy else None,
         ))
     return sorted(out, key=lambda u: u.created)

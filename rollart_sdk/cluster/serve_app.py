@@ -31,6 +31,7 @@ import logging
 import threading
 import time
 import uuid
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Literal
 
@@ -271,32 +272,51 @@ def deploy(opts: DeployOptions, token: str | None, wait: bool = True) -> str:
 def replica_count(app: str, states: tuple[str, ...] = ("RUNNING",)) -> int:
     """Replicas of ``app``'s deployment in ``states`` (RUNNING: serving; add STARTING,
     STOPPING to count every replica holding resources). 0 when none or not deployed."""
+    return replica_counts([app], states)[app]
+
+
+def replica_counts(apps: Sequence[str], states: tuple[str, ...] = ("RUNNING",)
+                   ) -> dict[str, int]:
+    """:func:`replica_count` of several applications from ONE status call (the Serve
+    controller's status is not free: poll it once for all)."""
     from ray import serve
 
-    status = serve.status().applications.get(app)
-    if status is None:
-        return 0
-    total = 0
-    for dep in status.deployments.values():
-        total += sum(n for state, n in dep.replica_states.items()
-                     if str(getattr(state, "value", state)) in states)
-    return total
+    applications = serve.status().applications
+    out = {}
+    for app in apps:
+        status = applications.get(app)
+        out[app] = 0 if status is None else sum(
+            n for dep in status.deployments.values() for state, n in dep.replica_states.items()
+            if str(getattr(state, "value", state)) in states)
+    return out
 
 
 class ReplicaMonitor:
-    """Polls an application's replica count and logs every change with its time: the
-    scale-up from zero, the scale-down to zero (``rollart serve-reward`` prints them)."""
+    """Polls the replica count of one application (or several, with one status call per
+    poll) and logs every change with its time: the scale-up from zero, the scale-down to
+    zero (``rollart serve-reward`` prints them)."""
 
-    def __init__(self, app: str, emit: Any = print, interval_s: float = 0.5,
+    def __init__(self, app: str | Sequence[str], emit: Any = print, interval_s: float = 0.5,
                  states: tuple[str, ...] = ("RUNNING",)) -> None:
-        self.app = app
+        self.apps = (app,) if isinstance(app, str) else tuple(app)
         self.states = states
         self.emit = emit
         self.interval_s = interval_s
-        self.history: list[tuple[float, int]] = []  # (seconds since start, replicas)
+        # per application: (seconds since start, replicas) at every change
+        self.histories: dict[str, list[tuple[float, int]]] = {a: [] for a in self.apps}
         self.started = time.monotonic()
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name=f"monitor-{app}", daemon=True)
+        self._thread = threading.Thread(target=self._run, name=f"monitor-{self.apps[0]}",
+                                        daemon=True)
+
+    @property
+    def app(self) -> str:
+        return self.apps[0]
+
+    @property
+    def history(self) -> list[tuple[float, int]]:
+        """The (first) application's changes."""
+        return self.histories[self.apps[0]]
 
     def start(self) -> ReplicaMonitor:
         self.started = time.monotonic()
@@ -305,27 +325,29 @@ class ReplicaMonitor:
 
     def _run(self) -> None:
         t0 = self.started
-        last = -1
+        last = dict.fromkeys(self.apps, -1)
         while not self._stop.wait(self.interval_s):
             try:
-                n = replica_count(self.app, self.states)
+                counts = replica_counts(self.apps, self.states)
             except Exception as exc:  # noqa: BLE001 - a status call can fail during shutdown
-                self.emit(f"[{self.app}] replica status unavailable: {exc}")
+                self.emit(f"[{', '.join(self.apps)}] replica status unavailable: {exc}")
                 continue
-            if n != last:
-                self.history.append((time.monotonic() - t0, n))
-                self.emit(f"[{self.app}] replicas: {max(last, 0)} -> {n} at "
-                          f"t={time.monotonic() - t0:.1f}s")
-                last = n
+            now = time.monotonic() - t0
+            for app, n in counts.items():
+                if n != last[app]:
+                    self.histories[app].append((now, n))
+                    self.emit(f"[{app}] replicas: {max(last[app], 0)} -> {n} at t={now:.1f}s")
+                    last[app] = n
 
     def replica_seconds(self, until: float | None = None) -> float:
-        """Integral of the replica count over the monitored time."""
-        if not self.history:
-            return 0.0
-        end = until if until is not None else self.history[-1][0]
+        """Integral of the replica count over the monitored time, summed over the apps."""
         total = 0.0
-        for (t, n), (t_next, _) in zip(self.history, [*self.history[1:], (end, 0)], strict=True):
-            total += n * max(0.0, min(t_next, end) - t)
+        for history in self.histories.values():
+            if not history:
+                continue
+            end = until if until is not None else history[-1][0]
+            for (t, n), (t_next, _) in zip(history, [*history[1:], (end, 0)], strict=True):
+                total += n * max(0.0, min(t_next, end) - t)
         return total
 
     def stop(self) -> None:

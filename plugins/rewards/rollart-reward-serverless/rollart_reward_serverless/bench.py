@@ -8,12 +8,17 @@ in every arm) whose reward is the same LLM judge behind a URL. Two arms:
   pinned to one replica, min = max = 1), deployed before the job starts and removed when
   it ends - the paper's reward GPU reserved per job;
 - ``serverless``: all jobs share ONE deployment that scales from zero (min 0, max
-  ``--max-replicas``, default 2; another replica starts while more than
-  ``--target-ongoing`` calls per replica are in flight), removed once it has scaled back
-  to zero after the last job.
+  ``--max-replicas``, default ``--jobs``: never more than the dedicated arm reserves),
+  removed once it has scaled back to zero after the last job. Its autoscaling scales on
+  real backlog: another replica only while more than ``--target-ongoing`` (32, what one
+  judge replica batches at once: its engine runs 64 one-token requests per step) calls
+  per replica are in flight or queued, for ``--upscale-delay-s`` (30 s, longer than a
+  cold start plus the drain of the queue that built up during it, so Serve does not
+  start a second replica behind a loading or just-loaded one).
 
-Both arms use the same serving stack (HTTP, auth, the same replica code), so the figures
-isolate what R3 changes: capacity reserved per job vs shared and scaled with demand.
+Both arms use the same serving stack (HTTP, auth, the same replica code, the same
+``max_ongoing_requests`` and CPUs per replica), so the figures isolate what R3 changes:
+capacity reserved per job vs shared and scaled with demand.
 
 Figures (JSON ``rows``: one per arm and repeat; ``median`` over repeats per arm):
 
@@ -24,6 +29,16 @@ Figures (JSON ``rows``: one per arm and repeat; ``median`` over repeats per arm)
 - ``rollout_step_s``: median step time over every step of every job;
 - ``reward_latency_p50_s``: median reward call as the EnvManager sees it (HTTP and
   queueing included);
+- ``reserved_parts_s``: where the reserved seconds went, summed over the replicas (and
+  ``replica_parts_s`` per replica): ``start_up_s`` (constructor to ready: the cold start's
+  imports and model load), ``busy_s``, ``idle_s`` (ready, no call in flight, before its
+  last call), ``tail_s`` (after its last call until it stopped: the idle tail before
+  scale-down, or until its job's end was seen), ``before_log_s`` (Serve held the replica
+  before its constructor ran: the actor's start, also a cold start). They sum to the
+  reserved time;
+- ``utilisation_serving``: busy over busy + idle, i.e. with cold starts and idle tails
+  left OUT. Not the R3 figure (``replica_utilisation`` is): it says how well a replica
+  was used once up, beside the figure that charges for getting it up and down;
 - ``exposed_reward_s``: median over steps of the time the step waited on rewards only
   (rollart_sdk.control.metrics.reward_exposure); ``exposed_fraction``: total exposed
   time over total step time.
@@ -47,10 +62,10 @@ JUDGE: dict[str, Any] = {
     "parser": "likelihood", "template": "Here is a {info[category]}:",
     "engine": {"name": "torch", "options": {"max_running": 64, "max_seq_len": 256}},
 }
-WORKLOAD = {"env_mu_s": 1.5, "env_sigma_s": 0.5, "batch_size": 32, "group_size": 4,
-            "max_envs": 8}
+WORKLOAD = {"env_mu_s": 1.5, "env_sigma_s": 0.5, "batch_size": 64, "group_size": 4,
+            "max_envs": 16}
 HELD = ("STARTING", "RUNNING", "STOPPING")  # replica states that hold resources
-KEYS = ["replica_utilisation", "rollout_step_s", "reward_latency_p50_s", "exposed_reward_s",
+KEYS = ["replica_utilisation", "utilisation_serving", "rollout_step_s", "reward_latency_p50_s", "exposed_reward_s",
         "exposed_fraction"]
 
 
@@ -79,7 +94,8 @@ class Arm:
         return DeployOptions(
             backend={"name": "judge", "options": self.args.judge}, app=app, port=self.port,
             min_replicas=lo, max_replicas=hi, target_ongoing_requests=self.args.target_ongoing,
-            max_ongoing_requests=64, upscale_delay_s=2.0, downscale_delay_s=5.0,
+            max_ongoing_requests=self.args.max_ongoing, upscale_delay_s=self.args.upscale_delay_s,
+            downscale_delay_s=self.args.downscale_delay_s,
             downscale_to_zero_delay_s=self.args.idle_s, num_cpus=0.5,
             replica_log=str(self.logs))
 
@@ -101,9 +117,10 @@ class Arm:
 
     def run(self) -> dict[str, Any]:
         t0 = time.time()
+        load0 = os.getloadavg()[0]
         self.procs: dict[int, subprocess.Popen[bytes]] = {}
         self.apps: dict[int, str | None] = {}
-        self.monitors: list[Any] = []
+        self.monitor: Any = None
         try:
             shared = self._start()
             self._wait_jobs()
@@ -115,22 +132,24 @@ class Arm:
             raise RuntimeError(f"bench reward: job(s) failed {failed}; see {self.dir}/job*.log")
         results = [json.loads((self.dir / f"job{j}.result.json").read_text())
                    for j in range(self.args.jobs)]
-        held = sum(m.replica_seconds() for m in self.monitors)
+        held = self.monitor.replica_seconds() if self.monitor is not None else 0.0
         row = summarise(self.deployment, results, self.logs, held)
         row.update(seed=self.seed, jobs=self.args.jobs, steps=self.args.steps,
-                   wall_s=round(time.time() - t0, 1))
+                   wall_s=round(time.time() - t0, 1),
+                   load_1m=[round(load0, 2), round(os.getloadavg()[0], 2)])  # start, end
         if shared is not None:
-            row["replica_changes"] = [n for _, n in shared.history]
+            row["replica_changes"] = [n for _, n in shared.histories[shared.app]]
         return row
 
-    def _monitored(self, app: str) -> Any:
-        """Serve's view of every replica of ``app`` holding resources, start-up included:
-        a cross-check of (and a floor under) the reserved time the replicas log."""
+    def _monitored(self, apps: list[str]) -> Any:
+        """Serve's view of every replica of ``apps`` holding resources, start-up included:
+        a cross-check of (and a floor under) the reserved time the replicas log. One
+        monitor per arm, one status call per poll (the Serve controller's status costs
+        CPU the judges share: the same polling in both arms)."""
         from rollart_sdk.cluster.serve_app import ReplicaMonitor
 
-        self.monitors.append(ReplicaMonitor(app, emit=self._say, interval_s=0.25,
-                                            states=HELD).start())
-        return self.monitors[-1]
+        self.monitor = ReplicaMonitor(apps, emit=self._say, interval_s=0.5, states=HELD).start()
+        return self.monitor
 
     def _start(self) -> Any:
         """Deploy and launch the jobs; the shared deployment's monitor (serverless)."""
@@ -139,13 +158,14 @@ class Arm:
         jobs = self.args.jobs
         if self.deployment == "serverless":
             app = f"r3-serverless-r{self.seed}"
-            shared = self._monitored(app)
+            shared = self._monitored([app])
             url = deploy(self.options(app, 0, self.args.max_replicas), self.token)
             self.procs = {j: self.launch(j, url) for j in range(jobs)}
             return shared
-        for j in range(jobs):  # each job reserves its replica (all start at once) ...
-            app = self.apps[j] = f"r3-dedicated-r{self.seed}-j{j}"
-            self._monitored(app)
+        self.apps = {j: f"r3-dedicated-r{self.seed}-j{j}" for j in range(jobs)}
+        self._monitored([a for a in self.apps.values() if a is not None])
+        for app in self.apps.values():  # each job reserves its replica (all start at once) ...
+            assert app is not None
             deploy(self.options(app, 1, 1), self.token, wait=False)
         return None
 
@@ -153,15 +173,19 @@ class Arm:
         """Until every job ends; a dedicated replica is removed when its job ends."""
         from ray import serve
 
-        from rollart_sdk.cluster.serve_app import replica_count
+        from rollart_sdk.cluster.serve_app import replica_counts
 
         limit = self.args.job_timeout_s
         deadline = time.monotonic() + limit
         while len(self.procs) < self.args.jobs or not all(
                 p.poll() is not None for p in self.procs.values()):
-            for j, app in self.apps.items():  # ... and starts once its replica is up
-                if j not in self.procs and app is not None and replica_count(app) >= 1:
-                    self.procs[j] = self.launch(j, f"http://127.0.0.1:{self.port}/{app}")
+            waiting = {j: app for j, app in self.apps.items()
+                       if j not in self.procs and app is not None}
+            if waiting:  # ... and starts once its replica is up
+                up = replica_counts(list(waiting.values()))
+                for j, app in waiting.items():
+                    if up[app] >= 1:
+                        self.procs[j] = self.launch(j, f"http://127.0.0.1:{self.port}/{app}")
             for j, p in self.procs.items():
                 app = self.apps.get(j)
                 if p.poll() is not None and app is not None:
@@ -170,7 +194,7 @@ class Arm:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"bench reward: {self.deployment} jobs still running "
                                    f"after {limit:.0f} s (--job-timeout-s)")
-            time.sleep(0.25)
+            time.sleep(0.5)
         for j, app in self.apps.items():
             if app is not None:
                 serve.delete(app, _blocking=False)
@@ -181,15 +205,15 @@ class Arm:
         time); then every replica is gone and has logged "closed"."""
         from ray import serve
 
-        from rollart_sdk.cluster.serve_app import replica_count
+        from rollart_sdk.cluster.serve_app import replica_count, replica_counts
 
         if shared is not None:
             _wait(lambda: replica_count(shared.app, HELD) == 0, self.args.idle_s + 60,
                   "scale-down to zero")
             serve.delete(shared.app)
-        _wait(lambda: all(replica_count(m.app, HELD) == 0 for m in self.monitors), 60,
-              "replica shutdown")
-        time.sleep(1.0)  # the monitors' last poll
+        apps = list(self.monitor.apps)
+        _wait(lambda: not any(replica_counts(apps, HELD).values()), 60, "replica shutdown")
+        time.sleep(1.0)  # the monitor's last poll
 
     def _clean_up(self) -> None:
         from ray import serve
@@ -198,8 +222,8 @@ class Arm:
             if p.poll() is None:
                 p.kill()
                 p.wait(timeout=30)
-        for m in self.monitors:
-            m.stop()
+        if self.monitor is not None:
+            self.monitor.stop()
         for app in self.apps.values():
             if app is not None:
                 serve.delete(app)
@@ -219,6 +243,7 @@ def summarise(deployment: str, results: list[dict[str, Any]], logs: Path,
     """One row from the jobs' results and the replicas' logs; ``held_s``: Serve's
     replica-seconds (start-up included), the floor of the reserved time."""
     from rollart_sdk.cluster.replica_log import read_usage
+    from rollart_sdk.control.scheduler import is_failure
 
     usage = read_usage(logs)
     busy = sum(u.busy_s for u in usage)
@@ -229,6 +254,12 @@ def summarise(deployment: str, results: list[dict[str, Any]], logs: Path,
     exposed = [s["exposed_reward_s"] for s in steps]
     latencies = [x for r in results for x in r["reward_latencies_s"]]
     start_ups = [u.start_up_s for u in usage if u.start_up_s is not None]
+    parts = [u.breakdown() for u in usage]
+    part = {k: sum(p[k] for p in parts) for k in ("start_up_s", "busy_s", "idle_s", "tail_s")}
+    # Serve held replicas longer than they logged: their actor starting before the
+    # constructor ran (part of the cold start, reserved, not in any replica's log).
+    part["before_log_s"] = reserved - logged
+    serving = part["busy_s"] + part["idle_s"]
     return {
         "deployment": deployment,
         "replica_utilisation": round(busy / reserved, 4) if reserved else None,
@@ -241,27 +272,44 @@ def summarise(deployment: str, results: list[dict[str, Any]], logs: Path,
         "reserved_logged_s": round(logged, 2), "serve_held_s": round(held_s, 2),
         "replicas": len(usage), "replicas_unclosed": sum(not u.closed for u in usage),
         "replica_start_up_s": round(statistics.median(start_ups), 2) if start_ups else None,
+        # Where the reserved seconds went (sums to reserved_s), and per replica.
+        "reserved_parts_s": {k: round(v, 2) for k, v in part.items()},
+        "replica_parts_s": [{k: round(v, 2) for k, v in p.items()} | {"calls": u.calls}
+                            for p, u in zip(parts, usage, strict=True)],
+        # NOT the R3 figure: busy over the time replicas were ready and serving (cold
+        # starts, idle tails and the actor start left out); beside replica_utilisation.
+        "utilisation_serving": round(part["busy_s"] / serving, 4) if serving else None,
         "judged": len(latencies),
         "trained": sum(r["trained"] for r in results),
-        # dropped for a fault (a reward that failed...); what the run's end discarded apart
-        "dropped": sum(n for r in results for k, n in r["dropped"].items()
-                       if "run_end" not in k),
+        # dropped for a fault (a reward that failed...: the scheduler's is_failure); the
+        # control plane's own discards apart (run-end aborts, the rest of their groups)
+        "dropped": sum(n for r in results for k, n in r["dropped"].items() if is_failure(k)),
         "discarded_at_end": sum(n for r in results for k, n in r["dropped"].items()
-                                if "run_end" in k),
+                                if not is_failure(k)),
         "job_run_s": [round(r["run_ended"] - r["run_started"], 1) for r in results],
     }
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="rollart bench reward", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--jobs", type=int, default=3, help="concurrent jobs per arm")
-    p.add_argument("--steps", type=int, default=6, help="training steps per job")
+    p.add_argument("--steps", type=int, default=15, help="training steps per job")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--deployments", default="dedicated,serverless")
-    p.add_argument("--max-replicas", type=int, default=2, help="serverless max replicas")
-    p.add_argument("--target-ongoing", type=float, default=16.0,
-                   help="serverless: calls in flight per replica before another starts")
+    p.add_argument("--max-replicas", type=int, default=None,
+                   help="serverless max replicas (default --jobs: at most the capacity the "
+                   "dedicated arm reserves)")
+    p.add_argument("--target-ongoing", type=float, default=32.0,
+                   help="serverless: calls in flight or queued per replica before another "
+                   "starts (default: what one judge replica batches at once)")
+    p.add_argument("--max-ongoing", type=int, default=64,
+                   help="calls one replica takes at once; more wait in Serve's queue")
+    p.add_argument("--upscale-delay-s", type=float, default=30.0,
+                   help="serverless: seconds the backlog must last before another replica "
+                   "starts (longer than a cold start: no replica behind a loading one)")
+    p.add_argument("--downscale-delay-s", type=float, default=10.0,
+                   help="serverless: seconds of less demand before a replica stops (2 -> 1)")
     p.add_argument("--idle-s", type=float, default=2.0,
                    help="serverless: idle seconds before scaling to zero")
     p.add_argument("--workload", type=json.loads, default=WORKLOAD,
@@ -273,6 +321,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", help="write {rows, median} here")
     args = p.parse_args(argv)
     args.workload = {**WORKLOAD, **args.workload}
+    if args.max_replicas is None:
+        args.max_replicas = args.jobs
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
 
     import ray
     from ray import serve

@@ -36,6 +36,10 @@ def test_bench_reward_runs_both_arms_on_the_same_jobs(tmp_path, monkeypatch):
             assert row[key] is not None, (key, row)
         assert 0 < row["busy_s"] <= row["reserved_s"] and 0 < row["replica_utilisation"] <= 1
         assert row["judged"] >= row["trained"] >= 2 * SMALL["batch_size"]
+        # every reserved second is accounted for: cold start, busy, idle, tail, pre-log
+        assert sum(row["reserved_parts_s"].values()) == pytest.approx(row["reserved_s"],
+                                                                      abs=0.05)
+        assert row["utilisation_serving"] >= row["replica_utilisation"]
     assert rows["dedicated"]["replicas"] == 2  # one reserved per job
     assert 1 <= rows["serverless"]["replicas"] <= 2  # shared, autoscaled (max 2)
     changes = rows["serverless"]["replica_changes"]
@@ -46,3 +50,78 @@ def test_bench_reward_runs_both_arms_on_the_same_jobs(tmp_path, monkeypatch):
                                .read_text()) for arm in ("dedicated", "serverless"))
         assert (ded["seed"], ded["workload"]) == (srv["seed"], srv["workload"])
         assert ded["url"] != srv["url"]
+
+
+def _replica(directory, name, events):
+    directory.mkdir(exist_ok=True)
+    (directory / f"replica-{name}.jsonl").write_text(
+        "".join(json.dumps(e) + "\n" for e in events))
+
+
+def _result(dropped):
+    return {"steps": [{"step_s": 10.0, "exposed_reward_s": 0.5},
+                      {"step_s": 10.0, "exposed_reward_s": 0.0}],
+            "reward_latencies_s": [0.2, 0.3, 0.4], "trained": 8, "dropped": dropped,
+            "run_started": 0.0, "run_ended": 20.0}
+
+
+def test_summarise_accounts_for_every_reserved_second_and_counts_faults_only(tmp_path):
+    """The row says where the reserved time went (cold start, busy, idle, idle tail, and
+    Serve's hold before a replica's log starts); the full utilisation keeps all of it, the
+    serving-only figure sits beside it; run-end discards are not faults."""
+    from rollart_reward_serverless.bench import summarise
+
+    logs = tmp_path / "replicas"
+    _replica(logs, "a", [{"event": "created", "t": 0.0}, {"event": "ready", "t": 10.0},
+                         {"event": "busy", "t": 40.0, "t0": 10.0, "t1": 40.0, "calls": 30},
+                         {"event": "busy", "t": 50.0, "t0": 45.0, "t1": 50.0, "calls": 5},
+                         {"event": "closed", "t": 55.0}])
+    _replica(logs, "b", [{"event": "created", "t": 20.0}, {"event": "ready", "t": 30.0},
+                         {"event": "closed", "t": 35.0}])  # started, never served
+    results = [_result({"aborted:run_end": 3, "group_incomplete": 1}),
+               _result({"reward:timeout": 2, "aborted:run_end": 1})]
+    row = summarise("serverless", results, logs, held_s=70.0)
+    parts = row["reserved_parts_s"]
+    assert parts == {"start_up_s": 20.0, "busy_s": 35.0, "idle_s": 5.0, "tail_s": 10.0,
+                     "before_log_s": 0.0}
+    assert row["reserved_logged_s"] == 70.0 and row["reserved_s"] == 70.0
+    assert row["replica_utilisation"] == round(35.0 / 70.0, 4)  # cold starts, tails kept in
+    assert row["utilisation_serving"] == round(35.0 / 40.0, 4)  # labelled apart, higher
+    assert [p["calls"] for p in row["replica_parts_s"]] == [35, 0]
+    assert row["dropped"] == 2 and row["discarded_at_end"] == 5
+    # Serve held the replicas longer than they logged: reserved grows, and the extra is
+    # accounted as before_log_s (the actor's start before its constructor ran).
+    held = summarise("serverless", results, logs, held_s=80.0)
+    assert held["reserved_s"] == 80.0 and held["reserved_parts_s"]["before_log_s"] == 10.0
+    assert sum(held["reserved_parts_s"].values()) == pytest.approx(held["reserved_s"])
+    assert held["replica_utilisation"] == round(35.0 / 80.0, 4)
+
+
+def test_both_arms_deploy_the_same_replica_and_only_serverless_autoscales(tmp_path):
+    """The Serve deployments the bench builds (Ray Serve's own config objects): the same
+    judge, CPUs and per-replica concurrency in both arms; dedicated pinned to one replica
+    per job; serverless from zero to at most the dedicated arm's replicas, adding one only
+    for a backlog beyond one replica's batch that outlasts a cold start."""
+    from rollart_reward_serverless.bench import Arm, parse_args
+
+    from rollart_sdk.cluster.serve_app import _deployment
+
+    args = parse_args(["--out", str(tmp_path)])
+    assert args.max_replicas == args.jobs == 3
+    dedicated = _deployment(Arm(args, "dedicated", 0, 8000).options("d", 1, 1))
+    shared = _deployment(Arm(args, "serverless", 0, 8000).options("s", 0, args.max_replicas))
+    for dep in (dedicated, shared):
+        assert dep.ray_actor_options == {"num_cpus": 0.5}
+        assert dep._deployment_config.max_ongoing_requests == 64
+    ded = dedicated._deployment_config.autoscaling_config
+    srv = shared._deployment_config.autoscaling_config
+    assert (ded.min_replicas, ded.max_replicas) == (1, 1)
+    assert (srv.min_replicas, srv.initial_replicas, srv.max_replicas) == (0, 0, 3)
+    assert srv.target_ongoing_requests == 32 and srv.upscale_delay_s == 30
+    assert srv.downscale_to_zero_delay_s == args.idle_s
+    # Flags reach the deployment (a user can size them to another judge).
+    args = parse_args(["--out", str(tmp_path), "--jobs", "4", "--target-ongoing", "8",
+                       "--upscale-delay-s", "5", "--max-replicas", "2"])
+    srv = _deployment(Arm(args, "serverless", 1, 8000).options("s", 0, args.max_replicas)
+                      )._deployment_config.autoscaling_config
+    assert (srv.max_replicas, srv.target_ongoing_requests, srv.upscale_delay_s) == (2, 8, 5)
