@@ -1,5 +1,6 @@
 """The algorithm layer: pure functions on torch tensors (advantages, policy losses,
-off-policy correction), shared by every trainer backend.
+off-policy correction), shared by every trainer backend, and the next-token draw
+shared by the engines that sample themselves.
 
 Each function does one thing and is unit-tested on hand-computed numbers
 (``tests/algorithms``). Importing this package imports torch, so the core imports it
@@ -17,10 +18,13 @@ from rollart_sdk.algorithms.losses import (
     token_logprobs,
     truncated_is_weights,
 )
+from rollart_sdk.algorithms.sampling import draw, filter_scores
 
 __all__ = [
     "AGGREGATIONS",
     "aggregate",
+    "draw",
+    "filter_scores",
     "fill_advantages",
     "grpo_advantages",
     "kl_penalty",

@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 
+from rollart_sdk.algorithms import draw
 from rollart_sdk.types import SamplingParams
 
 
@@ -52,23 +53,11 @@ def choose_allowed(logprobs: Sequence[float], allowed: Sequence[int], params: Sa
                    generator: torch.Generator) -> int:
     """Pick one of ``allowed`` from their full-vocabulary ``logprobs`` under ``params``.
 
-    The same rule as the torch engine's ``choose_token`` after its allowed-ids mask:
-    argmax at temperature 0, else divide by the temperature, keep the top-k, then the
-    smallest prefix whose mass reaches top-p (at least one), and draw. The log-probs
-    differ from the logits by one constant per position, so the distribution is the same.
+    The same rule as the torch engine after its allowed-ids mask (both call the core's
+    ``rollart_sdk.algorithms.draw``): argmax at temperature 0, else divide by the
+    temperature, keep the top-k, then the smallest prefix whose mass reaches top-p (at
+    least one), and draw. The log-probs differ from the logits by one constant per
+    position, so the distribution is the same.
     """
     x = torch.tensor(list(logprobs), dtype=torch.float64)
-    if params.temperature <= 0:
-        return int(allowed[int(torch.argmax(x))])
-    x = x / params.temperature
-    if params.top_k and params.top_k < x.numel():
-        kth = torch.topk(x, params.top_k).values[-1]
-        x = x.masked_fill(x < kth, float("-inf"))
-    if params.top_p < 1.0:
-        sorted_x, order = torch.sort(x, descending=True)
-        probs = torch.softmax(sorted_x, dim=-1)
-        drop = (torch.cumsum(probs, dim=-1) - probs) >= params.top_p
-        sorted_x = sorted_x.masked_fill(drop, float("-inf"))
-        x = torch.empty_like(x).scatter_(0, order, sorted_x)
-    probs = torch.softmax(x, dim=-1)
-    return int(allowed[int(torch.multinomial(probs, 1, generator=generator))])
+    return int(allowed[draw(x, params, generator)])
