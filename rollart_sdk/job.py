@@ -21,6 +21,8 @@ from rollart_sdk.config import ModelConfig, RunConfig
 from rollart_sdk.errors import RollartError
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from rollart_sdk.cluster.spawn import Spawner
     from rollart_sdk.config import LineMap
     from rollart_sdk.control.chat import ChatFormat
@@ -414,38 +416,37 @@ def env_summary(job: Job) -> dict[str, Any]:
     return {"pools": pools, "constructions": built}
 
 
+def _ask_engines(p: Pipeline, method: str, answer: Callable[[Any], Any],
+                 failed: Callable[[str], Any]) -> dict[str, Any]:
+    """``{engine name: answer(reply)}`` for every engine's reply to ``method`` (30 s each),
+    ``failed("Type: message")`` for an engine that raised or did not answer in time, or
+    ``{"error": ...}`` when the engines could not be asked at all."""
+    engines = p.weight_sync.engines
+
+    async def gather() -> list[Any]:
+        return list(await asyncio.gather(*(asyncio.wait_for(e.call(method), 30)
+                                           for e in engines), return_exceptions=True))
+
+    try:
+        replies = asyncio.run(gather())
+    except Exception as exc:  # noqa: BLE001 - reported in summary.json, never masks
+        return {"error": f"{type(exc).__name__}: {exc}"[:500]}
+    return {e.name: (answer(r) if not isinstance(r, BaseException)
+                     else failed(f"{type(r).__name__}: {r}"))
+            for e, r in zip(engines, replies, strict=True)}
+
+
 def _engine_versions(p: Pipeline) -> dict[str, Any]:
     """The version each engine serves at the end, or the error that kept one from saying
     (a dead engine; a restarted one that has not reloaded says so)."""
-    async def gather() -> list[Any]:
-        return list(await asyncio.gather(*(asyncio.wait_for(e.call("weights_status"), 30)
-                                           for e in p.weight_sync.engines),
-                                         return_exceptions=True))
-
-    try:
-        answers = asyncio.run(gather())
-    except Exception as exc:  # noqa: BLE001 - reported in summary.json, never masks
-        return {"error": f"{type(exc).__name__}: {exc}"[:500]}
-    return {e.name: (int(a["engine_version"]) if not isinstance(a, BaseException)
-                     else f"{type(a).__name__}: {a}"[:300])
-            for e, a in zip(p.weight_sync.engines, answers, strict=True)}
+    return _ask_engines(p, "weights_status", lambda a: int(a["engine_version"]),
+                        lambda err: err[:300])
 
 
 def _engine_stats(p: Pipeline) -> dict[str, Any]:
     """Each engine worker's counters at run end (tokens prefilled, reused, generated; KV
     cache; PD hand-off errors), or the error that kept one from answering."""
-    async def gather() -> list[Any]:
-        return list(await asyncio.gather(*(asyncio.wait_for(e.call("stats"), 30)
-                                           for e in p.weight_sync.engines),
-                                         return_exceptions=True))
-
-    try:
-        stats = asyncio.run(gather())
-    except Exception as exc:  # noqa: BLE001 - reported in summary.json, never masks
-        return {"error": f"{type(exc).__name__}: {exc}"[:500]}
-    return {e.name: (s if not isinstance(s, BaseException)
-                     else {"error": f"{type(s).__name__}: {s}"[:500]})
-            for e, s in zip(p.weight_sync.engines, stats, strict=True)}
+    return _ask_engines(p, "stats", lambda s: s, lambda err: {"error": err[:500]})
 
 
 def run_job(job: Job, steps: int, progress: bool = True) -> list[StepRecord]:

@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import tempfile
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -128,14 +129,11 @@ def first_observation(env_cls: Any, options: dict[str, Any], timeout: float) -> 
     return box.get("error", box.get("obs"))
 
 
-def check_context(cfg: RunConfig, envs: dict[str, Any], described: dict[str, dict[str, Any]],
-                  tokenizer: Any) -> tuple[Problems, list[str]]:
-    """``(problems, warnings)``: a warning when a task's first prompt could not be built
-    here (its env did not reset in this process)."""
-    from rollart_sdk.control.chat import prompt_format
-
-    problems: Problems = []
-    warnings: list[str] = []
+def _first_observations(cfg: RunConfig, envs: dict[str, Any],
+                        warnings: list[str]) -> Iterator[tuple[int, Any, Any]]:
+    """``(index, task, first observation)`` of each task whose env resets here (seed 0,
+    within the task's ``reset_timeout_s``); for one that does not, a warning that its
+    context budget is not checked."""
     for i, task in enumerate(cfg.tasks):
         res = envs[task.tag]
         obs = first_observation(res.descriptor.load(), res.options.model_dump(),
@@ -144,6 +142,18 @@ def check_context(cfg: RunConfig, envs: dict[str, Any], described: dict[str, dic
             warnings.append(f"tasks.{i}: context budget not checked: the env's reset failed "
                             f"here ({type(obs).__name__}: {str(obs)[:200]})")
             continue
+        yield i, task, obs
+
+
+def check_context(cfg: RunConfig, envs: dict[str, Any], described: dict[str, dict[str, Any]],
+                  tokenizer: Any) -> tuple[Problems, list[str]]:
+    """``(problems, warnings)``: a warning when a task's first prompt could not be built
+    here (its env did not reset in this process)."""
+    from rollart_sdk.control.chat import prompt_format
+
+    problems: Problems = []
+    warnings: list[str] = []
+    for i, task, obs in _first_observations(cfg, envs, warnings):
         system = described[task.tag]["system_prompt"] if task.system_prompt == "env" \
             else task.system_prompt
         try:
@@ -189,14 +199,7 @@ def check_sim_context(cfg: RunConfig, resolved: Any, plan: Any) -> tuple[Problem
             problems.append((f"pools ({pool})", str(exc)))
             continue
         capacity[pool] = int(engine.capacity)
-    for i, task in enumerate(cfg.tasks):
-        res = resolved.envs[task.tag]
-        obs = first_observation(res.descriptor.load(), res.options.model_dump(),
-                                task.reset_timeout_s)
-        if isinstance(obs, BaseException):
-            warnings.append(f"tasks.{i}: context budget not checked: the env's reset failed "
-                            f"here ({type(obs).__name__}: {str(obs)[:200]})")
-            continue
+    for i, task, obs in _first_observations(cfg, resolved.envs, warnings):
         ids = len(fmt.first_prompt(str(obs)))
         budget = max(1, task.max_context_tokens // block)
         if ids >= budget:

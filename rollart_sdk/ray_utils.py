@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
 from typing import Any
 
 # Worker output is quiet unless ROLLART_VERBOSE=1: no Hugging Face progress bars or
@@ -68,3 +69,40 @@ def init_ray(
         runtime_env=runtime_env,
         **kwargs,
     )
+
+
+def descendants(pid: int) -> dict[int, str]:
+    """Every process below ``pid`` with its command line (arguments joined by spaces), read
+    from /proc (Linux); a process that ends while it is read is left out, with its own
+    descendants."""
+    children: dict[int, list[int]] = {}
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue  # ended between the listing and the read
+        children.setdefault(ppid, []).append(int(d.name))
+    out: dict[int, str] = {}
+    todo = [pid]
+    while todo:
+        for c in children.get(todo.pop(), []):
+            try:
+                cmdline = Path(f"/proc/{c}/cmdline").read_bytes().rstrip(b"\0")
+            except OSError:
+                continue
+            out[c] = cmdline.replace(b"\0", b" ").decode(errors="replace")
+            todo.append(c)
+    return out
+
+
+def actor_pids(actor_class: str, root: int | None = None) -> list[int]:
+    """PIDs (sorted) of the Ray worker processes below ``root`` (default: this process; a
+    local driver starts the raylet, which starts the workers) that run an actor of class
+    ``actor_class``: Ray titles such a process ``ray::ActorClass`` (``.method()`` appended
+    while one runs). For tests and benchmarks that kill a worker (``rollart bench soak
+    --kill-engine-every``)."""
+    tag = f"ray::{actor_class}"
+    procs = descendants(os.getpid() if root is None else root)
+    return sorted(p for p, cmd in procs.items() if tag in cmd)

@@ -157,3 +157,41 @@ def test_validate_checks_a_simulated_runs_context_budget(tmp_path):
     # `rollart sim` (what train runs for a simulated config) refuses it the same way.
     err = one_line_error(run_cli("sim", str(SIM), out, "tasks.0.max_context_tokens=1000"))
     assert "1000 tokens (31 ids of sim.token_block=32) cannot hold" in err
+
+
+def test_context_checks_skip_with_a_warning_a_task_whose_env_does_not_reset_here():
+    """Both context checks (real and simulated runs) read the first observations through
+    one helper: an env that resets gives its observation (seed 0), one whose reset fails
+    or hangs past reset_timeout_s gives a warning naming the task, and the next task is
+    still checked."""
+    from types import SimpleNamespace
+
+    from rollart_sdk.preflight import _first_observations
+
+    class Ok:
+        def reset(self, seed):
+            return f"grid seed {seed}", {}
+
+    class Broken:
+        def reset(self, seed):
+            raise OSError("no map file")
+
+    class Hangs:
+        def reset(self, seed):
+            time.sleep(30)
+
+    def res(cls):
+        return SimpleNamespace(descriptor=SimpleNamespace(load=lambda: cls),
+                               options=SimpleNamespace(model_dump=dict))
+
+    tags = ["a", "b", "c", "d"]
+    cfg = SimpleNamespace(tasks=[SimpleNamespace(tag=t, reset_timeout_s=0.5) for t in tags])
+    envs = dict(zip(tags, [res(Broken), res(Ok), res(Hangs), res(Ok)], strict=True))
+    warnings: list[str] = []
+    got = [(i, task.tag, obs) for i, task, obs in _first_observations(cfg, envs, warnings)]
+    assert got == [(1, "b", "grid seed 0"), (3, "d", "grid seed 0")]
+    assert warnings == [
+        "tasks.0: context budget not checked: the env's reset failed here "
+        "(OSError: no map file)",
+        "tasks.2: context budget not checked: the env's reset failed here "
+        "(TimeoutError: reset took longer than 0.5s)"]

@@ -37,6 +37,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from rollart_sdk.ray_utils import actor_pids
+
 DEFAULT_FAULTS = {"reset_error": 0.1, "step_error": 0.05, "hang": 0.01, "hang_s": 3600}
 
 
@@ -47,37 +49,13 @@ def rss_mib() -> float:
     return float("nan")
 
 
-def engine_pids() -> list[int]:
-    """PIDs of this process's engine worker processes (``ray::EngineWorker`` below it:
-    the driver starts Ray's raylet, which starts the workers), from /proc."""
-    children: dict[int, list[int]] = {}
-    for d in Path("/proc").iterdir():
-        if not d.name.isdigit():
-            continue
-        try:
-            ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            continue
-        children.setdefault(ppid, []).append(int(d.name))
-    found, todo = [], [os.getpid()]
-    while todo:
-        for c in children.get(todo.pop(), []):
-            todo.append(c)
-            try:
-                if b"ray::EngineWorker" in Path(f"/proc/{c}/cmdline").read_bytes():
-                    found.append(c)
-            except OSError:
-                continue
-    return sorted(found)
-
-
 def kill_engines(stop: threading.Event, every_s: float, t0: float,
                  kills: list[tuple[float, int]]) -> None:
     """SIGKILL one engine worker's process every ``every_s`` (they take turns) until
     ``stop``; each kill is appended to ``kills`` as (seconds since ``t0``, PID)."""
     n = 0
     while not stop.wait(every_s):
-        pids = engine_pids()
+        pids = actor_pids("EngineWorker")
         if pids:
             victim = pids[n % len(pids)]
             os.kill(victim, signal.SIGKILL)

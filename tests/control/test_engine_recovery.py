@@ -164,3 +164,31 @@ def test_a_restarted_engine_refuses_work_until_it_is_reloaded(tmp_path, monkeypa
         assert old.restarted is False
     finally:
         job.close()
+
+
+def test_summary_asks_every_engine_and_names_the_one_that_failed():
+    """summary.json's ``engine_versions`` / ``engines``: one entry per engine, the error in
+    place of a dead engine's answer (versions: the message; stats: {"error": message})."""
+    from types import SimpleNamespace
+
+    from rollart_sdk.job import _engine_stats, _engine_versions
+
+    class Engine:
+        def __init__(self, name, fail=None):
+            self.name, self.fail, self.asked = name, fail, []
+
+        async def call(self, method):
+            self.asked.append(method)
+            if self.fail:
+                raise self.fail
+            return {"engine_version": "4", "tokens_generated": 7}
+
+    engines = [Engine("gen-0"), Engine("gen-1", RuntimeError("actor died " + "x" * 600))]
+    p = SimpleNamespace(weight_sync=SimpleNamespace(engines=engines))
+    versions = _engine_versions(p)
+    assert versions["gen-0"] == 4
+    assert versions["gen-1"].startswith("RuntimeError: actor died") and len(versions["gen-1"]) == 300
+    stats = _engine_stats(p)
+    assert stats["gen-0"] == {"engine_version": "4", "tokens_generated": 7}
+    assert set(stats["gen-1"]) == {"error"} and len(stats["gen-1"]["error"]) == 500
+    assert [e.asked for e in engines] == [["weights_status", "stats"]] * 2

@@ -17,6 +17,8 @@ import pytest
 import yaml
 from control_configs import two_tasks
 
+from rollart_sdk.ray_utils import actor_pids, descendants
+
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.timeout(1200)
 
@@ -59,29 +61,6 @@ def wait_for_lines(path, n, proc, timeout):
     raise AssertionError(f"no {n} metrics lines within {timeout}s")
 
 
-def descendants(pid):
-    """PIDs of every process below ``pid`` (from /proc), with their command lines."""
-    children: dict[int, list[int]] = {}
-    for d in Path("/proc").iterdir():
-        if not d.name.isdigit():
-            continue
-        try:
-            ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            continue
-        children.setdefault(ppid, []).append(int(d.name))
-    out, todo = {}, [pid]
-    while todo:
-        p = todo.pop()
-        for c in children.get(p, []):
-            try:
-                out[c] = (Path(f"/proc/{c}/cmdline").read_bytes().replace(b"\0", b" ").decode())
-            except OSError:
-                continue
-            todo.append(c)
-    return out
-
-
 def finish(proc, timeout):
     try:
         out, _ = proc.communicate(timeout=timeout)
@@ -103,9 +82,9 @@ def test_killing_an_engine_worker_mid_run_is_survived(tmp_path):
     proc = start(tmp_path, config)
     try:
         wait_for_lines(tmp_path / "runs", 2, proc, timeout=400)
-        engines = {p: c for p, c in descendants(proc.pid).items() if "ray::EngineWorker" in c}
+        engines = actor_pids("EngineWorker", proc.pid)
         assert engines, descendants(proc.pid)
-        victim = min(engines)
+        victim = engines[0]
         os.kill(victim, signal.SIGKILL)
         out = finish(proc, 500)
     finally:
@@ -177,9 +156,9 @@ def test_killing_the_trainer_stops_cleanly_and_says_how_to_resume(tmp_path):
     proc = start(tmp_path, config)
     try:
         wait_for_lines(tmp_path / "runs", 3, proc, timeout=400)
-        trainers = {p: c for p, c in descendants(proc.pid).items() if "ray::TrainerWorker" in c}
+        trainers = actor_pids("TrainerWorker", proc.pid)
         assert trainers, descendants(proc.pid)
-        os.kill(min(trainers), signal.SIGKILL)
+        os.kill(trainers[0], signal.SIGKILL)
         out = finish(proc, 300)
     finally:
         if proc.poll() is None:
