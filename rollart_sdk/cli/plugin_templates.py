@@ -246,14 +246,16 @@ class {options}(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     channel: str = Field("default", description="name shared by the sender and its receivers")
-    keep_versions: int = Field(2, ge=1, description="published versions kept before release")
+    keep_versions: int = Field(3, ge=1, description="published versions kept before release "
+                               "(3: served, being received, just published; a restarted "
+                               "engine reloads the served one)")
 
 
 class {cls}:
     style: ClassVar[Literal["push", "pull"]] = "pull"
 
     def __init__(self, role: str = "sender", channel: str = "default",
-                 keep_versions: int = 2) -> None:
+                 keep_versions: int = 3) -> None:
         self.role = role
         self.channel = channel
         self.keep_versions = keep_versions

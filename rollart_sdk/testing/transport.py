@@ -8,7 +8,11 @@ it raises ``AssertionError`` naming the broken promise. It checks, through the s
 2. versioned: two versions in sequence each land as that version, on every receiver;
 3. checksummed: a bucket whose bytes no longer match its checksum is rejected and the
    receiving engine stays on its old version with its old weights (never a torn mix);
-4. pull style only: a released version can no longer be fetched.
+4. pull style only: a released version can no longer be fetched;
+5. pull style only: the version the engines serve stays fetchable while one newer version
+   is received and another is published (deferred weight updates): an engine restarted
+   then reloads it (``EngineRecovery``, docs/failures.md). So a sender keeps at least the
+   3 newest versions by default.
 
 Pull transports (``style = "pull"``) are driven as publish, then every receiver fetches
 the returned manifest. Push transports (``style = "push"``) are driven as the protocol
@@ -180,6 +184,10 @@ async def _check(
             summary["released_error"] = await _check_released(
                 sender, receivers[0], manifests[1], timeout_s
             )
+            # 5: the served version survives two newer publishes.
+            summary["served_kept"] = await _check_served_kept(
+                sender, receivers[0], bucket_bytes, timeout_s
+            )
     finally:
         for stager in stagers:
             stager.close()
@@ -235,6 +243,34 @@ async def _check_released(sender: WeightTransport, receiver: WeightTransport,
     raise AssertionError(
         "fetch of a released version (1) succeeded; release(version) must make it unfetchable"
     )
+
+
+async def _check_served_kept(sender: WeightTransport, receiver: WeightTransport,
+                             bucket_bytes: int, timeout_s: float) -> int:
+    """Publishes versions 4, 5 and 6 (served, being received, just published), then a
+    fresh engine (a restarted one) fetches version 4: whole, as version 4. Returns 4."""
+    manifests = {}
+    for version in (4, 5, 6):
+        state = make_state_dict(version)
+        manifests[version] = sender.publish(
+            version, list(split_buckets(state.items(), bucket_bytes, version)))
+    fresh = RecordingEngine(version=0)
+    stager = WeightStager(receiver, name="check-served-kept")
+    stager.start(manifests[4])
+    try:
+        await stager.commit(fresh, timeout_s=timeout_s)
+    except WeightSyncError as exc:
+        raise AssertionError(
+            "a restarted engine could not reload the served version 4 after versions 5 "
+            f"(being received) and 6 were published ({exc}); with deferred weight updates "
+            "a sender must keep the 3 newest versions fetchable by default (keep_versions=3, "
+            "docs/failures.md)"
+        ) from exc
+    finally:
+        stager.close()
+    assert fresh.version == 4, f"a restarted engine reloaded version {fresh.version}, not 4"
+    _assert_same_state(fresh.tensors, make_state_dict(4), "a restarted engine reloading 4")
+    return 4
 
 
 async def _deliver(

@@ -62,7 +62,9 @@ class MooncakeTransportOptions(BaseModel):
         "up to this size (1 GB as in the paper)",
     )
     keep_versions: int = Field(
-        2, ge=1, description="published versions kept; older ones are removed",
+        3, ge=1, description="published versions kept; older ones are removed (3: the "
+        "version the engines serve, the one they receive and the one just published, with "
+        "deferred updates; an engine restarted after its process died reloads the served one)",
     )
     segment_mb: float | None = Field(
         None, gt=0, description="the trainer's segment; default: room for keep_versions+1 "
@@ -98,7 +100,7 @@ class MooncakeTransport:
         metadata_server: str | None = None,
         host: str = "127.0.0.1",
         object_mb: float = 1024.0,
-        keep_versions: int = 2,
+        keep_versions: int = 3,
         segment_mb: float | None = None,
         fetch_timeout_s: float = 300.0,
     ) -> None:

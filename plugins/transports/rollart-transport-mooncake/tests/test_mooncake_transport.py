@@ -51,6 +51,8 @@ def test_conformance_kit():
     )
     assert summary["versions"] == [1, 2] and summary["corrupt_rejected"] == "fetch"
     assert "gone" in summary["released_error"]
+    # the default keep_versions (3) keeps the served version for a restarted engine
+    assert summary["served_kept"] == 4 and sender.keep_versions == 3
 
 
 def test_buckets_are_packed_into_objects_of_the_configured_size():
@@ -153,7 +155,7 @@ def test_a_removed_key_fails_every_engine_cleanly_and_the_next_version_lands():
         reports = deliver(stagers, engines, publish(3))
         assert all(not isinstance(r, Exception) for r in reports), reports
         assert [e.version for e in engines] == [3, 3]
-        assert sender.published_versions == [2, 3]  # keep_versions=2; 1 was removed
+        assert sender.published_versions == [1, 2, 3]  # keep_versions=3 by default
     finally:
         for s in stagers:
             s.close()

@@ -148,3 +148,14 @@ def test_kit_fails_broken_pull_transports(ray_session, receiver_cls, sender_cls,
         check_transport(lambda: sender_cls("sender"),
                         lambda: receiver_cls("receiver", fetch_timeout_s=20))
     assert threading.active_count() - before < 10  # stagers' threads do not pile up
+
+
+def test_kit_fails_a_pull_transport_that_keeps_too_few_versions(ray_session):
+    """Two kept versions lose the served one when, with deferred updates, one newer version
+    is being received and another is published: a restarted engine could not reload."""
+    summary = check_transport(lambda: RayObjectStoreTransport("sender"),
+                              lambda: RayObjectStoreTransport("receiver", fetch_timeout_s=20))
+    assert summary["served_kept"] == 4  # the default (3) keeps it
+    with pytest.raises(AssertionError, match="could not reload the served version 4"):
+        check_transport(lambda: RayObjectStoreTransport("sender", keep_versions=2),
+                        lambda: RayObjectStoreTransport("receiver", fetch_timeout_s=20))
