@@ -87,7 +87,7 @@ class SimEngine:
         self.block = token_block
         self.max_running = max_running
         self.prefix_cache = prefix_cache
-        self.capacity = kv_capacity_tokens(hardware, devices, model_spec)
+        self.capacity = kv_capacity_tokens(hardware, self.devices, model_spec)
         self.response_tokens = response_tokens
         self.name = name
         self._version = 0

@@ -14,6 +14,7 @@ from rollart_sdk.sim.costs import (
     Dist,
     HardwareClass,
     engine_step_s,
+    kv_capacity_tokens,
     prefill_pairs,
 )
 from rollart_sdk.sim.engine import SimEngine
@@ -142,3 +143,19 @@ def test_prefix_cache_prefills_only_the_new_tokens_of_a_next_turn():
 
     new, _ = run_virtual(main())
     assert new == 50
+
+
+def test_kv_cache_is_sized_from_the_devices_on_its_hardware():
+    """``devices_by_hardware`` sets an engine's devices on its hardware class: its KV cache
+    (and its step costs) count those devices, not the ``devices`` default."""
+    two = engine(10, devices=1, devices_by_hardware={"H800": 2}, hardware_name="H800")
+    one = engine(10, devices=1, devices_by_hardware={"H20": 2}, hardware_name="H800")
+    assert two.devices == 2 and one.devices == 1
+    assert two.capacity == kv_capacity_tokens(H800, 2, Q8)
+    assert one.capacity == kv_capacity_tokens(H800, 1, Q8) < two.capacity
+    # qwen3-8b (16.4 GB of weights) does not fit one 16 GB device, but two on this class
+    small = H800.model_copy(update={"memory_gb": 16.0})
+    with pytest.raises(ValueError, match="does not fit on 1 device"):
+        engine(10, hw=small, devices=1)
+    eng = engine(10, hw=small, devices=1, devices_by_hardware={"S16": 2}, hardware_name="S16")
+    assert eng.capacity == kv_capacity_tokens(small, 2, Q8) > 0
