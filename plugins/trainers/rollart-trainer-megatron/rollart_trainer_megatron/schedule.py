@@ -36,16 +36,17 @@ from rollart_trainer_megatron.packing import pack
 from rollart_trainer_megatron.pipeline import device_mode
 
 METRIC_SUMS = ("loss", "pg_loss", "kl", "clip", "approx_kl", "ratio", "entropy", "stale",
-               "tis_w", "tokens")
+               "tis_w", "tokens", "beh_ratio")
+METRIC_MAXES = ("ratio", "beh_ratio")
 _KEYS = ("ids", "positions", "mask", "loss_mask", "behaviour", "versions", "advantages",
          "seq_weight")
 
 
 def forward_backward(trainer: Any, batch: list[Any], plan: list[list[list[int]]],
-                     normalizer: float) -> tuple[dict[str, float], float]:
+                     normalizer: float) -> tuple[dict[str, float], dict[str, float]]:
     """Forward and backward over every micro-batch of ``plan``; gradients accumulate in
-    the parameters. Returns this stage's metric sums and max ratio (zeros except on the
-    last stage)."""
+    the parameters. Returns this stage's metric sums and maxima (``METRIC_MAXES``: the
+    ratio pi / pi_prox and the behaviour ratio pi / mu; zeros except on the last stage)."""
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
     micro = []
@@ -53,11 +54,11 @@ def forward_backward(trainer: Any, batch: list[Any], plan: list[list[list[int]]]
         p = pack([[batch[i] for i in row] for row in rows])
         micro.append({k: getattr(p, k).to(trainer.device) for k in _KEYS})
     sums = dict.fromkeys(METRIC_SUMS, 0.0)
+    maxes = dict.fromkeys(METRIC_MAXES, 0.0)
     if not micro:  # this replica got no trajectories (DP > 1): zero gradients, no schedule
-        return sums, 0.0
+        return sums, maxes
     run = get_forward_backward_func()
     common = {"num_microbatches": len(micro), "seq_length": 0, "micro_batch_size": 0}
-    ratio_max = [0.0]
     ref_logprobs: list[torch.Tensor] = []
     with device_mode(trainer.cpu):
         if trainer.ref_model is not None:  # the frozen reference's log-probs, forward only
@@ -65,11 +66,11 @@ def forward_backward(trainer: Any, batch: list[Any], plan: list[list[list[int]]]
                 run(forward_step_func=partial(_forward, trainer, _ref_loss, ref_logprobs),
                     data_iterator=iter(micro), model=[trainer.ref_model], forward_only=True,
                     **common)
-        state = {"ref": iter(ref_logprobs), "sums": sums, "ratio_max": ratio_max,
+        state = {"ref": iter(ref_logprobs), "sums": sums, "maxes": maxes,
                  "normalizer": normalizer}
         run(forward_step_func=partial(_forward, trainer, _loss, state),
             data_iterator=iter(micro), model=[trainer.model], forward_only=False, **common)
-    return sums, ratio_max[0]
+    return sums, maxes
 
 
 def _forward(trainer: Any, loss_fn: Any, state: Any, data_iterator: Any,
@@ -101,6 +102,8 @@ def _loss(trainer: Any, state: dict[str, Any], t: dict[str, torch.Tensor],
     corrected = m if o.tis_on_fresh else stale
     old = torch.where(corrected, logp.detach(), beh)
     w = torch.where(corrected, truncated_is_weights(logp, beh, o.tis_cap), torch.ones_like(beh))
+    with torch.no_grad():  # pi_trainer / mu_engine on every token, stale or fresh
+        beh_ratio = torch.exp(logp.detach() - beh).masked_fill(~m, 0.0)
     # seq-mean over packed rows: weight each token by 1 / (its trajectory's masked
     # tokens) and divide by the number of trajectories (token sums).
     seq_w = t["seq_weight"][:, 1:] if o.loss_agg == "seq-mean" else None
@@ -125,7 +128,11 @@ def _loss(trainer: Any, state: dict[str, Any], t: dict[str, torch.Tensor],
     sums["stale"] += float(stale.sum())
     sums["tis_w"] += float((w * stale).sum())
     sums["tokens"] += ntok
-    state["ratio_max"][0] = max(state["ratio_max"][0], float(st["ratio_max"]))
+    sums["beh_ratio"] += float(beh_ratio.sum())
+    maxes = state["maxes"]
+    maxes["ratio"] = max(maxes["ratio"], float(st["ratio_max"]))
+    if bool(m.any()):
+        maxes["beh_ratio"] = max(maxes["beh_ratio"], float(beh_ratio.max()))
     if o.compute_entropy:
         with torch.no_grad():
             sums["entropy"] += float((token_entropy(logits.detach()) * mask).sum())

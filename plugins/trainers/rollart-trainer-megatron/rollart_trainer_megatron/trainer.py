@@ -53,7 +53,7 @@ from rollart_trainer_megatron.options import MegatronTrainerOptions
 from rollart_trainer_megatron.packing import plan_micro_batches
 from rollart_trainer_megatron.pipeline import Stage, device_mode, gather_stages, localize
 from rollart_trainer_megatron.runtime import build_gpt, init_parallel, patch_for_cpu
-from rollart_trainer_megatron.schedule import forward_backward
+from rollart_trainer_megatron.schedule import METRIC_MAXES, forward_backward
 
 
 class MegatronTrainer:
@@ -168,7 +168,7 @@ class MegatronTrainer:
         lengths = [len(s.input_ids) for s in batch]
         plan = plan_micro_batches(lengths, o.pack_length or max(lengths, default=2),
                                   o.max_tokens_per_micro_batch, o.micro_batch_size)
-        sums, ratio_max = forward_backward(self, batch, plan, normalizer)
+        sums, maxes = forward_backward(self, batch, plan, normalizer)
 
         self._reduce_grads()
         keys = list(sums)
@@ -176,8 +176,10 @@ class MegatronTrainer:
         for group in (self.pp_group, self.dp_group):  # only the last stage has losses
             reduced = self._reduce(reduced, group)
         sums = dict(zip(keys, reduced.tolist(), strict=True))
-        ratio_max = float(self._reduce(self._reduce(torch.tensor([ratio_max]), self.pp_group,
-                                                    "max"), self.dp_group, "max")[0])
+        top = torch.tensor([maxes[k] for k in METRIC_MAXES])
+        for group in (self.pp_group, self.dp_group):
+            top = self._reduce(top, group, "max")
+        maxes = dict(zip(METRIC_MAXES, top.tolist(), strict=True))
 
         max_norm = o.grad_clip if o.grad_clip > 0 else math.inf
         if o.use_distributed_optimizer:  # reduce-scatter, norm, clip, sharded step, gather
@@ -201,10 +203,12 @@ class MegatronTrainer:
             "clip_frac": sums["clip"] / ntok,
             "approx_kl": sums["approx_kl"] / ntok,
             "ratio_mean": sums["ratio"] / ntok,
-            "ratio_max": ratio_max,
+            "ratio_max": maxes["ratio"],
             "entropy": sums["entropy"] / ntok if o.compute_entropy else float("nan"),
             "stale_frac": sums["stale"] / ntok,
             "tis_weight_mean": sums["tis_w"] / max(sums["stale"], 1.0),
+            "behaviour_ratio_mean": sums["beh_ratio"] / ntok,
+            "behaviour_ratio_max": maxes["beh_ratio"],
             "tokens": sums["tokens"],
             "sequences": float(counts[1]),
             "micro_batches": float(len(plan)),

@@ -80,7 +80,8 @@ def test_matches_the_torch_trainer(tmp_path: Path, monkeypatch: pytest.MonkeyPat
         assert err < 1e-4, f"{name}: megatron differs from torch by {err:.3g}"
     for step in range(STEPS):
         m, w = infos[0]["metrics"][step], want_metrics[step]
-        for key in ("loss", "grad_norm", "kl", "clip_frac", "tokens", "stale_frac"):
+        for key in ("loss", "grad_norm", "kl", "clip_frac", "tokens", "stale_frac",
+                    "behaviour_ratio_mean", "behaviour_ratio_max"):
             assert m[key] == pytest.approx(w[key], rel=1e-4, abs=1e-5), (step, key)
     assert want_metrics[1]["stale_frac"] == 1.0  # the second step went through TIS
 

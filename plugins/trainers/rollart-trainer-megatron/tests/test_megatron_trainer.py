@@ -112,6 +112,15 @@ def test_learns_to_prefer_positive_actions(tmp_path: Path) -> None:
     assert seq_lp(after, good) > seq_lp(model, good) + 0.5
     assert seq_lp(after, bad) < seq_lp(model, bad) - 0.5
     assert t.version == 5 and all(m["stale_frac"] == 1.0 for m in metrics[1:])
+    # the engine-vs-trainer ratio pi / mu, as trainer torch reports it: 1 at step 1 (the
+    # behaviour log-probs are this model's), then the TIS weight while none is truncated
+    assert metrics[0]["behaviour_ratio_mean"] == pytest.approx(1.0, abs=1e-4)
+    assert metrics[0]["behaviour_ratio_max"] == pytest.approx(1.0, abs=1e-4)
+    for m in metrics[1:]:
+        assert m["behaviour_ratio_mean"] != pytest.approx(1.0, abs=1e-3)
+        assert m["behaviour_ratio_max"] >= m["behaviour_ratio_mean"]
+        if m["behaviour_ratio_max"] <= 2.0:  # no weight truncated (tis_cap 2): the two agree
+            assert m["tis_weight_mean"] == pytest.approx(m["behaviour_ratio_mean"], rel=1e-5)
 
 
 def test_save_pretrained_copies_tokenizer_side_files(tmp_path: Path) -> None:
