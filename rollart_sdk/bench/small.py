@@ -230,6 +230,9 @@ def summarize(mode: str, latency: str, seed: int, t_cmd: float, data: dict[str, 
     t_ready = data["t_ready"]
     end = m[hit]["t"] if hit is not None else (m[-1]["t"] if m else t_ready)
     episodes = sum(x.get(f"count/{TAG}", 0) for x in m[: (hit + 1) if hit is not None else None])
+    # Exploration luck: a uniform policy reaches the goal in 0.29 % of episodes (17 % of
+    # 64-episode steps hold one), and until one does every advantage is 0.
+    first = next((i + 1 for i, x in enumerate(succ) if x > 0), None)
     last = succ[-WINDOW:]
     peak = max(succ) if succ else 0.0
     n = max(1, len(m))
@@ -246,7 +249,9 @@ def summarize(mode: str, latency: str, seed: int, t_cmd: float, data: dict[str, 
         "cpu_s_to_target": round(m[hit]["cpu"], 2) if hit is not None else None,
         "cpu_s_startup": round(data["cpu_ready"], 2),
         "startup_in_process_s": round(t_ready - data["t_start"], 2),
+        "first_success_step": first,
         "steps": len(m),
+        "success_per_step": [round(x, 4) for x in succ],
         "final_success_5": round(sum(last) / max(1, len(last)), 3),
         "collapsed": bool(peak > 0.3 and last and max(last) == 0.0),
         "step_s_mean": round((end - t_ready) / max(1, (hit + 1) if hit is not None else len(m)), 3),
@@ -290,7 +295,8 @@ def median_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         out.append({"mode": mode, "latency": latency, "runs": len(rs),
                     "reached": sum(r["reached"] for r in rs), "collapsed": sum(r["collapsed"] for r in rs),
                     **{k: med(k) for k in ("time_to_target_s", "time_to_target_after_startup_s",
-                                            "steps_to_target", "episodes_per_s", "startup_s",
+                                            "steps_to_target", "first_success_step",
+                                            "cpu_s_to_target", "episodes_per_s", "startup_s",
                                             "step_s_mean", "get_batch_wait_s_mean",
                                             "train_s_mean", "weight_sync_s_mean")},
                     "reference_s": REFERENCE[latency]["time_to_target_s"]})
@@ -332,7 +338,9 @@ def main(argv: list[str] | None = None) -> int:
                 r["loadavg_1m_after"] = round(os.getloadavg()[0], 2)
                 print(f"{mode:5s} latency={latency:6s} seed={seed}: "
                       f"target {'at step ' + str(r['steps_to_target']) if r['reached'] else 'not reached'}"
-                      f", {r['time_to_target_s']} s from the command, start-up {r['startup_s']} s, "
+                      f" (first success at step {r['first_success_step']})"
+                      f", {r['time_to_target_s']} s from the command ({r['cpu_s_to_target']} CPU-s)"
+                      f", start-up {r['startup_s']} s, "
                       f"{r['episodes_per_s']} episodes/s, step {r['step_s_mean']} s "
                       f"(train {r['train_s_mean']} s), final success {r['final_success_5']}"
                       f"{' COLLAPSED' if r['collapsed'] else ''}", flush=True)

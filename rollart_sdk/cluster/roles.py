@@ -14,6 +14,7 @@ affinities (``ResourcePlan.hw_affinity()``), and the LLMProxy routes each task's
 from __future__ import annotations
 
 import os
+import sys
 import time
 from typing import Any
 
@@ -49,9 +50,10 @@ def _was_restarted() -> bool:
     """True in a Ray actor whose process is a restart (its ``__init__`` runs again)."""
     import warnings
 
+    ray = sys.modules.get("ray")
+    if ray is None:  # a Ray actor's process has imported Ray; an in-process worker need not
+        return False
     try:
-        import ray
-
         with warnings.catch_warnings():  # Ray's property reads its own deprecated actor_id
             warnings.simplefilter("ignore", DeprecationWarning)
             return bool(ray.is_initialized()

@@ -29,6 +29,15 @@ def test_target_is_the_first_window_of_five_at_0_7():
     assert row["time_to_target_after_startup_s"] == pytest.approx(14.0)
     assert row["episodes_per_s"] == pytest.approx(7 * 64 / 14.0, abs=0.1)
     assert row["startup_s"] == 20.0 and row["seed"] == 3 and not row["collapsed"]
+    assert row["first_success_step"] == 1 and row["success_per_step"] == succ
+
+
+def test_first_success_step_counts_the_steps_without_any_signal():
+    succ = [0.0, 0.0, 0.0, 0.02, 0.0, 0.3]
+    data = {"t_start": 0.0, "t_ready": 1.0, "cpu_ready": 1.0, "metrics": _metrics(succ)}
+    assert summarize("sync", "none", 0, 0.0, data)["first_success_step"] == 4
+    data["metrics"] = _metrics([0.0] * 6)
+    assert summarize("sync", "none", 0, 0.0, data)["first_success_step"] is None
 
 
 def test_a_collapse_is_flagged_and_a_miss_has_no_target_time():

@@ -34,6 +34,8 @@ class TorchTrainerOptions(BaseModel):
     clip_eps: float = Field(0.2, gt=0, lt=1)  # PPO clip, lower side (and upper by default)
     clip_eps_high: float | None = Field(None, gt=0)  # DAPO clip-higher; None = clip_eps
     tis_cap: float = Field(2.0, gt=0)  # truncation of importance weights of stale tokens
+    # Samples with advantage 0 add nothing to the loss (without a KL term): not run.
+    skip_zero_advantage: bool = True
     tis_on_fresh: bool = False  # also correct engine/trainer numeric mismatch on fresh tokens
     loss_agg: Literal["token-mean", "seq-mean"] = "token-mean"
     kl_coef: float = Field(0.0, ge=0)  # 0 = no reference model is loaded

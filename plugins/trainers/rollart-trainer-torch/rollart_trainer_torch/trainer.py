@@ -155,7 +155,15 @@ class TorchTrainer:
              "tis_w", "tokens", "beh_ratio"), 0.0
         )
         ratio_max = beh_ratio_max = 0.0
-        micro_batches, shared = self._micro_batches(batch)
+        # A sample whose advantage is 0 (a group that all failed or all succeeded) adds
+        # exactly nothing to the policy loss or its gradient: unless a KL term needs it,
+        # it is not run through the model. The normaliser above counts its tokens, so the
+        # gradient is the whole batch's; AdamW still steps (its moments decay) when no
+        # sample is left. Ratio, clip, entropy metrics are over the samples run.
+        run = batch
+        if o.skip_zero_advantage and self.ref_model is None:
+            run = [s for s in batch if s.advantage]
+        micro_batches, shared = self._micro_batches(run) if run else ([], False)
         forward_tokens = 0
         for mb in micro_batches:
             t = self._pad(mb)
@@ -220,7 +228,12 @@ class TorchTrainer:
         self._version += 1
         self._step += 1
 
-        ntok = max(sums["tokens"], 1.0)
+        ntok = max(sums["tokens"], 1.0)  # loss tokens run through the model (all ranks)
+
+        def mean(key: str) -> float:  # per token run; a mean over no token is no number
+            return sums[key] / sums["tokens"] if sums["tokens"] else float("nan")
+
+        forward_samples = self._all_reduce(torch.tensor([float(len(run))], dtype=torch.float64))
         rewards = [s.reward for s in batch]
         advs = [float(s.advantage or 0.0) for s in batch]
         return {
@@ -230,15 +243,16 @@ class TorchTrainer:
             "grad_norm": grad_norm,
             "clip_frac": sums["clip"] / ntok,
             "approx_kl": sums["approx_kl"] / ntok,
-            "ratio_mean": sums["ratio"] / ntok,
+            "ratio_mean": mean("ratio"),
             "ratio_max": ratio_max,
-            "entropy": sums["entropy"] / ntok if o.compute_entropy else float("nan"),
+            "entropy": mean("entropy") if o.compute_entropy else float("nan"),
             "stale_frac": sums["stale"] / ntok,
             "tis_weight_mean": sums["tis_w"] / max(sums["stale"], 1.0),
-            "behaviour_ratio_mean": sums["beh_ratio"] / ntok,
+            "behaviour_ratio_mean": mean("beh_ratio"),
             "behaviour_ratio_max": beh_ratio_max,
-            "tokens": sums["tokens"],
+            "tokens": float(counts[0]),  # loss tokens of the whole batch (all ranks)
             "sequences": float(counts[1]),
+            "forward_sequences": float(forward_samples[0]),  # those run (advantage != 0)
             # tokens run through the model (shared prefixes once) / in the batch
             "forward_tokens": float(forward_tokens),
             "batch_tokens": float(sum(len(s.input_ids) for s in batch)),

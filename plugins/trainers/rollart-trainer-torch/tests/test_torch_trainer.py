@@ -102,6 +102,48 @@ def test_micro_batching_gives_the_full_batch_gradient(ckpt: Path) -> None:
         assert torch.allclose(w1[k], w8[k], atol=1e-5), k
 
 
+def _uniform_groups(batch: list[TrainSample], groups: set[str]) -> list[TrainSample]:
+    """``batch`` with every sample of ``groups`` given its group's first reward (a group
+    that all failed or all succeeded: advantage 0)."""
+    first: dict[str, float] = {}
+    for s in batch:
+        first.setdefault(s.group_id, s.reward)
+        if s.group_id in groups:
+            s.reward = first[s.group_id]
+    return batch
+
+
+def test_zero_advantage_samples_skipped_with_the_same_update(ckpt: Path) -> None:
+    """Samples of uniform groups (advantage 0) are not run through the model, and the
+    weights follow the same path as running every sample: the whole batch's token count
+    normalises the loss, and AdamW steps even when no sample is left (its momentum
+    moves the weights after a batch without signal)."""
+    mixed = _uniform_groups(make_batch(ckpt, n_groups=3, seed=5), {"g0"})
+    flat = _uniform_groups(make_batch(ckpt, n_groups=3, seed=6), {"g0", "g1", "g2"})
+    n_mixed = sum(1 for s in mixed if s.group_id != "g0")
+    runs = []
+    for skip in (False, True):
+        t = _trainer(ckpt, micro_batch_size=64, skip_zero_advantage=skip)
+        ms = [t.train_step(copy.deepcopy(b)) for b in (mixed, flat, mixed)]
+        runs.append((ms, {k: v.clone() for k, v in t.model.state_dict().items()}))
+    (m_all, w_all), (m_skip, w_skip) = runs
+    assert [m["forward_sequences"] for m in m_all] == [len(mixed), len(flat), len(mixed)]
+    assert [m["forward_sequences"] for m in m_skip] == [n_mixed, 0, n_mixed]
+    assert m_skip[1]["forward_tokens"] == 0 and m_skip[1]["grad_norm"] == 0.0
+    assert m_skip[0]["tokens"] == m_all[0]["tokens"]  # the whole batch's loss tokens
+    for a, b in zip(m_all, m_skip, strict=True):
+        assert b["loss"] == pytest.approx(a["loss"], abs=1e-6)
+        assert b["grad_norm"] == pytest.approx(a["grad_norm"], rel=1e-5, abs=1e-9)
+    for k in w_all:
+        assert torch.allclose(w_skip[k], w_all[k], atol=1e-6), k
+    before = _trainer(ckpt).model.state_dict()
+    moved = [k for k in w_all if not torch.equal(w_all[k], before[k])]
+    assert moved  # the comparison compares trained weights
+    # With a KL term a zero-advantage sample still has a gradient: every sample runs.
+    t = _trainer(ckpt, micro_batch_size=64, kl_coef=0.1)
+    assert t.train_step(copy.deepcopy(flat))["forward_sequences"] == len(flat)
+
+
 def test_head_only_pass_and_token_micro_batches_match_the_full_forward(ckpt: Path) -> None:
     """The one-pass log-probs (LM head on trained positions only, no padding mask) and
     token-sized micro-batches give the same loss, entropy and update as a full forward
