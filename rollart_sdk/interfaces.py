@@ -77,6 +77,38 @@ class InferenceEngine(Protocol):
     async def shutdown(self) -> None: ...
 
 
+def check_request(request: GenerationRequest, *, vocab_size: int, max_len: int,
+                  limit: str = "max_len", hint: str = "") -> None:
+    """Raise ``ValueError`` naming the request when an engine of ``vocab_size`` token ids
+    and a context of ``max_len`` tokens cannot generate it: an empty prompt, a prompt that
+    fills the context (``limit`` names the engine's option, ``hint`` is appended), ids
+    outside the vocabulary, ``max_new_tokens < 1``, empty or out-of-vocabulary
+    ``allowed_token_ids``. The engines call it in ``generate`` before queueing anything (a
+    ``request_id`` already in flight is each engine's own check)."""
+    rid = request.request_id
+    prompt = request.prompt_ids
+    if not prompt:
+        raise ValueError(f"request {rid!r}: prompt_ids is empty; give at least one token")
+    if len(prompt) >= max_len:
+        raise ValueError(
+            f"request {rid!r}: prompt of {len(prompt)} tokens does not fit {limit}={max_len}{hint}"
+        )
+    bad = [t for t in prompt if not 0 <= t < vocab_size]
+    if bad:
+        raise ValueError(
+            f"request {rid!r}: token ids {bad[:5]} outside the vocabulary [0, {vocab_size})"
+        )
+    sp = request.sampling
+    if sp.max_new_tokens < 1:
+        raise ValueError(f"request {rid!r}: max_new_tokens must be >= 1, got {sp.max_new_tokens}")
+    if sp.allowed_token_ids is not None and (
+        not sp.allowed_token_ids or not all(0 <= t < vocab_size for t in sp.allowed_token_ids)
+    ):
+        raise ValueError(
+            f"request {rid!r}: allowed_token_ids must be non-empty ids in [0, {vocab_size})"
+        )
+
+
 @runtime_checkable
 class Trainer(Protocol):
     """Policy optimisation on scored trajectories.

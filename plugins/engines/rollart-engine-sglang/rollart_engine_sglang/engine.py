@@ -45,6 +45,7 @@ import torch
 from rollart_engine_sglang.constrained import allowed_logprobs, choose_allowed
 from rollart_sdk.config import ModelConfig
 from rollart_sdk.errors import RollartError
+from rollart_sdk.interfaces import check_request
 from rollart_sdk.types import FinishReason, GenerationRequest, GenerationResult, WeightBucket
 
 log = logging.getLogger(__name__)
@@ -498,29 +499,8 @@ class SglangEngine:
         rid = request.request_id
         if rid in self._reqs:
             raise ValueError(f"request_id {rid!r} is already being generated; ids must be unique")
-        prompt = request.prompt_ids
-        if not prompt:
-            raise ValueError(f"request {rid!r}: prompt_ids is empty; give at least one token")
-        if len(prompt) >= self.max_model_len:
-            raise ValueError(
-                f"request {rid!r}: prompt of {len(prompt)} tokens does not fit context_length="
-                f"{self.max_model_len}"
-            )
-        bad = [t for t in prompt if not 0 <= t < self.vocab_size]
-        if bad:
-            raise ValueError(
-                f"request {rid!r}: token ids {bad[:5]} outside the vocabulary [0, {self.vocab_size})"
-            )
-        sp = request.sampling
-        if sp.max_new_tokens < 1:
-            raise ValueError(f"request {rid!r}: max_new_tokens must be >= 1, got {sp.max_new_tokens}")
-        if sp.allowed_token_ids is not None and (
-            not sp.allowed_token_ids
-            or not all(0 <= t < self.vocab_size for t in sp.allowed_token_ids)
-        ):
-            raise ValueError(
-                f"request {rid!r}: allowed_token_ids must be non-empty ids in [0, {self.vocab_size})"
-            )
+        check_request(request, vocab_size=self.vocab_size, max_len=self.max_model_len,
+                      limit="context_length")
 
     def _collect(self, buckets: Iterable[WeightBucket]) -> list[list[tuple[str, Any]]]:
         """Every bucket's (name, tensor) list, checked against the served checkpoint first

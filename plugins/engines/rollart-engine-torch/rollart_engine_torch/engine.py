@@ -52,6 +52,7 @@ from rollart_engine_torch.runner import SlotRunner
 from rollart_engine_torch.sampling import choose_token
 from rollart_sdk.config import ModelConfig
 from rollart_sdk.errors import RollartError
+from rollart_sdk.interfaces import check_request
 from rollart_sdk.types import (
     FinishReason,
     GenerationRequest,
@@ -592,31 +593,15 @@ class TorchEngine:
         rid = request.request_id
         if rid in self._by_id:
             raise ValueError(f"request_id {rid!r} is already being generated; ids must be unique")
+        check_request(request, vocab_size=self._runner.vocab_size,
+                      max_len=self._runner.max_seq_len, limit="max_seq_len",
+                      hint=" (engine option max_seq_len, capped by the model); shorten the "
+                           "context or raise the option")
         prompt = list(request.prompt_ids)
-        vocab = self._runner.vocab_size
-        limit = self._runner.max_seq_len
-        if not prompt:
-            raise ValueError(f"request {rid!r}: prompt_ids is empty; give at least one token")
-        if len(prompt) >= limit:
-            raise ValueError(
-                f"request {rid!r}: prompt of {len(prompt)} tokens does not fit max_seq_len="
-                f"{limit} (engine option max_seq_len, capped by the model); shorten the "
-                "context or raise the option"
-            )
-        bad = [t for t in prompt if not 0 <= t < vocab]
-        if bad:
-            raise ValueError(f"request {rid!r}: token ids {bad[:5]} outside the vocabulary [0, {vocab})")
         sp = request.sampling
-        if sp.max_new_tokens < 1:
-            raise ValueError(f"request {rid!r}: max_new_tokens must be >= 1, got {sp.max_new_tokens}")
         allowed = None
         if sp.allowed_token_ids is not None:
-            ids = sorted(set(sp.allowed_token_ids))
-            if not ids or not all(0 <= t < vocab for t in ids):
-                raise ValueError(
-                    f"request {rid!r}: allowed_token_ids must be non-empty ids in [0, {vocab})"
-                )
-            allowed = torch.tensor(ids, dtype=torch.long)
+            allowed = torch.tensor(sorted(set(sp.allowed_token_ids)), dtype=torch.long)
         seed = sp.seed if sp.seed is not None else self._rng.getrandbits(63)
         gen = torch.Generator(device="cpu")
         gen.manual_seed(int(seed))

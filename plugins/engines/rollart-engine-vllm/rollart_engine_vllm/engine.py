@@ -37,6 +37,7 @@ from typing import Any
 
 from rollart_sdk.config import ModelConfig
 from rollart_sdk.errors import RollartError
+from rollart_sdk.interfaces import check_request
 from rollart_sdk.types import FinishReason, GenerationRequest, GenerationResult, WeightBucket
 
 EXTENSION = "rollart_engine_vllm.worker.RollartWorkerExtension"
@@ -411,29 +412,9 @@ class VllmEngine:
         rid = request.request_id
         if rid in self._reqs:
             raise ValueError(f"request_id {rid!r} is already being generated; ids must be unique")
-        prompt = request.prompt_ids
-        if not prompt:
-            raise ValueError(f"request {rid!r}: prompt_ids is empty; give at least one token")
-        if len(prompt) >= self.max_model_len:
-            raise ValueError(
-                f"request {rid!r}: prompt of {len(prompt)} tokens does not fit max_model_len="
-                f"{self.max_model_len} (engine option max_model_len, capped by the model)"
-            )
-        bad = [t for t in prompt if not 0 <= t < self.vocab_size]
-        if bad:
-            raise ValueError(
-                f"request {rid!r}: token ids {bad[:5]} outside the vocabulary [0, {self.vocab_size})"
-            )
-        sp = request.sampling
-        if sp.max_new_tokens < 1:
-            raise ValueError(f"request {rid!r}: max_new_tokens must be >= 1, got {sp.max_new_tokens}")
-        if sp.allowed_token_ids is not None and (
-            not sp.allowed_token_ids
-            or not all(0 <= t < self.vocab_size for t in sp.allowed_token_ids)
-        ):
-            raise ValueError(
-                f"request {rid!r}: allowed_token_ids must be non-empty ids in [0, {self.vocab_size})"
-            )
+        check_request(request, vocab_size=self.vocab_size, max_len=self.max_model_len,
+                      limit="max_model_len",
+                      hint=" (engine option max_model_len, capped by the model)")
 
     def _serialize(self, buckets: Iterable[WeightBucket]) -> list[bytes]:
         """Every bucket as safetensors bytes (``collective_rpc`` would turn tensors into
