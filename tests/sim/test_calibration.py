@@ -38,7 +38,8 @@ REAL = {
     # prefix tree computes shared prefixes once, which the cost model does not describe:
     # the calibrated run computes every token (docs/simulation.md, "Calibration").
     "trainer": {"name": "torch", "options": {"lr": 0.001, "micro_batch_size": 16,
-                                             "prefix_sharing": "off"}},
+                                             "prefix_sharing": "off",
+                                             "skip_zero_advantage": False}},
     "transport": {"name": "local"},
     "rollout": {"batch_size": 16, "group_size": 4, "mode": "sync"},
     "train": {"steps": 5, "bucket_mb": 1, "save_final_model": False},
