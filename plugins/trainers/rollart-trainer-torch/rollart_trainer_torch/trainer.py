@@ -19,7 +19,6 @@ What one ``train_step`` does, in order (the README has the formulas):
 from __future__ import annotations
 
 import copy
-import json
 import math
 import random
 import shutil
@@ -29,7 +28,6 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from safetensors.torch import load_file, load_model, save_file, save_model
 from transformers import AutoModelForCausalLM
 
 from rollart_sdk.algorithms import (
@@ -44,15 +42,11 @@ from rollart_sdk.algorithms import (
 from rollart_sdk.config import ModelConfig
 from rollart_sdk.types import TrainSample, WeightBucket
 from rollart_sdk.weights import split_buckets
+from rollart_trainer_torch import checkpoint
 from rollart_trainer_torch.options import TorchTrainerOptions
 from rollart_trainer_torch.prefix_tree import PrefixTree, tree_micro_batches
 
-CHECKPOINT_FORMAT = 1
 HEAD_ONLY_MODELS = ("llama", "qwen2", "qwen3", "mistral")
-_MODEL_FILE = "model.safetensors"
-_OPTIM_FILE = "optimizer.safetensors"
-_RNG_FILE = "rng.safetensors"
-_STATE_FILE = "trainer_state.json"  # written last: its presence marks a complete checkpoint
 # Files of a checkpoint folder that save_pretrained copies along (tokenizer, templates).
 _SIDE_FILES = (
     "tokenizer.json",
@@ -271,83 +265,25 @@ class TorchTrainer:
         return split_buckets(named, bucket_bytes, self._version)
 
     def save_checkpoint(self, path: str) -> None:
-        """Model, AdamW moments, step/version and RNG states, as safetensors + JSON.
+        """Model, AdamW moments, step/version and RNG states, as safetensors + JSON
+        (:mod:`rollart_trainer_torch.checkpoint`).
 
         Ranks hold identical state, so only rank 0 writes; ``path`` is a folder.
         """
         if self.rank != 0:
             return
-        out = Path(path)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / _STATE_FILE).unlink(missing_ok=True)  # incomplete until rewritten below
-        save_model(self.model, str(out / _MODEL_FILE))
-        sd = self.optimizer.state_dict()
-        tensors: dict[str, torch.Tensor] = {}
-        scalars: dict[str, dict[str, Any]] = {}
-        for pid, state in sd["state"].items():
-            for name, value in state.items():
-                if isinstance(value, torch.Tensor):
-                    tensors[f"{pid}.{name}"] = value.detach().cpu().contiguous()
-                else:
-                    scalars.setdefault(str(pid), {})[name] = value
-        save_file(tensors, str(out / _OPTIM_FILE))
-        rng = {"torch_cpu": torch.get_rng_state()}
-        if torch.cuda.is_available():
-            for i, s in enumerate(torch.cuda.get_rng_state_all()):
-                rng[f"torch_cuda_{i}"] = s
-        save_file(rng, str(out / _RNG_FILE))
-        state = {
-            "format": CHECKPOINT_FORMAT,
+        checkpoint.write(Path(path), self.model, self.optimizer, {
             "version": self._version,
             "step": self._step,
             "world_size": self.world_size,
-            "param_groups": sd["param_groups"],
-            "optimizer_scalars": scalars,
-            "python_random": _jsonable(random.getstate()),
             "options": self.options.model_dump(mode="json"),
-        }
-        (out / _STATE_FILE).write_text(json.dumps(state, indent=1))
+        })
 
     def load_checkpoint(self, path: str) -> None:
         """Restore what :meth:`save_checkpoint` wrote; the next step is then the same as
         the one the saving trainer would have taken. Every rank loads (shared storage)."""
-        src = Path(path)
-        if not (src / _STATE_FILE).is_file():
-            raise FileNotFoundError(
-                f"{src} is not a complete torch-trainer checkpoint ({_STATE_FILE} missing): "
-                "give the folder passed to save_checkpoint, or an earlier checkpoint if the "
-                "save was interrupted"
-            )
-        state = json.loads((src / _STATE_FILE).read_text())
-        if state.get("format") != CHECKPOINT_FORMAT:
-            raise ValueError(
-                f"{src / _STATE_FILE}: checkpoint format {state.get('format')!r} is not "
-                f"supported (this trainer reads format {CHECKPOINT_FORMAT})"
-            )
-        missing, unexpected = load_model(self.model, str(src / _MODEL_FILE), strict=False,
-                                         device=str(self.device))
-        if missing or unexpected:
-            raise ValueError(
-                f"{src / _MODEL_FILE} does not match the model at {self.model_path}: "
-                f"missing {sorted(missing)[:5]}, unexpected {sorted(unexpected)[:5]} "
-                "(was it saved from a different architecture?)"
-            )
-        flat = load_file(str(src / _OPTIM_FILE), device=str(self.device))
-        opt_state: dict[int, dict[str, Any]] = {}
-        for key, value in flat.items():
-            pid, name = key.split(".", 1)
-            # AdamW keeps 'step' on the CPU unless capturable/fused.
-            opt_state.setdefault(int(pid), {})[name] = value.cpu() if name == "step" else value
-        for pid, values in state["optimizer_scalars"].items():
-            opt_state.setdefault(int(pid), {}).update(values)
-        self.optimizer.load_state_dict({"state": opt_state, "param_groups": state["param_groups"]})
-        rng = load_file(str(src / _RNG_FILE))
-        torch.set_rng_state(rng["torch_cpu"])
-        if torch.cuda.is_available():
-            cuda = [rng[k] for k in sorted(rng) if k.startswith("torch_cuda_")]
-            if len(cuda) == torch.cuda.device_count():
-                torch.cuda.set_rng_state_all(cuda)
-        random.setstate(_tuplify(state["python_random"]))
+        state = checkpoint.read(Path(path), self.model, self.optimizer, str(self.device),
+                                self.model_path)
         self._version = int(state["version"])
         self._step = int(state["step"])
 
@@ -603,15 +539,3 @@ def _resolve_device(spec: str, rank: int) -> torch.device:
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"trainer option device={spec!r} but CUDA is not available here; use cpu")
     return dev
-
-
-def _jsonable(obj: Any) -> Any:
-    if isinstance(obj, tuple):
-        return [_jsonable(x) for x in obj]
-    return obj
-
-
-def _tuplify(obj: Any) -> Any:
-    if isinstance(obj, list):
-        return tuple(_tuplify(x) for x in obj)
-    return obj
