@@ -158,6 +158,11 @@ def workload_config(mode: str, latency: str, seed: int, output_dir: str,
 def child(mode: str, latency: str, seed: int, max_steps: int, out: str,
           layout: str = "inprocess") -> None:
     """One run from this process; writes its figures as JSON to ``out``."""
+    if mode == "reference":  # the synchronous single-process GRPO trainer (small_reference)
+        from rollart_sdk.bench.small_reference import reference_child
+
+        Path(out).write_text(json.dumps(reference_child(latency, seed, max_steps, out)))
+        return
     t_start = time.time()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     from rollart_sdk.config import load_config
@@ -311,7 +316,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     parser = argparse.ArgumentParser(prog="rollart bench small",
                                      description=(__doc__ or "").split("\n")[0])
-    parser.add_argument("--modes", nargs="+", default=["sync", "async"], choices=["sync", "async"])
+    parser.add_argument("--modes", nargs="+", default=["sync", "async"],
+                        choices=["sync", "async", "reference"],
+                        help="reference: the synchronous single-process GRPO trainer of "
+                             "rollart_sdk/bench/small_reference.py (TRL's loop in plain torch)")
     parser.add_argument("--latency", nargs="+", default=["none", "normal"], choices=list(LATENCY))
     parser.add_argument("--repeats", type=int, default=3, help="seeds 0..N-1 per variant")
     parser.add_argument("--seeds", type=int, nargs="+", default=None, help="explicit seeds")

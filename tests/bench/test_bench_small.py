@@ -78,3 +78,45 @@ def test_bench_small_runs_end_to_end(tmp_path):
         assert row["episodes_per_s"] > 0 and row["startup_s"] > 0
     assert (none["latency"], normal["latency"]) == ("none", "normal")
     assert "loadavg_before" in data and [m["runs"] for m in data["median"]] == [1, 1]
+
+
+def test_reference_advantages_are_trl_group_scaling():
+    from rollart_sdk.bench.small_reference import _advantages
+
+    # One success in a group of 8: mean 0.125, Bessel std sqrt(0.125) = 0.35355.
+    adv = _advantages([1.0] + [0.0] * 7 + [0.0] * 8)
+    assert adv[0] == pytest.approx(0.875 / (0.35355339 + 1e-4), rel=1e-6)
+    assert adv[1] == pytest.approx(-0.125 / (0.35355339 + 1e-4), rel=1e-6)
+    assert adv[8:] == [0.0] * 8  # a group that all failed carries no signal
+
+
+@pytest.mark.timeout(600)
+def test_reference_trainer_runs_the_same_workload(tmp_path):
+    """The synchronous single-process reference: a real run of 2 steps through the same
+    summary as rollart's runs; its episodes are the workload's (64 per step, at most 8
+    turns, the token layout of rollart's ChatFormat)."""
+    from rollart_sdk.bench import small_reference as ref
+
+    seen = []
+    original = ref._rollout
+
+    def spy(*args, **kwargs):
+        out = original(*args, **kwargs)
+        seen.append(out)
+        return out
+
+    ref._rollout = spy
+    try:
+        data = ref.reference_child("none", 0, 2, str(tmp_path / "unused.json"))
+    finally:
+        ref._rollout = original
+    row = summarize("reference", "none", 0, data["t_start"], data)
+    assert row["steps"] == 2 and row["episodes_per_s"] > 0 and row["alpha"] == 0
+    seqs, masks, rewards, turns = seen[0]
+    assert len(seqs) == 64 and all(1 <= t <= 8 for t in turns)
+    for ids, mask, t in zip(seqs, masks, turns, strict=True):
+        assert len(ids) == len(mask) and sum(mask) == t  # one action token per turn
+        # 44 prompt tokens, then per turn 1 action + 46 tokens of the next observation
+        # (none after the last action).
+        assert len(ids) == 44 + t + 46 * (t - 1)
+    assert set(rewards) <= {0.0, 1.0}
