@@ -13,7 +13,9 @@ callable.
 running a reward function as a local service). With a ``token`` it answers only requests
 carrying ``Authorization: Bearer <token>``; bodies are JSON only and size-limited, and an
 error answer never carries the exception's text (it is logged on the server with an id the
-answer gives).
+answer gives). A caller that gave up (its timeout) and closed the connection before the
+answer is counted (``disconnected``) and logged at debug level: no traceback, and the
+server goes on serving.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import asyncio
 import hmac
 import json
 import logging
+import sys
 import threading
 import urllib.error
 import urllib.request
@@ -154,7 +157,8 @@ class ServerlessEndpoint:
     ``token``: when set, a request without ``Authorization: Bearer <token>`` gets 401.
     Bodies must be ``application/json`` (415 otherwise) of at most ``max_body_bytes``
     (413). A function that raises answers 500 with an error id; the exception is logged
-    here under that id, never sent to the caller.
+    here under that id, never sent to the caller. A caller gone before its answer was
+    written (it timed out and closed the connection) is counted in ``disconnected``.
     """
 
     def __init__(self, fn: Callable[..., Any], host: str = "127.0.0.1", port: int = 0,
@@ -163,6 +167,7 @@ class ServerlessEndpoint:
         self.fn = fn
         self.calls = 0
         self.rejected = 0
+        self.disconnected = 0  # callers that closed the connection before their answer
         endpoint = self
         expected = f"Bearer {token}".encode() if token else None
 
@@ -179,7 +184,7 @@ class ServerlessEndpoint:
             def log_message(self, *args: Any) -> None:  # keep test output quiet
                 return
 
-        self.server = ThreadingHTTPServer((host, port), Handler)
+        self.server = _QuietServer((host, port), Handler, endpoint)
         self.server.daemon_threads = True
         self.url = f"http://{_url_host(host)}:{self.server.server_address[1]}{path}"
         self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
@@ -225,6 +230,26 @@ class ServerlessEndpoint:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+class _QuietServer(ThreadingHTTPServer):
+    """A client that disconnected (reset or closed before the answer: a caller that timed
+    out) is counted on the endpoint and logged at debug level; socketserver would print a
+    traceback to stderr for it. Any other error keeps socketserver's report."""
+
+    def __init__(self, address: tuple[str, int], handler: Any,
+                 endpoint: ServerlessEndpoint) -> None:
+        super().__init__(address, handler)
+        self.endpoint = endpoint
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        exc = sys.exc_info()[1]
+        if isinstance(exc, ConnectionError):  # BrokenPipe, ConnectionReset/Aborted
+            self.endpoint.disconnected += 1
+            log.debug("serverless client %s disconnected before its answer: %s",
+                      client_address, exc)
+            return
+        super().handle_error(request, client_address)
 
 
 def _url_host(host: str) -> str:
