@@ -279,22 +279,48 @@ def replica_counts(apps: Sequence[str], states: tuple[str, ...] = ("RUNNING",)
                    ) -> dict[str, int]:
     """:func:`replica_count` of several applications from ONE status call (the Serve
     controller's status is not free: poll it once for all)."""
+    return {app: sum(n for state, n in by_state.items() if state in states)
+            for app, by_state in replica_states(apps).items()}
+
+
+def replica_states(apps: Sequence[str]) -> dict[str, dict[str, int]]:
+    """Each application's replicas by state (``{"RUNNING": 1, "STOPPING": 1}``; empty when
+    not deployed), from ONE ``serve.status()`` call."""
     from ray import serve
 
-    applications = serve.status().applications
-    out = {}
+    return states_of(serve.status().applications, apps)
+
+
+def states_of(applications: Any, apps: Sequence[str]) -> dict[str, dict[str, int]]:
+    """:func:`replica_states` from a ``serve.status().applications`` snapshot."""
+    out: dict[str, dict[str, int]] = {}
     for app in apps:
         status = applications.get(app)
-        out[app] = 0 if status is None else sum(
-            n for dep in status.deployments.values() for state, n in dep.replica_states.items()
-            if str(getattr(state, "value", state)) in states)
+        counts: dict[str, int] = {}
+        for dep in ([] if status is None else status.deployments.values()):
+            for state, n in dep.replica_states.items():
+                key = str(getattr(state, "value", state))
+                counts[key] = counts.get(key, 0) + n
+        out[app] = counts
     return out
 
 
 class ReplicaMonitor:
-    """Polls the replica count of one application (or several, with one status call per
-    poll) and logs every change with its time: the scale-up from zero, the scale-down to
-    zero (``rollart serve-reward`` prints them)."""
+    """Polls the replicas of one application (or several, with one status call per poll)
+    and records every change with its time (``rollart serve-reward`` prints them).
+
+    Two histories per application, each a list of (seconds since start, count) at every
+    change of that count:
+
+    - ``histories``: replicas in ``states`` (default RUNNING; the reward bench passes
+      STARTING + RUNNING + STOPPING: every replica holding resources, for
+      :meth:`replica_seconds`). Held counts include a replica stopping beside its
+      replacement starting, so they may exceed the deployment's ``max_replicas``.
+    - ``running``: RUNNING replicas only (serving requests; never above
+      ``max_replicas``). A rise is that many replicas started serving, a fall that many
+      stopped serving (``starts`` / ``stops`` count them); the reward bench's
+      ``replica_changes`` is this history's counts.
+    """
 
     def __init__(self, app: str | Sequence[str], emit: Any = print, interval_s: float = 0.5,
                  states: tuple[str, ...] = ("RUNNING",)) -> None:
@@ -302,8 +328,12 @@ class ReplicaMonitor:
         self.states = states
         self.emit = emit
         self.interval_s = interval_s
-        # per application: (seconds since start, replicas) at every change
+        # per application: (seconds since start, replicas in ``states``) at every change
         self.histories: dict[str, list[tuple[float, int]]] = {a: [] for a in self.apps}
+        # per application: (seconds since start, RUNNING replicas) at every change
+        self.running: dict[str, list[tuple[float, int]]] = {a: [] for a in self.apps}
+        self.starts: dict[str, int] = dict.fromkeys(self.apps, 0)  # RUNNING count rises
+        self.stops: dict[str, int] = dict.fromkeys(self.apps, 0)  # RUNNING count falls
         self.started = time.monotonic()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"monitor-{self.apps[0]}",
@@ -324,20 +354,32 @@ class ReplicaMonitor:
         return self
 
     def _run(self) -> None:
-        t0 = self.started
-        last = dict.fromkeys(self.apps, -1)
         while not self._stop.wait(self.interval_s):
             try:
-                counts = replica_counts(self.apps, self.states)
+                by_state = replica_states(self.apps)
             except Exception as exc:  # noqa: BLE001 - a status call can fail during shutdown
                 self.emit(f"[{', '.join(self.apps)}] replica status unavailable: {exc}")
                 continue
-            now = time.monotonic() - t0
-            for app, n in counts.items():
-                if n != last[app]:
-                    self.histories[app].append((now, n))
-                    self.emit(f"[{app}] replicas: {max(last[app], 0)} -> {n} at t={now:.1f}s")
-                    last[app] = n
+            self.observe(by_state, time.monotonic() - self.started)
+
+    def observe(self, by_state: dict[str, dict[str, int]], now: float) -> None:
+        """Record one poll (:func:`replica_states`' answer) taken ``now`` seconds after
+        the start."""
+        for app in self.apps:
+            counts = by_state.get(app, {})
+            held = sum(n for state, n in counts.items() if state in self.states)
+            history = self.histories[app]
+            if not history or history[-1][1] != held:
+                before = history[-1][1] if history else 0
+                history.append((now, held))
+                self.emit(f"[{app}] replicas: {before} -> {held} at t={now:.1f}s")
+            serving = counts.get("RUNNING", 0)
+            running = self.running[app]
+            before = running[-1][1] if running else 0
+            if not running or before != serving:
+                running.append((now, serving))
+                self.starts[app] += max(0, serving - before)
+                self.stops[app] += max(0, before - serving)
 
     def replica_seconds(self, until: float | None = None) -> float:
         """Integral of the replica count over the monitored time, summed over the apps."""

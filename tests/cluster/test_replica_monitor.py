@@ -6,6 +6,7 @@ sequence here; the real Serve path is exercised in the serverless plugin's tests
 from __future__ import annotations
 
 import threading
+from types import SimpleNamespace
 
 import pytest
 
@@ -28,13 +29,14 @@ def test_one_status_call_per_poll_records_changes_per_application(monkeypatch):
     calls: list[tuple[str, ...]] = []
     done = threading.Event()
 
-    def counts(apps, states):
+    def states(apps):
         calls.append(tuple(apps))
         if len(calls) >= len(script):
             done.set()
-        return script[min(len(calls), len(script)) - 1]
+        snap = script[min(len(calls), len(script)) - 1]
+        return {app: {"RUNNING": n} for app, n in snap.items()}
 
-    monkeypatch.setattr(serve_app, "replica_counts", counts)
+    monkeypatch.setattr(serve_app, "replica_states", states)
     lines: list[str] = []
     monitor = ReplicaMonitor(["a", "b"], emit=lines.append, interval_s=0.01).start()
     try:
@@ -45,3 +47,39 @@ def test_one_status_call_per_poll_records_changes_per_application(monkeypatch):
     assert [n for _, n in monitor.histories["a"]] == [0, 1, 0]
     assert [n for _, n in monitor.histories["b"]] == [0, 1, 0]
     assert any(line.startswith("[a] replicas: 0 -> 1") for line in lines)
+
+
+def _snapshot(**replicas):
+    """A ``serve.status().applications`` mapping: app -> one deployment whose
+    ``replica_states`` is keyed by Serve's own ReplicaState enum."""
+    from ray.serve._private.common import ReplicaState
+
+    return {app: SimpleNamespace(deployments={"Judge": SimpleNamespace(replica_states={
+        ReplicaState(state): n for state, n in by_state.items()})})
+        for app, by_state in replicas.items()}
+
+
+def test_replica_changes_count_running_replicas_never_above_max_replicas():
+    """A replacement (one replica STOPPING while the next is STARTING, then RUNNING) holds
+    two replicas of a max_replicas=1 deployment: the held history says 2, the RUNNING one
+    (the bench's replica_changes) never exceeds 1, and starts/stops count RUNNING moves."""
+    held = ("STARTING", "RUNNING", "STOPPING")
+    monitor = ReplicaMonitor("judge", emit=lambda line: None, states=held)
+    polls = [
+        _snapshot(),  # not deployed yet
+        _snapshot(judge={"STARTING": 1}),
+        _snapshot(judge={"RUNNING": 1}),
+        _snapshot(judge={"STOPPING": 1, "STARTING": 1}),  # replaced
+        _snapshot(judge={"STOPPING": 1, "RUNNING": 1}),
+        _snapshot(judge={"RUNNING": 1}),
+        _snapshot(judge={"STOPPING": 1}),  # scale to zero
+        _snapshot(judge={}),
+    ]
+    for t, apps in enumerate(polls):
+        monitor.observe(serve_app.states_of(apps, monitor.apps), float(t))
+    assert [n for _, n in monitor.histories["judge"]] == [0, 1, 2, 1, 0]
+    assert [n for _, n in monitor.running["judge"]] == [0, 1, 0, 1, 0]
+    assert max(n for _, n in monitor.running["judge"]) <= 1  # max_replicas
+    assert monitor.starts == {"judge": 2} and monitor.stops == {"judge": 2}
+    # held: 1 replica over [1, 3), 2 over [3, 5), 1 over [5, 7)
+    assert monitor.replica_seconds() == pytest.approx(2 + 4 + 2)

@@ -138,7 +138,7 @@ class Arm:
                    wall_s=round(time.time() - t0, 1),
                    load_1m=[round(load0, 2), round(os.getloadavg()[0], 2)])  # start, end
         if shared is not None:
-            row["replica_changes"] = [n for _, n in shared.histories[shared.app]]
+            row["replica_changes"] = [n for _, n in shared.running[shared.app]]  # RUNNING
         return row
 
     def _monitored(self, apps: list[str]) -> Any:
