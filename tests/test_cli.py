@@ -234,3 +234,13 @@ def test_bench_engine_option_selects_the_engine_benchmark():
     assert "rollart bench engine --engine vllm: error: argument --sides" in res.stderr
     res = run_cli("bench", "engine", "--sides", "vllm")
     assert res.returncode == 2 and "unrecognized arguments: --sides" in res.stderr
+
+
+def test_the_step_line_names_rewards_and_success_rates():
+    from rollart_sdk.control.progress import step_scores
+
+    m = {"step": 3, "reward/Arithmetic": 0.688, "success/Arithmetic": 0.0,
+         "reward/FrozenLake": 0.042, "success/FrozenLake": 0.042, "staleness/max": 1}
+    assert step_scores(m) == ("reward Arithmetic=0.69 FrozenLake=0.04  "
+                              "success Arithmetic=0.00 FrozenLake=0.04")
+    assert step_scores({"reward/Echo": 1.0}) == "reward Echo=1.00"  # no success reported

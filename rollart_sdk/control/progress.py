@@ -37,11 +37,8 @@ class ProgressDisplay:
         if self.live is not None:
             self.live.update(self._render())
         else:
-            rewards = " ".join(
-                f"{k.split('/', 1)[1]}={v:.2f}" for k, v in metrics.items() if k.startswith("reward/")
-            )
             self.console.print(
-                f"step {metrics['step']}/{self.steps}  {rewards}  "
+                f"step {metrics['step']}/{self.steps}  {step_scores(metrics)}  "
                 f"staleness<={metrics['staleness/max']}  trained={metrics['trajectories/trained']} "
                 f"waste={metrics['rollout/waste']:.0%}  t={metrics['wall_time']:.0f}s",
                 highlight=False, soft_wrap=True,
@@ -69,3 +66,16 @@ class ProgressDisplay:
                       f"{m['time/get_batch_wait']:.2f}s / {m['time/train']:.2f}s / "
                       f"{m['time/weight_sync']:.3f}s")
         return t
+
+
+def step_scores(metrics: dict[str, Any]) -> str:
+    """The step line's per-task figures, named: ``reward A=0.69 B=0.04  success B=0.04``
+    (mean reward of each task; success rate of the tasks whose env reports one, the
+    figure the end-of-run summary prints)."""
+    parts = []
+    for kind in ("reward", "success"):
+        vals = " ".join(f"{k.split('/', 1)[1]}={v:.2f}" for k, v in metrics.items()
+                        if k.startswith(f"{kind}/"))
+        if vals:
+            parts.append(f"{kind} {vals}")
+    return "  ".join(parts)
