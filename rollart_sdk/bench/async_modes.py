@@ -100,7 +100,9 @@ def run_config(mode: str, interaction: str, alpha: int, steps: int, env_options:
     warm = records[1:] or records  # the first step includes start-up
     walls = [m["wall_time"] for m in metrics]
     timed = walls[-1] - walls[0] if len(walls) > 1 else wall
-    trained_warm = sum(len(r.batch) for r in records[1:]) or sum(len(r.batch) for r in records)
+    # From each record's own count: the batches of old steps are freed (KEEP_BATCHES).
+    per_step = [sum(n for n, _ in r.trained_turns.values()) for r in records]
+    trained_warm = sum(per_step[1:]) or sum(per_step)
     return {
         "mode": mode, "interaction": interaction, "alpha": p.alpha, "steps": len(records),
         "step_time_s": timed / max(1, len(warm)),

@@ -96,11 +96,14 @@ def step_metrics(rec: StepRecord, prev: StepRecord | None, buffer: SampleBuffer,
 
 
 def run_rollout_summary(pipeline: Pipeline) -> dict[str, Any]:
-    """Waste, length bias and spanning over the whole run (summary.json, the benches)."""
+    """Waste, length bias, spanning and staleness over the whole run (summary.json, the
+    benches): every step's record (their batches are freed after ``KEEP_BATCHES`` steps,
+    so the figures come from what each record kept), the sessions before a resume
+    included (``pipeline.carried``)."""
     b = pipeline.buffer
     run_end = sum(n for k, n in b.dropped.items() if k.endswith("run_end"))
     during = sum(b.dropped.values()) - run_end
-    trained = [t for r in pipeline.records for t in r.batch]
+    carry = summary_carry(pipeline)
     out: dict[str, Any] = {
         "launched": pipeline.scheduler.launched,
         "trained": b.trained,
@@ -108,24 +111,47 @@ def run_rollout_summary(pipeline: Pipeline) -> dict[str, Any]:
         "waste": during / (b.trained + during) if b.trained + during else 0.0,
         "waste_tokens": (b.tokens_dropped / (b.tokens_dropped + b.tokens_trained)
                          if b.tokens_dropped + b.tokens_trained else 0.0),
-        "spanning_update": sum(1 for t in trained if len(t.versions) > 1),
-        "staleness_hist": dict(sorted(Counter(
-            r.engine_version - t.start_version for r in pipeline.records for t in r.batch
-        ).items())),
+        "spanning_update": carry["spanning_update"],
+        "staleness_hist": {int(k): v for k, v in sorted(
+            carry["staleness_hist"].items(), key=lambda kv: int(kv[0]))},
         "length_bias": {},
     }
     for tag, (n, turns) in sorted(b.finished_turns.items()):
-        mine = [len(t.turns) for t in trained if t.tag == tag]
-        if n and mine and turns:
-            out["length_bias"][tag] = (sum(mine) / len(mine)) / (turns / n)
+        mine_n, mine_turns = carry["trained_turns"].get(tag, (0, 0))
+        if n and mine_n and turns:
+            out["length_bias"][tag] = (mine_turns / mine_n) / (turns / n)
     return out
+
+
+def summary_carry(pipeline: Pipeline, upto: int | None = None) -> dict[str, Any]:
+    """The run summary's raw figures: the carried ones of the sessions before a resume
+    plus this session's records (those of steps ``< upto`` when given). JSON-ready: what a
+    checkpoint's ``run_state.json`` keeps (``summary``) for the next session."""
+    c = pipeline.carried
+    stats = list(c.get("task_stats", []))
+    spanning = int(c.get("spanning_update", 0))
+    hist: Counter[str] = Counter({str(k): int(v) for k, v in c.get("staleness_hist", {}).items()})
+    turns = {tag: [int(n), int(t)] for tag, (n, t) in c.get("trained_turns", {}).items()}
+    for r in pipeline.records:
+        if upto is not None and r.step >= upto:
+            continue
+        stats.append(r.task_stats)
+        spanning += r.spanning
+        hist.update({str(k): v for k, v in r.staleness.items()})
+        for tag, (n, t) in r.trained_turns.items():
+            acc = turns.setdefault(tag, [0, 0])
+            acc[0] += n
+            acc[1] += t
+    return {"task_stats": stats, "spanning_update": spanning, "staleness_hist": dict(hist),
+            "trained_turns": turns}
 
 
 def learning_summary(pipeline: Pipeline) -> dict[str, dict[str, float | None]]:
     """Per task: reward (and success rate) of the first step and the mean over the last
     tenth of the steps - the figures docs/quickstart.md reports. Read from each record's
-    ``task_stats``, which outlive the trajectories the pipeline frees."""
-    recs = pipeline.records
+    ``task_stats``, which outlive the trajectories the pipeline frees, the steps of the
+    sessions before a resume included."""
+    recs = summary_carry(pipeline)["task_stats"]
     if not recs:
         return {}
     k = max(1, len(recs) // 10)
@@ -133,8 +159,8 @@ def learning_summary(pipeline: Pipeline) -> dict[str, dict[str, float | None]]:
     for tag in [t.tag for t in pipeline.cfg.tasks]:
         def mean(rs: list[Any], key: str, tag: str = tag) -> float | None:
             total = count = 0.0
-            for r in rs:
-                st = r.task_stats.get(tag)
+            for st in rs:
+                st = st.get(tag)
                 n = (st or {}).get("n_success" if key == "success" else "n") or 0.0
                 if st is None or not n or st.get(key) is None:
                     continue
@@ -167,6 +193,13 @@ def reward_exposure(records: list[StepRecord], run_started: float) -> dict[str, 
     trainer asked for the batch" and "the batch's last rollout ended" to "the batch's last
     reward arrived" (0 when the rewards were in before either). Plus every reward call's
     latency as the EnvManager saw it, and the batch's mean reward."""
+    freed = [r.step for r in records if not r.batch]
+    if freed:
+        raise ValueError(
+            f"reward_exposure needs every step's trajectories, but the batches of steps "
+            f"{freed[:5]}{'...' if len(freed) > 5 else ''} were freed (the pipeline keeps "
+            "the last KEEP_BATCHES steps'); measure runs of at most that many steps, or "
+            "raise rollart_sdk.control.pipeline.KEEP_BATCHES for the measurement")
     steps = []
     previous = run_started
     for r in records:

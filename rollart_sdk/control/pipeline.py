@@ -98,6 +98,12 @@ class StepRecord:
     trained_total: int = 0  # trajectories trained on, this step included
     # Per task: mean reward and success rate of the batch (kept when ``batch`` is freed).
     task_stats: dict[str, dict[str, float | None]] = field(default_factory=dict)
+    # The batch's share of the run summary, kept when ``batch`` is freed: trajectories
+    # trained across a weight update, staleness (engine version - start version) counts,
+    # and per task (trajectories, turns) trained.
+    spanning: int = 0
+    staleness: dict[int, int] = field(default_factory=dict)
+    trained_turns: dict[str, tuple[int, int]] = field(default_factory=dict)
     in_flight: int = 0  # launched, neither trained nor dropped yet (at the batch's formation)
 
 
@@ -140,6 +146,8 @@ class Pipeline:
         self.resumes = 0
         self.trained_by_tag: Counter[str] = Counter()
         self.trained_by_tag_at: dict[int, Counter[str]] = {}  # steps done -> per task
+        # The summary figures of the sessions before a resume (control/resume.py).
+        self.carried: dict[str, Any] = {}
         self._reported = 0  # steps whose metrics line is written
         r0 = config.rollout
         self.watchdog = Watchdog([t.tag for t in config.tasks], r0.drop_window,
@@ -390,6 +398,11 @@ class Pipeline:
             finished_turns={k: (v[0], v[1]) for k, v in b.finished_turns.items()},
             trained_total=b.trained, task_stats=task_stats(batch),
             in_flight=len(self.scheduler.running) + b.held(),
+            spanning=sum(1 for t in batch if len(t.versions) > 1),
+            staleness=dict(Counter(self.engine_version - t.start_version for t in batch)),
+            trained_turns={tag: (sum(1 for t in batch if t.tag == tag),
+                                 sum(len(t.turns) for t in batch if t.tag == tag))
+                           for tag in sorted({t.tag for t in batch})},
         )
         self.records.append(rec)
         self.trained_by_tag.update(t.tag for t in batch)

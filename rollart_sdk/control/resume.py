@@ -4,7 +4,7 @@ A checkpoint folder (``checkpoints/step-N`` or ``checkpoints/final``) holds the 
 own files (model, optimiser, RNG) and, written after them, ``run_state.json``: the
 control plane's side of the run at that step (step number, version, the accounting
 ``launched = trained + dropped`` per task, the scheduler's task-choice RNG and counters,
-the wall time so far). A folder without ``run_state.json`` is incomplete (the save was
+the wall time so far, and the raw figures of the run summary so far). A folder without ``run_state.json`` is incomplete (the save was
 interrupted) and is never resumed from.
 
 ``rollart train CONFIG --resume RUN_DIR`` (:mod:`rollart_sdk.cli.train`) checks that the
@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from rollart_sdk.config import RunConfig
+from rollart_sdk.control.metrics import summary_carry
 from rollart_sdk.errors import RollartError
 
 if TYPE_CHECKING:
@@ -60,6 +61,11 @@ def capture_state(p: Pipeline, step: int, version: int | None = None) -> dict[st
         "traj_counter": s._traj_counter,
         "wall_s": p.wall_s(),
         "resumes": p.resumes,
+        # The run summary's raw figures up to this step (learning curve per step, spanning,
+        # staleness, turns trained) and the turns of every finished trajectory, so a
+        # resumed run's summary.json covers the whole run.
+        "summary": summary_carry(p, upto=step),
+        "finished_turns": {tag: list(v) for tag, v in b.finished_turns.items()},
     }
 
 
@@ -96,6 +102,10 @@ def apply_state(p: Pipeline, state: dict[str, Any]) -> None:
     s._rng.setstate(_tuplify(state["rng"]))
     s._group_counter = int(state["group_counter"])
     s._traj_counter = int(state["traj_counter"])
+    # Checkpoints written before these keys existed: the summary covers this session.
+    p.carried = dict(state.get("summary", {}))
+    b.finished_turns = {tag: [int(n), int(t)] for tag, (n, t) in
+                        state.get("finished_turns", {}).items()}
 
 
 def newest_resumable(run_dir: Path) -> Path | None:

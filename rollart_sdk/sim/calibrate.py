@@ -159,7 +159,8 @@ def time_weight_swap(trainer: Any, engine: Any, bucket_mb: float = 1.0) -> float
 
 # ----------------------------------------------------------------------------- workload
 def measured_workload(run_dir: Path, records: list[Any]) -> dict[str, dict[str, Any]]:
-    """Per task, from a real run: turns and token counts (its trained trajectories) and
+    """Per task, from a real run: turns and token counts (its trained trajectories still
+    held: those of the last KEEP_BATCHES steps) and
     mean env reset / step and reward call latencies (its timeline)."""
     spans: dict[tuple[str, str], list[float]] = {}
     for line in (run_dir / "events.jsonl").read_text().splitlines():

@@ -29,7 +29,7 @@ def test_first_step_survives_freed_batches():
         records.append(rec)
     for rec in records[:-4]:
         rec.batch = []  # what the pipeline does to old steps
-    pipe = SimpleNamespace(records=records,
+    pipe = SimpleNamespace(records=records, carried={},
                            cfg=SimpleNamespace(tasks=[SimpleNamespace(tag="A"),
                                                       SimpleNamespace(tag="B")]))
     out = learning_summary(pipe)

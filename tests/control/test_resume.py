@@ -69,6 +69,16 @@ def test_a_stopped_run_resumes_where_it_stopped(tmp_path):
     assert p.scheduler._group_counter > state["group_counter"]
     final = json.loads((path / "checkpoints" / "final" / RUN_STATE).read_text())
     assert final["step"] == 4 and final["resumes"] == 1
+    # The summary covers the whole run, not the second session alone: the learning
+    # figures' first step is the run's step 1, every trained trajectory is in the
+    # staleness histogram, and what the first session counted is carried over.
+    assert len(final["summary"]["task_stats"]) == 4
+    assert s2["learning"] and all(
+        s2["learning"][tag][f"{key}_first_step"] == s1["learning"][tag][f"{key}_first_step"]
+        for tag in s1["learning"] for key in ("reward", "success"))
+    assert sum(s1["rollout"]["staleness_hist"].values()) == s1["trained"]
+    assert sum(s2["rollout"]["staleness_hist"].values()) == s2["trained"]
+    assert s2["rollout"]["spanning_update"] >= s1["rollout"]["spanning_update"]
 
 
 def test_resume_refuses_a_changed_config_and_a_finished_run(tmp_path):
@@ -87,3 +97,19 @@ def test_resume_refuses_a_changed_config_and_a_finished_run(tmp_path):
     (path / "checkpoints" / "final" / RUN_STATE).unlink()  # an interrupted save
     with pytest.raises(RollartError, match="no complete checkpoint"):
         ResumePoint.prepare(cfg, path, 4)
+
+
+def test_the_run_summary_counts_steps_whose_batches_were_freed(tmp_path, monkeypatch):
+    """The pipeline frees the trajectories of all but the last KEEP_BATCHES steps; the
+    summary's staleness, spanning and length bias still cover every step."""
+    import rollart_sdk.control.pipeline as pipeline_module
+
+    monkeypatch.setattr(pipeline_module, "KEEP_BATCHES", 1)
+    cfg, lines = config(tmp_path)
+    job = run(cfg, lines, 4)
+    p = job.pipeline
+    assert sum(1 for r in p.records if r.batch) <= 2  # the batches of steps 1-2 are gone
+    s = json.loads((job.run_dir.path / "summary.json").read_text())
+    assert sum(s["rollout"]["staleness_hist"].values()) == s["trained"] == 4 * cfg.rollout.batch_size
+    assert s["rollout"]["spanning_update"] == sum(r.spanning for r in p.records)
+    assert set(s["rollout"]["length_bias"]) == {t.tag for t in cfg.tasks}

@@ -40,3 +40,9 @@ def test_exposed_is_from_the_later_of_asked_and_last_rollout_to_the_last_reward(
 def test_a_batch_without_reward_spans_exposes_nothing():
     out = reward_exposure([_rec(0, 5.0, 5.0, [_traj(4.0, None)])], run_started=1.0)
     assert out["steps"][0]["exposed_reward_s"] == 0.0 and out["steps"][0]["step_s"] == 4.0
+
+
+def test_freed_batches_are_an_error_not_zero_exposure():
+    records = [_rec(0, 10.0, 8.0, []), _rec(1, 20.0, 1.0, [_traj(15.0, 20.0)])]
+    with pytest.raises(ValueError, match=r"steps \[0\].*KEEP_BATCHES"):
+        reward_exposure(records, run_started=0.0)

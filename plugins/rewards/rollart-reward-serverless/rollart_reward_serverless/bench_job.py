@@ -61,6 +61,10 @@ def main(argv: list[str] | None = None) -> int:
     (path,) = argv if argv is not None else sys.argv[1:]
     with open(path, encoding="utf-8") as f:
         spec = json.load(f)
+    import rollart_sdk.control.pipeline as pipeline_module
+
+    # Every step's trajectories are read after the run (reward_exposure): keep them all.
+    pipeline_module.KEEP_BATCHES = max(pipeline_module.KEEP_BATCHES, int(spec["steps"]))
     cfg, lines = load_config(data=job_config(spec))
     t_build = time.time()
     job = build_job(cfg, lines, log=lambda *a: None, in_process=True)
