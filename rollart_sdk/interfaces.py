@@ -109,6 +109,28 @@ def check_request(request: GenerationRequest, *, vocab_size: int, max_len: int,
         )
 
 
+def check_train_sample(i: int, s: TrainSample) -> None:
+    """Raise ``ValueError`` naming ``batch[i]`` when a trainer cannot train on it: per-token
+    lists of different lengths, fewer than 2 tokens, or a loss on the first token (which
+    has no context). The trainer backends call it on every sample of a batch."""
+    n = len(s.input_ids)
+    lengths = {"loss_mask": len(s.loss_mask), "behaviour_logprobs": len(s.behaviour_logprobs),
+               "token_versions": len(s.token_versions)}
+    bad = {k: v for k, v in lengths.items() if v != n}
+    if bad:
+        raise ValueError(
+            f"batch[{i}] (group {s.group_id!r}): input_ids has {n} tokens but {bad}; "
+            "all per-token lists of a TrainSample must have the same length"
+        )
+    if n < 2:
+        raise ValueError(f"batch[{i}] (group {s.group_id!r}) has {n} token(s); need >= 2")
+    if s.loss_mask[0]:
+        raise ValueError(
+            f"batch[{i}] (group {s.group_id!r}): loss_mask[0] is 1, but the first token has "
+            "no context to be predicted from; a trajectory starts with prompt tokens (mask 0)"
+        )
+
+
 @runtime_checkable
 class Trainer(Protocol):
     """Policy optimisation on scored trajectories.

@@ -257,3 +257,37 @@ def load_causal_lm(path: str | os.PathLike[str], dtype: str = "float32") -> PreT
         raise ValueError(f"unknown dtype {dtype!r}; use float32, bfloat16 or float16")
     model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch_dtype, local_files_only=True)
     return model.eval()
+
+
+def hf_checkpoint_path(model: ModelConfig | str, backend: str, hint: str = "") -> str:
+    """The Hugging Face checkpoint folder a trainer backend loads (``model.path``, or the
+    path itself); a clear error when there is none or it is not a checkpoint folder."""
+    path = model if isinstance(model, str) else model.path
+    if path is None:
+        raise ValueError(
+            f"trainer {backend!r} needs model.path (a Hugging Face checkpoint folder); the "
+            f"pipeline converts model.gguf / model.tiny to one before starting trainers{hint}"
+        )
+    if not (Path(path) / "config.json").is_file():
+        raise FileNotFoundError(
+            f"model.path {path!r} is not a Hugging Face checkpoint folder (no config.json)"
+        )
+    return str(path)
+
+
+def resolve_device(spec: str, rank: int) -> Any:
+    """The torch device of data-parallel ``rank`` for a ``device`` option: ``auto`` (this
+    rank's GPU when CUDA is there, else the CPU), ``cuda`` (this rank's GPU: ranks on one
+    node must not all land on GPU 0), ``cuda:N``, ``cpu``."""
+    import torch
+
+    if spec == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda", rank % torch.cuda.device_count())
+        return torch.device("cpu")
+    dev = torch.device(spec)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"trainer option device={spec!r} but CUDA is not available here; use cpu")
+    if dev.type == "cuda" and dev.index is None:
+        return torch.device("cuda", rank % torch.cuda.device_count())
+    return dev

@@ -127,3 +127,22 @@ def test_gguf_conversion_of_smollm2(tmp_path):
                 "num_hidden_layers", "vocab_size"):
         assert conf[key] == getattr(model.config, key), key
     assert meta_tok.encode(ids, add_special_tokens=False) == x[0].tolist()
+
+
+def test_trainer_checkpoint_path_and_device_errors(tmp_path):
+    import torch
+
+    from rollart_sdk.config import ModelConfig
+    from rollart_sdk.models import hf_checkpoint_path, resolve_device
+
+    with pytest.raises(ValueError, match="trainer 'megatron' needs model.path"):
+        hf_checkpoint_path(ModelConfig(tiny={}), "megatron")
+    with pytest.raises(FileNotFoundError, match="no config.json"):
+        hf_checkpoint_path(str(tmp_path), "torch")
+    (tmp_path / "config.json").write_text("{}")
+    assert hf_checkpoint_path(ModelConfig(path=str(tmp_path)), "torch") == str(tmp_path)
+    assert resolve_device("cpu", 3) == torch.device("cpu")
+    if not torch.cuda.is_available():
+        assert resolve_device("auto", 1) == torch.device("cpu")
+        with pytest.raises(ValueError, match="CUDA is not available"):
+            resolve_device("cuda", 1)

@@ -12,6 +12,7 @@ from rollart_sdk.algorithms.advantages import fill_advantages, grpo_advantages
 from rollart_sdk.algorithms.losses import (
     AGGREGATIONS,
     aggregate,
+    decoupled_anchor,
     kl_penalty,
     ppo_clip_loss,
     token_entropy,
@@ -23,6 +24,7 @@ from rollart_sdk.algorithms.sampling import draw, filter_scores
 __all__ = [
     "AGGREGATIONS",
     "aggregate",
+    "decoupled_anchor",
     "draw",
     "filter_scores",
     "fill_advantages",

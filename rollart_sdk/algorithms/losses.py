@@ -150,6 +150,35 @@ def truncated_is_weights(
     return torch.exp(log_w)
 
 
+def decoupled_anchor(
+    logprobs: torch.Tensor,
+    behaviour_logprobs: torch.Tensor,
+    stale: torch.Tensor,
+    mask: torch.Tensor,
+    tis_cap: float = 2.0,
+    tis_on_fresh: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Decoupled PPO (AReaL): each token's anchor for the ratio, its importance weight, and
+    the behaviour ratio ``pi_trainer / mu_engine`` (a diagnostic), all ``[B, T]``.
+
+    A ``stale`` token (sampled by an older policy version) is anchored at the current,
+    proximal weights (``logprobs`` detached: ratio 1 at the update) and weighted by
+    ``min(pi_prox / mu, tis_cap)`` (:func:`truncated_is_weights`); a fresh token is
+    anchored at its behaviour log-prob with weight 1 (the same weights sampled it).
+    ``tis_on_fresh`` treats every masked token as stale (corrects the engine's numerics
+    too). The behaviour ratio is over every masked token, 0 elsewhere. Every trainer
+    backend computes its policy loss from these, so the correction is the same in all.
+    """
+    m = mask.bool()
+    corrected = m if tis_on_fresh else (stale & m)
+    old = torch.where(corrected, logprobs.detach(), behaviour_logprobs)
+    w = torch.where(corrected, truncated_is_weights(logprobs, behaviour_logprobs, tis_cap),
+                    torch.ones_like(behaviour_logprobs))
+    with torch.no_grad():
+        ratio = torch.exp(logprobs.detach() - behaviour_logprobs).masked_fill(~m, 0.0)
+    return old, w, ratio
+
+
 def kl_penalty(
     logprobs: torch.Tensor,
     ref_logprobs: torch.Tensor,

@@ -125,3 +125,25 @@ def test_kl_estimators() -> None:
     assert kl_penalty(ref, ref, "k3").item() == 0.0
     with pytest.raises(ValueError, match="k1, k2 or k3"):
         kl_penalty(lp, ref, "k4")  # type: ignore[arg-type]
+
+
+def test_decoupled_anchor_fresh_at_behaviour_stale_at_proximal_with_capped_weight():
+    import math
+
+    from rollart_sdk.algorithms import decoupled_anchor
+
+    logp = torch.tensor([[-1.0, -1.0, -0.5]], requires_grad=True)
+    beh = torch.tensor([[-1.2, -2.0, -3.0]])
+    stale = torch.tensor([[False, True, True]])
+    mask = torch.tensor([[1, 1, 0]])
+    old, w, ratio = decoupled_anchor(logp, beh, stale, mask, tis_cap=2.0)
+    # token 0 fresh: anchored at its behaviour log-prob, weight 1; token 1 stale: anchored
+    # at the current log-prob, weight min(e^1, 2) = 2; token 2 is not trained (mask 0).
+    assert old[0].tolist() == pytest.approx([-1.2, -1.0, -3.0])
+    assert w[0].tolist() == pytest.approx([1.0, 2.0, 1.0])
+    assert ratio[0].tolist() == pytest.approx([math.exp(0.2), math.e, 0.0])
+    assert not old.requires_grad and not w.requires_grad
+    # tis_on_fresh: every trained token is corrected, the fresh one by min(e^0.2, 2).
+    old, w, _ = decoupled_anchor(logp, beh, stale, mask, tis_cap=2.0, tis_on_fresh=True)
+    assert old[0].tolist() == pytest.approx([-1.0, -1.0, -3.0])
+    assert w[0].tolist() == pytest.approx([math.exp(0.2), 2.0, 1.0])

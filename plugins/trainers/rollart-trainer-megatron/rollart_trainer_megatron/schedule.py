@@ -26,11 +26,11 @@ import torch
 
 from rollart_sdk.algorithms import (
     aggregate,
+    decoupled_anchor,
     kl_penalty,
     ppo_clip_loss,
     token_entropy,
     token_logprobs,
-    truncated_is_weights,
 )
 from rollart_trainer_megatron.packing import pack
 from rollart_trainer_megatron.pipeline import device_mode
@@ -99,11 +99,7 @@ def _loss(trainer: Any, state: dict[str, Any], t: dict[str, torch.Tensor],
     adv = t["advantages"][:, 1:]
     m = mask.bool()
     stale = (t["versions"][:, 1:] < trainer.version) & m
-    corrected = m if o.tis_on_fresh else stale
-    old = torch.where(corrected, logp.detach(), beh)
-    w = torch.where(corrected, truncated_is_weights(logp, beh, o.tis_cap), torch.ones_like(beh))
-    with torch.no_grad():  # pi_trainer / mu_engine on every token, stale or fresh
-        beh_ratio = torch.exp(logp.detach() - beh).masked_fill(~m, 0.0)
+    old, w, beh_ratio = decoupled_anchor(logp, beh, stale, m, o.tis_cap, o.tis_on_fresh)
     # seq-mean over packed rows: weight each token by 1 / (its trajectory's masked
     # tokens) and divide by the number of trajectories (token sums).
     seq_w = t["seq_weight"][:, 1:] if o.loss_agg == "seq-mean" else None

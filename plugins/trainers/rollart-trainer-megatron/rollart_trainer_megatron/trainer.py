@@ -30,7 +30,6 @@ import random
 import tempfile
 from collections.abc import Iterator
 from datetime import timedelta
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -38,6 +37,8 @@ import torch.distributed as dist
 
 from rollart_sdk.algorithms import fill_advantages
 from rollart_sdk.config import ModelConfig
+from rollart_sdk.interfaces import check_train_sample
+from rollart_sdk.models import hf_checkpoint_path, resolve_device
 from rollart_sdk.types import TrainSample, WeightBucket
 from rollart_sdk.weights import split_buckets
 from rollart_trainer_megatron import checkpoint as ckpt_io
@@ -90,11 +91,11 @@ class MegatronTrainer:
                 f"{self.tp} x {self.pp}"
             )
         self.dp = self.world_size // (self.tp * self.pp)
-        self.model_path = _checkpoint_path(model)
+        self.model_path = hf_checkpoint_path(model, 'megatron')
         dtype = getattr(torch, model.dtype) if isinstance(model, ModelConfig) else torch.float32
         if o.num_threads:
             torch.set_num_threads(o.num_threads)
-        self.device = _resolve_device(o.device, self.rank)
+        self.device = resolve_device(o.device, self.rank)
         self.cpu = self.device.type == "cpu"
         if self.cpu:
             patch_for_cpu()
@@ -152,7 +153,7 @@ class MegatronTrainer:
         """One AdamW step on ``batch`` (this rank's shard); returns whole-batch metrics."""
         o = self.options
         for i, s in enumerate(batch):
-            _check_sample(i, s)
+            check_train_sample(i, s)
         batch = self._pool_tp(batch)
         if not batch and self.dp == 1:
             raise ValueError("train_step got an empty batch")
@@ -403,50 +404,3 @@ def _all_reduce_flat(tensors: list[torch.Tensor], group: Any) -> None:
         n = t.numel()
         t.copy_(flat[offset : offset + n].view_as(t))
         offset += n
-
-
-def _check_sample(i: int, s: TrainSample) -> None:
-    n = len(s.input_ids)
-    lengths = {"loss_mask": len(s.loss_mask), "behaviour_logprobs": len(s.behaviour_logprobs),
-               "token_versions": len(s.token_versions)}
-    bad = {k: v for k, v in lengths.items() if v != n}
-    if bad:
-        raise ValueError(
-            f"batch[{i}] (group {s.group_id!r}): input_ids has {n} tokens but {bad}; "
-            "all per-token lists of a TrainSample must have the same length"
-        )
-    if n < 2:
-        raise ValueError(f"batch[{i}] (group {s.group_id!r}) has {n} token(s); need >= 2")
-    if s.loss_mask[0]:
-        raise ValueError(
-            f"batch[{i}] (group {s.group_id!r}): loss_mask[0] is 1, but the first token has "
-            "no context to be predicted from; a trajectory starts with prompt tokens (mask 0)"
-        )
-
-
-def _checkpoint_path(model: ModelConfig | str) -> str:
-    path = model if isinstance(model, str) else model.path
-    if path is None:
-        raise ValueError(
-            "trainer 'megatron' needs model.path (a Hugging Face checkpoint folder); the "
-            "pipeline converts model.gguf / model.tiny to one before starting trainers"
-        )
-    if not (Path(path) / "config.json").is_file():
-        raise FileNotFoundError(
-            f"model.path {path!r} is not a Hugging Face checkpoint folder (no config.json)"
-        )
-    return str(path)
-
-
-def _resolve_device(spec: str, rank: int) -> torch.device:
-    if spec == "auto":
-        if torch.cuda.is_available():
-            return torch.device("cuda", rank % torch.cuda.device_count())
-        return torch.device("cpu")
-    dev = torch.device(spec)
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"trainer option device={spec!r} but CUDA is not available here; use cpu")
-    if dev.type == "cuda" and dev.index is None:  # 'cuda': this rank's device, as 'auto' picks
-        return torch.device("cuda", rank % torch.cuda.device_count())
-    return dev
-

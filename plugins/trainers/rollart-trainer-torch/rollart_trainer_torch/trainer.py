@@ -32,14 +32,16 @@ from transformers import AutoModelForCausalLM
 
 from rollart_sdk.algorithms import (
     aggregate,
+    decoupled_anchor,
     fill_advantages,
     kl_penalty,
     ppo_clip_loss,
     token_entropy,
     token_logprobs,
-    truncated_is_weights,
 )
 from rollart_sdk.config import ModelConfig
+from rollart_sdk.interfaces import check_train_sample
+from rollart_sdk.models import hf_checkpoint_path, resolve_device
 from rollart_sdk.types import TrainSample, WeightBucket
 from rollart_sdk.weights import split_buckets
 from rollart_trainer_torch import checkpoint
@@ -85,13 +87,13 @@ class TorchTrainer:
         self.rank, self.world_size = int(rank), int(world_size)
         if not 0 <= self.rank < self.world_size:
             raise ValueError(f"trainer rank {rank} is outside world_size {world_size}")
-        self.model_path = _checkpoint_path(model)
+        self.model_path = hf_checkpoint_path(model, 'torch', ". When constructing TorchTrainer directly, pass ModelConfig(path=...)")
         dtype = getattr(torch, model.dtype) if isinstance(model, ModelConfig) else torch.float32
         if o.num_threads:
             torch.set_num_threads(o.num_threads)
         random.seed(o.seed)
         torch.manual_seed(o.seed)
-        self.device = _resolve_device(o.device, self.rank)
+        self.device = resolve_device(o.device, self.rank)
         if self.world_size > 1:
             self._init_distributed(init_method)
 
@@ -132,7 +134,7 @@ class TorchTrainer:
         if not batch and self.world_size == 1:
             raise ValueError("train_step got an empty batch")
         for i, s in enumerate(batch):
-            _check_sample(i, s)
+            check_train_sample(i, s)
         self._fill_advantages(batch)
 
         # Whole-batch denominators (all ranks), so micro-batch losses add up exactly.
@@ -171,11 +173,7 @@ class TorchTrainer:
             # (proximal) weights and reweighted by min(pi_prox / mu, cap); a fresh token is
             # anchored at its behaviour log-prob (same weights as ours).
             stale = (t["vers"][:, 1:] < self._version) & m
-            corrected = m if o.tis_on_fresh else stale
-            old = torch.where(corrected, logp.detach(), beh)
-            w = torch.where(corrected, truncated_is_weights(logp, beh, o.tis_cap), torch.ones_like(beh))
-            with torch.no_grad():  # pi_trainer / mu_engine on every token, stale or fresh
-                beh_ratio = torch.exp(logp.detach() - beh).masked_fill(~m, 0.0)
+            old, w, beh_ratio = decoupled_anchor(logp, beh, stale, m, o.tis_cap, o.tis_on_fresh)
             sums["beh_ratio"] += float(beh_ratio.sum())
             if bool(m.any()):
                 beh_ratio_max = max(beh_ratio_max, float(beh_ratio.max()))
@@ -491,51 +489,3 @@ def _all_reduce_flat(tensors: list[torch.Tensor]) -> None:
         n = t.numel()
         t.copy_(flat[offset : offset + n].view_as(t))
         offset += n
-
-
-def _check_sample(i: int, s: TrainSample) -> None:
-    n = len(s.input_ids)
-    lengths = {
-        "loss_mask": len(s.loss_mask),
-        "behaviour_logprobs": len(s.behaviour_logprobs),
-        "token_versions": len(s.token_versions),
-    }
-    bad = {k: v for k, v in lengths.items() if v != n}
-    if bad:
-        raise ValueError(
-            f"batch[{i}] (group {s.group_id!r}): input_ids has {n} tokens but {bad}; "
-            "all per-token lists of a TrainSample must have the same length"
-        )
-    if n < 2:
-        raise ValueError(f"batch[{i}] (group {s.group_id!r}) has {n} token(s); need >= 2")
-    if s.loss_mask[0]:
-        raise ValueError(
-            f"batch[{i}] (group {s.group_id!r}): loss_mask[0] is 1, but the first token has "
-            "no context to be predicted from; a trajectory starts with prompt tokens (mask 0)"
-        )
-
-
-def _checkpoint_path(model: ModelConfig | str) -> str:
-    path = model if isinstance(model, str) else model.path
-    if path is None:
-        raise ValueError(
-            "trainer 'torch' needs model.path (a Hugging Face checkpoint folder); the "
-            "pipeline converts model.gguf / model.tiny to one before starting trainers. "
-            "When constructing TorchTrainer directly, pass ModelConfig(path=...)"
-        )
-    if not (Path(path) / "config.json").is_file():
-        raise FileNotFoundError(
-            f"model.path {path!r} is not a Hugging Face checkpoint folder (no config.json)"
-        )
-    return str(path)
-
-
-def _resolve_device(spec: str, rank: int) -> torch.device:
-    if spec == "auto":
-        if torch.cuda.is_available():
-            return torch.device("cuda", rank % torch.cuda.device_count())
-        return torch.device("cpu")
-    dev = torch.device(spec)
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"trainer option device={spec!r} but CUDA is not available here; use cpu")
-    return dev
