@@ -146,8 +146,10 @@ class Pipeline:
         self.resumes = 0
         self.trained_by_tag: Counter[str] = Counter()
         self.trained_by_tag_at: dict[int, Counter[str]] = {}  # steps done -> per task
-        # The summary figures of the sessions before a resume (control/resume.py).
+        # The summary figures of the sessions before a resume, and the run totals this
+        # session started from (the first step's per-step deltas count from them).
         self.carried: dict[str, Any] = {}
+        self.session_start: StepRecord | None = None
         self._reported = 0  # steps whose metrics line is written
         r0 = config.rollout
         self.watchdog = Watchdog([t.tag for t in config.tasks], r0.drop_window,
@@ -426,7 +428,7 @@ class Pipeline:
     def _report(self, rec: StepRecord) -> None:
         self._reported = max(self._reported, rec.step + 1)
         i = rec.step - self.first_step
-        prev = self.records[i - 1] if i > 0 else None
+        prev = self.records[i - 1] if i > 0 else self.session_start
         metrics = step_metrics(rec, prev, self.buffer, self.wall_s())
         metrics.update(self.scheduler.env_metrics())
         # Accounting at the batch's formation: launched = trained + dropped + in flight

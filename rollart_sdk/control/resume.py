@@ -106,6 +106,14 @@ def apply_state(p: Pipeline, state: dict[str, Any]) -> None:
     p.carried = dict(state.get("summary", {}))
     b.finished_turns = {tag: [int(n), int(t)] for tag, (n, t) in
                         state.get("finished_turns", {}).items()}
+    from rollart_sdk.control.pipeline import StepRecord
+
+    # Per-step deltas of the first resumed step (rollout/launched_step, turns_finished/)
+    # count from the totals restored here, not from 0.
+    p.session_start = StepRecord(
+        step=p.first_step - 1, version=int(state["version"]), batch=[], get_batch_wait_s=0.0,
+        launched=s.launched,
+        finished_turns={tag: (n, t) for tag, (n, t) in b.finished_turns.items()})
 
 
 def newest_resumable(run_dir: Path) -> Path | None:

@@ -57,6 +57,9 @@ def test_a_stopped_run_resumes_where_it_stopped(tmp_path):
     assert [m["step"] for m in metrics] == [1, 2, 3, 4]
     # The trainer continued from the checkpoint's version (2), and the engines serve it.
     assert [m["version"] for m in metrics[2:]] == [2, 3]
+    # Per-step deltas of the first resumed step count from the restored totals.
+    assert metrics[2]["rollout/launched_step"] == (metrics[2]["rollout/launched"]
+                                                  - state["launched"])
     assert metrics[2]["engine_version"] >= 2
     assert metrics[2]["wall_time"] >= before[-1]["wall_time"]  # wall time continues
     # Counts continue: the second session starts from the first one's totals.
