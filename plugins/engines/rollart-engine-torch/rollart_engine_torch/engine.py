@@ -9,19 +9,18 @@ One background asyncio task owns the batch. Each turn of its loop:
    remembered (the newest ``abort_memory`` ids) and the ADD then returns "abort" at once;
 2. runs ONE engine step in a worker thread (``asyncio.to_thread``): one batched forward
    in which every running sequence feeds the tokens of its context that are not in its KV
-   slot yet (a prompt, a new observation, or its last sampled token) and samples one.
+   slot yet (a prompt, a new observation, or its last sampled token) and samples one
+   (:mod:`rollart_engine_torch.step`).
 
 Commands that arrive during a step are queued and applied right after it, so the batch is
 never mutated under a running forward pass, and callers on the loop stay responsive.
 Before a step the loop yields while requests keep arriving (at most ``batch_wait_s``), so
 the turns of many environments answered by the previous step join one forward.
 
-Multi-turn KV reuse: when a request of a trajectory (``request.trajectory_id``) finishes,
-its slot is kept (an idle cache). The trajectory's next request, whose prompt starts with
-the cached tokens (token-in/token-out contexts always do), takes that slot back and only
-its new tokens are computed. Idle caches are freed by :meth:`release` (the trajectory
-ended), by an ABORT, by eviction (least recently used first) when a request needs a slot,
-and by a weight update (they hold the old policy's K/V; the next turn recomputes).
+Multi-turn KV reuse: when a request of a trajectory finishes, its KV slot is kept for the
+trajectory's next request, which then computes only its new tokens; :meth:`release` (the
+trajectory ended), an ABORT, eviction (least recently used first) and a weight update free
+kept slots (:mod:`rollart_engine_torch.slots`: per-request state and the slot table).
 
 What happens to an in-flight request at a weight update (paper step 5), in one place:
 ``load_weights`` waits for the current step to end, swaps the tensors, bumps ``version``
@@ -33,7 +32,12 @@ Prefill-decode disaggregation: :meth:`prefill_kv` computes the K/V of a request'
 (all but its last token) and hands them out as a :class:`KVHandoff`; ``generate(request,
 kv=handoff)`` on another engine imports them into a slot and decodes from there. Sampling
 happens on the decode side only, so a seeded request samples the same tokens with or
-without the hand-off.
+without the hand-off (:mod:`rollart_engine_torch.handoff`).
+
+The package: ``engine.py`` (this: the public API, the command loop, admission),
+``slots.py`` (per-request state, KV slots and kept caches), ``step.py`` (one step: the
+batched forward and sampling), ``handoff.py`` (the PD hand-off), ``runner.py`` (the
+model's forward over KV slots), ``sampling.py`` (token choice).
 """
 
 from __future__ import annotations
@@ -43,78 +47,23 @@ import collections
 import random
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
+from rollart_engine_torch import handoff
+from rollart_engine_torch.handoff import KVHandoff
 from rollart_engine_torch.runner import SlotRunner
-from rollart_engine_torch.sampling import choose_token
+from rollart_engine_torch.slots import Seq, SlotTable
+from rollart_engine_torch.step import StepCounts, run_step
 from rollart_sdk.config import ModelConfig
 from rollart_sdk.errors import RollartError
-from rollart_sdk.interfaces import check_request
 from rollart_sdk.types import (
     FinishReason,
     GenerationRequest,
     GenerationResult,
     WeightBucket,
 )
-
-
-@dataclass
-class KVHandoff:
-    """The K/V of ``tokens`` (positions ``0..n-1``) computed at weights ``version``.
-
-    ``k`` and ``v`` are CPU tensors ``[layers, kv_heads, n, head_dim]``. Between Ray
-    actors it travels through the object store (an ObjectRef passed as an argument)."""
-
-    tokens: list[int]
-    version: int
-    k: Any
-    v: Any
-
-
-@dataclass(eq=False)
-class _Seq:
-    """One request's state inside the engine."""
-
-    request: GenerationRequest
-    tokens: list[int]  # prompt + generated so far
-    future: asyncio.Future[Any]
-    generator: torch.Generator | None
-    stop_ids: frozenset[int]
-    allowed: torch.Tensor | None
-    out_ids: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    versions: list[int] = field(default_factory=list)
-    slot: int = -1
-    cached: int = 0  # leading tokens whose K/V are in the slot
-    recomputed: int = 0
-    recomputing: bool = False  # its KV is being rebuilt under new weights (this step)
-    finish: FinishReason | None = None
-    handoff: KVHandoff | None = None  # K/V to import when admitted (decode side of PD)
-    prefill_only: bool = False  # PD prefill side: compute K/V, sample nothing
-    exported: tuple[Any, Any] | None = None  # PD prefill side: the computed K/V
-
-    def result(self, worker: str = "") -> GenerationResult:
-        return GenerationResult(
-            request_id=self.request.request_id,
-            token_ids=list(self.out_ids),
-            logprobs=list(self.logprobs),
-            versions=list(self.versions),
-            finish_reason=self.finish or "abort",
-            recomputed=self.recomputed,
-            worker=worker,
-        )
-
-
-@dataclass
-class _Idle:
-    """A finished turn's KV kept for its trajectory's next request."""
-
-    slot: int
-    tokens: list[int]  # the tokens whose K/V are in the slot
-    version: int
 
 
 class TorchEngine:
@@ -169,23 +118,16 @@ class TorchEngine:
         self._version = 0
         self._suspended = False
         self._closed = False
-        self._waiting: collections.deque[_Seq] = collections.deque()
-        self._running: list[_Seq] = []
-        self._by_id: dict[str, _Seq] = {}
+        self._waiting: collections.deque[Seq] = collections.deque()
+        self._running: list[Seq] = []
+        self._by_id: dict[str, Seq] = {}
         self._aborts: collections.deque[str] = collections.deque()
         # ABORTs that arrived before their ADD (bounded: the newest abort_memory ids).
         self._early_aborts: collections.OrderedDict[str, None] = collections.OrderedDict()
         self._abort_memory = abort_memory
-        self._free_slots = list(range(slots - 1, -1, -1))  # pop() hands out the lowest
-        self._idle: collections.OrderedDict[str, _Idle] = collections.OrderedDict()
-        self._tokens_generated = 0
-        self._prefill_tokens = 0  # tokens computed besides the one-per-step decode token
-        self._reused_tokens = 0  # prompt tokens served from a kept cache (not computed)
-        self._shared_tokens = 0  # prefill tokens copied from an identical row of a step
-        self._evicted = 0
-        self._steps = 0
+        self._slots = SlotTable(slots)
+        self._counts = StepCounts()
         self._recomputed_total = 0
-        self._recompute_s = 0.0  # forward time spent rebuilding KV after weight updates
         self._aborted_total = 0  # requests ended by ABORT (freed before finishing)
         self._step_seconds = 0.0
         self._name = f"torch-engine:{model.path}"
@@ -211,10 +153,10 @@ class TorchEngine:
         if request.request_id in self._early_aborts:  # its ABORT overtook this ADD
             del self._early_aborts[request.request_id]
             self._aborted_total += 1
-            self._release_idle(request.trajectory_id)
+            self._slots.release(request.trajectory_id)
             seq.finish = "abort"
             return seq.result(self._name)
-        if kv is not None and kv.version == self._version and kv.tokens == seq.tokens[: len(kv.tokens)]:
+        if handoff.usable(kv, seq.tokens, self._version):
             seq.handoff = kv  # else stale or foreign: the prompt is simply computed here
         return await self._submit(seq)
 
@@ -227,12 +169,12 @@ class TorchEngine:
         seq = self._make_seq(request)
         prefix = seq.tokens[:-1]
         if not prefix:
-            return KVHandoff([], self._version, *self._runner.export_slot(0, 0))
+            return handoff.empty(self._runner, self._version)
         seq.tokens = prefix
         seq.prefill_only = True
         return await self._submit(seq)
 
-    async def _submit(self, seq: _Seq) -> Any:
+    async def _submit(self, seq: Seq) -> Any:
         rid = seq.request.request_id
         self._by_id[rid] = seq
         self._waiting.append(seq)
@@ -263,7 +205,7 @@ class TorchEngine:
 
     async def release(self, trajectory_id: str) -> bool:
         """The trajectory ended: free the KV kept for its next turn. True if one was kept."""
-        return self._release_idle(trajectory_id)
+        return self._slots.release(trajectory_id)
 
     async def suspend(self) -> None:
         """Stop admitting and advancing; returns once the current step (if any) ended."""
@@ -296,8 +238,7 @@ class TorchEngine:
                 seq.recomputing = True
                 seq.recomputed += 1
                 n += 1
-            for tid in list(self._idle):  # old-policy K/V: the next turn recomputes
-                self._release_idle(tid)
+            self._slots.release_all()  # old-policy K/V: the next turn recomputes
             self._recomputed_total += n
         self._kick()
         return n
@@ -307,17 +248,17 @@ class TorchEngine:
             "running": len(self._running),
             "waiting": len(self._waiting),
             "version": self._version,
-            "tokens_generated": self._tokens_generated,
-            "prefill_tokens": self._prefill_tokens,
-            "reused_tokens": self._reused_tokens,
-            "shared_tokens": self._shared_tokens,
-            "kv_idle": len(self._idle),
-            "kv_evicted": self._evicted,
-            "steps": self._steps,
+            "tokens_generated": self._counts.tokens_generated,
+            "prefill_tokens": self._counts.prefill_tokens,
+            "reused_tokens": self._counts.reused_tokens,
+            "shared_tokens": self._counts.shared_tokens,
+            "kv_idle": len(self._slots.idle),
+            "kv_evicted": self._slots.evicted,
+            "steps": self._counts.steps,
             "step_seconds": round(self._step_seconds, 4),
             "suspended": self._suspended,
             "recomputed": self._recomputed_total,
-            "recompute_s": round(self._recompute_s, 6),
+            "recompute_s": round(self._counts.recompute_s, 6),
             "aborted": self._aborted_total,
             "max_running": self._max_running,
             "kv_slots": self._runner.num_slots,
@@ -337,7 +278,7 @@ class TorchEngine:
             self._resolve(seq, "abort")
         self._waiting.clear()
         self._running.clear()
-        self._idle.clear()
+        self._slots.idle.clear()
 
     # ------------------------------------------------------------------ command loop
 
@@ -394,7 +335,8 @@ class TorchEngine:
                     continue
                 t0 = time.perf_counter()
                 try:
-                    finished = await asyncio.to_thread(self._step)
+                    finished = await asyncio.to_thread(run_step, self._runner, self._running,
+                                                       self._version, self._counts)
                 except Exception as exc:  # noqa: BLE001 - handed to every caller
                     self._fail_running(exc)
                     continue
@@ -414,8 +356,8 @@ class TorchEngine:
                 self._waiting.remove(seq)
             else:
                 self._running.remove(seq)
-                self._free(seq.slot)
-            self._release_idle(seq.request.trajectory_id)
+                self._slots.free(seq.slot)
+            self._slots.release(seq.request.trajectory_id)
             self._aborted_total += 1
             self._resolve(seq, "abort")
 
@@ -424,61 +366,28 @@ class TorchEngine:
         first = True
         while self._waiting and len(self._running) < self._max_running:
             seq = self._waiting[0]
-            idle = self._idle.get(seq.request.trajectory_id) if seq.request.trajectory_id else None
-            reuse = self._reusable(seq, idle)
+            idle, reuse = self._slots.lookup(seq, self._version)
             n = len(seq.tokens) - reuse
             if n > budget and not first:
                 break
             self._waiting.popleft()
-            if idle is not None:
-                del self._idle[seq.request.trajectory_id]
-                seq.slot = idle.slot
-            else:
-                seq.slot = self._take_slot()
+            self._slots.assign(seq, idle)
             seq.cached = reuse
-            self._reused_tokens += reuse
+            self._counts.reused_tokens += reuse
             self._running.append(seq)
             budget -= n
             first = False
 
-    def _reusable(self, seq: _Seq, idle: _Idle | None) -> int:
-        """Leading tokens of ``seq`` whose K/V are already in its kept slot (at least one
-        token is always computed: the last one's logits are needed)."""
-        if idle is None or idle.version != self._version or seq.prefill_only:
-            return 0
-        n = min(len(idle.tokens), len(seq.tokens) - 1)
-        return n if seq.tokens[:n] == idle.tokens[:n] else 0
-
-    def _take_slot(self) -> int:
-        if not self._free_slots:  # evict the least recently used kept cache
-            _, idle = self._idle.popitem(last=False)
-            self._evicted += 1
-            return idle.slot
-        return self._free_slots.pop()
-
-    def _free(self, slot: int) -> None:
-        if slot >= 0:
-            self._free_slots.append(slot)
-            self._free_slots.sort(reverse=True)
-
-    def _release_idle(self, trajectory_id: str) -> bool:
-        idle = self._idle.pop(trajectory_id, None) if trajectory_id else None
-        if idle is None:
-            return False
-        self._free(idle.slot)
-        return True
-
-    def _finish(self, seq: _Seq) -> None:
+    def _finish(self, seq: Seq) -> None:
         """A step ended ``seq``: keep its KV for the trajectory's next turn, or free it."""
         self._running.remove(seq)
         tid = seq.request.trajectory_id
         if seq.prefill_only:
-            self._free(seq.slot)
+            self._slots.free(seq.slot)
         elif self._reuse and tid and not self._closed:
-            self._release_idle(tid)
-            self._idle[tid] = _Idle(seq.slot, seq.tokens[: seq.cached], self._version)
+            self._slots.keep(tid, seq.slot, seq.tokens[: seq.cached], self._version)
         else:
-            self._free(seq.slot)
+            self._slots.free(seq.slot)
         self._resolve(seq, seq.finish or "abort")
 
     def _fail_running(self, exc: Exception) -> None:
@@ -487,94 +396,20 @@ class TorchEngine:
         err = RollartError(f"engine 'torch' step failed: {type(exc).__name__}: {exc}")
         for seq in self._running:
             self._by_id.pop(seq.request.request_id, None)
-            self._free(seq.slot)
+            self._slots.free(seq.slot)
             if not seq.future.done():
                 seq.future.set_exception(err)
         self._running.clear()
 
-    def _resolve(self, seq: _Seq, reason: FinishReason) -> None:
+    def _resolve(self, seq: Seq, reason: FinishReason) -> None:
         seq.finish = reason
         self._by_id.pop(seq.request.request_id, None)
         if seq.future.done():
             return
-        if seq.prefill_only:  # aborted: an empty hand-off (the decode side computes all)
-            k, v = seq.exported or self._runner.export_slot(0, 0)
-            tokens = list(seq.tokens) if seq.exported else []
-            seq.future.set_result(KVHandoff(tokens, self._version, k, v))
+        if seq.prefill_only:  # its K/V, or an empty hand-off if aborted
+            seq.future.set_result(handoff.result(self._runner, seq, self._version))
             return
         seq.future.set_result(seq.result(self._name))
-
-    # ------------------------------------------------------------------ one step (thread)
-
-    def _step(self) -> list[_Seq]:
-        """One batched forward over every running sequence's uncached tokens, one sampled
-        token each (rows of very different lengths go in separate forwards)."""
-        runner = self._runner
-        finished: list[_Seq] = []
-        for seq in self._running:
-            if seq.handoff is not None:
-                runner.import_slot(seq.slot, seq.handoff.k, seq.handoff.v)
-                seq.cached = len(seq.handoff.tokens)
-                self._reused_tokens += seq.cached
-                seq.handoff = None
-        # Rows with the same tokens and the same cached length (a group's shared prompt;
-        # multi-turn episodes that took the same actions so far) are computed once: the
-        # others copy the new K/V into their slots and sample from the same logits.
-        same: dict[tuple[int, tuple[int, ...]], _Seq] = {}
-        copies: list[tuple[_Seq, _Seq]] = []  # (copy, computed row)
-        computed: list[_Seq] = []
-        for seq in self._running:
-            key = (seq.cached, tuple(seq.tokens))
-            first = None if seq.prefill_only else same.setdefault(key, seq)
-            if first is None or first is seq:
-                computed.append(seq)
-            else:
-                copies.append((seq, first))
-        row_of: dict[int, tuple[torch.Tensor | None, int]] = {}
-        for group in _length_groups(computed):
-            chunks = [s.tokens[s.cached :] for s in group]
-            t0 = time.perf_counter()
-            logits = runner.extend([s.slot for s in group], chunks, [s.cached for s in group],
-                                   logits=not all(s.prefill_only for s in group))
-            rebuilt = sum(len(c) for s, c in zip(group, chunks, strict=True) if s.recomputing)
-            if rebuilt:  # weight-sync cost: the forward's share spent rebuilding KV
-                self._recompute_s += (time.perf_counter() - t0) * rebuilt / sum(map(len, chunks))
-            self._prefill_tokens += sum(len(c) for c in chunks) - len(chunks)
-            for row, seq in enumerate(group):
-                row_of[id(seq)] = (logits, row)
-        for seq, first in copies:
-            runner.copy_slot(first.slot, seq.slot, seq.cached, len(seq.tokens))
-            self._shared_tokens += len(seq.tokens) - seq.cached - 1  # as prefill_tokens
-            row_of[id(seq)] = row_of[id(first)]
-        for seq in self._running:
-            logits, row = row_of[id(seq)]
-            seq.cached = len(seq.tokens)
-            seq.recomputing = False
-            if seq.prefill_only:
-                seq.exported = runner.export_slot(seq.slot, seq.cached)
-                seq.finish = "stop"
-                finished.append(seq)
-            elif self._append(seq, logits[row]):  # type: ignore[index]
-                finished.append(seq)
-        self._steps += 1
-        return finished
-
-    def _append(self, seq: _Seq, logits: torch.Tensor) -> bool:
-        """Sample, record the token with its unmodified logprob; True when seq is done."""
-        params = seq.request.sampling
-        assert seq.generator is not None
-        tok = choose_token(logits, params, seq.generator, seq.allowed)
-        logprob = float(logits[tok] - torch.logsumexp(logits, dim=-1))
-        seq.tokens.append(tok)
-        seq.out_ids.append(tok)
-        seq.logprobs.append(logprob)
-        seq.versions.append(self._version)
-        self._tokens_generated += 1
-        if tok in seq.stop_ids:
-            seq.finish = "stop"
-        elif len(seq.out_ids) >= params.max_new_tokens or len(seq.tokens) >= self._runner.max_seq_len:
-            seq.finish = "length"
-        return seq.finish is not None
 
     # ------------------------------------------------------------------ helpers
 
@@ -589,48 +424,10 @@ class TorchEngine:
             raise ValueError("load_weights got no tensors; pass at least one WeightBucket")
         return staged
 
-    def _make_seq(self, request: GenerationRequest) -> _Seq:
+    def _make_seq(self, request: GenerationRequest) -> Seq:
         rid = request.request_id
         if rid in self._by_id:
             raise ValueError(f"request_id {rid!r} is already being generated; ids must be unique")
-        check_request(request, vocab_size=self._runner.vocab_size,
-                      max_len=self._runner.max_seq_len, limit="max_seq_len",
-                      hint=" (engine option max_seq_len, capped by the model); shorten the "
-                           "context or raise the option")
-        prompt = list(request.prompt_ids)
-        sp = request.sampling
-        allowed = None
-        if sp.allowed_token_ids is not None:
-            allowed = torch.tensor(sorted(set(sp.allowed_token_ids)), dtype=torch.long)
-        seed = sp.seed if sp.seed is not None else self._rng.getrandbits(63)
-        gen = torch.Generator(device="cpu")
-        gen.manual_seed(int(seed))
-        loop = asyncio.get_running_loop()
-        return _Seq(
-            request=request,
-            tokens=prompt,
-            future=loop.create_future(),
-            generator=gen,
-            stop_ids=frozenset(sp.stop_token_ids) | self._eos,
-            allowed=allowed,
-        )
-
-
-def _length_groups(seqs: list[_Seq]) -> list[list[_Seq]]:
-    """Split a step's rows so that padding to the longest row of a forward costs at most
-    about as much as the real tokens (a long prompt does not pad 63 one-token decodes)."""
-    order = sorted(seqs, key=lambda s: len(s.tokens) - s.cached, reverse=True)
-    groups: list[list[_Seq]] = []
-    group: list[_Seq] = []
-    real = 0
-    for seq in order:
-        n = len(seq.tokens) - seq.cached
-        width = len(group[0].tokens) - group[0].cached if group else n
-        if group and width * (len(group) + 1) > 2 * (real + n) + 16:
-            groups.append(group)
-            group, real = [], 0
-        group.append(seq)
-        real += n
-    if group:
-        groups.append(group)
-    return groups
+        return Seq.from_request(request, vocab_size=self._runner.vocab_size,
+                                max_seq_len=self._runner.max_seq_len, eos=self._eos,
+                                rng=self._rng)
