@@ -11,7 +11,8 @@ Registered like any backend (``rollart_sdk.default_plugins.sims``); the sim role
 - reward ``sim`` (:class:`SimReward`): a serverless function: a call finds a warm
   instance (warm latency) or starts one (cold latency); an instance idle longer than
   ``keep_warm_s`` is reclaimed (scale to zero).
-- trainer ``sim`` (:class:`SimTrainer`): the seconds of a train step from FLOPs per token.
+- trainer ``sim`` (:class:`SimTrainer`): the seconds of a train step from FLOPs per token
+  of the samples it runs (with ``skip_zero_advantage``, those whose advantage is not 0).
 - transport ``sim`` (:class:`SimTransport`): bandwidths of the trainer -> store publish
   (across clusters), the engines' pull (inside a cluster) or a synchronous broadcast.
 """
@@ -26,7 +27,7 @@ import gymnasium
 from pydantic import BaseModel, ConfigDict, Field
 
 from rollart_sdk.sim.costs import Dist, HardwareClass, ModelSpec, const, train_step_s
-from rollart_sdk.types import RewardRequest, RewardResult
+from rollart_sdk.types import RewardRequest, RewardResult, TrainSample
 
 
 class _Opts(BaseModel):
@@ -155,18 +156,24 @@ class SimTrainerOptions(_Opts):
     devices: int = Field(8, ge=1, description="devices per trainer worker (a data-parallel rank)")
     flops_per_token_factor: float = Field(8.0, gt=0, description="x N FLOPs per token")
     step_overhead_s: float = Field(0.0, ge=0, description="fixed seconds per train step")
+    skip_zero_advantage: bool = Field(
+        False, description="charge only the samples whose advantage is not 0, as the torch "
+                           "trainer's skip_zero_advantage runs only those (off: every sample "
+                           "is charged, as a trainer that runs the whole batch)")
 
 
 class SimTrainer:
     """The train step's duration on a worker's hardware (see ``train_step_s``)."""
 
     def __init__(self, devices: int = 8, flops_per_token_factor: float = 8.0,
-                 step_overhead_s: float = 0.0, *, hardware: HardwareClass,
-                 model_spec: ModelSpec, token_block: int = 1, **_: Any) -> None:
+                 step_overhead_s: float = 0.0, skip_zero_advantage: bool = False, *,
+                 hardware: HardwareClass, model_spec: ModelSpec, token_block: int = 1,
+                 **_: Any) -> None:
         self.hw = hardware
         self.devices = devices
         self.factor = flops_per_token_factor
         self.overhead = step_overhead_s
+        self.skip_zero_advantage = skip_zero_advantage
         self.spec = model_spec
         self.block = token_block
         self.version = 0
@@ -174,6 +181,26 @@ class SimTrainer:
     def step_s(self, seq_lengths: list[int]) -> float:
         return train_step_s(self.hw, self.devices, self.spec,
                             [n * self.block for n in seq_lengths], self.factor, self.overhead)
+
+    def samples_run(self, batch: list[TrainSample]) -> list[TrainSample]:
+        """The samples a step runs through the model: all, or with ``skip_zero_advantage``
+        those whose GRPO advantage is not 0 (a sample's own ``advantage`` if set, else 0
+        exactly when its group's rewards are all equal or it equals their mean: the
+        rule of ``rollart_sdk.algorithms.grpo_advantages``). Groups are judged on this
+        rank's shard of the batch (the torch trainer gathers them over all ranks)."""
+        if not self.skip_zero_advantage:
+            return batch
+        groups: dict[str, list[float]] = {}
+        for s in batch:
+            groups.setdefault(s.group_id, []).append(float(s.reward))
+
+        def zero(s: TrainSample) -> bool:
+            if s.advantage is not None:
+                return s.advantage == 0
+            rewards = groups[s.group_id]
+            return max(rewards) == min(rewards) or float(s.reward) == sum(rewards) / len(rewards)
+
+        return [s for s in batch if not zero(s)]
 
 
 # --------------------------------------------------------------------------- transport

@@ -7,11 +7,15 @@ that the simulation predicts a real run.
    2 N / effective FLOP/s): a :class:`~rollart_sdk.sim.costs.HardwareClass` ``cpu-fit``.
 2. :func:`fit_trainer` times ``train_step`` of the real ``torch`` trainer on batches of
    several sizes and fits ``a + c x tokens`` (overhead, effective FLOP/s); and times one
-   weight export + load into the engine (the sim transport's ``swap_s``).
+   weight export + load into the engine (the sim transport's ``swap_s``). Every timed
+   sample has a non-zero advantage, so a trainer that skips zero-advantage samples runs
+   them all.
 3. :func:`sim_config_for` turns the real run's config into a simulated one: the same
    tasks, rollout and pools, with the fitted classes, and each task's workload measured
    from the real run (turns, tokens per observation and response, env and reward call
-   latencies - inputs the sim needs, not what it predicts). Generation, training and
+   latencies - inputs the sim needs, not what it predicts), and the sim trainer's
+   ``skip_zero_advantage`` set as the real trainer's (it then charges only the samples
+   whose advantage is not 0, as the torch trainer runs only those). Generation, training and
    step times of the real run are not used: they are what the simulation predicts.
 """
 
@@ -132,14 +136,19 @@ def fit_trainer(trainer: Any, spec: ModelSpec, token: int, factor: float = 8.0,
                             [-1.0] * length, [0] * length, float(i % 2), f"g{i // 4}")
                 for i in range(n)]
 
+    # Rewards 0, 1, 0, 1 in each group of 4: every advantage is +-1, so a trainer that
+    # skips zero-advantage samples runs all of them (checked below).
     trainer.train_step(batch(4, 16))  # warm-up
     xs, ys = [], []
     for _ in range(repeats):
         for n, length in [(4, 32), (8, 64), (16, 64), (8, 160)]:
             t0 = time.perf_counter()
-            trainer.train_step(batch(n, length))
+            metrics = trainer.train_step(batch(n, length))
             ys.append(time.perf_counter() - t0)
             xs.append([1.0, float(n * length)])
+            if metrics.get("forward_sequences", n) != n:
+                raise RuntimeError(f"calibration: the trainer ran {metrics['forward_sequences']:g} "
+                                   f"of the {n} samples of a timed batch")
     a, c = least_squares(xs, ys)
     flops = factor * spec.params / c if c > 0 else 1e18
     return HardwareClass(tflops=flops / 1e12, hbm_tbps=1e6, memory_gb=1e3, mfu=1.0,
@@ -197,8 +206,10 @@ def measured_workload(run_dir: Path, records: list[Any]) -> dict[str, dict[str, 
 
 def sim_config_for(real: dict[str, Any], workload: dict[str, dict[str, Any]],
                    engine_hw: HardwareClass, train_hw: HardwareClass, train_overhead_s: float,
-                   swap_s: float, spec: ModelSpec) -> dict[str, Any]:
-    """The real run's config (``data``) with the sim backends and fitted costs."""
+                   swap_s: float, spec: ModelSpec, skip_zero_advantage: bool = False
+                   ) -> dict[str, Any]:
+    """The real run's config (``data``) with the sim backends and fitted costs;
+    ``skip_zero_advantage``: whether the real trainer skips zero-advantage samples."""
     data = copy.deepcopy(real)
     train_pool = data.get("roles", {}).get("actor_train", {}).get("pool")
     for p in data["pools"]:
@@ -211,7 +222,8 @@ def sim_config_for(real: dict[str, Any], workload: dict[str, dict[str, Any]],
     max_running = data.get("engine", {}).get("options", {}).get("max_running", 16)
     data["engine"] = {"name": "sim", "options": {"max_running": max_running}}
     data["trainer"] = {"name": "sim", "options": {"devices": 1,
-                                                  "step_overhead_s": train_overhead_s}}
+                                                  "step_overhead_s": train_overhead_s,
+                                                  "skip_zero_advantage": skip_zero_advantage}}
     data["transport"] = {"name": "sim", "options": {"publish_gbps": 1e6, "pull_gbps": 1e6,
                                                     "store_gbps": 1e6, "swap_s": swap_s}}
     for t in data["tasks"]:
@@ -262,7 +274,11 @@ def calibration_check(real_data: dict[str, Any], steps: int, out_dir: str,
     train_hw, train_overhead = fit_trainer(trainer, spec, token)
     swap = time_weight_swap(trainer, engine)
 
-    sim_data = sim_config_for(real_data, workload, engine_hw, train_hw, train_overhead, swap, spec)
+    # The torch trainer skips zero-advantage samples unless a KL term needs them.
+    skip = (bool(getattr(getattr(trainer, "options", None), "skip_zero_advantage", False))
+            and getattr(trainer, "ref_model", None) is None)
+    sim_data = sim_config_for(real_data, workload, engine_hw, train_hw, train_overhead, swap,
+                              spec, skip)
     sim_data["output_dir"] = str(Path(out_dir) / "sim")
     scfg, _ = load_config(data=sim_data)
     sjob = build_sim_job(scfg, log=lambda *a: None)

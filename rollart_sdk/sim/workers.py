@@ -175,13 +175,17 @@ class SimTrainerWorker(ActorTrainWorker):
 
     @register("dp_split", collect="list")
     async def train_step(self, batch: list[TrainSample]) -> dict[str, float]:
-        compute = self.trainer.step_s([len(s.input_ids) for s in batch])
+        run = self.trainer.samples_run(batch)
+        compute = self.trainer.step_s([len(s.input_ids) for s in run])
         dt = compute + self.allreduce_s()
         await asyncio.sleep(dt)
         self.trainer.version += 1
         self.steps_s.append(dt)
         tokens = sum(len(s.input_ids) for s in batch) * self.ctx.token_block
-        return {"loss": 0.0, "time/train_compute": compute, "sim/train_tokens": float(tokens)}
+        ran = sum(len(s.input_ids) for s in run) * self.ctx.token_block
+        # forward_*: the samples charged, as the torch trainer reports those it ran.
+        return {"loss": 0.0, "time/train_compute": compute, "sim/train_tokens": float(tokens),
+                "forward_sequences": float(len(run)), "forward_tokens": float(ran)}
 
     @register("execute_all")
     async def publish_weights(self, bucket_bytes: int) -> WeightManifest | None:

@@ -34,9 +34,12 @@ REAL = {
          "max_turns": 1, "system_prompt": None, "sampling": {"max_new_tokens": 32}},
     ],
     "engine": {"name": "torch", "options": {"max_running": 32}},
-    # The sim's trainer costs every token of a batch (FLOPs/token); the torch trainer's
-    # prefix tree computes shared prefixes once, which the cost model does not describe:
-    # the calibrated run computes every token (docs/simulation.md, "Calibration").
+    # The sim's trainer costs every token of the samples it runs (FLOPs/token); the torch
+    # trainer's prefix tree computes shared prefixes once, which the cost model does not
+    # describe: the calibrated run computes every token. skip_zero_advantage is modelled
+    # (the sim takes the real trainer's setting) but kept off here: with it on, this run
+    # trains almost nothing (rewards are nearly all 0) and the step is the rollout, which
+    # the sim overestimates (docs/simulation.md, "Calibration").
     "trainer": {"name": "torch", "options": {"lr": 0.001, "micro_batch_size": 16,
                                              "prefix_sharing": "off",
                                              "skip_zero_advantage": False}},

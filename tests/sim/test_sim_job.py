@@ -89,3 +89,52 @@ def test_rollart_sim_writes_metrics_events_and_summary(tmp_path):
     cfg_path.write_text(yaml.safe_dump(bad))
     res = run_cli("sim", str(cfg_path))
     assert res.returncode == 2 and "engine.name" in res.stderr and "sim" in res.stderr
+
+
+def test_sim_trainer_with_skip_zero_advantage_charges_only_the_samples_it_would_run():
+    """The torch trainer's ``skip_zero_advantage``: a sample whose GRPO advantage is 0 is
+    not run, so the sim charges the others only (off: every sample)."""
+    from rollart_sdk.sim.backends import SimTrainer
+    from rollart_sdk.types import TrainSample
+
+    def sample(n, reward, group, advantage=None):
+        return TrainSample([2] * n, [1] * n, [0.0] * n, [0] * n, reward, group,
+                           advantage=advantage)
+
+    batch = [sample(10, 0.0, "flat"), sample(20, 0.0, "flat"),      # all equal: 0
+             sample(30, 0.0, "mixed"), sample(40, 1.0, "mixed"),    # +-: run
+             sample(50, 1.0, "alone"),                              # group of one: 0
+             sample(60, 0.5, "mid"), sample(70, 0.0, "mid"), sample(80, 1.0, "mid"),
+             sample(90, 1.0, "set", advantage=0.0), sample(100, 1.0, "set2", advantage=0.7)]
+    h800, spec = HARDWARE["H800"], MODELS["qwen3-8b"]
+    skip = SimTrainer(8, skip_zero_advantage=True, hardware=h800, model_spec=spec)
+    plain = SimTrainer(8, hardware=h800, model_spec=spec)
+    run = skip.samples_run(batch)
+    # "mid": 0.5 is its group's mean, so its advantage is exactly 0 as well.
+    assert [len(s.input_ids) for s in run] == [30, 40, 70, 80, 100]
+    assert plain.samples_run(batch) == batch
+    assert skip.step_s([len(s.input_ids) for s in run]) == pytest.approx(
+        train_step_s(h800, 8, spec, [30, 40, 70, 80, 100]))
+
+
+@pytest.mark.parametrize("success", [0.0, 1.0])
+def test_a_sim_run_whose_groups_all_score_alike_trains_nothing_with_skip(tmp_path, success):
+    """Every group all-fail (or all-succeed): with ``skip_zero_advantage`` a step costs
+    its overhead only and reports no sample run; without it, every sample is charged."""
+    out = {}
+    for skip in (False, True):
+        data = tiny(tmp_path / f"{skip}")
+        data["rollout"].update(batch_size=4, group_size=2)
+        data["tasks"][0]["env"]["options"]["success"] = success
+        data["trainer"]["options"].update(skip_zero_advantage=skip, step_overhead_s=0.25)
+        cfg, _ = load_config(data=data)
+        job = build_sim_job(cfg, log=lambda *a: None)
+        run_sim(job, 2)
+        out[skip] = job.metrics
+    full = train_step_s(HARDWARE["H800"], 8, MODELS["qwen3-8b"], [P + N] * 4, overhead_s=0.25)
+    for m in out[False]:
+        assert m["time/train_compute"] == pytest.approx(full, abs=1e-3)
+        assert m["train/forward_sequences"] == 4
+    for m in out[True]:
+        assert m["time/train_compute"] == pytest.approx(0.25, abs=1e-3)
+        assert m["train/forward_sequences"] == 0 and m["train/forward_tokens"] == 0
