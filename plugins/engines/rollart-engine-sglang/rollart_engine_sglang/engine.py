@@ -28,6 +28,10 @@ own resume-after-retract because it tells exactly which tokens the old weights m
 The weights go in between ``begin_weight_update`` and ``end_weight_update`` (SGLang
 0.5.23 refuses updates outside that session), one ``update_weights_from_tensor`` per
 bucket, then ``flush_cache``.
+
+The engine-independent bookkeeping (request states, ABORT, suspend / resume, stats,
+shutdown, bucket checks) is :mod:`rollart_sdk.engine_adapter`, shared with engine
+``vllm``; this module holds the SGLang calls.
 """
 
 from __future__ import annotations
@@ -36,17 +40,23 @@ import asyncio
 import logging
 import os
 from collections.abc import Iterable
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from rollart_engine_sglang.constrained import allowed_logprobs, choose_allowed
 from rollart_sdk.config import ModelConfig
+from rollart_sdk.engine_adapter import (
+    AdapterRequest,
+    EngineAdapter,
+    checkpoint_shapes,
+    convert_buckets,
+    eos_ids,
+    submission_seed,
+)
 from rollart_sdk.errors import RollartError
-from rollart_sdk.interfaces import check_request
-from rollart_sdk.types import FinishReason, GenerationRequest, GenerationResult, WeightBucket
+from rollart_sdk.types import FinishReason, GenerationRequest, WeightBucket
 
 log = logging.getLogger(__name__)
 SETTLE_QUIET_S = 0.05  # no stream chunk for this long after a pause: the last step arrived
@@ -54,47 +64,12 @@ SETTLE_MAX_S = 2.0
 
 
 @dataclass(eq=False)
-class _Request:
-    """One GenerationRequest across its SGLang submissions (one more per weight update)."""
+class _Request(AdapterRequest):
+    """An :class:`~rollart_sdk.engine_adapter.AdapterRequest` (``sub_id``: the SGLang rid
+    in flight) that may be constrained to ``allowed_token_ids``."""
 
-    request: GenerationRequest
-    out_ids: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    versions: list[int] = field(default_factory=list)
-    recomputed: int = 0
-    attempt: int = 0  # SGLang submissions so far (> 0: in flight for load_weights)
     allowed: list[int] | None = None  # sorted allowed ids: sampled here (constrained.py)
     generator: torch.Generator | None = None
-    rid: str | None = None  # SGLang rid of the submission in flight
-    aborted: bool = False
-    resubmit: bool = False
-    finished: asyncio.Event = field(default_factory=asyncio.Event)
-    wake: asyncio.Event = field(default_factory=asyncio.Event)
-
-    def result(self, reason: FinishReason, worker: str) -> GenerationResult:
-        return GenerationResult(
-            request_id=self.request.request_id,
-            token_ids=list(self.out_ids),
-            logprobs=list(self.logprobs),
-            versions=list(self.versions),
-            finish_reason=reason,
-            recomputed=self.recomputed,
-            worker=worker,
-        )
-
-
-def checkpoint_shapes(path: str) -> dict[str, list[int]]:
-    """Name -> shape of every tensor in a checkpoint folder's safetensors files."""
-    import json
-    import struct
-
-    shapes: dict[str, list[int]] = {}
-    for f in sorted(Path(path).glob("*.safetensors")):
-        with open(f, "rb") as fh:
-            (n,) = struct.unpack("<Q", fh.read(8))
-            header = json.loads(fh.read(n))
-        shapes.update({k: list(v["shape"]) for k, v in header.items() if k != "__metadata__"})
-    return shapes
 
 
 def _check_ok(what: str, answer: Any) -> None:
@@ -107,12 +82,15 @@ def _check_ok(what: str, answer: Any) -> None:
         raise RollartError(f"engine 'sglang': {what} failed: {message or answer!r}")
 
 
-class SglangEngine:
+class SglangEngine(EngineAdapter[_Request]):
     """A :class:`rollart_sdk.interfaces.InferenceEngine` on SGLang's ``Engine``.
 
     Options are documented on :class:`rollart_engine_sglang.options.SglangEngineOptions`.
     ``engine_factory`` (tests only) replaces ``sglang.Engine``.
     """
+
+    ENGINE = "sglang"
+    LIMIT_OPTION = "context_length"
 
     def __init__(
         self,
@@ -196,37 +174,16 @@ class SglangEngine:
         self.max_model_len = int(
             context_length or getattr(hf, "max_position_embeddings", 0) or 2048
         )
-        if eos_token_ids is None:
-            eos = getattr(hf, "eos_token_id", None)
-            eos_token_ids = [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
-        self._eos = [int(e) for e in eos_token_ids]
+        self._eos = eos_ids(hf, eos_token_ids)
         # SGLang 0.5.23 uses a request's sampling_seed only under
         # enable_deterministic_inference (GPU attention backends only); said once.
         self._seeds_honoured = deterministic_inference
         self._seed_warned = False
-        self._name = f"sglang-engine:{model.path}"
-        self._version = 0
-        self._suspended = False
-        self._closed = False
-        self._reqs: dict[str, _Request] = {}
-        self._update_lock: asyncio.Lock | None = None
-        self._tokens_generated = 0
-        self._outputs = 0
-        self._recomputed_total = 0
-        self._aborted_total = 0
-        self._prompt_tokens = 0
-        self._cached_tokens = 0
+        self._init_adapter(f"sglang-engine:{model.path}")
 
-    # ------------------------------------------------------------------ protocol
+    # ------------------------------------------------------------------ engine calls
 
-    @property
-    def version(self) -> int:
-        return self._version
-
-    async def generate(self, request: GenerationRequest) -> GenerationResult:
-        if self._closed:
-            raise RollartError("engine 'sglang' is shut down; create a new engine")
-        self._check(request)
+    def _new_request(self, request: GenerationRequest) -> _Request:
         st = _Request(request)
         sp = request.sampling
         if sp.allowed_token_ids is not None:
@@ -236,112 +193,67 @@ class SglangEngine:
                 st.generator.manual_seed(sp.seed % (1 << 63))
             else:
                 st.generator.seed()
-        self._reqs[request.request_id] = st
-        try:
-            reason = await self._drive(st)
-        finally:
-            self._reqs.pop(request.request_id, None)
-        return st.result(reason, self._name)
+        return st
 
-    async def abort(self, request_id: str) -> bool:
-        st = self._reqs.get(request_id)
-        if st is None or st.aborted:
-            return False
-        st.aborted = True
-        self._aborted_total += 1
-        st.wake.set()
-        if st.rid is not None:
-            self._tm.abort_request(rid=st.rid)
-        return True
+    async def _abort_submission(self, sub_id: str) -> None:
+        self._tm.abort_request(rid=sub_id)
 
-    async def suspend(self) -> None:
-        if self._suspended:
-            return
-        self._suspended = True
+    async def _pause(self) -> None:
         await self._tm.pause_generation(self._io["pause"](mode="in_place"))
-        await self._settle()
 
-    async def resume(self) -> None:
-        if not self._suspended:
-            return
-        self._suspended = False
+    async def _continue(self) -> None:
         await self._tm.continue_generation(
             self._io["continue"](torch_empty_cache=self._device == "cuda")
         )
-        for st in list(self._reqs.values()):
-            st.wake.set()
 
-    async def load_weights(self, buckets: Iterable[WeightBucket], version: int) -> int:
-        if self._update_lock is None:
-            self._update_lock = asyncio.Lock()
-        async with self._update_lock:
-            named = await asyncio.to_thread(self._collect, buckets)
-            was_suspended = self._suspended
-            self._suspended = True
-            # Retract: running requests go back to SGLang's waiting queue, their KV freed,
-            # so that the aborts below land at once and flush_cache is allowed.
-            await self._tm.pause_generation(self._io["pause"](mode="retract"))
-            # In flight: started and not finished (a constrained request between two of
-            # its one-token submissions too); requests held since a suspend() before they
-            # started are not.
-            moved = [st for st in self._reqs.values() if st.attempt > 0 and not st.aborted]
-            for st in moved:
-                st.resubmit = True
-                if st.rid is not None:
-                    self._tm.abort_request(rid=st.rid)
-            pending = [st.finished.wait() for st in moved if st.rid is not None]
-            if pending:
-                await asyncio.gather(*pending)
-            _check_ok("begin_weight_update",
-                      await self._tm.begin_weight_update(self._io["begin"](), None))
-            try:
-                from sglang.srt.utils.common import MultiprocessingSerializer
+    def _prepare(self, buckets: Iterable[WeightBucket]) -> list[list[tuple[str, Any]]]:
+        """Every bucket's (name, tensor) list, checked against the served checkpoint first
+        so that a bad or partial transfer raises before SGLang is touched."""
+        return convert_buckets(buckets, self._shapes,
+                               lambda b: [(k, v.contiguous()) for k, v in b.tensors.items()])
 
-                for tensors in named:
-                    payload = [MultiprocessingSerializer.serialize(tensors)
-                               for _ in range(self._tp)]
-                    _check_ok("update_weights_from_tensor", await self._tm.update_weights_from_tensor(
-                        self._io["tensor"](serialized_named_tensors=payload, flush_cache=False),
-                        None,
-                    ))
-            finally:
-                _check_ok("end_weight_update",
-                          await self._tm.end_weight_update(self._io["end"](), None))
-            _check_ok("flush_cache", await self._tm.flush_cache())
-            self._version = int(version)  # _drive counts each request's KV rebuild
-            self._suspended = was_suspended
-            if not was_suspended:
-                self._suspended = True  # resume() flips it and wakes the held requests
-                await self.resume()
+    async def _swap(self, named: list[list[tuple[str, Any]]], version: int) -> int:
+        """Retract, abort the in-flight requests (``_drive`` resubmits them), load ``named``
+        in one weight-update session, flush the cache, set ``version``. Returns how many
+        requests were moved."""
+        was_suspended = self._suspended
+        self._suspended = True
+        # Retract: running requests go back to SGLang's waiting queue, their KV freed,
+        # so that the aborts below land at once and flush_cache is allowed.
+        await self._tm.pause_generation(self._io["pause"](mode="retract"))
+        # In flight: started and not finished (a constrained request between two of
+        # its one-token submissions too); requests held since a suspend() before they
+        # started are not.
+        moved = [st for st in self._reqs.values() if st.attempt > 0 and not st.aborted]
+        for st in moved:
+            st.resubmit = True
+            if st.sub_id is not None:
+                self._tm.abort_request(rid=st.sub_id)
+        await self._wait_finished(moved)
+        _check_ok("begin_weight_update",
+                  await self._tm.begin_weight_update(self._io["begin"](), None))
+        try:
+            from sglang.srt.utils.common import MultiprocessingSerializer
+
+            for tensors in named:
+                payload = [MultiprocessingSerializer.serialize(tensors)
+                           for _ in range(self._tp)]
+                _check_ok("update_weights_from_tensor", await self._tm.update_weights_from_tensor(
+                    self._io["tensor"](serialized_named_tensors=payload, flush_cache=False),
+                    None,
+                ))
+        finally:
+            _check_ok("end_weight_update",
+                      await self._tm.end_weight_update(self._io["end"](), None))
+        _check_ok("flush_cache", await self._tm.flush_cache())
+        self._version = int(version)  # _drive counts each request's KV rebuild
+        self._suspended = was_suspended
+        if not was_suspended:
+            self._suspended = True  # resume() flips it and wakes the held requests
+            await self.resume()
         return len(moved)
 
-    def stats(self) -> dict[str, Any]:
-        running = sum(1 for st in self._reqs.values() if st.rid is not None)
-        return {
-            "running": running,
-            "waiting": len(self._reqs) - running,
-            "version": self._version,
-            "tokens_generated": self._tokens_generated,
-            "steps": self._outputs,  # stream chunks received (SGLang's steps are internal)
-            "suspended": self._suspended,
-            "recomputed": self._recomputed_total,
-            "aborted": self._aborted_total,
-            "max_seq_len": self.max_model_len,
-            "prompt_tokens": self._prompt_tokens,
-            "prefix_cached_tokens": self._cached_tokens,
-        }
-
-    async def shutdown(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        for st in list(self._reqs.values()):
-            await self.abort(st.request.request_id)
-        if self._suspended:
-            await self.resume()
-        pending = [st.finished.wait() for st in self._reqs.values() if st.rid is not None]
-        if pending:
-            await asyncio.wait_for(asyncio.gather(*pending), 30)
+    async def _close(self) -> None:
         await asyncio.to_thread(self._engine.shutdown)
 
     # ------------------------------------------------------------------ internals
@@ -371,20 +283,10 @@ class SglangEngine:
         sp = st.request.sampling
         stops = set(sp.stop_token_ids) | set(self._eos)
         while True:
-            if st.aborted:
-                return "abort"
-            if self._suspended:
-                st.wake.clear()
-                await st.wake.wait()
-                continue
-            remaining = sp.max_new_tokens - len(st.out_ids)
-            context = [*st.request.prompt_ids, *st.out_ids]
-            if remaining <= 0 or len(context) >= self.max_model_len:
-                return "length"
-            st.attempt += 1
-            st.rid = f"{st.request.request_id}#{st.attempt}"
+            context = await self._next_submission(st)
+            if not isinstance(context, list):
+                return context
             st.resubmit = False
-            st.finished.clear()
             version = self._version
             if st.versions and st.versions[-1] != version:
                 # Weights changed since this request's last token: its prefix (prompt +
@@ -392,13 +294,13 @@ class SglangEngine:
                 st.recomputed += 1
                 self._recomputed_total += 1
             try:
-                reason = await self._submit(st, context, remaining, version)
+                reason = await self._submit(st, context, version)
             except asyncio.CancelledError:
                 st.aborted = True
-                self._tm.abort_request(rid=st.rid)  # the caller gave up: free SGLang's slot
+                self._tm.abort_request(rid=st.sub_id)  # the caller gave up: free SGLang's slot
                 raise
             finally:
-                st.rid = None
+                st.sub_id = None
                 st.finished.set()
             if reason == "abort":
                 if st.resubmit and not st.aborted:
@@ -410,8 +312,7 @@ class SglangEngine:
                 return "stop"
             # constrained: next token (the loop's top ends it at max_new_tokens)
 
-    async def _submit(self, st: _Request, context: list[int], remaining: int,
-                      version: int) -> str | None:
+    async def _submit(self, st: _Request, context: list[int], version: int) -> str | None:
         """One SGLang request for ``st``; returns its finish reason (None: stream ended
         without one). Unconstrained: its tokens and log-probs are appended as they stream.
         Constrained: one token, sampled here among the allowed ids from their
@@ -424,10 +325,10 @@ class SglangEngine:
         first = True
         stream = await self._engine.async_generate(
             input_ids=context,
-            sampling_params=self._sampling(st, remaining),
+            sampling_params=self._sampling(st),
             return_logprob=True,
             stream=True,
-            rid=st.rid,
+            rid=st.sub_id,
             **extra,
         )
         async for chunk in stream:
@@ -463,22 +364,21 @@ class SglangEngine:
             seen = max(seen, min(len(ids), len(lps_out)))
         if st.allowed is not None and reason != "abort" and seen == 0:
             raise RollartError(
-                f"engine 'sglang': request {st.rid!r} finished ({reason}) without the "
+                f"engine 'sglang': request {st.sub_id!r} finished ({reason}) without the "
                 "token_ids_logprob of its allowed ids; cannot sample the constrained token"
             )
         return reason
 
-    def _sampling(self, st: _Request, remaining: int) -> dict[str, Any]:
+    def _sampling(self, st: _Request) -> dict[str, Any]:
         sp = st.request.sampling
         if st.allowed is not None:
             # One step whose token SGLang discards (chosen here): greedy, no stop, no seed.
             return {"temperature": 0.0, "max_new_tokens": 1, "ignore_eos": True}
-        room = self.max_model_len - len(st.request.prompt_ids) - len(st.out_ids)
         params: dict[str, Any] = {
             "temperature": sp.temperature,
             "top_p": sp.top_p,
-            "max_new_tokens": max(1, min(remaining, room)),
-            "stop_token_ids": sorted(set(sp.stop_token_ids) | set(self._eos)),
+            "max_new_tokens": self._max_tokens(st),
+            "stop_token_ids": self._stop_ids(st),
         }
         if sp.top_k > 0:
             params["top_k"] = sp.top_k
@@ -491,35 +391,7 @@ class SglangEngine:
                     "backends only); seeded requests are not reproducible on this engine "
                     "(constrained ones are: their tokens are sampled by the adapter)"
                 )
-            seed = sp.seed if st.attempt == 1 else sp.seed + 1_000_003 * len(st.out_ids)
-            params["sampling_seed"] = seed % (1 << 63)
+            params["sampling_seed"] = (
+                submission_seed(sp.seed, st.attempt, len(st.out_ids)) % (1 << 63)
+            )
         return params
-
-    def _check(self, request: GenerationRequest) -> None:
-        rid = request.request_id
-        if rid in self._reqs:
-            raise ValueError(f"request_id {rid!r} is already being generated; ids must be unique")
-        check_request(request, vocab_size=self.vocab_size, max_len=self.max_model_len,
-                      limit="context_length")
-
-    def _collect(self, buckets: Iterable[WeightBucket]) -> list[list[tuple[str, Any]]]:
-        """Every bucket's (name, tensor) list, checked against the served checkpoint first
-        so that a bad or partial transfer raises before SGLang is touched."""
-        named: list[list[tuple[str, Any]]] = []
-        for bucket in buckets:
-            problems = []
-            for name, t in bucket.tensors.items():
-                want = self._shapes.get(name)
-                if want is None:
-                    problems.append(f"{name!r} is not a tensor of the served checkpoint")
-                elif list(t.shape) != want:
-                    problems.append(f"{name!r} has shape {list(t.shape)}, the model {want}")
-            if problems:
-                raise ValueError(
-                    f"weight bucket {bucket.index} of version {bucket.version}: "
-                    + "; ".join(problems[:5])
-                )
-            named.append([(k, v.contiguous()) for k, v in bucket.tensors.items()])
-        if not named:
-            raise ValueError("load_weights got no buckets; pass at least one WeightBucket")
-        return named

@@ -24,6 +24,10 @@ prefix cache was reset with the swap, so no stale KV can be reused).
 ``GenerationResult.recomputed`` counts it. The weights themselves go through a worker
 extension (``rollart_engine_vllm.worker.RollartWorkerExtension``) via
 ``collective_rpc``; see that module for how each bucket reaches the model.
+
+The engine-independent bookkeeping (request states, ABORT, suspend / resume, stats,
+shutdown, bucket checks) is :mod:`rollart_sdk.engine_adapter`, shared with engine
+``sglang``; this module holds the vLLM calls.
 """
 
 from __future__ import annotations
@@ -31,44 +35,21 @@ from __future__ import annotations
 import asyncio
 import os
 from collections.abc import Iterable
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from rollart_sdk.config import ModelConfig
+from rollart_sdk.engine_adapter import (
+    AdapterRequest,
+    EngineAdapter,
+    checkpoint_shapes,
+    convert_buckets,
+    eos_ids,
+    submission_seed,
+)
 from rollart_sdk.errors import RollartError
-from rollart_sdk.interfaces import check_request
-from rollart_sdk.types import FinishReason, GenerationRequest, GenerationResult, WeightBucket
+from rollart_sdk.types import FinishReason, GenerationRequest, WeightBucket
 
 EXTENSION = "rollart_engine_vllm.worker.RollartWorkerExtension"
-
-
-@dataclass(eq=False)
-class _Request:
-    """One GenerationRequest across its vLLM submissions (one more per weight update)."""
-
-    request: GenerationRequest
-    out_ids: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    versions: list[int] = field(default_factory=list)
-    recomputed: int = 0
-    attempt: int = 0
-    vllm_id: str | None = None  # set while a submission is in vLLM
-    aborted: bool = False  # the caller (or shutdown) asked to stop
-    resubmit: bool = False  # a weight update took it out of vLLM; it goes back in
-    finished: asyncio.Event = field(default_factory=asyncio.Event)  # current submission ended
-    wake: asyncio.Event = field(default_factory=asyncio.Event)
-
-    def result(self, reason: FinishReason, worker: str) -> GenerationResult:
-        return GenerationResult(
-            request_id=self.request.request_id,
-            token_ids=list(self.out_ids),
-            logprobs=list(self.logprobs),
-            versions=list(self.versions),
-            finish_reason=reason,
-            recomputed=self.recomputed,
-            worker=worker,
-        )
 
 
 def _threads_env(cpu_threads: int | None) -> None:
@@ -78,27 +59,15 @@ def _threads_env(cpu_threads: int | None) -> None:
     os.environ["OMP_NUM_THREADS"] = str(cpu_threads or int(os.environ.get("OMP_NUM_THREADS", "1")))
 
 
-def checkpoint_shapes(path: str) -> dict[str, tuple[list[int], str]]:
-    """Name -> (shape, dtype) of every tensor in a checkpoint folder's safetensors files."""
-    import json
-    import struct
-
-    shapes: dict[str, tuple[list[int], str]] = {}
-    for f in sorted(Path(path).glob("*.safetensors")):
-        with open(f, "rb") as fh:
-            (n,) = struct.unpack("<Q", fh.read(8))
-            header = json.loads(fh.read(n))
-        for name, meta in header.items():
-            if name != "__metadata__":
-                shapes[name] = (list(meta["shape"]), str(meta["dtype"]))
-    return shapes
-
-
-class VllmEngine:
+class VllmEngine(EngineAdapter[AdapterRequest]):
     """A :class:`rollart_sdk.interfaces.InferenceEngine` on vLLM's ``AsyncLLM``.
 
     Options are documented on :class:`rollart_engine_vllm.options.VllmEngineOptions`.
     """
+
+    ENGINE = "vllm"
+    LIMIT_OPTION = "max_model_len"
+    LIMIT_HINT = " (engine option max_model_len, capped by the model)"
 
     def __init__(
         self,
@@ -183,177 +152,97 @@ class VllmEngine:
         self.max_model_len = int(self._llm.model_config.max_model_len)
         self.vocab_size = int(self._llm.model_config.get_vocab_size())
         self.block_size = int(self._llm.vllm_config.cache_config.block_size or 0)
-        if eos_token_ids is None:
-            gen = getattr(hf, "eos_token_id", None)
-            eos_token_ids = [] if gen is None else ([gen] if isinstance(gen, int) else list(gen))
-        self._eos = [int(e) for e in eos_token_ids]
-        self._name = f"vllm-engine:{model.path}"
-        self._version = 0
-        self._suspended = False
-        self._closed = False
-        self._reqs: dict[str, _Request] = {}
-        self._update_lock: asyncio.Lock | None = None
-        self._tokens_generated = 0
-        self._outputs = 0
-        self._recomputed_total = 0
-        self._aborted_total = 0
-        self._prompt_tokens = 0  # prompt tokens submitted (resubmissions included)
-        self._cached_tokens = 0  # of which vLLM found in its prefix cache
+        self._eos = eos_ids(hf, eos_token_ids)
+        self._init_adapter(f"vllm-engine:{model.path}")
         self._prefix_caching = enable_prefix_caching
         self._max_num_seqs = max_num_seqs
 
-    # ------------------------------------------------------------------ protocol
+    # ------------------------------------------------------------------ engine calls
 
-    @property
-    def version(self) -> int:
-        return self._version
+    def _new_request(self, request: GenerationRequest) -> AdapterRequest:
+        return AdapterRequest(request)
 
-    async def generate(self, request: GenerationRequest) -> GenerationResult:
-        """ADD a request; resolves when it stops, hits a length limit or is aborted."""
-        if self._closed:
-            raise RollartError("engine 'vllm' is shut down; create a new engine")
-        self._check(request)
-        st = _Request(request)
-        self._reqs[request.request_id] = st
-        try:
-            reason = await self._drive(st)
-        except asyncio.CancelledError:
-            # A caller that gives up must not leave its request decoding in vLLM.
-            st.aborted = True
-            if st.vllm_id is not None:
-                await self._llm.abort(st.vllm_id)
-            raise
-        finally:
-            self._reqs.pop(request.request_id, None)
-        return st.result(reason, self._name)
+    async def _abort_submission(self, sub_id: str) -> None:
+        await self._llm.abort(sub_id)
 
-    async def abort(self, request_id: str) -> bool:
-        """ABORT: True when the request was waiting or running (it returns "abort")."""
-        st = self._reqs.get(request_id)
-        if st is None or st.aborted:
-            return False
-        st.aborted = True
-        self._aborted_total += 1
-        st.wake.set()
-        if st.vllm_id is not None:
-            await self._llm.abort(st.vllm_id)
-        return True
-
-    async def suspend(self) -> None:
-        """Hold new requests here; pause in-flight ones inside vLLM (KV kept)."""
-        if self._suspended:
-            return
-        self._suspended = True
+    async def _pause(self) -> None:
+        """In-flight requests pause inside vLLM and keep their KV cache."""
         await self._llm.pause_generation(mode="keep")
-        await self._settle()
 
-    async def resume(self) -> None:
-        if not self._suspended:
-            return
-        self._suspended = False
+    async def _continue(self) -> None:
         await self._llm.resume_generation()
-        for st in list(self._reqs.values()):
-            st.wake.set()
 
-    async def load_weights(self, buckets: Iterable[WeightBucket], version: int) -> int:
-        """Swap in ``buckets`` (checked whole before the model is touched), reset the
-        prefix cache, set ``version``; in-flight requests are aborted and resubmitted with
-        their generated prefix (their KV is recomputed under the new weights). Returns how
-        many were resubmitted."""
-        if self._update_lock is None:
-            self._update_lock = asyncio.Lock()
-        async with self._update_lock:
-            # Reading buckets may block (a pull transport); keep the loop free.
-            payloads = await asyncio.to_thread(self._serialize, buckets)
-            was_suspended = self._suspended
-            if not was_suspended:
-                await self.suspend()
-            moved = [st for st in self._reqs.values() if st.vllm_id is not None and not st.aborted]
-            for st in moved:
-                st.resubmit = True
-            if moved:
-                await self._llm.abort([st.vllm_id for st in moved if st.vllm_id is not None])
-                await asyncio.gather(*(st.finished.wait() for st in moved))
-            await self._llm.collective_rpc("rollart_begin_update")
-            try:
-                for payload in payloads:
-                    await self._llm.collective_rpc("rollart_load_bucket", args=(payload,))
-            finally:
-                await self._llm.collective_rpc("rollart_finish_update")
-            await self._llm.reset_prefix_cache()
-            self._version = int(version)
-            for st in moved:
-                st.recomputed += 1
-            self._recomputed_total += len(moved)
-            if not was_suspended:
-                await self.resume()
+    def _prepare(self, buckets: Iterable[WeightBucket]) -> list[bytes]:
+        """Every bucket as safetensors bytes (``collective_rpc`` would turn tensors into
+        lists), after checking names and shapes against the served checkpoint, so a bad
+        or partial transfer raises before the model is touched (all or nothing)."""
+        from safetensors.torch import save
+
+        return convert_buckets(
+            buckets, self._shapes,
+            lambda bucket: save({k: v.contiguous() for k, v in bucket.tensors.items()}),
+        )
+
+    async def _swap(self, payloads: list[bytes], version: int) -> int:
+        """Swap in the checked buckets, reset the prefix cache, set ``version``; in-flight
+        requests are aborted and resubmitted with their generated prefix (their KV is
+        recomputed under the new weights). Returns how many were resubmitted."""
+        was_suspended = self._suspended
+        if not was_suspended:
+            await self.suspend()
+        moved = [st for st in self._reqs.values() if st.sub_id is not None and not st.aborted]
+        for st in moved:
+            st.resubmit = True
+        if moved:
+            await self._llm.abort([st.sub_id for st in moved if st.sub_id is not None])
+            await self._wait_finished(moved)
+        await self._llm.collective_rpc("rollart_begin_update")
+        try:
+            for payload in payloads:
+                await self._llm.collective_rpc("rollart_load_bucket", args=(payload,))
+        finally:
+            await self._llm.collective_rpc("rollart_finish_update")
+        await self._llm.reset_prefix_cache()
+        self._version = int(version)
+        for st in moved:
+            st.recomputed += 1
+        self._recomputed_total += len(moved)
+        if not was_suspended:
+            await self.resume()
         return len(moved)
 
-    def stats(self) -> dict[str, Any]:
-        running = sum(1 for st in self._reqs.values() if st.vllm_id is not None)
+    def _capacity_stats(self) -> dict[str, Any]:
         return {
-            "running": running,
-            "waiting": len(self._reqs) - running,
-            "version": self._version,
-            "tokens_generated": self._tokens_generated,
-            "steps": self._outputs,  # output deltas received (vLLM's steps are internal)
-            "suspended": self._suspended,
-            "recomputed": self._recomputed_total,
-            "aborted": self._aborted_total,
             "max_running": self._max_num_seqs,
             "max_seq_len": self.max_model_len,
             "prefix_caching": self._prefix_caching,
             "kv_block_size": self.block_size,
-            "prompt_tokens": self._prompt_tokens,
-            "prefix_cached_tokens": self._cached_tokens,
         }
 
-    async def shutdown(self) -> None:
-        """Abort everything still queued or running and stop vLLM's engine core."""
-        if self._closed:
-            return
-        self._closed = True
-        for st in list(self._reqs.values()):
-            await self.abort(st.request.request_id)
-        if self._suspended:
-            self._suspended = False
-            await self._llm.resume_generation()
-        pending = [st.finished.wait() for st in self._reqs.values() if st.vllm_id is not None]
-        if pending:
-            await asyncio.wait_for(asyncio.gather(*pending), 30)
+    async def _close(self) -> None:
+        """Stop vLLM's engine core."""
         llm, self._llm = self._llm, None
         llm.shutdown()
         del llm  # now, while the interpreter is whole (AsyncLLM.__del__ shuts down again)
 
     # ------------------------------------------------------------------ internals
 
-    async def _drive(self, st: _Request) -> FinishReason:
+    async def _drive(self, st: AdapterRequest) -> FinishReason:
         """Submit (again after each weight update) until the request finishes."""
         from vllm.inputs import TokensPrompt
 
-        sp = st.request.sampling
         while True:
-            if st.aborted:
-                return "abort"
-            if self._suspended:  # held here: vLLM never sees it while suspended
-                st.wake.clear()
-                await st.wake.wait()
-                continue
-            remaining = sp.max_new_tokens - len(st.out_ids)
-            context = [*st.request.prompt_ids, *st.out_ids]
-            if remaining <= 0 or len(context) >= self.max_model_len:
-                return "length"
-            st.attempt += 1
-            st.vllm_id = f"{st.request.request_id}#{st.attempt}"
-            st.finished.clear()
+            context = await self._next_submission(st)
+            if not isinstance(context, list):
+                return context
             version = self._version
             reason = None
             first = True
             try:
                 stream = self._llm.generate(
                     TokensPrompt(prompt_token_ids=context),
-                    self._sampling(st, remaining),
-                    st.vllm_id,
+                    self._sampling(st),
+                    st.sub_id,
                 )
                 async for out in stream:
                     self._outputs += 1
@@ -370,7 +259,7 @@ class VllmEngine:
                     if out.finished:
                         reason = comp.finish_reason
             finally:
-                st.vllm_id = None
+                st.sub_id = None
                 st.finished.set()
             if reason in ("stop", "length"):
                 return reason
@@ -379,23 +268,20 @@ class VllmEngine:
                 continue
             return "abort"
 
-    def _sampling(self, st: _Request, remaining: int) -> Any:
+    def _sampling(self, st: AdapterRequest) -> Any:
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
 
         sp = st.request.sampling
-        seed = sp.seed
-        if seed is not None and st.attempt > 1:
-            # A resubmission continues with a fresh random stream, not the first one again.
-            seed = (seed + 1_000_003 * len(st.out_ids)) % (1 << 63)
-        room = self.max_model_len - len(st.request.prompt_ids) - len(st.out_ids)
+        # A resubmission continues with a fresh random stream, not the first one again.
+        seed = None if sp.seed is None else submission_seed(sp.seed, st.attempt, len(st.out_ids))
         return SamplingParams(
             n=1,
             temperature=sp.temperature,
             top_p=sp.top_p,
             top_k=sp.top_k if sp.top_k > 0 else 0,
-            max_tokens=max(1, min(remaining, room)),
-            stop_token_ids=sorted(set(sp.stop_token_ids) | set(self._eos)),
+            max_tokens=self._max_tokens(st),
+            stop_token_ids=self._stop_ids(st),
             seed=seed,
             allowed_token_ids=sorted(set(sp.allowed_token_ids)) if sp.allowed_token_ids else None,
             logprobs=0,
@@ -407,36 +293,3 @@ class VllmEngine:
         """Let request streams consume outputs vLLM delivered before the pause."""
         for _ in range(3):
             await asyncio.sleep(0)
-
-    def _check(self, request: GenerationRequest) -> None:
-        rid = request.request_id
-        if rid in self._reqs:
-            raise ValueError(f"request_id {rid!r} is already being generated; ids must be unique")
-        check_request(request, vocab_size=self.vocab_size, max_len=self.max_model_len,
-                      limit="max_model_len",
-                      hint=" (engine option max_model_len, capped by the model)")
-
-    def _serialize(self, buckets: Iterable[WeightBucket]) -> list[bytes]:
-        """Every bucket as safetensors bytes (``collective_rpc`` would turn tensors into
-        lists), after checking names and shapes against the served checkpoint, so a bad
-        or partial transfer raises before the model is touched (all or nothing)."""
-        from safetensors.torch import save
-
-        payloads: list[bytes] = []
-        for bucket in buckets:
-            problems = []
-            for name, t in bucket.tensors.items():
-                want = self._shapes.get(name)
-                if want is None:
-                    problems.append(f"{name!r} is not a tensor of the served checkpoint")
-                elif list(t.shape) != want[0]:
-                    problems.append(f"{name!r} has shape {list(t.shape)}, the model {want[0]}")
-            if problems:
-                raise ValueError(
-                    f"weight bucket {bucket.index} of version {bucket.version}: "
-                    + "; ".join(problems[:5])
-                )
-            payloads.append(save({k: v.contiguous() for k, v in bucket.tensors.items()}))
-        if not payloads:
-            raise ValueError("load_weights got no buckets; pass at least one WeightBucket")
-        return payloads
