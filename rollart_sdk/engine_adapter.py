@@ -153,6 +153,9 @@ class EngineAdapter(Generic[R]):
         raise NotImplementedError
 
     async def _drive(self, st: R) -> FinishReason:
+        """Submit ``st`` (again after each weight update) until it finishes. When the
+        caller is cancelled while a submission is in flight, abort that submission in the
+        engine (``_abort_submission``) before clearing ``st.sub_id``, then re-raise."""
         raise NotImplementedError
 
     async def _abort_submission(self, sub_id: str) -> None:
@@ -193,13 +196,9 @@ class EngineAdapter(Generic[R]):
         st = self._new_request(request)
         self._reqs[request.request_id] = st
         try:
+            # A caller that gives up must not leave its request decoding in the engine:
+            # _drive aborts its submission in flight when cancelled (it alone knows it).
             reason = await self._drive(st)
-        except asyncio.CancelledError:
-            # A caller that gives up must not leave its request decoding in the engine.
-            st.aborted = True
-            if st.sub_id is not None:
-                await self._abort_submission(st.sub_id)
-            raise
         finally:
             self._reqs.pop(request.request_id, None)
         return st.result(reason, self._name)

@@ -49,6 +49,11 @@ class GenerationResult:
     finish_reason: FinishReason
     recomputed: int = 0  # times this request's KV cache was rebuilt after a weight update
     worker: str = ""  # which engine worker served it (filled by the data plane)
+    # Prefill-decode disaggregation: why the prefill worker's K/V hand-off failed ("" when
+    # it arrived or there was none; the decode worker then computed the prompt itself),
+    # and whether the prefill worker's process is gone (the LLMProxy takes it out).
+    handoff_error: str = ""
+    handoff_worker_died: bool = False
 
 
 @dataclass

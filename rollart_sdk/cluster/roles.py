@@ -115,8 +115,9 @@ class EngineWorker(ActorGenWorker):
         if self._early_aborts.pop(rid, 0) is None:
             return GenerationResult(rid, [], [], [], "abort", worker=self.name)
         self._started.add(rid)
+        failed: BaseException | None = None
         try:
-            handoff = await self._handoff(kv) if kv else None
+            handoff, failed = await self._handoff(kv) if kv else (None, None)
             if handoff is None:
                 result = await self.engine.generate(request)
             else:
@@ -124,15 +125,21 @@ class EngineWorker(ActorGenWorker):
         finally:
             self._started.discard(rid)
         result.worker = self.name
+        if failed is not None:
+            from rollart_sdk.control.proxy import is_worker_death
+
+            result.handoff_error = f"{type(failed).__name__}: {failed}"[:500]
+            result.handoff_worker_died = is_worker_death(failed)
         return result
 
-    async def _handoff(self, kv: list[Any]) -> Any:
+    async def _handoff(self, kv: list[Any]) -> tuple[Any, BaseException | None]:
+        """(the hand-off, None), or (None, why) when it failed."""
         try:
-            return await kv[0]
+            return await kv[0], None
         except Exception as exc:  # noqa: BLE001 - counted in stats; the prompt is computed here
             self.handoff_errors[type(exc).__name__] = self.handoff_errors.get(
                 type(exc).__name__, 0) + 1
-            return None
+            return None, exc
 
     async def prefill_kv(self, request: GenerationRequest) -> Any:
         """PD prefill side: the K/V of the request's prompt, for a decode worker."""

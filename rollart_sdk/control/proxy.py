@@ -156,6 +156,10 @@ class LLMProxy:
             result = await worker.call("generate", request, [kv])
         finally:
             self._load[pre.name] -= 1
+        if result.handoff_worker_died:
+            # The prefill worker's process is gone: out of the routes now (recovery brings
+            # it back), not after every later request paid a failed hand-off.
+            self.mark_down(pre.name, f"prefill hand-off: {result.handoff_error}"[:500])
         return result
 
     def _pick_prefill(self) -> WorkerHandle | None:
@@ -181,7 +185,17 @@ class LLMProxy:
             if request_id in self._admitting:
                 self._aborted.add(request_id)
             return False
-        return bool(await self.workers[name].call("abort", request_id))
+        if name in self.down:
+            return False  # its requests died with it; generate() reports them
+        try:
+            return bool(await self.workers[name].call("abort", request_id))
+        except Exception as exc:  # only a worker's death is absorbed
+            if not is_worker_death(exc):
+                raise
+            # The worker died while we asked: nothing is left to abort there; its in-flight
+            # generate() sees the death and is resubmitted or dropped with the reason.
+            self.mark_down(name, f"{type(exc).__name__}: {exc}"[:500])
+            return False
 
     def release(self, trajectory_id: str) -> None:
         """Forget a finished trajectory's worker binding, and tell that worker to free the

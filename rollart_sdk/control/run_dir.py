@@ -8,6 +8,7 @@ at ``MAX_DROP_LINES`` lines. Events are flushed every 256 lines or 2 seconds.
 from __future__ import annotations
 
 import json
+import math
 import time
 from collections import Counter
 from pathlib import Path
@@ -57,7 +58,7 @@ class RunDir:
         return p
 
     def log_metrics(self, metrics: dict[str, Any]) -> None:
-        self._metrics.write(json.dumps(metrics, default=_jsonable) + "\n")
+        self._metrics.write(dumps(metrics) + "\n")
 
     def log_event(self, event: dict[str, Any]) -> None:
         """One span of the timeline: trajectory, tag, span, worker, t0, t1 (epoch s)."""
@@ -70,7 +71,7 @@ class RunDir:
                 self._events.flush()
             self.events_dropped += 1
             return
-        line = json.dumps(event, default=_jsonable) + "\n"
+        line = dumps(event) + "\n"
         self._events.write(line)
         self._event_bytes += len(line)
         self._pending_events += 1
@@ -101,7 +102,7 @@ class RunDir:
 
     def write_json(self, name: str, data: Any) -> Path:
         p = self.path / name
-        p.write_text(json.dumps(data, indent=2, default=_jsonable))
+        p.write_text(dumps(data, indent=2))
         return p
 
     def close(self) -> None:
@@ -117,5 +118,24 @@ def _count_lines(path: Path) -> int:
 
 def _jsonable(obj: Any) -> Any:
     if hasattr(obj, "item"):
-        return obj.item()
+        return _finite(obj.item())
     return str(obj)
+
+
+def _finite(obj: Any) -> Any:
+    """``obj`` with every NaN or infinite float replaced by None (JSON has no NaN: a
+    metric over no sample, e.g. the entropy of a step whose samples all had advantage 0,
+    is written as ``null``, which every JSON reader parses)."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite(v) for v in obj]
+    return obj
+
+
+def dumps(obj: Any, **kw: Any) -> str:
+    """Strict JSON of a run's record (``null`` for NaN / infinity; tensors and numpy
+    scalars as numbers; anything else as its text)."""
+    return json.dumps(_finite(obj), default=_jsonable, allow_nan=False, **kw)

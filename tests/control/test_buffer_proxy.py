@@ -133,3 +133,44 @@ def test_proxy_routes_by_tag_sticks_and_aborts():
 def test_proxy_rejects_routes_to_unknown_workers():
     with pytest.raises(ValueError, match="unknown or no workers"):
         LLMProxy([], {"default": ["nope"]})
+
+
+class DyingEngine(SlowEngine):
+    """Dies while an ABORT is on its way: the abort raises Ray's death error."""
+
+    async def abort(self, request_id):
+        from ray.exceptions import ActorDiedError
+
+        raise ActorDiedError()
+
+
+class BrokenAbortEngine(SlowEngine):
+    async def abort(self, request_id):
+        raise ValueError("engine bug")
+
+
+def test_proxy_abort_on_a_worker_that_died_marks_it_down_instead_of_raising():
+    async def main():
+        workers = [WorkerHandle("e0", DyingEngine("e0"), pool="P", is_ray=False)]
+        proxy = LLMProxy(workers, {"default": ["e0"]})
+        deaths = []
+        proxy.on_worker_death.append(lambda name, why: deaths.append((name, why)))
+        task = asyncio.create_task(proxy.generate(GenerationRequest("t/0", [1], trajectory_id="t")))
+        await asyncio.sleep(0.05)
+        assert await proxy.abort("t/0") is False  # nothing left to abort there
+        assert "e0" in proxy.down and deaths and deaths[0][0] == "e0"
+        assert "ActorDiedError" in proxy.down["e0"]
+        assert await proxy.abort("t/0") is False  # a down worker is not asked again
+        task.cancel()
+
+        # Any other error of an abort is the engine's bug: raised, not absorbed.
+        workers = [WorkerHandle("e1", BrokenAbortEngine("e1"), pool="P", is_ray=False)]
+        proxy = LLMProxy(workers, {"default": ["e1"]})
+        task = asyncio.create_task(proxy.generate(GenerationRequest("u/0", [1], trajectory_id="u")))
+        await asyncio.sleep(0.05)
+        with pytest.raises(ValueError, match="engine bug"):
+            await proxy.abort("u/0")
+        assert not proxy.down
+        task.cancel()
+
+    asyncio.run(main())

@@ -129,3 +129,39 @@ def test_pd_trains_on_ray(tmp_path):
     assert engines["gen-0"]["prefill_tokens"] < engines["gen-prefill-0"]["prefill_tokens"]
     plan = json.loads((run / "plan.json").read_text())
     assert plan["roles"]["actor_gen"]["prefill_per_pool"] and plan["threads"]["actor_gen"] >= 1
+
+
+class ActorDiedError(RuntimeError):
+    """Stands in for ``ray.exceptions.ActorDiedError`` (the proxy reads errors by name)."""
+
+
+@pytest.mark.parametrize("error", [ActorDiedError, ValueError])
+def test_dead_prefill_worker_leaves_the_routes_at_its_first_failed_handoff(tmp_path, error):
+    """The prefill worker's process dies: the decode workers compute the prompts themselves
+    (same tokens), and the proxy takes the prefill worker out at the first failed hand-off
+    instead of sending every later prompt to it. Any other hand-off error (a bug, a
+    transient fault) is counted but leaves it in the routes."""
+    plain, _, _ = _run(tmp_path / "plain", pd=False)
+    cfg, lines = load_config(data=_config(tmp_path / "pd", pd=True))
+    job = build_job(cfg, lines, in_process=True, log=lambda *a: None)
+    try:
+        proxy = job.pipeline.proxy
+        (pre_name, pre), = proxy.prefill_workers.items()
+
+        async def dead(*a, **kw):
+            raise error("prefill worker gone")
+
+        pre.target.prefill_kv = dead
+        pre.target.restart_state = dead  # not back (recovery keeps waiting meanwhile)
+        tokens = asyncio.run(_dialogues(proxy, 4))
+        failed = sum(sum(w.target.handoff_errors.values()) for w in proxy.workers.values())
+    finally:
+        job.run_dir.close()
+        job.close()
+    assert tokens == plain  # the decoders computed every prompt themselves
+    if error is ActorDiedError:
+        assert pre_name in proxy.down and "prefill hand-off: ActorDiedError" in proxy.down[pre_name]
+        assert 1 <= failed <= 4  # the 4 first turns in flight at once; none after
+    else:
+        assert pre_name not in proxy.down
+        assert failed == 4 * 3  # every turn tried it and fell back

@@ -258,6 +258,13 @@ class VllmEngine(EngineAdapter[AdapterRequest]):
                     self._tokens_generated += len(comp.token_ids)
                     if out.finished:
                         reason = comp.finish_reason
+            except asyncio.CancelledError:
+                # The caller gave up: free vLLM's slot now (a no-op if vLLM's own
+                # generator already aborted it on the cancellation).
+                st.aborted = True
+                if st.sub_id is not None:
+                    await self._abort_submission(st.sub_id)
+                raise
             finally:
                 st.sub_id = None
                 st.finished.set()

@@ -142,6 +142,34 @@ def test_abort_unknown_and_held(module_engine, loop):
     assert res.finish_reason == "abort" and res.token_ids == []
 
 
+def test_cancelled_caller_frees_its_vllm_request(module_engine, loop):
+    """A caller that gives up (its task cancelled mid-decode) leaves nothing decoding in
+    vLLM, and the engine serves the next request."""
+    out = module_engine._llm.output_processor
+
+    async def run():
+        before = module_engine.stats()["tokens_generated"]
+        task = asyncio.ensure_future(module_engine.generate(
+            req("cancelled", 400, temperature=1.0, seed=5, allowed_token_ids=NO_EOS)))
+        await wait_tokens(module_engine, before + 3, task)
+        assert out.get_num_unfinished_requests() == 1
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        for _ in range(500):
+            if out.get_num_unfinished_requests() == 0:
+                break
+            await asyncio.sleep(0.01)
+        left = out.get_num_unfinished_requests()
+        after = await module_engine.generate(req("after-cancel", 3, temperature=0.0))
+        return left, after
+
+    left, after = loop.run_until_complete(asyncio.wait_for(run(), 120))
+    assert left == 0, f"{left} request(s) still decoding in vLLM after the caller cancelled"
+    assert module_engine.stats()["running"] == 0
+    assert after.finish_reason == "length" and len(after.token_ids) == 3
+
+
 def test_bad_requests_are_rejected(module_engine, loop):
     with pytest.raises(ValueError, match="outside the vocabulary"):
         loop.run_until_complete(module_engine.generate(req("bad", 3, prompt=[10**6])))
