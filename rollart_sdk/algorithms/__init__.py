@@ -20,9 +20,11 @@ from rollart_sdk.algorithms.losses import (
     truncated_is_weights,
 )
 from rollart_sdk.algorithms.sampling import draw, filter_scores
+from rollart_sdk.schedules import SCHEDULES, lr_factor
 
 __all__ = [
     "AGGREGATIONS",
+    "SCHEDULES",
     "aggregate",
     "decoupled_anchor",
     "draw",
@@ -30,6 +32,7 @@ __all__ = [
     "fill_advantages",
     "grpo_advantages",
     "kl_penalty",
+    "lr_factor",
     "ppo_clip_loss",
     "token_entropy",
     "token_logprobs",

@@ -8,11 +8,14 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, model_validator
+
+from rollart_sdk.schedules import LRScheduleOptions
 
 
-class MegatronTrainerOptions(BaseModel):
-    """Parallelism, batching, optimiser and loss settings (see the package README)."""
+class MegatronTrainerOptions(LRScheduleOptions):
+    """Parallelism, batching, optimiser and loss settings (see the package README); the
+    learning-rate schedule as trainer torch's (:class:`rollart_sdk.schedules.LRScheduleOptions`)."""
 
     model_config = ConfigDict(extra="forbid")
 

@@ -183,6 +183,8 @@ class MegatronTrainer:
         maxes = dict(zip(METRIC_MAXES, top.tolist(), strict=True))
 
         max_norm = o.grad_clip if o.grad_clip > 0 else math.inf
+        for group in self.optimizer.param_groups:
+            group["lr"] = o.lr_at(o.lr, self._step)
         if o.use_distributed_optimizer:  # reduce-scatter, norm, clip, sharded step, gather
             grad_norm, skipped = self.optimizer.step(max_norm)
         else:

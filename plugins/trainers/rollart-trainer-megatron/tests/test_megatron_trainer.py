@@ -168,3 +168,25 @@ def test_errors_say_what_and_how(tmp_path: Path) -> None:
         t.train_step([TrainSample([1, 2, 3], [1, 1, 1], [0.0] * 3, [0] * 3, 1.0, "g")])
     with pytest.raises(FileNotFoundError, match="not a complete megatron-trainer checkpoint"):
         t.load_checkpoint(str(tmp_path))
+
+
+def test_lr_schedule_follows_the_torch_trainers(tmp_path: Path) -> None:
+    """Same options, same learning rates per step as trainer torch (cosine with warm-up),
+    and the same weights after the steps; lr 0 at the end of a linear decay moves nothing."""
+    ckpt = make_checkpoint(tmp_path / "m", kind="gqa")
+    batch = make_batch(ckpt, seed=1)
+    sched = {"lr_schedule": "cosine", "lr_warmup_steps": 1, "lr_decay_steps": 4,
+             "lr_min_ratio": 0.1, "grad_clip": 0.0}
+    ref = TorchTrainer(model=ModelConfig(path=str(ckpt)), lr=1e-3, seed=0, num_threads=1,
+                       micro_batch_size=64, **sched)
+    meg = _trainer(ckpt, **sched)
+    lr_ref = [ref.train_step(copy.deepcopy(batch))["lr"] for _ in range(5)]
+    lr_meg = [meg.train_step(copy.deepcopy(batch))["lr"] for _ in range(5)]
+    assert lr_meg == pytest.approx(lr_ref)
+    # warm-up step, then 0.1 + 0.9 * (1 + cos(pi * k / 3)) / 2 for k = 0..3
+    assert lr_meg == pytest.approx([1e-3, 1e-3, 7.75e-4, 3.25e-4, 1e-4])
+    lin = _trainer(ckpt, lr_schedule="linear", lr_decay_steps=1)
+    lin.train_step(copy.deepcopy(batch))
+    before = [p.detach().clone() for p in lin.params]
+    assert lin.train_step(copy.deepcopy(batch))["lr"] == 0.0
+    assert all(torch.equal(a, b) for a, b in zip(before, lin.params, strict=True))

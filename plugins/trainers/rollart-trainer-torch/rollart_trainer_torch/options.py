@@ -7,11 +7,15 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, model_validator
+
+from rollart_sdk.schedules import LRScheduleOptions
 
 
-class TorchTrainerOptions(BaseModel):
-    """Optimiser, loss and parallelism settings; see the package README for formulas."""
+class TorchTrainerOptions(LRScheduleOptions):
+    """Optimiser, loss and parallelism settings; see the package README for formulas.
+    The learning-rate schedule (``lr_schedule``, ``lr_warmup_steps``, ``lr_decay_steps``,
+    ``lr_min_ratio``): :class:`rollart_sdk.schedules.LRScheduleOptions`."""
 
     model_config = ConfigDict(extra="forbid")
 

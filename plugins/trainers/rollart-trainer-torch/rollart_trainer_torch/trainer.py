@@ -214,6 +214,8 @@ class TorchTrainer:
         max_norm = o.grad_clip if o.grad_clip > 0 else math.inf
         grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, max_norm))
         skipped = not math.isfinite(grad_norm)
+        for group in self.optimizer.param_groups:
+            group["lr"] = o.lr_at(o.lr, self._step)
         if not skipped:  # a non-finite gradient would poison AdamW's moments for good
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)

@@ -215,3 +215,25 @@ def test_user_errors_say_what_and_how(ckpt: Path, tmp_path: Path) -> None:
         t.train_step([bad])
     with pytest.raises(FileNotFoundError, match="not a complete torch-trainer checkpoint"):
         t.load_checkpoint(str(tmp_path))
+
+
+def test_lr_schedule_decays_resumes_and_is_validated(ckpt: Path, tmp_path: Path) -> None:
+    """linear over 4 steps: lr 1e-3, 7.5e-4, 5e-4, 2.5e-4, then 0 (weights stay put); a
+    trainer loaded from the step-2 checkpoint continues the schedule where it was."""
+    batch = make_batch(ckpt)
+    t = _trainer(ckpt, lr_schedule="linear", lr_decay_steps=4)
+    lrs = []
+    for i in range(5):
+        if i == 2:
+            t.save_checkpoint(str(tmp_path / "at2"))
+        if i == 4:
+            before = [p.detach().clone() for p in t.params]
+        lrs.append(t.train_step(copy.deepcopy(batch))["lr"])
+    assert lrs == pytest.approx([1e-3, 7.5e-4, 5e-4, 2.5e-4, 0.0])
+    assert all(torch.equal(a, b) for a, b in zip(before, t.params, strict=True))
+    resumed = _trainer(ckpt, lr_schedule="linear", lr_decay_steps=4)
+    resumed.load_checkpoint(str(tmp_path / "at2"))
+    assert resumed.train_step(copy.deepcopy(batch))["lr"] == pytest.approx(5e-4)
+    desc = load_plugins(autoload=True, strict=False).registry.get("trainer", "torch")
+    with pytest.raises(ConfigError, match="lr_decay_steps.*train.steps"):
+        desc.validate_options({"lr_schedule": "cosine"}, where="trainer.options")
