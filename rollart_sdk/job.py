@@ -521,6 +521,9 @@ def run_job(job: Job, steps: int, progress: bool = True) -> list[StepRecord]:
                             "down_at_end": dict(p.proxy.down)},
         "engine_versions": _engine_versions(p),
         "env_close_errors": dict(job.run_dir.close_errors),
+        # Errors beside a trajectory's outcome (a finish hook, an env slot): count, examples.
+        "side_errors": {"count": p.scheduler.side_error_count,
+                        "examples": list(p.scheduler.side_errors)},
         "events_not_written": job.run_dir.events_dropped,
         "rollout_s": (p.ended or time.time()) - p.started,  # start to the rollout's stop
         "rollout": run_rollout_summary(p),

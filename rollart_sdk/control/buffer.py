@@ -214,10 +214,21 @@ class SampleBuffer:
                     if need.get(group.tag, 0) > 0:
                         need[group.tag] -= len(group.members)
                         batch.extend(self._ready.pop(gid).members)
-            self.trained += len(batch)
-            self.tokens_trained += sum(t.generated_tokens for t in batch)
+            # Counted as trained once its train step returned (mark_trained), or as
+            # dropped if the run stopped first (drop_untrained).
             self._notify_room()
             return batch
+
+    def mark_trained(self, batch: list[Trajectory]) -> None:
+        """``batch`` (from get_batch) was trained."""
+        self.trained += len(batch)
+        self.tokens_trained += sum(t.generated_tokens for t in batch)
+
+    def drop_untrained(self, batch: list[Trajectory], reason: str) -> None:
+        """``batch`` (from get_batch) was never trained: the run stopped before its step
+        returned (a failure, Ctrl-C); each member is counted as dropped with ``reason``."""
+        for t in batch:
+            self._drop(t, reason)
 
     def discard_all(self, reason: str) -> int:
         """Drop every group not handed out yet, ready or still running (e.g. the surplus of

@@ -9,6 +9,7 @@ by the staleness bound, surplus of a redundant rollout, shutdown) ends it the sa
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -305,5 +306,25 @@ class EnvManager:
         except Exception as exc:  # noqa: BLE001 - recorded, not raised: others continue
             traj.dropped = bounded(f"reward_failed: {type(exc).__name__}: {exc}")
             return
+        problem = _invalid_reward(result)
+        if problem is not None:
+            traj.dropped = bounded(
+                f"reward_invalid: reward backend {self.task.config.reward.name!r} of task {traj.tag!r} "
+                f"{problem}; a backend's score returns a RewardResult whose reward is a "
+                "finite number (check tasks[].reward and the backend)")
+            return
         traj.reward = float(result.reward)
         traj.info["reward_details"] = result.details
+
+
+def _invalid_reward(result: Any) -> str | None:
+    """Why ``result`` is not a usable score (None: it is)."""
+    try:
+        reward = float(result.reward)
+    except AttributeError:
+        return f"returned {type(result).__name__} {str(result)[:100]!r}, not a RewardResult"
+    except (TypeError, ValueError):
+        return f"returned reward {str(result.reward)[:100]!r}, not a number"
+    if not math.isfinite(reward):
+        return f"returned reward {reward} (not finite)"
+    return None

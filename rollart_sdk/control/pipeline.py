@@ -139,6 +139,7 @@ class Pipeline:
         # Every step's record; the trajectories of all but the last KEEP_BATCHES steps are
         # freed once reported (memory stays flat over a long run).
         self.records: list[StepRecord] = []
+        self._untrained: dict[int, list[Trajectory]] = {}  # step -> its batch, in training
         # Resume (control/resume.py): the first step of this session, the wall time and
         # resumes of the sessions before it; trajectories trained per task up to a step.
         self.first_step = 0
@@ -205,6 +206,7 @@ class Pipeline:
             *(w.call("train_step", shard) for w, shard in zip(self.trainers, shards, strict=True))
         ), "train_step")
         rec.train_s = time.perf_counter() - t0
+        self.buffer.mark_trained(self._untrained.pop(step, batch))
         self._span("train", self.trainers[0].name, t0, step)
         rec.train_metrics = dict(results[0])
         self.trainer_version += 1
@@ -313,22 +315,25 @@ class Pipeline:
                 batch = await self._guarded(self.buffer.get_batch(
                     batch_size, min_version=self.weights.batch_floor(step), quota=self.quota
                 ))
+                self._untrained[step] = batch
                 rec = self._record(step, batch, time.perf_counter() - t0)
                 if mode != "async":
                     # The batch is full: the rest of this iteration's launches is surplus.
                     self.buffer.discard_all("surplus")
-                    rec.aborted_surplus = await self.scheduler.abort_all("surplus")
+                    rec.aborted_surplus = await self._guarded(self.scheduler.abort_all("surplus"))
                 if pending is not None:
                     await self._guarded(pending)
                     pending = None
-                await self.weights.update(rec)
+                # Engine calls (suspend, swap, resume, abort) are guarded too: an engine
+                # that hangs without dying ends the run at the stall timeout, named.
+                await self._guarded(self.weights.update(rec))
                 if mode == "async":
                     # Started before the next batch's floor: no batch can take it any more
                     # (it outlived the bound despite admission control); free its slot.
                     floor = self.weights.batch_floor(step + 1)
-                    rec.aborted_stale = await self.scheduler.abort_where(
+                    rec.aborted_stale = await self._guarded(self.scheduler.abort_where(
                         lambda t, floor=floor: t.start_version < floor, "stale"  # type: ignore[misc]
-                    )
+                    ))
                 elif mode == "one_off" and step + 1 < steps:
                     self.scheduler.allow(self.launch_per_step)
                 self.log.append(f"train_step:{step}")
@@ -336,8 +341,8 @@ class Pipeline:
                 if mode == "sync":
                     done = await self._guarded(pending)
                     pending = None
-                    await self.weights.update(done)
-                    await self.weights.settle(done)
+                    await self._guarded(self.weights.update(done))
+                    await self._guarded(self.weights.settle(done))
                     self._report(done)
             if pending is not None:
                 await self._guarded(pending)
@@ -346,6 +351,11 @@ class Pipeline:
             if pending is not None and not pending.done():
                 pending.cancel()
             self.ended = time.time()  # the rollout stopped (before the run-end cleanup)
+            # A batch handed out whose train step did not return was not trained.
+            for batch in self._untrained.values():
+                self.buffer.drop_untrained(
+                    batch, "run_end: the run stopped before this batch's train step returned")
+            self._untrained.clear()
             await self.scheduler.stop("run_end")
             self.buffer.discard_all("run_end")
             await self.recovery.close(wait_s=RECOVERY_WAIT_S if completed else 0.0)
@@ -392,13 +402,16 @@ class Pipeline:
     def _record(self, step: int, batch: list[Trajectory], wait_s: float) -> StepRecord:
         b = self.buffer
         run_end = sum(n for k, n in b.dropped.items() if k.endswith("run_end"))
+        # Batches handed out (this one included) count as trained in the step's figures.
+        handed = [t for batch_ in self._untrained.values() for t in batch_]
         rec = StepRecord(
             step, step, batch, wait_s, engine_version=self.engine_version, formed_at=time.time(),
             launched=self.scheduler.launched, dropped=sum(b.dropped.values()),
             dropped_during_run=sum(b.dropped.values()) - run_end,
-            tokens_dropped=b.tokens_dropped, tokens_trained=b.tokens_trained,
+            tokens_dropped=b.tokens_dropped,
+            tokens_trained=b.tokens_trained + sum(t.generated_tokens for t in handed),
             finished_turns={k: (v[0], v[1]) for k, v in b.finished_turns.items()},
-            trained_total=b.trained, task_stats=task_stats(batch),
+            trained_total=b.trained + len(handed), task_stats=task_stats(batch),
             in_flight=len(self.scheduler.running) + b.held(),
             spanning=sum(1 for t in batch if len(t.versions) > 1),
             staleness=dict(Counter(self.engine_version - t.start_version for t in batch)),

@@ -50,6 +50,9 @@ class LLMProxy:
         self._accepting = asyncio.Event()
         self._accepting.set()
         self._load: Counter[str] = Counter()
+        # Bumped when a worker rejoins: a death reported by a call sent to an earlier
+        # process of that worker must not take the restarted one out of the routes.
+        self._incarnation: Counter[str] = Counter()
         self._sticky: dict[str, str] = {}  # trajectory id -> worker name
         self._inflight: dict[str, str] = {}  # request id -> worker name
         self._admitting: set[str] = set()  # waiting for admission (suspended)
@@ -82,6 +85,7 @@ class LLMProxy:
 
     def mark_up(self, name: str) -> None:
         self.down.pop(name, None)
+        self._incarnation[name] += 1
         self._routes_changed.set()
 
     def worker(self, name: str) -> WorkerHandle:
@@ -106,40 +110,47 @@ class LLMProxy:
     # ------------------------------------------------------------------ commands
     async def generate(self, request: GenerationRequest) -> GenerationResult:
         rid = request.request_id
+        # Waiting (for admission, or for an engine when all of the task's are down): an
+        # abort is noted in _aborted and wakes the wait; in flight: it goes to the engine.
         self._admitting.add(rid)
         try:
             await self._accepting.wait()
+            while True:
+                while not self.candidates(request.tag) and rid not in self._aborted:
+                    # Every engine is down: wait for one to be restarted (the caller's
+                    # generate timeout bounds the wait).
+                    self._routes_changed.clear()
+                    await self._routes_changed.wait()
+                if rid in self._aborted:  # aborted while waiting
+                    return GenerationResult(rid, [], [], [], "abort")
+                worker = self._pick(request)
+                self._admitting.discard(rid)
+                self._load[worker.name] += 1
+                self._inflight[rid] = worker.name
+                incarnation = self._incarnation[worker.name]
+                try:
+                    result: GenerationResult = await self._generate_on(worker, request)
+                except asyncio.CancelledError:
+                    # The caller gave up (timeout, run end): free the engine's slot too.
+                    self._send_abort(worker, rid)
+                    raise
+                except Exception as exc:
+                    if not is_worker_death(exc):
+                        raise
+                    if self._incarnation[worker.name] == incarnation:
+                        self.mark_down(worker.name, f"{type(exc).__name__}: {exc}"[:500])
+                    # else: sent to the process that died before; the restarted one serves
+                    self.rerouted += 1
+                    self._admitting.add(rid)
+                    continue  # re-send to another engine of the task (or wait for one)
+                finally:
+                    self._load[worker.name] -= 1
+                    self._inflight.pop(rid, None)
+                self.served[(request.tag, worker.name)] += 1
+                return result
         finally:
             self._admitting.discard(rid)
-        if rid in self._aborted:  # aborted while waiting for admission
             self._aborted.discard(rid)
-            return GenerationResult(rid, [], [], [], "abort")
-        while True:
-            while not self.candidates(request.tag):
-                # Every engine is down: wait for one to be restarted (the caller's
-                # generate timeout bounds the wait).
-                self._routes_changed.clear()
-                await self._routes_changed.wait()
-            worker = self._pick(request)
-            self._load[worker.name] += 1
-            self._inflight[rid] = worker.name
-            try:
-                result: GenerationResult = await self._generate_on(worker, request)
-            except asyncio.CancelledError:
-                # The caller gave up (timeout, run end): free the engine's slot too.
-                self._send_abort(worker, rid)
-                raise
-            except Exception as exc:
-                if not is_worker_death(exc):
-                    raise
-                self.mark_down(worker.name, f"{type(exc).__name__}: {exc}"[:500])
-                self.rerouted += 1
-                continue  # re-send to another engine of the task (or wait for one)
-            finally:
-                self._load[worker.name] -= 1
-                self._inflight.pop(rid, None)
-            self.served[(request.tag, worker.name)] += 1
-            return result
 
     async def _generate_on(self, worker: WorkerHandle,
                            request: GenerationRequest) -> GenerationResult:
@@ -184,6 +195,7 @@ class LLMProxy:
         if name is None:
             if request_id in self._admitting:
                 self._aborted.add(request_id)
+                self._routes_changed.set()  # a request waiting for an engine returns now
             return False
         if name in self.down:
             return False  # its requests died with it; generate() reports them

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import sys
 import time
 import traceback
 from collections import Counter
@@ -131,6 +132,8 @@ class RolloutScheduler:
         self.fatal_traceback = ""
         # Called with every finished trajectory (the watchdog, the run dir's drop log).
         self.on_finish: list[Callable[[Trajectory], None]] = []
+        self.side_error_count = 0  # errors beside an outcome (logging, env slots): _side_error
+        self.side_errors: list[str] = []
         buffer.on_group_dropped.append(self._group_dropped)
 
     # ------------------------------------------------------------------ control
@@ -138,6 +141,15 @@ class RolloutScheduler:
         self._quota = dict(quota) if quota is not None else None
         self._new_wave()
         self._loop_task = asyncio.create_task(self._loop(), name="rollout-scheduler")
+        self._loop_task.add_done_callback(self._loop_ended)
+
+    def _loop_ended(self, task: asyncio.Task[None]) -> None:
+        """A launch loop that died of a bug ends the run (the pipeline's guard raises
+        ``fatal``), rather than showing up later as a stall."""
+        if not task.cancelled() and task.exception() is not None and self.fatal is None:
+            exc = task.exception()
+            self.fatal = exc
+            self.fatal_traceback = "".join(traceback.format_exception(exc))
 
     def allow(self, per_task: dict[str, int]) -> None:
         """Quota mode: allow more launches, per task tag (trajectories, whole groups)."""
@@ -179,7 +191,11 @@ class RolloutScheduler:
     async def stop(self, reason: str = "shutdown", timeout: float = 60.0) -> None:
         self._stopped = True
         self._wakeup.set()
-        await self.abort_all(reason)
+        try:  # a stuck or failing engine must not keep the run from stopping
+            await asyncio.wait_for(self.abort_all(reason), timeout)
+        except Exception as exc:  # noqa: BLE001 - the tasks are cancelled below instead
+            print(f"rollart: aborting the running trajectories at stop failed "
+                  f"({type(exc).__name__}: {exc}); cancelling them", file=sys.stderr, flush=True)
         tasks = [t for _, t in self.running.values()]
         if tasks:
             done, pending = await asyncio.wait(tasks, timeout=timeout)
@@ -194,6 +210,8 @@ class RolloutScheduler:
             try:
                 await self._loop_task
             except asyncio.CancelledError:
+                pass
+            except Exception:  # noqa: BLE001 - recorded as fatal by _loop_ended
                 pass
         await self.close_envs()
 
@@ -358,6 +376,17 @@ class RolloutScheduler:
                             "span": "env_replaced", "worker": slot.worker.name,
                             "reason": traj.dropped, "close_error": err})
 
+    def _side_error(self, what: str, traj: Trajectory, exc: BaseException) -> None:
+        """An error beside a trajectory's outcome (not of it): counted, the first few kept
+        (summary.json ``side_errors``) and printed once."""
+        self.side_error_count += 1
+        text = f"{what} for trajectory {traj.trajectory_id} ({traj.tag}): {type(exc).__name__}: {exc}"
+        if len(self.side_errors) < 20:
+            self.side_errors.append(text[:500])
+        if self.side_error_count == 1:
+            print(f"rollart: {text} (the trajectory is kept; later such errors are only "
+                  "counted in summary.json side_errors)", file=sys.stderr, flush=True)
+
     def _pick_env_worker(self, tag: str) -> WorkerHandle:
         workers = self.env_by_tag[tag]
         self._env_rr += 1
@@ -376,10 +405,18 @@ class RolloutScheduler:
                 self.fatal_traceback = traceback.format_exc()
         finally:
             self.running.pop(traj.trajectory_id, None)
-            await self._return_slot(traj)
+            # Returning the env slot and the finish hooks (logs, the watchdog) may fail, e.g.
+            # a full disk: counted and reported, and the trajectory still lands below.
+            try:
+                await self._return_slot(traj)
+            except Exception as exc:  # noqa: BLE001 - counted in side_errors
+                self._side_error("returning its env slot", traj, exc)
             self._note_outcome(traj)
             for fn in self.on_finish:
-                fn(traj)
+                try:
+                    fn(traj)
+                except Exception as exc:  # noqa: BLE001 - counted in side_errors
+                    self._side_error(f"on_finish {getattr(fn, '__qualname__', fn)}", traj, exc)
             if traj.dropped is not None and self._should_rerun(traj):
                 self.buffer.count_drop(traj)
                 tag, env_seed, retries = self._groups[traj.group_id]

@@ -37,6 +37,7 @@ from typing import Any
 from rollart_sdk.interfaces import WeightTransport
 from rollart_sdk.types import WeightBucket, WeightManifest, WeightUpdateReport
 from rollart_sdk.weights import (
+    CorruptBucketError,
     WeightStager,
     WeightSyncError,
     checksum,
@@ -324,7 +325,14 @@ async def _expect_failure(
     if style == "pull":
         try:
             manifest = sender.publish(version, buckets)
-        except Exception:  # noqa: BLE001 - refusing to publish corrupt bytes is fine too
+        except Exception as exc:
+            # Refusing to publish corrupt bytes is fine too, for that reason only.
+            if _corruption(exc) is None:
+                raise AssertionError(
+                    f"publish(version={version}) of a corrupt bucket raised "
+                    f"{type(exc).__name__}: {exc}, not CorruptBucketError: verify with "
+                    "rollart_sdk.weights.verify(bucket) and let its error through"
+                ) from exc
             return "publish"
         for stager in stagers:
             stager.start(manifest)
@@ -341,7 +349,16 @@ async def _expect_failure(
     for i, (stager, engine) in enumerate(zip(stagers, engines, strict=True)):
         try:
             await stager.commit(engine, timeout_s=timeout_s)
-        except WeightSyncError:
+        except WeightSyncError as exc:
+            # Rejected because the bucket is corrupt: not a time-out or another failure
+            # that would have happened to a sound transfer too.
+            if _corruption(exc) is None:
+                raise AssertionError(
+                    f"receiver {i}: the transfer of version {version} with a corrupt bucket "
+                    f"failed, but not on the checksum: {exc}. fetch must verify every bucket "
+                    "(rollart_sdk.weights.verify(bucket, ref, version)) and let its "
+                    "CorruptBucketError through"
+                ) from exc
             continue
         raise AssertionError(
             f"receiver {i}: a transfer with a corrupt bucket of version {version} committed "
@@ -349,6 +366,16 @@ async def _expect_failure(
             "(rollart_sdk.weights.verify(bucket, ref, version)) and raise"
         )
     return "fetch"
+
+
+def _corruption(exc: BaseException | None) -> CorruptBucketError | None:
+    """The CorruptBucketError in ``exc``'s chain of causes, if any."""
+    seen = 0
+    while exc is not None and seen < 16:
+        if isinstance(exc, CorruptBucketError):
+            return exc
+        exc, seen = exc.__cause__ or exc.__context__, seen + 1
+    return None
 
 
 def _publish_in_thread(

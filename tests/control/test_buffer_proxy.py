@@ -30,7 +30,12 @@ def test_groups_whole_stale_eviction_and_accounting():
         batch = await asyncio.wait_for(buf.get_batch(2, min_version=1), 5)
         assert [t.trajectory_id for t in batch] == ["c1", "c2"]
         assert buf.dropped == {"stale": 2, "env_step_failed": 1, "group_incomplete": 1}
+        # Trained once its train step returned; a batch never trained is counted dropped.
+        assert buf.trained == 0
+        buf.mark_trained(batch)
         assert buf.trained == 2
+        buf.drop_untrained([traj("d1", "g4"), traj("d2", "g4")], "run_end: stopped")
+        assert buf.trained == 2 and buf.dropped["run_end"] == 2
 
     asyncio.run(main())
 
@@ -171,6 +176,76 @@ def test_proxy_abort_on_a_worker_that_died_marks_it_down_instead_of_raising():
         with pytest.raises(ValueError, match="engine bug"):
             await proxy.abort("u/0")
         assert not proxy.down
+        task.cancel()
+
+    asyncio.run(main())
+
+
+def test_abort_reaches_a_request_waiting_for_a_restarted_engine():
+    # Every engine of the task is down: requests wait for one to come back. An ABORT
+    # returns the waiting request at once (before: it sat until the generate timeout and
+    # was dropped as generate_timeout instead of with the abort's reason).
+    async def main():
+        workers = [WorkerHandle("e0", SlowEngine("e0"), pool="P", is_ray=False)]
+        proxy = LLMProxy(workers, {"default": ["e0"]})
+        proxy.mark_down("e0", "test: process died")
+        aborted = asyncio.create_task(proxy.generate(GenerationRequest("a/0", [1], trajectory_id="a")))
+        kept = asyncio.create_task(proxy.generate(GenerationRequest("k/0", [1], trajectory_id="k")))
+        await asyncio.sleep(0.05)
+        assert not aborted.done() and not kept.done()
+        assert await proxy.abort("a/0") is False  # not at an engine
+        res = await asyncio.wait_for(aborted, 1)
+        assert res.finish_reason == "abort" and res.worker == ""
+        await asyncio.sleep(0.05)
+        assert not kept.done()  # the other waiter still waits for an engine
+        proxy.mark_up("e0")
+        res = await asyncio.wait_for(kept, 5)
+        assert res.finish_reason == "stop" and res.worker == "e0"
+        assert not proxy._admitting and not proxy._aborted and not proxy._inflight
+
+    asyncio.run(main())
+
+
+class DiesLateEngine(SlowEngine):
+    """Its first call fails with the death of its process only once released: by then
+    the worker was restarted and rejoined (a failure that belongs to the old process)."""
+
+    def __init__(self, name):
+        super().__init__(name)
+        self.release = asyncio.Event()
+        self.calls = 0
+
+    async def generate(self, request):
+        self.calls += 1
+        if self.calls == 1:
+            from ray.exceptions import ActorDiedError
+
+            await self.release.wait()
+            raise ActorDiedError()
+        return await super().generate(request)
+
+
+def test_a_late_death_of_the_old_process_does_not_take_the_restarted_one_down():
+    async def main():
+        engine = DiesLateEngine("e0")
+        proxy = LLMProxy([WorkerHandle("e0", engine, pool="P", is_ray=False)], {"default": ["e0"]})
+        task = asyncio.create_task(proxy.generate(GenerationRequest("t/0", [1], trajectory_id="t")))
+        await asyncio.sleep(0.05)
+        proxy.mark_down("e0", "test: died")  # seen by another call; recovery brings it back
+        proxy.mark_up("e0")
+        engine.release.set()  # now the first call reports the old process's death
+        res = await asyncio.wait_for(task, 5)
+        assert res.finish_reason == "stop" and res.worker == "e0"  # re-sent and served
+        assert "e0" not in proxy.down and proxy.rerouted == 1
+        # A death reported by a call sent to the current process still counts.
+        engine.calls = 0
+        engine.release.set()
+        task = asyncio.create_task(proxy.generate(GenerationRequest("u/0", [1], trajectory_id="u")))
+        for _ in range(100):
+            if "e0" in proxy.down:
+                break
+            await asyncio.sleep(0.01)
+        assert "e0" in proxy.down and not task.done()  # it waits for a restart now
         task.cancel()
 
     asyncio.run(main())

@@ -128,6 +128,7 @@ def test_async_alpha_zero_runs_one_version_behind_the_trainer(tmp_path):
 
 def test_sync_mode_is_on_policy(tmp_path):
     job, records = run(tmp_path, ["rollout.mode=sync"], steps=3)
+    assert len(records) == 3 and all(r.batch for r in records)
     for rec, traj, turn in trained_tokens_versions(records):
         assert traj.start_version == rec.version == rec.engine_version
         assert set(turn.versions) == {rec.version}  # every token from the trained version
@@ -221,6 +222,19 @@ class SlowVarEnv(gym.Env):
         self.t += 1
         done = self.t >= self.n
         return "go on", float(done and action.strip().startswith("a")), done, False, {}
+
+
+class NanEnv(gym.Env):
+    '''One turn whose reward is NaN (a broken reward computation in an env).'''
+
+    action_vocabulary = None
+    system_prompt = None
+
+    def reset(self, *, seed=None, options=None):
+        return "go", {}
+
+    def step(self, action):
+        return "done", float("nan"), True, False, {}
 """
 
 
@@ -236,7 +250,8 @@ def test_envs(tmp_path, monkeypatch):
     from rollart_sdk import hookimpl
 
     def rollart_register_envs(registry):
-        for name, cls in (("flaky", "FlakyEnv"), ("slow", "SlowEnv"), ("slowvar", "SlowVarEnv")):
+        for name, cls in (("flaky", "FlakyEnv"), ("slow", "SlowEnv"), ("slowvar", "SlowVarEnv"),
+                          ("nan", "NanEnv")):
             registry.register(name, factory=f"rollart_test_envs:{cls}",
                               options="rollart_test_envs:FlakyOptions")
 
@@ -345,3 +360,16 @@ def test_batch_too_small_for_tasks_is_a_clear_error(tmp_path):
 
     with pytest.raises(ConfigError, match="raise batch_size to at least 8"):
         run(tmp_path, ["rollout.batch_size=4"], steps=1)
+
+
+def test_a_nan_reward_is_dropped_with_its_reason_not_trained(tmp_path, test_envs):
+    # Reward mode env_return passes the env's NaN on: every trajectory is dropped as
+    # reward_invalid (not trained: a NaN advantage would void the whole step) and the
+    # watchdog stops the run naming it.
+    from rollart_sdk.control.watchdog import RunFailure
+
+    with pytest.raises(RunFailure, match="reward_invalid") as err:
+        run(tmp_path, ["rollout.mode=sync"], steps=2, registry=test_envs,
+            data=single_task(env={"name": "nan"}, max_turns=1))
+    assert "returned reward nan (not finite)" in str(err.value)
+    assert "reward backend 'rule' of task 'T'" in str(err.value), str(err.value)

@@ -49,6 +49,7 @@ def test_rollart_train_on_ray_writes_a_run_directory(tmp_path):
     summary = json.loads((run / "summary.json").read_text())
     # Every task's generation ran only on the engine bound to its affinity pool.
     bindings = {b["worker"]: b for b in json.loads((run / "bindings.json").read_text())}
+    assert {key.split("@")[0] for key in summary["served"]} == {"FrozenLake", "Arithmetic"}
     for key in summary["served"]:
         tag, worker = key.split("@")
         assert bindings[worker]["pool"] == {"FrozenLake": "H800", "Arithmetic": "H20"}[tag]

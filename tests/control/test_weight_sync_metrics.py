@@ -39,9 +39,15 @@ def test_hidden_fraction_against_a_baseline_measured_once(tmp_path):
         assert r.weight_sync_baseline_s == p.sync_baseline_s
         assert r.weight_transfer_s > 0 and r.weight_sync_nbytes > 0
     # The KV recompute a swap causes is measured by the engine and added to the window.
-    assert all(r.weight_recompute_s >= 0 for r in updates)
+    # alpha 1 keeps requests running across an update: their KV is rebuilt on the new
+    # weights, and that time is in the update's window.
+    recomputing = [r for r in updates if r.recomputed > 0]
+    assert recomputing, [r.recomputed for r in updates]
+    assert all(r.weight_recompute_s > 0 for r in recomputing)
+    assert all(r.weight_sync_exposed_s >= r.weight_recompute_s for r in updates)
     engines = [h.target.engine.stats() for h in p.proxy.workers.values()]
-    assert all("recompute_s" in s for s in engines)
+    # Each update counts the slowest engine's share once: no more than all engines did.
+    assert sum(r.weight_recompute_s for r in updates) <= sum(s["recompute_s"] for s in engines) + 1e-6
     lines = [json.loads(x) for x in
              (Path(job.run_dir.path) / "metrics.jsonl").read_text().splitlines()]
     hidden = [m["weight_sync/hidden_fraction"] for m in lines

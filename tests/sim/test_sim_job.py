@@ -131,6 +131,7 @@ def test_a_sim_run_whose_groups_all_score_alike_trains_nothing_with_skip(tmp_pat
         job = build_sim_job(cfg, log=lambda *a: None)
         run_sim(job, 2)
         out[skip] = job.metrics
+    assert len(out[False]) == len(out[True]) == 2  # one metrics row per step
     full = train_step_s(HARDWARE["H800"], 8, MODELS["qwen3-8b"], [P + N] * 4, overhead_s=0.25)
     for m in out[False]:
         assert m["time/train_compute"] == pytest.approx(full, abs=1e-3)

@@ -51,11 +51,17 @@ def test_the_manifest_is_for_the_installed_gem_and_covers_it():
     assert len(games) >= 20 and len(tasks) >= 100 and "math:local" in REGISTERED
 
 
-@pytest.mark.parametrize("gem_id", ["game:Wordle-v0-easy", "game:Hangman-v0-easy",
-                                    "math:GSM8K", "game:Crosswords-v0-random"])
-def test_excluded_ids_really_fail_offline(gem_id):
-    assert gem_id in MANIFEST["excluded"]
-    with pytest.raises(Exception):  # noqa: B017 - any failure: that is why it is excluded
+@pytest.mark.parametrize(("gem_id", "error", "match", "reason"), [
+    ("game:Wordle-v0-easy", LookupError, "words", "NLTK"),
+    ("game:Hangman-v0-easy", LookupError, "words", "NLTK"),
+    ("math:GSM8K", OSError, "GSM-8k", "Hugging Face dataset"),
+    ("game:Crosswords-v0-random", ValueError, "No words found", "gem-llm 0.1.0 itself"),
+])
+def test_excluded_ids_really_fail_offline(gem_id, error, match, reason):
+    # Each fails for the reason the manifest gives (not for any error at all: a typo in
+    # GemFactory would raise too).
+    assert reason in MANIFEST["excluded"][gem_id]
+    with pytest.raises(error, match=match):
         env = GemFactory(gem_id)()
         env.reset(seed=0)
         env.step("\\boxed{1}")

@@ -105,7 +105,15 @@ def test_generated_levels_are_solvable_and_unsolved_at_start(h, w, boxes):
     for seed in range(8):
         level = generate_level(np.random.default_rng(seed), h, w, boxes, reverse_steps=40)
         assert not level.solved and len(level.boxes) == boxes
-        assert solve(level) is not None, f"seed {seed}: unsolvable\n" + "\n".join(level.rows())
+        path = solve(level)
+        assert path, f"seed {seed}: unsolvable\n" + "\n".join(level.rows())
+        # The solver's path really wins the level in the env (not just "some list").
+        env = SokobanTextEnv(mode="fixed", custom=level.rows(), max_steps=len(path))
+        env.reset(seed=0)
+        for i, move in enumerate(path):
+            _, _, terminated, truncated, info = env.step(move)
+            assert terminated == (i == len(path) - 1) and not truncated, (seed, i, path)
+        assert info["success"] and info["boxes_on_target"] == boxes
 
 
 def test_generation_follows_the_seed():
