@@ -119,7 +119,15 @@ class EngineRecovery:
             if target > 0 and (manifest is None or manifest.version != target):
                 raise LookupError(f"no manifest of the served version {target} to reload")
             # The served version, then the one published and not loaded yet (if any).
-            loaded = await worker.call("reload", manifest, self.staged())
+            # Bounded by the restart deadline: a reload that stalls must not hold the
+            # weight-update lock (and with it every later update) for ever.
+            limit = max(1.0, deadline - time.monotonic())
+            try:
+                loaded = await asyncio.wait_for(
+                    worker.call("reload", manifest, self.staged()), limit)
+            except TimeoutError:
+                raise TimeoutError(f"the reload did not finish within {limit:.0f}s "
+                                   "(restart_timeout_s)") from None
             if loaded != target:
                 raise RuntimeError(f"reloaded version {loaded}, not the served {target}")
             self.proxy.mark_up(name)

@@ -17,5 +17,12 @@ pip_install() {
 "$venv/bin/python" -c "import torch" 2>/dev/null || pip_install "torch==2.13.0"
 pip_install "megatron-core==0.16.1" pytest
 pip_install -e "$root[hf]" -e "$root/plugins/trainers/rollart-trainer-torch" -e "$here"
+# examples/megatron.yaml's other backends (light plugins), so that it is validated here:
+# the core suite skips it (no megatron-core there).
+pl="$root/plugins"
+pip_install -e "$pl/engines/rollart-engine-torch" -e "$pl/envs/rollart-env-frozenlake" \
+  -e "$pl/envs/rollart-env-arithmetic" -e "$pl/rewards/rollart-reward-rule" \
+  -e "$pl/transports/rollart-transport-ray"
 cd "$root"
+"$venv/bin/python" -m rollart_sdk.cli validate examples/megatron.yaml
 exec timeout 1200 "$venv/bin/python" -m pytest -q -p no:cacheprovider "$here/tests" "$@"

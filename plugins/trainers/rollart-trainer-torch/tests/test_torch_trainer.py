@@ -82,10 +82,15 @@ def test_learns_to_prefer_positive_actions(ckpt: Path) -> None:
     # behaviour_ratio_mean (1 at step 1: the behaviour log-probs are this model's)
     assert all(m["ratio_mean"] == 1.0 for m in metrics[1:])
     assert metrics[0]["behaviour_ratio_mean"] == pytest.approx(1.0, abs=1e-4)
+    untruncated = 0
     for m in metrics[1:]:
         assert m["behaviour_ratio_mean"] != pytest.approx(1.0, abs=1e-3)
         if m["behaviour_ratio_max"] <= 2.0:  # no weight truncated: the two agree
             assert m["tis_weight_mean"] == pytest.approx(m["behaviour_ratio_mean"], rel=1e-5)
+            untruncated += 1
+        else:  # some truncated at 2: the mean weight is below the mean ratio
+            assert m["tis_weight_mean"] < m["behaviour_ratio_mean"]
+    assert untruncated >= 1, [m["behaviour_ratio_max"] for m in metrics[1:]]
 
 
 def test_micro_batching_gives_the_full_batch_gradient(ckpt: Path) -> None:
