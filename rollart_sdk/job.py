@@ -562,8 +562,10 @@ def _final_checkpoint(job: Job) -> list[str]:
     if not save_errors:  # complete: --resume may continue from it
         try:
             version = int(job.spawner.call(job.trainers[0], "version", timeout=60))
-            job.pipeline.save_run_state(str(final), version, version)
+            # First: a batch the trainer finished, its answer lost, counts as trained in
+            # the saved state too.
             job.pipeline.report_trained(version)  # trained, interrupted before its line
+            job.pipeline.save_run_state(str(final), version, version)
         except Exception as exc:  # noqa: BLE001 - reported in summary.json, never masks
             save_errors.append(f"run_state failed: {type(exc).__name__}: {exc}"[:1000])
     if job.config.train.save_final_model and not save_errors:

@@ -230,6 +230,18 @@ class SampleBuffer:
         for t in batch:
             self._drop(t, reason)
 
+    def redeem_untrained(self, batch: list[Trajectory], reason: str) -> None:
+        """Undo :meth:`drop_untrained` (``reason``: its key) for a batch the trainer did
+        train (its answer was lost when the run stopped): counted as trained."""
+        for t in batch:
+            self.dropped[reason] -= 1
+            self.dropped_by_tag[t.tag] -= 1
+            self.tokens_dropped -= t.generated_tokens
+            t.dropped = None
+        if self.dropped[reason] <= 0:
+            del self.dropped[reason]
+        self.mark_trained(batch)
+
     def discard_all(self, reason: str) -> int:
         """Drop every group not handed out yet, ready or still running (e.g. the surplus of
         a redundant rollout once the batch is full). Members that finish later are counted

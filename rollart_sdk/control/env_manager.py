@@ -19,7 +19,7 @@ from rollart_sdk.config import TaskConfig
 from rollart_sdk.control.chat import ChatFormat
 from rollart_sdk.control.handles import WorkerHandle
 from rollart_sdk.control.lockstep import TurnBarrier
-from rollart_sdk.control.proxy import LLMProxy
+from rollart_sdk.control.proxy import LLMProxy, RequestKillsEngines
 from rollart_sdk.types import (
     GenerationRequest,
     RewardRequest,
@@ -248,6 +248,9 @@ class EnvManager:
                 # The proxy's generate was cancelled: it sent ABORT to the engine itself.
                 traj.dropped = f"generate_timeout: no response within {cfg.generate_timeout_s}s"
                 return
+            except RequestKillsEngines as exc:  # not re-run: it would kill more engines
+                traj.dropped = bounded(f"kills_engines: {exc}")
+                return
             except Exception as exc:  # noqa: BLE001 - e.g. the engine worker died
                 traj.dropped = bounded(f"generate_failed: {type(exc).__name__}: {exc}")
                 return
@@ -309,7 +312,8 @@ class EnvManager:
         problem = _invalid_reward(result)
         if problem is not None:
             traj.dropped = bounded(
-                f"reward_invalid: reward backend {self.task.config.reward.name!r} of task {traj.tag!r} "
+                f"reward_invalid: reward backend {self.task.config.reward.name!r} of task "
+                f"{traj.tag!r} "
                 f"{problem}; a backend's score returns a RewardResult whose reward is a "
                 "finite number (check tasks[].reward and the backend)")
             return

@@ -140,6 +140,7 @@ class Pipeline:
         # freed once reported (memory stays flat over a long run).
         self.records: list[StepRecord] = []
         self._untrained: dict[int, list[Trajectory]] = {}  # step -> its batch, in training
+        self._dropped_untrained: dict[int, list[Trajectory]] = {}  # ... when the run stopped
         # Resume (control/resume.py): the first step of this session, the wall time and
         # resumes of the sessions before it; trajectories trained per task up to a step.
         self.first_step = 0
@@ -352,9 +353,11 @@ class Pipeline:
                 pending.cancel()
             self.ended = time.time()  # the rollout stopped (before the run-end cleanup)
             # A batch handed out whose train step did not return was not trained.
-            for batch in self._untrained.values():
+            # (report_trained redeems one the trainer did finish, its answer lost.)
+            for step_, batch in self._untrained.items():
                 self.buffer.drop_untrained(
                     batch, "run_end: the run stopped before this batch's train step returned")
+                self._dropped_untrained[step_] = batch
             self._untrained.clear()
             await self.scheduler.stop("run_end")
             self.buffer.discard_all("run_end")
@@ -431,6 +434,10 @@ class Pipeline:
         that was not reported yet: a run interrupted between a train step and its report
         still has a line for it (``train/interrupted`` 1: the step's train metrics were
         lost with the call). Returns the lines written."""
+        # Its batch was counted dropped when the run stopped (the call was lost): the
+        # trainer did train it, so it counts as trained after all.
+        for step in [s for s in self._dropped_untrained if s < version]:
+            self.buffer.redeem_untrained(self._dropped_untrained.pop(step), "run_end")
         late = [r for r in self.records if r.step < version and r.step >= self._reported]
         for rec in late:
             if not rec.train_metrics:

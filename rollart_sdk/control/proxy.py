@@ -31,7 +31,17 @@ from collections import Counter
 from typing import Any
 
 from rollart_sdk.control.handles import WorkerHandle
+from rollart_sdk.errors import RollartError
 from rollart_sdk.types import GenerationRequest, GenerationResult
+
+# Times a request whose engine died is re-sent. A request during which its engine died
+# this many times in a row may be what kills them (e.g. out of memory on its context): it
+# is given up (RequestKillsEngines) instead of taking every engine of the pool down.
+MAX_RESENDS = 2
+
+
+class RequestKillsEngines(RollartError):
+    """The engines serving one request died ``MAX_RESENDS + 1`` times in a row."""
 
 
 class LLMProxy:
@@ -113,6 +123,7 @@ class LLMProxy:
         # Waiting (for admission, or for an engine when all of the task's are down): an
         # abort is noted in _aborted and wakes the wait; in flight: it goes to the engine.
         self._admitting.add(rid)
+        deaths: list[str] = []
         try:
             await self._accepting.wait()
             while True:
@@ -140,6 +151,13 @@ class LLMProxy:
                     if self._incarnation[worker.name] == incarnation:
                         self.mark_down(worker.name, f"{type(exc).__name__}: {exc}"[:500])
                     # else: sent to the process that died before; the restarted one serves
+                    deaths.append(f"{worker.name}: {type(exc).__name__}")
+                    if len(deaths) > MAX_RESENDS:
+                        raise RequestKillsEngines(
+                            f"request {rid}: its engine died {len(deaths)} times in a row "
+                            f"({', '.join(deaths)}); not re-sent again, in case the request "
+                            "itself kills them (e.g. out of memory on its context: check "
+                            "the engine's logs and tasks[].max_context_tokens)") from exc
                     self.rerouted += 1
                     self._admitting.add(rid)
                     continue  # re-send to another engine of the task (or wait for one)

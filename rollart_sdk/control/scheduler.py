@@ -47,6 +47,8 @@ from rollart_sdk.types import Trajectory
 MAX_BACKOFF_S = 2.0
 # Drops that are decisions of the control plane, not failures: never re-run.
 NOT_FAILURES = ("aborted:", "surplus", "run_end", "stale", "group_incomplete", "internal_error")
+# Failures not re-run: the request killed engines (re-running it would kill more).
+NOT_RERUN = ("kills_engines",)
 
 
 def is_failure(reason: str | None) -> bool:
@@ -322,6 +324,7 @@ class RolloutScheduler:
     def _should_rerun(self, traj: Trajectory) -> bool:
         info = self._groups.get(traj.group_id)
         return (info is not None and not self._stopped and is_failure(traj.dropped)
+                and not (traj.dropped or "").startswith(NOT_RERUN)
                 and info[2] < self.max_member_retries
                 and not self.buffer.is_discarded(traj.group_id))
 

@@ -36,6 +36,11 @@ def test_groups_whole_stale_eviction_and_accounting():
         assert buf.trained == 2
         buf.drop_untrained([traj("d1", "g4"), traj("d2", "g4")], "run_end: stopped")
         assert buf.trained == 2 and buf.dropped["run_end"] == 2
+        late = [traj("e1", "g5"), traj("e2", "g5")]
+        buf.drop_untrained(late, "run_end: stopped")
+        buf.redeem_untrained(late, "run_end")  # the trainer did train it after all
+        assert buf.trained == 4 and buf.dropped["run_end"] == 2
+        assert all(t.dropped is None for t in late)
 
     asyncio.run(main())
 
@@ -247,5 +252,32 @@ def test_a_late_death_of_the_old_process_does_not_take_the_restarted_one_down():
             await asyncio.sleep(0.01)
         assert "e0" in proxy.down and not task.done()  # it waits for a restart now
         task.cancel()
+
+    asyncio.run(main())
+
+
+class KilledByRequestEngine(SlowEngine):
+    """Its process dies on every request (a request that kills engines, e.g. OOM)."""
+
+    async def generate(self, request):
+        from ray.exceptions import ActorDiedError
+
+        await asyncio.sleep(0.01)
+        raise ActorDiedError()
+
+
+def test_a_request_that_kills_every_engine_is_given_up_after_two_resends():
+    from rollart_sdk.control.proxy import MAX_RESENDS, RequestKillsEngines
+
+    async def main():
+        names = ["e0", "e1", "e2", "e3"]
+        workers = [WorkerHandle(n, KilledByRequestEngine(n), pool="P", is_ray=False) for n in names]
+        proxy = LLMProxy(workers, {"default": names})
+        with pytest.raises(RequestKillsEngines, match=r"request t/0: its engine died 3 times"):
+            await asyncio.wait_for(
+                proxy.generate(GenerationRequest("t/0", [1], trajectory_id="t")), 5)
+        # Three engines went down with it; the fourth was never sent the request.
+        assert len(proxy.down) == MAX_RESENDS + 1 and proxy.rerouted == MAX_RESENDS
+        assert proxy.candidates("default") and not proxy._admitting and not proxy._inflight
 
     asyncio.run(main())
