@@ -22,6 +22,7 @@ from rollart_sdk.control.lockstep import TurnBarrier
 from rollart_sdk.control.proxy import LLMProxy, RequestKillsEngines
 from rollart_sdk.types import (
     GenerationRequest,
+    GenerationResult,
     RewardRequest,
     SamplingParams,
     Trajectory,
@@ -212,6 +213,26 @@ class EnvManager:
             return None
         return obs, info
 
+    async def _generate(self, request: GenerationRequest) -> GenerationResult | None:
+        """One turn's generation; None when it failed (``traj.dropped`` says why)."""
+        traj, cfg = self.traj, self.task.config
+        self._current_request = request.request_id
+        try:
+            result: GenerationResult = await self._timed(
+                "generate", self.proxy.generate(request), cfg.generate_timeout_s, None
+            )
+            return result
+        except TimeoutError:
+            # The proxy's generate was cancelled: it sent ABORT to the engine itself.
+            traj.dropped = f"generate_timeout: no response within {cfg.generate_timeout_s}s"
+        except RequestKillsEngines as exc:  # not re-run: it would kill more engines
+            traj.dropped = bounded(f"kills_engines: {exc}")
+        except Exception as exc:  # noqa: BLE001 - e.g. the engine worker died
+            traj.dropped = bounded(f"generate_failed: {type(exc).__name__}: {exc}")
+        finally:
+            self._current_request = None
+        return None
+
     async def _rollout(self) -> None:
         traj, cfg = self.traj, self.task.config
         first = await self._reset()
@@ -239,23 +260,9 @@ class EnvManager:
                 tag=traj.tag,
                 trajectory_id=traj.trajectory_id,
             )
-            self._current_request = request.request_id
-            try:
-                result = await self._timed(
-                    "generate", self.proxy.generate(request), cfg.generate_timeout_s, None
-                )
-            except TimeoutError:
-                # The proxy's generate was cancelled: it sent ABORT to the engine itself.
-                traj.dropped = f"generate_timeout: no response within {cfg.generate_timeout_s}s"
+            result = await self._generate(request)
+            if result is None:  # dropped with its reason
                 return
-            except RequestKillsEngines as exc:  # not re-run: it would kill more engines
-                traj.dropped = bounded(f"kills_engines: {exc}")
-                return
-            except Exception as exc:  # noqa: BLE001 - e.g. the engine worker died
-                traj.dropped = bounded(f"generate_failed: {type(exc).__name__}: {exc}")
-                return
-            finally:
-                self._current_request = None
             if result.finish_reason == "abort" or self._abort_reason:
                 self._abort_reason = self._abort_reason or "engine"
                 return
