@@ -90,6 +90,10 @@ class _Workers:
 # Times Ray restarts a dead engine worker's process (it then reloads the served weights
 # before it serves again: control/recovery.py).
 ENGINE_MAX_RESTARTS = 3
+# Times Ray restarts a dead env worker's process. It holds no state a trajectory needs
+# back: the calls in flight fail (their trajectories are re-run) and each env slot it
+# hosted is replaced by a new instance on the restarted process.
+ENV_MAX_RESTARTS = 8
 
 
 def _free_port() -> int:
@@ -281,7 +285,8 @@ def _spawn_envs(cfg: RunConfig, resolved: ResolvedRun, spawner: Spawner,
     if remote:
         workers = spawner.cluster(EnvWorker, "env", (remote,),
                                   num_workers=cfg.roles.environment.workers,
-                                  concurrency=_max_running(cfg) + 8)
+                                  concurrency=_max_running(cfg) + 8,
+                                  max_restarts=ENV_MAX_RESTARTS)
         hosts.update({tag: workers for tag in remote})
     return hosts
 

@@ -114,6 +114,30 @@ def test_killing_an_engine_worker_mid_run_is_survived(tmp_path):
     assert any(b.get("restarts", 0) >= 1 for b in bindings), bindings
 
 
+def test_killing_the_env_worker_mid_run_is_survived(tmp_path):
+    # The env worker (host of every env process) is SIGKILLed: Ray restarts it, the
+    # trajectories in flight on it are dropped and re-run, and the run completes.
+    config = two_tasks(name="kill-env", pools=POOLS, transport={"name": "ray"},
+                       train={"steps": 30, "bucket_mb": 1, "save_final_model": False})
+    proc = start(tmp_path, config)
+    try:
+        wait_for_lines(tmp_path / "runs", 2, proc, timeout=400)
+        hosts = actor_pids("EnvWorker", proc.pid)
+        assert hosts, descendants(proc.pid)
+        os.kill(hosts[0], signal.SIGKILL)
+        out = finish(proc, 500)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, out[-4000:]
+    summary = json.loads((run_dir(tmp_path, "kill-env") / "summary.json").read_text())
+    assert summary["steps"] == 30 and summary["error"] is None and accounted(summary), summary
+    # It is back: the run's last steps stepped envs again (on the restarted process).
+    metrics = [json.loads(x) for x in
+               (run_dir(tmp_path, "kill-env") / "metrics.jsonl").read_text().splitlines()]
+    assert len(metrics) == 30
+
+
 def test_sigint_then_resume_continues_steps_and_metrics(tmp_path):
     # Far more steps than the run can take before the SIGINT lands, even on a fast idle
     # machine (6 steps could all finish first); the resumed leg asks for 3 more steps.
