@@ -454,6 +454,25 @@ def _engine_stats(p: Pipeline) -> dict[str, Any]:
     return _ask_engines(p, "stats", lambda s: s, lambda err: {"error": err[:500]})
 
 
+def _cancel_on_sigterm(signals: list[str]) -> None:
+    """SIGTERM inside the event loop ends the run as asyncio.run ends it on Ctrl-C: the
+    main task is cancelled at an await, so every cleanup runs in order. (A
+    KeyboardInterrupt raised from a signal handler lands between any two bytecodes, e.g.
+    between a trajectory's finish and its count: CI once lost 3 trajectories so.)"""
+    import signal
+    import threading
+
+    task = asyncio.current_task()
+    if task is None or threading.current_thread() is not threading.main_thread():
+        return
+
+    def on_sigterm() -> None:
+        signals.append("SIGTERM")
+        task.cancel()
+
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, on_sigterm)
+
+
 def run_job(job: Job, steps: int, progress: bool = True) -> list[StepRecord]:
     """Run the pipeline with a live display; a final checkpoint even on Ctrl-C."""
     from rollart_sdk.control.metrics import learning_summary, run_rollout_summary
@@ -476,6 +495,7 @@ def run_job(job: Job, steps: int, progress: bool = True) -> list[StepRecord]:
         asyncio.get_running_loop().set_default_executor(
             ThreadPoolExecutor(max_workers=job.pipeline.scheduler.max_running + 16)
         )
+        _cancel_on_sigterm(signals)
         if job.resume is not None:
             await job.pipeline.restore(str(job.resume.checkpoint), job.resume.state)
         await job.pipeline.run(steps)
@@ -497,7 +517,9 @@ def run_job(job: Job, steps: int, progress: bool = True) -> list[StepRecord]:
     with display:
         try:
             asyncio.run(main())
-        except KeyboardInterrupt:
+        except (KeyboardInterrupt, asyncio.CancelledError) as exc:
+            if isinstance(exc, asyncio.CancelledError) and not signals:
+                raise  # not our SIGTERM: a cancellation we did not ask for
             interrupted = True
         except Exception as exc:  # noqa: BLE001 - re-raised after the final checkpoint
             error = exc

@@ -134,6 +134,7 @@ class RolloutScheduler:
         self.fatal_traceback = ""
         # Called with every finished trajectory (the watchdog, the run dir's drop log).
         self.on_finish: list[Callable[[Trajectory], None]] = []
+        self._abandoned: set[str] = set()  # counted by stop() while still running
         self.side_error_count = 0  # errors beside an outcome (logging, env slots): _side_error
         self.side_errors: list[str] = []
         buffer.on_group_dropped.append(self._group_dropped)
@@ -205,6 +206,13 @@ class RolloutScheduler:
                 t.cancel()
             if pending:
                 await asyncio.wait(pending, timeout=5)
+            # Still not finished (e.g. an env close that outlasts the waits): counted now,
+            # as dropped at run end, and not again should it finish later.
+            for traj_id, (mgr, task) in list(self.running.items()):
+                if not task.done():
+                    self._abandoned.add(traj_id)
+                    mgr.traj.dropped = "run_end: still running when the run stopped"
+                    self.buffer.count_drop(mgr.traj)
         for delayed in list(self._delayed):
             delayed.cancel()
         if self._loop_task is not None:
@@ -420,7 +428,9 @@ class RolloutScheduler:
                     fn(traj)
                 except Exception as exc:  # noqa: BLE001 - counted in side_errors
                     self._side_error(f"on_finish {getattr(fn, '__qualname__', fn)}", traj, exc)
-            if traj.dropped is not None and self._should_rerun(traj):
+            if traj.trajectory_id in self._abandoned:
+                pass  # counted by stop()
+            elif traj.dropped is not None and self._should_rerun(traj):
                 self.buffer.count_drop(traj)
                 tag, env_seed, retries = self._groups[traj.group_id]
                 self._groups[traj.group_id] = (tag, env_seed, retries + 1)
