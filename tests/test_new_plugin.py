@@ -12,12 +12,13 @@ from pathlib import Path
 import pytest
 
 from rollart_sdk.cli.new_plugin import KIND_HOOK
-from rollart_sdk.testing.dists import run_cli
+from rollart_sdk.testing.dists import overlay_venv, run_cli
 
 
-def _pytest(target: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+def _pytest(target: Path, env: dict[str, str] | None = None,
+            python: Path | None = None) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(target)],
+        [str(python or sys.executable), "-m", "pytest", "-q", "-p", "no:cacheprovider", str(target)],
         capture_output=True, text=True, cwd=target.parent, timeout=600,
         env={**os.environ, **(env or {})},
     )
@@ -25,26 +26,28 @@ def _pytest(target: Path, env: dict[str, str] | None = None) -> subprocess.Compl
 
 @pytest.mark.timeout(900)
 def test_env_plugin_installs_registers_and_passes_its_tests(tmp_path):
-    res = run_cli("new-plugin", "env", "demo", str(tmp_path))
+    src = tmp_path / "src"
+    res = run_cli("new-plugin", "env", "demo", str(src))
     assert res.returncode == 0, res.stderr
-    (pkg,) = tmp_path.iterdir()
+    (pkg,) = src.iterdir()
     assert pkg.name == "rollart-env-demo"
-    pip = [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps",
+    # Installed into a venv over this environment, never into it: other test processes
+    # (xdist) load plugins strictly and would see its entry point without its module.
+    python = overlay_venv(tmp_path / "venv")
+    pip = [str(python), "-m", "pip", "install", "--quiet", "--no-deps",
            "--no-build-isolation", "-e", str(pkg)]
     installed = subprocess.run(pip, capture_output=True, text=True, timeout=600)
     assert installed.returncode == 0, installed.stderr[-2000:]
-    try:
-        listed = run_cli("plugins", "--json", "--kind", "env")
-        rec = {r["name"]: r for r in json.loads(listed.stdout)}["rollart-env-demo"]
-        assert rec["status"] == "ok" and rec["registered"] == {"env": ["demo"]}
-        tests = _pytest(tmp_path)
-        assert tests.returncode == 0, tests.stdout[-3000:] + tests.stderr[-2000:]
-        assert "3 passed" in tests.stdout
-        options = run_cli("plugins", "--options", "env:demo")
-        assert "max_turns" in options.stdout
-    finally:
-        subprocess.run([sys.executable, "-m", "pip", "uninstall", "--quiet", "-y",
-                        "rollart-env-demo"], capture_output=True, timeout=300)
+    before = run_cli("plugins", "--json", "--kind", "env")
+    assert "rollart-env-demo" not in {r["name"] for r in json.loads(before.stdout)}
+    listed = run_cli("plugins", "--json", "--kind", "env", python=python)
+    rec = {r["name"]: r for r in json.loads(listed.stdout)}["rollart-env-demo"]
+    assert rec["status"] == "ok" and rec["registered"] == {"env": ["demo"]}
+    tests = _pytest(src, python=python)
+    assert tests.returncode == 0, tests.stdout[-3000:] + tests.stderr[-2000:]
+    assert "3 passed" in tests.stdout
+    options = run_cli("plugins", "--options", "env:demo", python=python)
+    assert "max_turns" in options.stdout
 
 
 @pytest.mark.parametrize("kind", sorted(set(KIND_HOOK) - {"env"}))

@@ -21,15 +21,31 @@ def make_dist(site: Path, dist: str, module: str, source: str, entry: str | None
     return site
 
 
-def run_cli(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None):
-    """Run the real `rollart` CLI in a subprocess."""
+def run_cli(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None,
+            python: str | Path | None = None):
+    """Run the real `rollart` CLI in a subprocess (under ``python``, this interpreter by
+    default)."""
     full_env = dict(os.environ)
     full_env.update(env or {})
     return subprocess.run(
-        [sys.executable, "-m", "rollart_sdk.cli", *args],
+        [str(python or sys.executable), "-m", "rollart_sdk.cli", *args],
         capture_output=True,
         text=True,
         env=full_env,
         cwd=cwd,
         timeout=120,
     )
+
+
+def overlay_venv(where: Path) -> Path:
+    """A venv at ``where`` that sees this interpreter's packages (--system-site-packages,
+    pip included) but installs into its own site-packages; returns its python. A test that
+    pip-installs a plugin does it there: installing into the shared environment would show
+    the new entry point to every other test process at once, while its editable finder
+    (a .pth, read only at interpreter start) is missing from them."""
+    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip",
+                    str(where)], check=True, capture_output=True, timeout=120)
+    python = where / "bin" / "python"
+    if not python.exists():
+        raise RuntimeError(f"venv at {where} has no bin/python")
+    return python
