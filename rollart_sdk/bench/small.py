@@ -64,7 +64,9 @@ LATENCY = {"none": (0.0, 0.0), "normal": (0.05, 0.02)}
 
 class LatencyFrozenLake:
     """FrozenLake (the ``frozenlake`` plugin's env) whose steps sleep N(mu, sigma), truncated
-    at 0, drawn from the reset seed and a per-process instance counter."""
+    at 0, drawn from the reset seed and a per-process instance counter. Each step's info
+    carries ``env_sleep_s``, the seconds this episode has slept so far, and ``last_sleep_s``
+    (the bench's latency floors are computed from them)."""
 
     _instances = 0
 
@@ -78,20 +80,27 @@ class LatencyFrozenLake:
         LatencyFrozenLake._instances += 1
         self._index = LatencyFrozenLake._instances
         self._rng = random.Random(0)
+        self._slept = 0.0
 
     def reset(self, *, seed: int | None = None, options: Any = None) -> tuple[str, dict[str, Any]]:
         self._rng = random.Random(f"{seed}/{self._index}")
+        self._slept = 0.0
         return self._env.reset(seed=seed, options=options)
 
     def step(self, action: str) -> Any:
+        x = 0.0
         if self.mu > 0:
             x = -1.0
             for _ in range(100):
                 x = self._rng.gauss(self.mu, self.sigma)
                 if x >= 0:
                     break
-            time.sleep(max(0.0, x))
-        return self._env.step(action)
+            x = max(0.0, x)
+            time.sleep(x)
+        self._slept += x
+        obs, reward, terminated, truncated, info = self._env.step(action)
+        info = {**info, "env_sleep_s": self._slept, "last_sleep_s": x}
+        return obs, reward, terminated, truncated, info
 
     def close(self) -> None:
         self._env.close()
@@ -156,11 +165,14 @@ def workload_config(mode: str, latency: str, seed: int, output_dir: str,
 
 # ---------------------------------------------------------------------------- one run
 def child(mode: str, latency: str, seed: int, max_steps: int, out: str,
-          layout: str = "inprocess") -> None:
-    """One run from this process; writes its figures as JSON to ``out``."""
+          layout: str = "inprocess", overrides: list[str] | None = None) -> None:
+    """One run from this process; writes its figures as JSON to ``out``. ``overrides``:
+    dotted ``key=value`` changes to the workload's config (``rollart train``'s syntax)."""
     if mode == "reference":  # the synchronous single-process GRPO trainer (small_reference)
         from rollart_sdk.bench.small_reference import reference_child
 
+        if overrides:
+            raise SystemExit("--set changes rollart's config; the reference takes none")
         Path(out).write_text(json.dumps(reference_child(latency, seed, max_steps, out)))
         return
     t_start = time.time()
@@ -171,7 +183,7 @@ def child(mode: str, latency: str, seed: int, max_steps: int, out: str,
     registry = _registry()
     with tempfile.TemporaryDirectory(prefix="rollart-bench-small-") as tmp:
         cfg, lines = load_config(data=workload_config(mode, latency, seed, tmp, max_steps,
-                                                      layout))
+                                                      layout), overrides=overrides)
         job = build_job(cfg, lines, in_process=layout == "inprocess", log=lambda *a: None,
                         registry=registry)
         t_ready = time.time()
@@ -188,7 +200,8 @@ def child(mode: str, latency: str, seed: int, max_steps: int, out: str,
 
                 ray.shutdown()  # this process's own local Ray (never `ray stop`)
     Path(out).write_text(json.dumps({"t_start": t_start, "t_ready": t_ready, "metrics": metrics,
-                                     "cpu_ready": cpu_ready, "engine": stats}))
+                                     "cpu_ready": cpu_ready, "engine": stats,
+                                     "concurrency": job.pipeline.scheduler.max_running}))
 
 
 async def _drive(job: Any, max_steps: int) -> list[dict[str, Any]]:
@@ -204,6 +217,7 @@ async def _drive(job: Any, max_steps: int) -> list[dict[str, Any]]:
         m["t"] = time.time()
         m["cpu"] = time.process_time()  # CPU seconds of this process (all its threads)
         m["train_tokens"] = rec.train_metrics.get("tokens", 0.0)
+        m.update(latency_figures(rec.batch))
         metrics.append(m)
         succ = [x.get(f"success/{TAG}", 0.0) for x in metrics[-WINDOW:]]
         if len(succ) == WINDOW and sum(succ) / WINDOW >= TARGET:
@@ -224,6 +238,28 @@ async def _drive(job: Any, max_steps: int) -> list[dict[str, Any]]:
     return metrics
 
 
+def latency_figures(batch: list[Any]) -> dict[str, float]:
+    """A step's env latency, from its trained episodes' ``env_sleep_s``: the slowest
+    episode's sleeps (a sync step cannot end sooner: its batch waits for every member, and
+    an episode's turns run one after another) and the sum over the batch."""
+    sleeps = [float(t.info.get("env_sleep_s", 0.0)) for t in batch]
+    return {"slowest_episode_sleep_s": max(sleeps, default=0.0),
+            "episode_sleep_s_sum": sum(sleeps)}
+
+
+def latency_floor(mode: str, metrics: list[dict[str, Any]], concurrency: int) -> float | None:
+    """The least rollout time these steps could have taken, given their env latencies:
+    sync, the sum over steps of the slowest episode's sleeps (``slowest_episode_sleep_s``;
+    the reference's lockstep rollout reports its own per-turn maxima under the same key);
+    async, every trained episode's sleeps spread over ``concurrency`` environments at once
+    (a looser floor: aborted episodes slept too). No compute, no overhead counted."""
+    if not metrics or "slowest_episode_sleep_s" not in metrics[0]:
+        return None
+    if mode == "async":
+        return sum(m["episode_sleep_s_sum"] for m in metrics) / max(1, concurrency)
+    return sum(m["slowest_episode_sleep_s"] for m in metrics)
+
+
 def summarize(mode: str, latency: str, seed: int, t_cmd: float, data: dict[str, Any]) -> dict[str, Any]:
     m = data["metrics"]
     succ = [x.get(f"success/{TAG}", 0.0) for x in m]
@@ -241,6 +277,8 @@ def summarize(mode: str, latency: str, seed: int, t_cmd: float, data: dict[str, 
     last = succ[-WINDOW:]
     peak = max(succ) if succ else 0.0
     n = max(1, len(m))
+    upto = m[: hit + 1] if hit is not None else m
+    floor = latency_floor(mode, upto, int(data.get("concurrency", 64)))
     return {
         "mode": mode, "alpha": 1 if mode == "async" else 0, "latency": latency, "seed": seed,
         "reached": hit is not None,
@@ -266,25 +304,31 @@ def summarize(mode: str, latency: str, seed: int, t_cmd: float, data: dict[str, 
         "train_tokens_mean": round(sum(x["train_tokens"] for x in m) / n, 1),
         "turns_mean": round(sum(x.get(f"turns/{TAG}", 0) for x in m) / n, 2),
         "aborted_stale": sum(x["trajectories/aborted_stale"] for x in m),
+        # The env latency alone, up to the target (or the last step): no run of this mode
+        # could take less time after start-up (latency_floor says how it is computed).
+        "latency_floor_s": round(floor, 2) if floor is not None else None,
+        "latency_floor_s_per_step": (round(floor / max(1, len(upto)), 3)
+                                     if floor is not None else None),
         "engine": data.get("engine", {}),
     }
 
 
 def run_one(mode: str, latency: str, seed: int, max_steps: int,
-            layout: str = "inprocess") -> dict[str, Any]:
+            layout: str = "inprocess", overrides: list[str] | None = None) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="rollart-bench-small-out-") as tmp:
         out = str(Path(tmp) / "run.json")
         t_cmd = time.time()
         proc = subprocess.run(
             [sys.executable, "-m", "rollart_sdk.bench.small", "--child", mode, latency,
-             str(seed), str(max_steps), out, layout],
+             str(seed), str(max_steps), out, layout, *(overrides or [])],
             env={**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")},
             capture_output=True, text=True, timeout=1800,
         )
         if proc.returncode != 0:
             raise RuntimeError(f"run {mode}/{latency}/seed {seed} failed:\n{proc.stderr[-3000:]}")
         data = json.loads(Path(out).read_text())
-    return {**summarize(mode, latency, seed, t_cmd, data), "layout": layout}
+    return {**summarize(mode, latency, seed, t_cmd, data), "layout": layout,
+            "overrides": list(overrides or [])}
 
 
 def median_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -303,7 +347,8 @@ def median_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                                             "steps_to_target", "first_success_step",
                                             "cpu_s_to_target", "episodes_per_s", "startup_s",
                                             "step_s_mean", "get_batch_wait_s_mean",
-                                            "train_s_mean", "weight_sync_s_mean")},
+                                            "train_s_mean", "weight_sync_s_mean",
+                                            "latency_floor_s")},
                     "reference_s": REFERENCE[latency]["time_to_target_s"]})
     return out
 
@@ -312,7 +357,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "--child":
         mode, latency, seed_arg, steps, out, layout = argv[1:7]
-        child(mode, latency, int(seed_arg), int(steps), out, layout)
+        child(mode, latency, int(seed_arg), int(steps), out, layout, argv[7:])
         return 0
     parser = argparse.ArgumentParser(prog="rollart bench small",
                                      description=(__doc__ or "").split("\n")[0])
@@ -328,6 +373,12 @@ def main(argv: list[str] | None = None) -> int:
                         help="one process (engine and trainer colocated) or one Ray "
                              "process per role")
     parser.add_argument("--json", metavar="PATH", default=None, help="also write results here")
+    parser.add_argument("--set", metavar="KEY=VALUE", action="append", default=[],
+                        dest="overrides",
+                        help="change the workload's rollart config (dotted keys, as "
+                             "`rollart train` takes them; e.g. rollout.redundancy=0.25); "
+                             "repeatable; recorded in each row. Not the workload any more: "
+                             "for experiments")
     parser.add_argument("--threads", type=int, default=None,
                         help="torch threads of each run's process (ROLLART_TORCH_THREADS; "
                              "default: the environment's, else 1)")
@@ -335,13 +386,21 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads is not None:
         os.environ["ROLLART_TORCH_THREADS"] = str(args.threads)
     seeds = args.seeds if args.seeds is not None else list(range(args.repeats))
+    if args.overrides:  # a bad key or value: the config's own error, before any run starts
+        from rollart_sdk.config import load_config
+
+        for mode in set(args.modes) - {"reference"}:
+            load_config(data=workload_config(mode, args.latency[0], seeds[0], "/unused",
+                                             args.max_steps, args.layout),
+                        overrides=args.overrides)
     load_before = os.getloadavg()
     t0 = time.time()
     rows = []
     for latency in args.latency:
         for seed in seeds:
             for mode in args.modes:
-                r = run_one(mode, latency, seed, args.max_steps, args.layout)
+                r = run_one(mode, latency, seed, args.max_steps, args.layout,
+                            args.overrides if mode != "reference" else None)
                 rows.append(r)
                 r["loadavg_1m_after"] = round(os.getloadavg()[0], 2)
                 print(f"{mode:5s} latency={latency:6s} seed={seed}: "
@@ -350,7 +409,8 @@ def main(argv: list[str] | None = None) -> int:
                       f", {r['time_to_target_s']} s from the command ({r['cpu_s_to_target']} CPU-s)"
                       f", start-up {r['startup_s']} s, "
                       f"{r['episodes_per_s']} episodes/s, step {r['step_s_mean']} s "
-                      f"(train {r['train_s_mean']} s), final success {r['final_success_5']}"
+                      f"(train {r['train_s_mean']} s), latency floor {r['latency_floor_s']} s"
+                      f", final success {r['final_success_5']}"
                       f"{' COLLAPSED' if r['collapsed'] else ''}", flush=True)
     table = median_rows(rows)
     print("\nmedian per variant (reference: TRL GRPOTrainer, figures from issue 12):")

@@ -87,8 +87,8 @@ def reference_child(latency: str, seed: int, max_steps: int, out: str) -> dict[s
     metrics: list[dict[str, Any]] = []
     for step in range(max_steps):
         t0 = time.time()
-        seqs, masks, rewards, turns = _rollout(model, chat, envs, pool, allowed, gen, max_turns,
-                                               seed * 100_003 + step)
+        seqs, masks, rewards, turns, floor = _rollout(model, chat, envs, pool, allowed, gen,
+                                                      max_turns, seed * 100_003 + step)
         t1 = time.time()
         train = _train_step(model, opt, seqs, masks, rewards)
         t2 = time.time()
@@ -98,6 +98,8 @@ def reference_child(latency: str, seed: int, max_steps: int, out: str) -> dict[s
             f"turns/{TAG}": sum(turns) / n, "time/get_batch_wait": t1 - t0,
             "time/train": t2 - t1, "time/weight_sync": 0.0, "train_tokens": train["tokens"],
             "trajectories/aborted_stale": 0,
+            # lockstep: every turn waits for its slowest live env (the floor of this rollout)
+            "slowest_episode_sleep_s": floor, "episode_sleep_s_sum": 0.0,
         })
         window = [m[f"success/{TAG}"] for m in metrics[-WINDOW:]]
         if len(window) == WINDOW and sum(window) / WINDOW >= TARGET:
@@ -109,9 +111,10 @@ def reference_child(latency: str, seed: int, max_steps: int, out: str) -> dict[s
 
 def _rollout(model: Any, chat: Any, envs: list[Any], pool: ThreadPoolExecutor, allowed: Any,
              gen: Any, max_turns: int, env_seed_base: int
-             ) -> tuple[list[list[int]], list[list[int]], list[float], list[int]]:
+             ) -> tuple[list[list[int]], list[list[int]], list[float], list[int], float]:
     """64 episodes in lockstep, KV cache kept across turns; returns per episode the token
-    ids, the loss mask (1 on action tokens), the reward and the number of turns."""
+    ids, the loss mask (1 on action tokens), the reward and the number of turns, and the
+    latency floor of the rollout (per turn the slowest live env's sleep, summed)."""
     import torch
 
     n = len(envs)
@@ -125,6 +128,7 @@ def _rollout(model: Any, chat: Any, envs: list[Any], pool: ThreadPoolExecutor, a
     turns = [0] * n
     feed = [list(s) for s in seqs]  # what each row feeds this turn
     past = None
+    floor = 0.0
     model.eval()
     with torch.no_grad():
         for turn in range(max_turns):
@@ -140,6 +144,7 @@ def _rollout(model: Any, chat: Any, envs: list[Any], pool: ThreadPoolExecutor, a
             live = [i for i in range(n) if alive[i]]
             steps = [(envs[i], chat.decode([acts[i]])) for i in live]
             results = dict(zip(live, pool.map(lambda e: e[0].step(e[1]), steps), strict=True))
+            floor += max(float(r[4].get("last_sleep_s", 0.0)) for r in results.values())
             next_feed: list[list[int] | None] = []
             for i in range(n):
                 if not alive[i]:
@@ -163,7 +168,7 @@ def _rollout(model: Any, chat: Any, envs: list[Any], pool: ThreadPoolExecutor, a
             width_live = len(next(f for f in next_feed if f is not None))
             feed = [f if f is not None else [0] * width_live for f in next_feed]
     model.train()
-    return seqs, masks, [1.0 if s else 0.0 for s in success], turns
+    return seqs, masks, [1.0 if s else 0.0 for s in success], turns, floor
 
 
 def _advantages(rewards: list[float]) -> list[float]:

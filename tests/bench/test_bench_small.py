@@ -7,7 +7,16 @@ import json
 
 import pytest
 
-from rollart_sdk.bench.small import LATENCY, TAG, median_rows, summarize, workload_config
+from rollart_sdk.bench.small import (
+    LATENCY,
+    TAG,
+    LatencyFrozenLake,
+    latency_figures,
+    latency_floor,
+    median_rows,
+    summarize,
+    workload_config,
+)
 from rollart_sdk.cli import main
 from rollart_sdk.config import load_config
 
@@ -112,7 +121,8 @@ def test_reference_trainer_runs_the_same_workload(tmp_path):
         ref._rollout = original
     row = summarize("reference", "none", 0, data["t_start"], data)
     assert row["steps"] == 2 and row["episodes_per_s"] > 0 and row["alpha"] == 0
-    seqs, masks, rewards, turns = seen[0]
+    seqs, masks, rewards, turns, floor = seen[0]
+    assert floor == 0.0  # no latency: nothing slept
     assert len(seqs) == 64 and all(1 <= t <= 8 for t in turns)
     for ids, mask, t in zip(seqs, masks, turns, strict=True):
         assert len(ids) == len(mask) and sum(mask) == t  # one action token per turn
@@ -120,3 +130,58 @@ def test_reference_trainer_runs_the_same_workload(tmp_path):
         # (none after the last action).
         assert len(ids) == 44 + t + 46 * (t - 1)
     assert set(rewards) <= {0.0, 1.0}
+
+
+def test_latency_env_reports_what_each_episode_slept():
+    env = LatencyFrozenLake(mu=0.004, sigma=0.002, map_name="4x4", is_slippery=False,
+                            obs_format="compact")
+    env.reset(seed=5)
+    slept = []
+    for action in ("Right", "Right", "Down"):
+        *_, info = env.step(action)
+        slept.append(info["last_sleep_s"])
+        assert info["env_sleep_s"] == pytest.approx(sum(slept))
+    assert all(x >= 0 for x in slept) and sum(slept) > 0
+    env.reset(seed=5)  # a new episode starts from 0, with the same draws for that seed
+    *_, info = env.step("Right")
+    assert info["env_sleep_s"] == pytest.approx(slept[0])
+    flat = LatencyFrozenLake(map_name="4x4", is_slippery=False, obs_format="compact")
+    flat.reset(seed=0)
+    assert flat.step("Down")[4]["env_sleep_s"] == 0.0
+
+
+def test_latency_floor_sync_is_the_slowest_episode_async_the_spread_sum():
+    from types import SimpleNamespace
+
+    batch = [SimpleNamespace(info={"env_sleep_s": x}) for x in (0.1, 0.45, 0.2)]
+    batch.append(SimpleNamespace(info={}))  # an episode without the figure slept nothing
+    fig = latency_figures(batch)
+    assert fig == {"slowest_episode_sleep_s": 0.45, "episode_sleep_s_sum": pytest.approx(0.75)}
+    steps = [fig, {"slowest_episode_sleep_s": 0.3, "episode_sleep_s_sum": 1.25}]
+    assert latency_floor("sync", steps, 64) == pytest.approx(0.75)
+    assert latency_floor("reference", steps, 64) == pytest.approx(0.75)
+    assert latency_floor("async", steps, 4) == pytest.approx(2.0 / 4)
+    assert latency_floor("sync", [{"t": 1.0}], 64) is None  # runs recorded before the figure
+
+
+def test_summary_floor_counts_the_steps_up_to_the_target():
+    succ = [0.8] * 7
+    metrics = _metrics(succ)
+    for i, m in enumerate(metrics):
+        m.update(slowest_episode_sleep_s=0.5 + i, episode_sleep_s_sum=10.0)
+    data = {"t_start": 0.0, "t_ready": 1.0, "cpu_ready": 1.0, "metrics": metrics,
+            "concurrency": 128}
+    row = summarize("sync", "normal", 0, 0.0, data)
+    assert row["steps_to_target"] == 5
+    assert row["latency_floor_s"] == pytest.approx(0.5 + 1.5 + 2.5 + 3.5 + 4.5)
+    assert row["latency_floor_s_per_step"] == pytest.approx(12.5 / 5, abs=1e-3)
+    assert summarize("async", "normal", 0, 0.0, data)["latency_floor_s"] == pytest.approx(
+        50.0 / 128, abs=0.01)
+
+
+def test_set_overrides_are_checked_before_any_run(capsys):
+    rc = main(["bench", "small", "--modes", "sync", "--latency", "none", "--seeds", "0",
+               "--set", "rollout.redundancy=-1"])
+    assert rc == 2
+    err = capsys.readouterr()
+    assert "redundancy" in err.out + err.err
