@@ -1,7 +1,7 @@
-"""The shared next-token draw (``rollart_sdk.algorithms.draw``): the same ids as the
-draw the torch engine and the SGLang adapter each carried before it moved to the core,
-for the same scores and generator state; greedy at temperature 0; the top-k / top-p
-masks on hand-computed numbers."""
+"""The shared next-token draw (``rollart_sdk.algorithms.draw``): its frequencies against
+distributions worked out by hand (temperature, top-k, top-p, and all three), for the
+float32 logits of the torch engine and the float64 log-probs of the SGLang adapter;
+greedy at temperature 0; the top-k / top-p masks on hand-computed numbers."""
 
 from __future__ import annotations
 
@@ -16,48 +16,44 @@ from rollart_sdk.types import SamplingParams
 INF = float("-inf")
 
 
-def _draw_before_the_move(x: torch.Tensor, params: SamplingParams,
-                          generator: torch.Generator) -> int:
-    """The draw as both engines wrote it before it moved to the core (frozen copy of
-    rollart_engine_torch/sampling.py::choose_token after its mask; the SGLang adapter's
-    choose_allowed was the same on float64): the reference the core must match."""
-    if params.temperature <= 0:
-        return int(torch.argmax(x))
-    x = x / params.temperature
-    if params.top_k and params.top_k < x.numel():
-        kth = torch.topk(x, params.top_k).values[-1]
-        x = x.masked_fill(x < kth, float("-inf"))
-    if params.top_p < 1.0:
-        sorted_x, order = torch.sort(x, descending=True)
-        probs = torch.softmax(sorted_x, dim=-1)
-        drop = (torch.cumsum(probs, dim=-1) - probs) >= params.top_p
-        sorted_x = sorted_x.masked_fill(drop, float("-inf"))
-        x = torch.empty_like(x).scatter_(0, order, sorted_x)
-    probs = torch.softmax(x, dim=-1)
-    return int(torch.multinomial(probs, 1, generator=generator))
-
-
-PARAMS = [
-    SamplingParams(temperature=1.0),
-    SamplingParams(temperature=0.7, top_k=5),
-    SamplingParams(temperature=1.3, top_p=0.8),
-    SamplingParams(temperature=0.9, top_k=12, top_p=0.6),
+# probabilities 0.1, 0.2, 0.3, 0.4 at temperature 1 (scores are their logs)
+FOUR = torch.tensor([math.log(p) for p in (0.1, 0.2, 0.3, 0.4)])
+CASES = [  # params -> the distribution worked out by hand
+    (SamplingParams(temperature=1.0), [0.1, 0.2, 0.3, 0.4]),
+    # T = 0.5 squares the probabilities: 0.01, 0.04, 0.09, 0.16 over 0.30
+    (SamplingParams(temperature=0.5), [1 / 30, 4 / 30, 9 / 30, 16 / 30]),
+    (SamplingParams(temperature=1.0, top_k=2), [0, 0, 3 / 7, 4 / 7]),
+    # top-p 0.6: 0.4 < 0.6 so 0.3 joins; 0.7 >= 0.6 so 0.2 does not
+    (SamplingParams(temperature=1.0, top_p=0.6), [0, 0, 3 / 7, 4 / 7]),
+    (SamplingParams(temperature=1.0, top_p=0.35), [0, 0, 0, 1]),
+    # T = 0.5 first (0.033, 0.133, 0.3, 0.533), then top-k 3 and top-p 0.8: 0.533 + 0.3
+    # reaches 0.8, so {2, 3} remain, in the ratio 9 : 16
+    (SamplingParams(temperature=0.5, top_k=3, top_p=0.8), [0, 0, 9 / 25, 16 / 25]),
 ]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-@pytest.mark.parametrize("params", PARAMS, ids=lambda p: f"t{p.temperature}k{p.top_k}p{p.top_p}")
-def test_draw_matches_the_engines_draw_before_the_move(params: SamplingParams,
-                                                        dtype: torch.dtype) -> None:
-    # float32: the torch engine's logits; float64: the SGLang adapter's allowed log-probs.
-    logits = torch.randn(40, 64, generator=torch.Generator().manual_seed(0)).to(dtype)
-    new, old = torch.Generator().manual_seed(123), torch.Generator().manual_seed(123)
-    got = [draw(row, params, new) for row in logits for _ in range(5)]
-    want = [_draw_before_the_move(row, params, old) for row in logits for _ in range(5)]
-    assert got == want
-    assert len(set(got)) > 5  # the rows really were sampled, not all argmaxed
-    # and the generators end in the same state: the same number of draws were taken
-    assert torch.equal(new.get_state(), old.get_state())
+@pytest.mark.parametrize(("params", "want"), CASES,
+                         ids=lambda x: f"t{x.temperature}k{x.top_k}p{x.top_p}"
+                         if isinstance(x, SamplingParams) else "")
+def test_draw_frequencies_match_the_hand_computed_distribution(
+        params: SamplingParams, want: list[float], dtype: torch.dtype) -> None:
+    # float32: the torch engine's logits; float64: the SGLang adapter's allowed log-probs
+    # (log-probs differ from logits by one constant: the same draw).
+    gen = torch.Generator().manual_seed(123)
+    n = 6000
+    counts = [0] * 4
+    for _ in range(n):
+        counts[draw(FOUR.to(dtype) + 2.5, params, gen)] += 1
+    for i, p in enumerate(want):
+        if p == 0:
+            assert counts[i] == 0, (params, counts)
+        else:  # 4.5 standard deviations of a binomial frequency, at most
+            assert counts[i] / n == pytest.approx(p, abs=4.5 * math.sqrt(p * (1 - p) / n) + 1e-9)
+    # the same generator state gives the same ids: the draw is a function of it
+    a, b = torch.Generator().manual_seed(9), torch.Generator().manual_seed(9)
+    assert ([draw(FOUR, params, a) for _ in range(50)]
+            == [draw(FOUR.double(), params, b) for _ in range(50)])
 
 
 def test_temperature_zero_is_greedy_and_leaves_the_generator_alone() -> None:
