@@ -95,8 +95,20 @@ async def committed_engine(sender, version: int = 1) -> RecordingEngine:
     return engine
 
 
-def test_recording_engine_is_a_weight_loader():
-    assert isinstance(RecordingEngine(), WeightLoader)
+def test_recording_engine_loads_what_it_is_given():
+    """The test engine every stager test commits into: a load replaces its whole state
+    with copies of the buckets' tensors, at the given version."""
+    engine = RecordingEngine(version=0, tensors={"stale": torch.ones(1)})
+    assert isinstance(engine, WeightLoader)
+    buckets = list(bucketed(1))
+    assert asyncio.run(engine.load_weights(buckets, 1)) == 0
+    assert engine.version == 1 and engine.loads == [1]
+    want = make_state_dict(1)
+    assert sorted(engine.tensors) == sorted(want)  # "stale" is gone: a whole swap
+    for name, t in want.items():
+        assert torch.equal(engine.tensors[name], t)
+    name, sent = next((k, v) for b in buckets for k, v in b.tensors.items() if v.numel())
+    assert engine.tensors[name] is not sent  # a copy: the bucket may be reused or freed
 
 
 def test_receive_overlaps_generation_and_exposes_only_the_swap(sender):

@@ -16,6 +16,7 @@ from rollart_sdk.sim.costs import (
     engine_step_s,
     kv_capacity_tokens,
     prefill_pairs,
+    train_step_s,
 )
 from rollart_sdk.sim.engine import SimEngine
 from rollart_sdk.types import GenerationRequest, SamplingParams
@@ -47,6 +48,19 @@ def test_roofline_by_hand():
     assert engine_step_s(h20, 1, Q8, 0, 0, 8, 8000) < engine_step_s(H800, 1, Q8, 0, 0, 8, 8000)
     # Batch-size dependent: a decode step of 512 costs more than one of 1 (compute and KV).
     assert engine_step_s(H800, 1, Q8, 0, 0, 512, 512 * 2000) > 2 * engine_step_s(H800, 1, Q8, 0, 0, 1, 2000)
+
+
+def test_train_step_by_hand():
+    # qwen3-8b (8.2e9 parameters, 36 layers, attention width 4096) on 8 H800 at mfu 0.5:
+    # 8 x (N per token + 2 x layers x hidden per causal pair), over two sequences
+    tokens, pairs = 30 + 100, 30 * 31 / 2 + 100 * 101 / 2
+    flop = 8 * (8.2e9 * tokens + 2 * 36 * 4096 * pairs)
+    assert train_step_s(H800, 8, Q8, [30, 100]) == pytest.approx(flop / (989e12 * 0.5 * 8))
+    # the overhead adds as is; a factor of 6 (no old-log-prob pass) costs 3/4 as much
+    assert train_step_s(H800, 8, Q8, [30, 100], overhead_s=0.25) == pytest.approx(
+        flop / (989e12 * 0.5 * 8) + 0.25)
+    assert train_step_s(H800, 8, Q8, [30, 100], flops_per_token_factor=6.0) == pytest.approx(
+        0.75 * flop / (989e12 * 0.5 * 8))
 
 
 def test_one_request_takes_exactly_its_modelled_steps():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import re
 
 import gymnasium
 import pytest
@@ -31,6 +32,10 @@ def test_registered_through_the_hook_and_made_by_gymnasium(register_plugin):
     ps = register_plugin(plugin, name="rollart-env-arithmetic")
     env = ps.registry.get("env", "arithmetic").create({"num_digits": 3})
     assert isinstance(env, ArithmeticEnv)
+    for seed in range(5):  # num_digits reached the env: 3-digit operands (default: 2)
+        question = env.reset(seed=seed)[1]["question"]
+        operands = re.split(r"[-+*]", question)
+        assert len(operands) == 2 and all(len(x) == 3 for x in operands), question
     check_env(lambda: gymnasium.make("rollart/arithmetic"), seed=2)
     with pytest.raises(ConfigError, match="allowed keys"):
         ps.registry.get("env", "arithmetic").validate_options({"digits": 3})

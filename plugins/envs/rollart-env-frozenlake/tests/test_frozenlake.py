@@ -37,8 +37,9 @@ def test_conforms_to_check_env(options):
 def test_registered_through_the_hook_and_made_by_gymnasium(register_plugin):
     ps = register_plugin(plugin, name="rollart-env-frozenlake")
     desc = ps.registry.get("env", "frozenlake")
-    env = desc.create({"map_name": "4x4"})
+    env = desc.create({"map_name": "8x8"})  # not the default map: the option reaches the env
     assert isinstance(env, FrozenLakeTextEnv)
+    assert len(env.reset(seed=0)[0].splitlines()) == 8
     check_env(lambda: gymnasium.make("rollart/frozenlake"), seed=1)
 
 

@@ -36,7 +36,11 @@ def test_conforms_to_check_env(options):
 def test_registered_through_the_hook(register_plugin):
     ps = register_plugin(plugin, name="rollart-env-sokoban")
     desc = ps.registry.get("env", "sokoban")
-    assert isinstance(desc.create({"mode": "fixed"}), SokobanTextEnv)
+    env = desc.create({"mode": "fixed", "levels": ["corner-1"]})
+    assert isinstance(env, SokobanTextEnv)
+    obs, info = env.reset(seed=0)  # the options reached the env: that shipped level
+    assert info["level"] == "corner-1"
+    assert obs == "\n".join(parse_level(LEVELS["corner-1"], "corner-1").rows())
     check_env(lambda: gymnasium.make("rollart/sokoban"), seed=2)
 
 

@@ -96,15 +96,32 @@ def test_a_judge_model_without_yes_no_tokens_is_refused_with_the_fix(cache):
 
 def test_a_likelihood_judge_needs_no_yes_no_tokens(cache):
     """parser likelihood reads the response's log-probabilities only: a model whose
-    tokenizer has no 'yes'/'no' (the tiny one) still judges, a reward <= 0."""
+    tokenizer has no 'yes'/'no' (the tiny one) still judges. Its reward is the mean
+    teacher-forced log p of the response's tokens after the rendered template, as a plain
+    Hugging Face forward of the same checkpoint computes it."""
+    import torch
+
+    from rollart_sdk.config import ModelConfig
+    from rollart_sdk.models import load_causal_lm, load_tokenizer, prepare_model
+
     judge = JudgeReward(model=TINY, engine=ENGINE, parser="likelihood",
                         template="Here is a {info[category]}:", cache_dir=cache)
+    request = make_request(responses=["red"], info={"category": "color"})
     try:
-        result = asyncio.run(judge.score(make_request(responses=["red"],
-                                                      info={"category": "color"})))
+        result = asyncio.run(judge.score(request))
     finally:
         judge.close()
-    assert result.reward <= 0 and "mean log p" in result.details["judge_text"]
+    path = prepare_model(ModelConfig(**TINY), cache).path
+    tok = load_tokenizer(path)
+    context = judge._text_ids(tok, judge._render(request))  # the judge's own context
+    tokens = list(tok(" red", add_special_tokens=False)["input_ids"])
+    assert len(tokens) >= 2  # the character tokenizer: several forced positions
+    ids = torch.tensor([context + tokens])
+    with torch.no_grad():
+        logp = torch.log_softmax(load_causal_lm(path)(input_ids=ids).logits[0].float(), -1)
+    want = sum(float(logp[len(context) + k - 1, t]) for k, t in enumerate(tokens)) / len(tokens)
+    assert result.reward == pytest.approx(want, abs=1e-4)
+    assert f"over {len(tokens)} tokens" in result.details["judge_text"]
 
 
 @smollm2

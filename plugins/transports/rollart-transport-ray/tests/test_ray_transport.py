@@ -216,11 +216,12 @@ def test_options_and_registration(register_plugin):
     import rollart_transport_ray.plugin as plugin
 
     desc = register_plugin(plugin, name="rollart-transport-ray").registry.get("transport", "ray")
-    opts = desc.validate_options({"keep_versions": 3})
-    assert opts.keep_versions == 3 and isinstance(opts, RayTransportOptions)
-    transport = desc.create({"keep_versions": 3}, role="receiver")
+    # 5, not the default 3: an option dropped on the way in would show
+    opts = desc.validate_options({"keep_versions": 5})
+    assert opts.keep_versions == 5 and isinstance(opts, RayTransportOptions)
+    transport = desc.create({"keep_versions": 5}, role="receiver")
     assert isinstance(transport, RayObjectStoreTransport) and transport.style == "pull"
-    assert transport.keep_versions == 3 and transport.role == "receiver"
+    assert transport.keep_versions == 5 and transport.role == "receiver"
     from rollart_sdk.errors import ConfigError
 
     with pytest.raises(ConfigError, match="keep_versions"):
