@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+import http.client
 import json
 import logging
 import sys
@@ -79,6 +80,10 @@ class HttpJsonCaller:
             raise ServerlessError(f"serverless endpoint {self.url} answered HTTP {exc.code}: {detail}") from None
         except (urllib.error.URLError, TimeoutError, OSError) as exc:
             raise ServerlessError(f"serverless endpoint {self.url} unreachable: {exc}") from None
+        except http.client.HTTPException as exc:  # e.g. the answer cut short (IncompleteRead)
+            raise ServerlessError(
+                f"serverless endpoint {self.url} broke off its answer: "
+                f"{type(exc).__name__}: {exc}") from None
         try:
             payload = json.loads(raw)
         except ValueError:

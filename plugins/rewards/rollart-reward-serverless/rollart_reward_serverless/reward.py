@@ -109,6 +109,12 @@ class CircuitBreaker:
             )
         self.trial_running = True
 
+    def abandon(self) -> None:
+        """A call ended without a verdict on the endpoint (its caller was cancelled, e.g.
+        at the reward timeout or a stop): a half-open trial frees its place, so the next
+        call after the cooldown is the trial (otherwise the circuit stayed open for good)."""
+        self.trial_running = False
+
     def record(self, ok: bool) -> None:
         self.trial_running = False
         if ok:
@@ -187,6 +193,9 @@ class ServerlessReward:
                 if attempt < self.retries:
                     await asyncio.sleep(self.backoff_s * 2**attempt * random.uniform(0.5, 1.5))
                 continue
+            except BaseException:  # cancelled (reward timeout, stop) or a bug: no verdict
+                self.breaker.abandon()
+                raise
             self.breaker.record(ok=True)
             return result
         raise ServerlessError(

@@ -92,3 +92,60 @@ def test_slow_and_malformed_answers_fail_the_call_never_score_zero():
         backend = ServerlessReward(endpoint.url, timeout_s=5, retries=0)
         with pytest.raises(ServerlessError, match="non-number reward"):
             asyncio.run(backend.score(make_request()))
+
+
+def test_a_cancelled_trial_call_does_not_leave_the_circuit_open_for_good():
+    """The half-open trial's caller is cancelled (the run's reward timeout): no verdict on
+    the endpoint, so the next call after the cooldown is the trial again (it used to be
+    refused with CircuitOpenError for the rest of the run)."""
+    def slow(request):
+        time.sleep(0.6)
+        return {"reward": 1.0}
+
+    with serve_function(slow) as endpoint:
+        backend = ServerlessReward(endpoint.url, timeout_s=10, retries=0,
+                                   breaker_failures=1, breaker_cooldown_s=0.2)
+        backend.breaker.record(ok=False)  # one failure opens it (breaker_failures 1)
+        assert backend.breaker.opened == 1
+        time.sleep(0.3)  # past the cooldown: the next call is the half-open trial
+
+        async def cancelled_trial():
+            with pytest.raises(TimeoutError):
+                await asyncio.wait_for(backend.score(make_request(trajectory_id="t")), 0.1)
+
+        asyncio.run(cancelled_trial())
+        assert not backend.breaker.trial_running
+        result = asyncio.run(backend.score(make_request(trajectory_id="next")))
+        assert result.reward == 1.0 and backend.breaker.opened_at is None  # closed again
+
+
+def test_an_answer_cut_short_is_a_serverless_error():
+    """An endpoint that closes mid-answer (a restart): http.client.IncompleteRead, which is
+    not an OSError, becomes the ServerlessError that retries and the breaker count."""
+    import socket
+    import threading
+
+    from rollart_sdk.cluster.serverless import HttpJsonCaller
+
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(1)
+    server.settimeout(10)
+
+    def answer_half():
+        conn, _ = server.accept()
+        with conn:
+            conn.settimeout(10)
+            conn.recv(65536)
+            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                         b"Content-Length: 100\r\n\r\n{\"result\": {\"rew")
+
+    thread = threading.Thread(target=answer_half, daemon=True)
+    thread.start()
+    try:
+        caller = HttpJsonCaller(f"http://127.0.0.1:{server.getsockname()[1]}/", timeout_s=10)
+        with pytest.raises(ServerlessError, match="broke off its answer: IncompleteRead"):
+            caller({"trajectory_id": "t"})
+    finally:
+        thread.join(timeout=10)
+        server.close()
