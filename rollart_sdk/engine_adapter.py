@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import struct
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -32,6 +33,7 @@ from rollart_sdk.errors import RollartError
 from rollart_sdk.interfaces import check_request
 from rollart_sdk.types import FinishReason, GenerationRequest, GenerationResult, WeightBucket
 
+log = logging.getLogger(__name__)
 T = TypeVar("T")
 SEED_STRIDE = 1_000_003  # a resubmission's seed moves by this per token generated so far
 
@@ -129,6 +131,7 @@ class EngineAdapter(Generic[R]):
     ENGINE = "engine"
     LIMIT_OPTION = "max_model_len"
     LIMIT_HINT = ""
+    SHUTDOWN_WAIT_S = 30.0  # shutdown waits this long for aborted submissions to end
     max_model_len: int
     vocab_size: int
     _eos: list[int]
@@ -264,9 +267,16 @@ class EngineAdapter(Generic[R]):
         self._closed = True
         for st in list(self._reqs.values()):
             await self.abort(st.request.request_id)
-        await self.resume()
-        await self._wait_finished(list(self._reqs.values()), timeout=30)
-        await self._close()
+        try:
+            await self.resume()
+            await self._wait_finished(list(self._reqs.values()), timeout=self.SHUTDOWN_WAIT_S)
+        except TimeoutError:  # a submission that does not end: stop the engine anyway
+            log.warning("engine adapter: %d request(s) still running %g s after their "
+                        "abort at shutdown; stopping the engine regardless",
+                        sum(1 for st in self._reqs.values() if st.sub_id is not None),
+                        self.SHUTDOWN_WAIT_S)
+        finally:
+            await self._close()
 
     # ------------------------------------------------------------------ helpers
 

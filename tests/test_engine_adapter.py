@@ -182,6 +182,31 @@ def test_bad_requests_name_the_option_and_duplicates_and_shutdown() -> None:
     asyncio.run(main())
 
 
+def test_shutdown_stops_the_engine_even_when_a_submission_never_ends(caplog) -> None:
+    """An engine whose submission ignores its abort: shutdown waits SHUTDOWN_WAIT_S, says
+    so, and still stops the engine (it used to raise TimeoutError and leave it running)."""
+
+    class Deaf(ScriptedEngine):
+        SHUTDOWN_WAIT_S = 0.2
+
+        async def _abort_submission(self, sub_id: str) -> None:
+            pass  # the engine never hears the abort
+
+    async def main() -> None:
+        eng = Deaf(max_model_len=1_000_000)  # ~1 ms a token: far from done at 0.2 s
+        task = asyncio.create_task(eng.generate(req("stuck", n=100_000)))
+        await until(lambda: eng.submissions)
+        with caplog.at_level("WARNING", logger="rollart_sdk.engine_adapter"):
+            await asyncio.wait_for(eng.shutdown(), 10)
+        assert eng.closed
+        assert "1 request(s) still running 0.2 s after their abort" in caplog.text
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(main())
+
+
 def test_abort_running_and_held_requests() -> None:
     async def main() -> None:
         eng = ScriptedEngine()

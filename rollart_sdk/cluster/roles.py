@@ -231,8 +231,10 @@ class EngineWorker(ActorGenWorker):
         return out
 
     async def shutdown(self) -> None:
-        await self.engine.shutdown()
-        self.transport.close()
+        try:
+            await self.engine.shutdown()
+        finally:  # the transport's buffers and connections go even if the engine's stop failed
+            self.transport.close()
 
 
 class TrainerWorker(ActorTrainWorker):

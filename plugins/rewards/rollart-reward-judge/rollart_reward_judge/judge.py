@@ -115,10 +115,12 @@ class JudgeReward:
         runner, self._runner = self._runner, None
         if runner is None:
             return
-        if self._served is not None:
-            runner.submit(self._served.engine.shutdown()).result(timeout=30)
-            self._served = None
-        runner.close()
+        try:
+            if self._served is not None:
+                served, self._served = self._served, None
+                runner.submit(served.engine.shutdown()).result(timeout=30)
+        finally:  # the loop thread goes even when the engine's stop failed or timed out
+            runner.close()
 
     # ------------------------------------------------------------------ internals
 
