@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import concurrent.futures
 import json
 import os
 import sys
@@ -37,16 +38,26 @@ class _Loop:
         threading.Thread(target=self.loop.run_forever, name="reward-loop", daemon=True).start()
 
     def run(self, coro: Any, timeout: float | None = None) -> Any:
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+        """``coro``'s result; past ``timeout`` seconds it is cancelled and TimeoutError
+        raised (a hung backend holds no server thread and no coroutine for good)."""
+        fut = asyncio.run_coroutine_threadsafe(coro, self.loop)
+        try:
+            return fut.result(timeout)
+        except concurrent.futures.TimeoutError:
+            fut.cancel()
+            raise TimeoutError(f"the reward backend did not answer within {timeout:g} s "
+                               "(--timeout-s)") from None
 
 
-def reward_function(name: str, options: dict[str, Any] | None = None, registry: Any = None):
-    """A pure function ``RewardRequest-as-dict -> {"reward", "details"}`` for backend ``name``."""
+def reward_function(name: str, options: dict[str, Any] | None = None, registry: Any = None,
+                    timeout_s: float | None = 300.0):
+    """A pure function ``RewardRequest-as-dict -> {"reward", "details"}`` for backend
+    ``name``; a call past ``timeout_s`` is cancelled and fails (the caller sees a 500)."""
     backend = (registry or get_registry()).get("reward", name).create(options or {})
     loop = _Loop()
 
     def score(request: dict[str, Any]) -> dict[str, Any]:
-        result = loop.run(backend.score(RewardRequest(**request)))
+        result = loop.run(backend.score(RewardRequest(**request)), timeout_s)
         return {"reward": result.reward, "details": result.details}
 
     score.backend = backend  # type: ignore[attr-defined]  # for stats and close
@@ -54,9 +65,11 @@ def reward_function(name: str, options: dict[str, Any] | None = None, registry: 
 
 
 def serve_reward(name: str, options: dict[str, Any] | None = None, host: str = "127.0.0.1",
-                 port: int = 0, registry: Any = None, token: str | None = None) -> ServerlessEndpoint:
+                 port: int = 0, registry: Any = None, token: str | None = None,
+                 timeout_s: float | None = 300.0) -> ServerlessEndpoint:
     """Start serving reward backend ``name`` on a thread; ``close()`` stops it."""
-    return serve_function(reward_function(name, options, registry), host, port, token=token)
+    return serve_function(reward_function(name, options, registry, timeout_s), host, port,
+                          token=token)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -69,13 +82,16 @@ def main(argv: list[str] | None = None) -> int:
                    help=f"environment variable holding the bearer token (default {TOKEN_ENV})")
     p.add_argument("--insecure", action="store_true",
                    help="serve without a token (loopback addresses only)")
+    p.add_argument("--timeout-s", type=float, default=300.0,
+                   help="a call whose score takes longer is cancelled and answered 500")
     args = p.parse_args(argv)
     token = os.environ.get(args.token_env) or None
     if args.insecure:
         token = None
     for warning in check_exposure(args.host, token, args.insecure):
         print(warning, file=sys.stderr, flush=True)
-    endpoint = serve_reward(args.name, json.loads(args.options), args.host, args.port, token=token)
+    endpoint = serve_reward(args.name, json.loads(args.options), args.host, args.port,
+                            token=token, timeout_s=args.timeout_s)
     auth = "bearer token required" if token else "NO authentication (--insecure)"
     print(f"serving reward {args.name!r} at {endpoint.url} ({auth}; Ctrl-C stops)", flush=True)
     try:

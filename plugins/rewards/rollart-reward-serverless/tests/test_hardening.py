@@ -149,3 +149,28 @@ def test_an_answer_cut_short_is_a_serverless_error():
     finally:
         thread.join(timeout=10)
         server.close()
+
+
+def test_a_hung_backend_call_is_cancelled_at_the_endpoints_timeout():
+    """serve.py's loop bounds every score: past the timeout the coroutine is cancelled and
+    the call fails (the HTTP caller then sees a 500), instead of a thread held for good."""
+    from rollart_reward_serverless.serve import _Loop
+
+    loop = _Loop()
+    ended = []
+
+    async def hang():
+        try:
+            await asyncio.sleep(60)
+        finally:
+            ended.append("cancelled")
+
+    t0 = time.monotonic()
+    with pytest.raises(TimeoutError, match="did not answer within 0.2 s"):
+        loop.run(hang(), 0.2)
+    assert time.monotonic() - t0 < 5
+    deadline = time.monotonic() + 5
+    while not ended and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert ended == ["cancelled"]
+    assert loop.run(asyncio.sleep(0, result=7), 5) == 7  # the loop still serves
