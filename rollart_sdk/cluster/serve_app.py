@@ -38,6 +38,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from rollart_sdk.config import Backend
+from rollart_sdk.errors import RollartError
 
 log = logging.getLogger(__name__)
 
@@ -101,10 +102,14 @@ class DeployOptions(BaseModel):
     replica_log: str | None = Field(
         None, description="a directory: each replica logs its life there (created, ready, "
         "busy intervals, heartbeats, closed; rollart_sdk.cluster.replica_log)")
+    start_timeout_s: float = Field(
+        300.0, gt=0, description="how long deploying may take until the application runs "
+        "(its min_replicas scheduled and warmed up); past it the application is deleted and "
+        "the deploy fails with its replicas' states, instead of waiting forever for a "
+        "replica no node has room for")
 
     @model_validator(mode="after")
     def _bounds(self) -> DeployOptions:
-        from rollart_sdk.errors import RollartError
         from rollart_sdk.plugins import get_registry
 
         if self.min_replicas > self.max_replicas:
@@ -248,25 +253,132 @@ def _deployment(opts: DeployOptions) -> Any:
     return ServedReward
 
 
+class DeployError(RollartError):
+    """A Serve application did not start: it failed, or it was not running in time."""
+
+
+POLL_S = 0.5  # how often deploy() reads the application's status while it starts
+PROGRESS_S = 30.0  # how often it logs that the application is still starting
+
+
 def deploy(opts: DeployOptions, token: str | None, wait: bool = True) -> str:
     """Deploy (or update) ``opts.backend`` on the connected Ray cluster; return its URL.
 
-    ``wait``: return once the application runs (its ``min_replicas`` are up); False
-    returns at once (poll :func:`replica_count`). Idempotent per application name: a
-    second caller with the same options gets the URL of the running application."""
+    ``wait``: return once the application runs (its ``min_replicas`` are up), at most
+    ``opts.start_timeout_s``: past it (a replica no node has room for, a warm-up that
+    stalls), or at once when Serve reports DEPLOY_FAILED, the application is deleted and
+    :class:`DeployError` says why. False returns at once (poll :func:`replica_count`).
+    Idempotent per application name: a second caller with the same options gets the URL
+    of the running application."""
     from ray import serve
+    from ray.serve.api import _run  # Ray 2.x: serve.run without waiting for RUNNING
 
     serve.start(http_options={"host": opts.host, "port": opts.port})
     app = _deployment(opts).bind(opts.backend.name, opts.backend.options,
                                  token_digest(token), opts.max_body_bytes, opts.warm_up,
                                  opts.replica_log)
+    # Not serve.run: in Ray 2.60 it waits for RUNNING with no timeout, so a replica that can
+    # never be scheduled would hang the run at start without a word.
+    _run(app, _blocking=False, name=opts.app_name, route_prefix=f"/{opts.app_name}")
     if wait:
-        serve.run(app, name=opts.app_name, route_prefix=f"/{opts.app_name}", blocking=False)
-    else:
-        from ray.serve.api import _run  # Ray 2.x: serve.run without waiting for RUNNING
-
-        _run(app, _blocking=False, name=opts.app_name, route_prefix=f"/{opts.app_name}")
+        wait_running(opts)
     return opts.url()
+
+
+def wait_running(opts: DeployOptions) -> None:
+    """Poll ``opts.app_name`` until RUNNING, at most ``opts.start_timeout_s``. Raise
+    :class:`DeployError` on DEPLOY_FAILED or past the deadline (after deleting the
+    application), or when the application is gone meanwhile."""
+    from ray import serve
+
+    name = opts.app_name
+    start = time.monotonic()
+    deadline = start + opts.start_timeout_s
+    next_log = start + PROGRESS_S
+    while True:
+        status = serve.status().applications.get(name)
+        state = "NOT_STARTED" if status is None else _value(status.status)
+        if state == "RUNNING":
+            return
+        now = time.monotonic()
+        if state in ("DEPLOY_FAILED", "NOT_STARTED", "DELETING") or now >= deadline:
+            break
+        if now >= next_log:
+            log.info("Serve application %s still %s after %.0f s: %s", name, state,
+                     now - start, _describe(status))
+            next_log = now + PROGRESS_S
+        time.sleep(min(POLL_S, max(0.0, deadline - now)))
+    detail = _describe(status)
+    where = f"Serve application {name!r} (deploy of backend {opts.backend.name!r})"
+    if state in ("NOT_STARTED", "DELETING"):
+        raise DeployError(f"{where} is {state} while the deploy waited for it to run "
+                          f"(deleted by another caller?): {detail}")
+    ask = (f"each replica asks num_cpus {opts.num_cpus:g}, min_replicas "
+           f"{opts.min_replicas}; {_cluster_cpus(opts.num_cpus)}")  # before the delete frees any
+    deleted = _delete(name)
+    if state == "DEPLOY_FAILED":
+        raise DeployError(
+            f"{where} failed to deploy: {detail}; {ask}; {deleted}. A replica's "
+            "constructor raised (Serve's message has its error): fix deploy.backend or "
+            "deploy.backend.options")
+    raise DeployError(
+        f"{where} still {state}, not RUNNING, after deploy.start_timeout_s="
+        f"{opts.start_timeout_s:g} s: "
+        f"{detail}; {ask}; {deleted}. A replica STARTING or PENDING_ALLOCATION is either "
+        "waiting for a node with the CPUs it asks (the run's pools may hold them) or still "
+        "in its constructor (warm_up loads the model there): lower deploy.num_cpus or "
+        "deploy.min_replicas, or free CPUs from the pools, or raise deploy.start_timeout_s")
+
+
+def _value(state: Any) -> str:
+    return str(getattr(state, "value", state))
+
+
+def _describe(status: Any) -> str:
+    """An application's status in one line: its replicas by state and Serve's messages."""
+    if status is None:
+        return "the application does not exist"
+    parts = []
+    counts = states_of({"app": status}, ["app"])["app"]
+    parts.append("replicas " + (", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
+                                or "none yet"))
+    if status.message:
+        parts.append(f"Serve: {status.message}")
+    for dep_name, dep in status.deployments.items():
+        if dep.message:
+            parts.append(f"deployment {dep_name} {_value(dep.status)}: {dep.message}")
+    return "; ".join(parts)
+
+
+def _cluster_cpus(num_cpus: float) -> str:
+    """The cluster's CPUs beside what a replica asks (a hint: never raises)."""
+    import ray
+
+    try:
+        total = ray.cluster_resources().get("CPU", 0.0)
+        free = ray.available_resources().get("CPU", 0.0)
+        largest = max((n.get("Resources", {}).get("CPU", 0.0) for n in ray.nodes()
+                       if n.get("Alive")), default=0.0)
+    except Exception as exc:  # noqa: BLE001 - the message is only a hint
+        return f"the cluster's CPUs are unknown ({type(exc).__name__})"
+    out = (f"the Ray cluster has {total:g} CPUs (the largest node {largest:g}), "
+           f"{free:g} free now")
+    if num_cpus > largest:
+        out += f": no node can ever host a replica of num_cpus {num_cpus:g}"
+    elif num_cpus > free:
+        out += f": fewer than the {num_cpus:g} a replica asks"
+    return out
+
+
+def _delete(name: str) -> str:
+    from ray import serve
+
+    try:
+        serve.delete(name)  # bounded: Ray 2.60 waits at most 60 s for the deletion
+    except Exception as exc:  # noqa: BLE001 - the deploy's own error is what matters
+        log.warning("deleting Serve application %s failed: %s", name, exc)
+        return f"deleting the application failed ({type(exc).__name__}: {exc})"
+    return "the application was deleted"
 
 
 def replica_count(app: str, states: tuple[str, ...] = ("RUNNING",)) -> int:
