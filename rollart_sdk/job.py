@@ -400,13 +400,15 @@ def env_pool_sizes(cfg: RunConfig, max_running: int) -> dict[str, int]:
 
 
 def env_summary(job: Job) -> dict[str, Any]:
-    """Per task: pool size, slots used, episodes, failures; per worker: instances built."""
+    """Per task: pool size, slots used, episodes, failures; per worker: instances built;
+    per thread host (env_host: thread): its hung, timed-out and refused calls."""
     sched = job.pipeline.scheduler
     pools: dict[str, Any] = {
         tag: {"size": len(p.slots), "slots_used": sum(1 for s in p.slots if s.episodes),
               "episodes": sum(s.episodes for s in p.slots), "failures": p.failures}
         for tag, p in sched.pools.items()}
     built: dict[str, int] = {}
+    threads: dict[str, Any] = {}
     for w in sched.env_workers:
         try:
             # an in-process host (env_host inline or thread) whatever the spawner
@@ -418,7 +420,9 @@ def env_summary(job: Job) -> dict[str, Any]:
             continue
         for tag, n in stats["constructions"].items():
             built[tag] = built.get(tag, 0) + n
-    return {"pools": pools, "constructions": built}
+        if "hung" in stats:  # calls past their timeout, each still on a thread of this process
+            threads[w.name] = {k: stats[k] for k in ("hung", "hung_peak", "timed_out", "refused")}
+    return {"pools": pools, "constructions": built, "threads": threads}
 
 
 def _ask_engines(p: Pipeline, method: str, answer: Callable[[Any], Any],

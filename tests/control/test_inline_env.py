@@ -2,15 +2,25 @@
 
 from __future__ import annotations
 
+import asyncio
 import copy
+import json
 import os
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from types import SimpleNamespace
 
 import pytest
 from control_configs import TWO_TASKS
 
 from rollart_sdk.cluster.inline_env import (
+    MAX_HUNG_CALLS,
     InlineEnvCallError,
+    InlineEnvHung,
     InlineEnvWorker,
+    ThreadEnvWorker,
     inline_tasks,
     thread_tasks,
 )
@@ -34,7 +44,7 @@ def test_in_process_task_runs_beside_a_worker_task(tmp_path, host):
         sched = job.pipeline.scheduler
         (frozen,) = sched.env_by_tag["FrozenLake"]
         (arith,) = sched.env_by_tag["Arithmetic"]
-        assert isinstance(frozen.target, InlineEnvWorker)
+        assert isinstance(frozen.target, InlineEnvWorker if host == "inline" else ThreadEnvWorker)
         # inline: called on the event loop; thread: each call on the loop's thread pool
         assert frozen.inline == (host == "inline") and frozen.name == f"env-{host}"
         assert not arith.inline and type(arith.target).__name__ != "InlineEnvWorker"
@@ -123,3 +133,210 @@ def test_inline_envs_build_in_the_callers_process():
 
     obs, _ = InlineEnvWorker({"T": (Desc, Opts)}).reset("e", "T", 0)
     assert obs == f"pid={os.getpid()}"
+
+
+def _spec(cls):
+    desc = SimpleNamespace(load=lambda: cls)
+    return {"T": (desc, SimpleNamespace(model_dump=dict))}
+
+
+def test_thread_host_refuses_calls_while_too_many_hang():
+    # A thread-hosted call that hangs is given up at its timeout; its thread runs on (it
+    # cannot be killed). At MAX_HUNG_CALLS such calls the host refuses new ones at once,
+    # naming the fix, instead of leaking one thread per hang; a hung call that returns
+    # frees its place. The hung threads are the host's own: the loop's default executor
+    # (rewards, engine recovery) keeps its threads, and asyncio.run's end does not wait.
+    release = threading.Event()
+
+    class Blocking:
+        def reset(self, *, seed=None, options=None):
+            return "start", {}
+
+        def step(self, action):
+            if action == "hang":
+                release.wait(60)  # bounded; the test sets it
+            return "ok", 1.0, False, False, {}
+
+    w = ThreadEnvWorker(_spec(Blocking))
+    n = MAX_HUNG_CALLS
+
+    async def hang_them():
+        asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(max_workers=2))
+        for i in range(n + 1):
+            assert await w.reset(f"e{i}", "T", i, timeout_s=5) == ("start", {})
+        t0 = time.monotonic()
+        results = await asyncio.gather(*(w.step(f"e{i}", "hang", timeout_s=0.05)
+                                         for i in range(n)), return_exceptions=True)
+        assert time.monotonic() - t0 < 5  # given up at the timeout, not at the env's return
+        assert all(isinstance(r, InlineEnvHung) for r in results), results
+        assert "no step within 0.05s from the env of task 'T'" in str(results[0])
+        # The loop's default executor (2 threads here) lost none to the hung calls.
+        assert await asyncio.wait_for(asyncio.gather(
+            *(asyncio.to_thread(lambda: 7) for _ in range(4))), 5) == [7] * 4
+        t0 = time.monotonic()
+        with pytest.raises(InlineEnvCallError) as refused:
+            await w.step(f"e{n}", "fine", timeout_s=5)
+        assert time.monotonic() - t0 < 1  # at once: it never reached the env
+        assert not isinstance(refused.value, InlineEnvHung)
+        text = str(refused.value)
+        assert text.startswith(f"refused: {n} env calls of env_host: thread task(s) 'T' hung")
+        assert "use env_host: worker" in text and f"({n} step;" in text
+        with pytest.raises(InlineEnvCallError, match="refused: "):
+            await w.reset("new", "T", 0, timeout_s=5)
+        return text
+
+    try:
+        t0 = time.monotonic()
+        text = asyncio.run(hang_them())
+        assert time.monotonic() - t0 < 15  # the loop closed with the calls still hung
+        stats = w.stats()
+        assert stats["hung"] == n and stats["hung_peak"] == n
+        assert stats["timed_out"] == n and stats["refused"] == 2
+        assert stats["constructions"] == {"T": n + 1}
+
+        # How the EnvManager words the two drops: a timeout, and the refusal's text.
+        from rollart_sdk.control.env_manager import _env_reason
+
+        assert _env_reason("step", InlineEnvHung("EnvHung: no step"), 0.05).startswith(
+            "env_step_timeout: no step within 0.05s")
+        reason = _env_reason("step", InlineEnvCallError(text), 5)
+        assert reason.startswith("env_step_failed: InlineEnvCallError: refused: ")
+        # The watchdog quotes the first 300 characters of a reason: the fix is in them.
+        assert "use env_host: worker" in reason[:300]
+    finally:
+        release.set()
+    deadline = time.monotonic() + 10
+    while w.stats()["hung"] and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert w.stats()["hung"] == 0  # the hung calls returned: they left the count
+
+    async def admitted_again():
+        assert await w.step(f"e{n}", "fine", timeout_s=5) == ("ok", 1.0, False, False, {})
+        assert await asyncio.gather(*(w.close(f"e{i}") for i in range(n + 1))) == [None] * (n + 1)
+
+    asyncio.run(admitted_again())
+    assert w.count() == 0 and w.stats()["closed"] == n + 1 and w.stats()["refused"] == 2
+
+
+def test_thread_host_reports_a_close_that_hangs():
+    release = threading.Event()
+
+    class StuckClose:
+        def reset(self, *, seed=None, options=None):
+            return "start", {}
+
+        def close(self):
+            release.wait(60)
+
+    w = ThreadEnvWorker(_spec(StuckClose))
+    import rollart_sdk.cluster.inline_env as inline_env
+
+    async def close_it():
+        await w.reset("e", "T", 0, timeout_s=5)
+        return await w.close("e")
+
+    old = inline_env.CLOSE_TIMEOUT_S
+    inline_env.CLOSE_TIMEOUT_S = 0.05
+    try:
+        assert asyncio.run(close_it()) == (
+            "env close did not return within 0.05s (env_host: thread: its thread runs on, "
+            "it cannot be killed)")
+        assert w.stats()["timed_out"] == 1 and w.count() == 0
+    finally:
+        inline_env.CLOSE_TIMEOUT_S = old
+        release.set()
+
+
+HANG_ENVS = """
+import threading
+
+import gymnasium as gym
+from pydantic import BaseModel, ConfigDict
+
+RELEASE = threading.Event()  # the test sets it at its end: no thread outlives it
+
+
+class HangOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class HangEnv(gym.Env):
+    '''Odd seeds: the step hangs (until RELEASE); even seeds answer at once.'''
+
+    action_vocabulary = None
+    system_prompt = None
+
+    def reset(self, *, seed=None, options=None):
+        self.hang = (seed or 0) % 2 == 1
+        return "say something", {}
+
+    def step(self, action):
+        if self.hang:
+            RELEASE.wait(120)
+        return "done", 1.0, True, False, {}
+"""
+
+
+def test_a_thread_hosted_env_that_keeps_hanging_stops_the_run_naming_the_fix(tmp_path,
+                                                                           monkeypatch):
+    # Half the steps hang for good. Each is given up at step_timeout_s; once MAX_HUNG_CALLS
+    # hold their threads, every call is refused with the reason, and the drop-rate watchdog
+    # stops the run with it (before: the pool's threads ran out, every thread-hosted env and
+    # every asyncio.to_thread starved, and the run ended at the stall timeout, if at all).
+    from rollart_sdk import hookimpl
+    from rollart_sdk.control.watchdog import RunFailure
+    from rollart_sdk.plugins import load_plugins
+
+    mods = tmp_path / "mods"
+    mods.mkdir()
+    (mods / "rollart_test_hang_envs.py").write_text(HANG_ENVS)
+    monkeypatch.syspath_prepend(str(mods))
+    import rollart_test_hang_envs as hang_envs
+
+    def rollart_register_envs(registry):
+        registry.register("hang", factory="rollart_test_hang_envs:HangEnv",
+                          options="rollart_test_hang_envs:HangOptions")
+
+    registry = load_plugins(strict=True, extra={"test-hang": SimpleNamespace(
+        rollart_register_envs=hookimpl(rollart_register_envs))}).registry
+    data = copy.deepcopy(TWO_TASKS)
+    data["roles"] = {"actor_gen": {"workers": 1}}
+    data["tasks"] = [{"tag": "T", "env": {"name": "hang"}, "env_host": "thread",
+                      "reward": {"name": "rule", "options": {"mode": "env_return"}},
+                      "max_turns": 1, "system_prompt": None, "sampling": {"max_new_tokens": 2},
+                      "step_timeout_s": 0.2}]
+    out = tmp_path / "out"
+    cfg, lines = load_config(data=data, overrides=[
+        f"output_dir={out}", "rollout.mode=sync", "rollout.drop_window=16",
+        "rollout.max_drop_rate=0.6", "rollout.stall_timeout_s=120"])
+    job = build_job(cfg, lines, in_process=True, log=lambda *a: None, registry=registry)
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(RunFailure) as err:
+            run_job(job, 50, progress=False)
+        elapsed = time.monotonic() - t0
+        host = job.pipeline.scheduler.env_workers[0].target
+        stats = host.stats()
+    finally:
+        job.close()
+        hang_envs.RELEASE.set()
+        sys.modules.pop("rollart_test_hang_envs", None)
+    assert elapsed < 100, elapsed  # the drop-rate rule, well before the stall timeout
+    text = str(err.value)
+    assert err.value.task == "T" and "trajectories were dropped (rollout.max_drop_rate" in text
+    assert "env_host: thread task(s) 'T' hung past their timeout" in text, text
+    assert "use env_host: worker" in text
+    assert isinstance(host, ThreadEnvWorker)
+    assert stats["hung"] >= MAX_HUNG_CALLS and stats["refused"] > 0
+    (run_dir,) = [p for p in out.iterdir() if p.is_dir() and not p.name.startswith(".")]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["envs"]["threads"]["env-thread"]["hung"] >= MAX_HUNG_CALLS
+    assert summary["envs"]["threads"]["env-thread"]["refused"] == stats["refused"]
+    # Every drop carries its reason: the hung calls' timeouts, then the refusals.
+    assert summary["dropped"]["env_step_timeout"] >= MAX_HUNG_CALLS
+    refusals = sum(n for k, n in summary["dropped"].items() if k.endswith("_failed"))
+    assert refusals > 0
+    assert summary["launched"] == summary["trained"] + sum(summary["dropped"].values())
+    drops = [json.loads(x) for x in (run_dir / "drops.jsonl").read_text().splitlines()]
+    assert any("refused: " in json.dumps(d) and "use env_host: worker" in json.dumps(d)
+               for d in drops)
