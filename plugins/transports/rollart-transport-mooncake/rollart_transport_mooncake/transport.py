@@ -15,6 +15,13 @@ Receivers (``role="receiver"``, one per engine worker): a client with a segment 
 into registered staging buffers (two sets, alternating by version parity, so a version's
 tensors stay valid while the next one arrives), cuts them into named tensors (views, no
 copy) and verifies every bucket's sha256 against the manifest before yielding it.
+
+A get that does not return within ``fetch_timeout_s`` fails the fetch, but Mooncake may
+still write into its buffers: that set is *abandoned* (``abandoned_transfers``), kept
+registered and referenced until the call returns, then unregistered and dropped. The
+receiver never holds more than two sets of staging buffers, abandoned ones included: a
+fetch that needs a new set while that budget is spent waits (within its own timeout) for
+the stuck call, then fails saying so; it never registers another model's worth of RAM.
 """
 
 from __future__ import annotations
@@ -22,10 +29,12 @@ from __future__ import annotations
 import concurrent.futures
 import logging
 import math
+import threading
 import time
 import uuid
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -37,6 +46,7 @@ from rollart_transport_mooncake import store as mc
 TRANSPORT_NAME = "mooncake"
 ALIGN = 64
 OBJECT_NOT_FOUND = -704
+STAGING_SETS = 2  # staging buffer sets a receiver may hold, abandoned ones included
 log = logging.getLogger(__name__)
 
 
@@ -81,6 +91,23 @@ def _tensor_bytes(t: Any) -> Any:
     return t.detach().contiguous().reshape(-1).view(torch.uint8)
 
 
+@dataclass(eq=False)
+class _Abandoned:
+    """A ``batch_get_into`` that outlived ``fetch_timeout_s``: Mooncake may still write into
+    ``buffers`` (registered with ``client``), so they are neither unregistered nor freed
+    before ``future`` is done."""
+
+    version: int
+    future: concurrent.futures.Future
+    buffers: list[Any]
+    client: Any
+    since: float  # time.monotonic() when it was abandoned
+
+    @property
+    def nbytes(self) -> int:
+        return sum(b.numel() for b in self.buffers)
+
+
 def _dtype(name: str) -> Any:
     import torch
 
@@ -123,7 +150,12 @@ class MooncakeTransport:
         self._last_version: int | None = None
         self._buffer: Any = None  # sender: the registered publish buffer (reused)
         self._slots: dict[int, list[Any]] = {}  # receiver: staging buffers by version parity
-        self._abandoned: list[Any] = []  # buffers a timed-out get may still write into
+        # Receiver: gets that timed out, with the buffers they may still write into; and
+        # clients closed while one of them was in flight (disconnected once they returned).
+        self._abandoned: list[_Abandoned] = []
+        self._retired: list[tuple[Any, mc.Master]] = []
+        self._lock = threading.RLock()  # the lists above, slots and client teardown
+        self.abandoned_released = 0  # abandoned sets unregistered once their get returned
         self.last_fetch: dict[str, float] = {}
 
     # ------------------------------------------------------------------ sender
@@ -247,11 +279,12 @@ class MooncakeTransport:
         if not objects:
             raise WeightSyncError(v, "the manifest lists no store objects (meta['objects'])")
         self._ensure_receiver(manifest)
-        buffers = self._staging(v, [size for _, size in objects])
+        deadline = time.monotonic() + self.fetch_timeout_s  # waiting for buffers included
+        buffers = self._staging(v, [size for _, size in objects], deadline)
         keys = [key for key, _ in objects]
         sizes = [max(int(size), 1) for _, size in objects]
         t0 = time.perf_counter()
-        codes = self._get(v, keys, buffers, sizes)
+        codes = self._get(v, keys, buffers, sizes, deadline)
         self.last_fetch = {"seconds": time.perf_counter() - t0, "bytes": float(sum(sizes))}
         for key, code, size in zip(keys, codes, sizes, strict=True):
             if code == OBJECT_NOT_FOUND:
@@ -291,49 +324,160 @@ class MooncakeTransport:
             raise WeightSyncError(manifest.version, f"cannot join the Mooncake store of "
                                                     f"master {address}: {exc}") from exc
 
-    def _staging(self, version: int, sizes: list[int]) -> list[Any]:
-        """Registered buffers for this version's objects (reused every other version)."""
+    def _staging(self, version: int, sizes: list[int], deadline: float) -> list[Any]:
+        """Registered buffers for this version's objects (reused every other version).
+
+        A new set is registered only within the budget of ``STAGING_SETS`` sets, abandoned
+        ones included; past it, wait until ``deadline`` for abandoned gets to return (their
+        sets are then released), else raise."""
         import torch
 
-        slot = self._slots.get(version % 2, [])
-        if len(slot) != len(sizes) or any(b.numel() < max(s, 1)
-                                          for b, s in zip(slot, sizes, strict=True)):
+        parity = version % 2
+
+        def fits(slot: list[Any]) -> bool:
+            return len(slot) == len(sizes) and all(
+                b.numel() >= max(s, 1) for b, s in zip(slot, sizes, strict=True))
+
+        def over_budget() -> list[_Abandoned]:
+            others = sum(1 for p in self._slots if p != parity)
+            return list(self._abandoned) if len(self._abandoned) + others >= STAGING_SETS else []
+
+        with self._lock:
+            self._reap()
+            slot = self._slots.get(parity, [])
+            if fits(slot):
+                return slot
+            stuck = over_budget()
+        if stuck:
+            concurrent.futures.wait([a.future for a in stuck],
+                                    timeout=max(deadline - time.monotonic(), 0.0))
+        with self._lock:
+            self._reap()
+            stuck = over_budget()
+            if stuck:
+                now = time.monotonic()
+                held = ", ".join(f"version {a.version} ({a.nbytes / 2**20:.1f} MiB, stuck "
+                                 f"{now - a.since:.0f}s)" for a in stuck)
+                raise WeightSyncError(
+                    version, f"a previous transfer is still stuck in the Mooncake store: "
+                    f"the get of {held} outlived fetch_timeout_s ({self.fetch_timeout_s}s) "
+                    "and has not returned, so its staging buffers stay registered (Mooncake "
+                    "may still write into them); refusing to register another set for this "
+                    f"version (the receiver holds at most {STAGING_SETS})",
+                )
+            slot = self._slots.pop(parity, [])
             for b in slot:
                 mc.unregister(self._client, b)
             slot = [torch.empty(max(s, 1), dtype=torch.uint8) for s in sizes]
             for b in slot:
                 mc.register(self._client, b)
-            self._slots[version % 2] = slot
-        return slot
+            self._slots[parity] = slot
+            return slot
 
     def _get(self, version: int, keys: list[str], buffers: list[Any],
-             sizes: list[int]) -> list[int]:
-        """``batch_get_into`` bounded by ``fetch_timeout_s``."""
-        pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="mooncake-get")
-        future = pool.submit(self._client.batch_get_into, keys,
-                             [b.data_ptr() for b in buffers], sizes)
-        pool.shutdown(wait=False)
+             sizes: list[int], deadline: float) -> list[int]:
+        """``batch_get_into`` bounded by ``deadline`` (``fetch_timeout_s`` after the fetch
+        joined the store, any wait for buffers included). It runs in a daemon thread of its own: a call that never returns must not
+        keep the process from exiting (a ThreadPoolExecutor's worker is joined at exit)."""
+        client = self._client
+        ptrs = [b.data_ptr() for b in buffers]
+        future: concurrent.futures.Future = concurrent.futures.Future()
+
+        def run() -> None:
+            if not future.set_running_or_notify_cancel():
+                return
+            try:
+                future.set_result(list(client.batch_get_into(keys, ptrs, sizes)))
+            except BaseException as exc:  # noqa: BLE001 - handed to the waiting fetch
+                future.set_exception(exc)
+
+        threading.Thread(target=run, name=f"mooncake-get-v{version}", daemon=True).start()
         try:
-            return list(future.result(timeout=self.fetch_timeout_s))
+            return future.result(timeout=max(deadline - time.monotonic(), 0.0))
         except concurrent.futures.TimeoutError:
-            # The get may still write into these buffers: never hand them out again.
-            self._abandoned.extend(self._slots.pop(version % 2, []))
-            raise WeightSyncError(version, f"the store did not deliver within "
-                                           f"{self.fetch_timeout_s}s (fetch_timeout_s)") from None
+            self._abandon(version, future, buffers, client)
+            raise WeightSyncError(
+                version, f"the store did not deliver within {self.fetch_timeout_s}s "
+                f"(fetch_timeout_s); its staging buffers stay registered until the get "
+                f"returns ({self.abandoned_transfers} transfer(s) abandoned)",
+            ) from None
+
+    def _abandon(self, version: int, future: concurrent.futures.Future,
+                 buffers: list[Any], client: Any) -> None:
+        """The get may still write into ``buffers``: never hand them out again, and keep
+        them registered and referenced until it returns (then ``_reap`` releases them)."""
+        record = _Abandoned(version, future, buffers, client, time.monotonic())
+        with self._lock:
+            parity = version % 2
+            if self._slots.get(parity) is buffers:
+                del self._slots[parity]
+            self._abandoned.append(record)
+        log.warning("transport mooncake: the get of version %d did not return within %ss; "
+                    "its %.1f MiB of staging buffers stay registered until it does "
+                    "(%d abandoned)", version, self.fetch_timeout_s, record.nbytes / 2**20,
+                    len(self._abandoned))
+        # Runs in the get's thread once it returns (at once if it already did).
+        future.add_done_callback(lambda _: self._release_abandoned())
+
+    def _release_abandoned(self) -> None:
+        with self._lock:
+            self._reap()
+
+    def _reap(self) -> None:
+        """Release the sets of abandoned gets that have returned (under ``_lock``), and
+        disconnect retired clients none of whose gets is still in flight. A get that never
+        returns keeps its buffers (and its client) referenced for the process's lifetime:
+        freeing memory Mooncake may still write into would corrupt the heap."""
+        for record in [a for a in self._abandoned if a.future.done()]:
+            self._abandoned.remove(record)
+            for b in record.buffers:
+                mc.unregister(record.client, b)
+            self.abandoned_released += 1
+            exc = record.future.exception()
+            log.info("transport mooncake: the abandoned get of version %d returned after "
+                     "%.0fs (%s); its %.1f MiB of staging buffers are released",
+                     record.version, time.monotonic() - record.since,
+                     f"{type(exc).__name__}: {exc}" if exc else "completed",
+                     record.nbytes / 2**20)
+        for client, master in list(self._retired):
+            if not any(a.client is client for a in self._abandoned):
+                self._retired.remove((client, master))
+                mc.disconnect(master, client)
+
+    @property
+    def abandoned_transfers(self) -> int:
+        """Timed-out gets that have not returned yet (their buffers stay registered)."""
+        return len(self._abandoned)
+
+    @property
+    def abandoned_bytes(self) -> int:
+        """Staging bytes held by :attr:`abandoned_transfers`."""
+        return sum(a.nbytes for a in list(self._abandoned))
 
     # ------------------------------------------------------------------ both
     def _close_client(self) -> None:
-        if self._client is None:
-            return
-        if self._buffer is not None:
-            mc.unregister(self._client, self._buffer)
-            self._buffer = None
-        for slot in self._slots.values():
-            for b in slot:
-                mc.unregister(self._client, b)
-        self._slots.clear()
-        mc.disconnect(self._master, self._client)
-        self._client = None
+        with self._lock:
+            self._reap()
+            if self._client is None:
+                return
+            if self._buffer is not None:
+                mc.unregister(self._client, self._buffer)
+                self._buffer = None
+            for slot in self._slots.values():
+                for b in slot:
+                    mc.unregister(self._client, b)
+            self._slots.clear()
+            stuck = [a for a in self._abandoned if a.client is self._client]
+            if stuck:
+                # Neither unregister nor close under a get still in flight: _reap does
+                # both once the last of them returned (never, if it never returns).
+                log.warning("transport mooncake: %d get(s) still stuck at close; the store "
+                            "client and %.1f MiB of staging buffers are released once they "
+                            "return", len(stuck), sum(a.nbytes for a in stuck) / 2**20)
+                self._retired.append((self._client, self._master))
+            else:
+                mc.disconnect(self._master, self._client)
+            self._client = None
 
     def close(self) -> None:
         if self.role == "sender" and self._client is not None:

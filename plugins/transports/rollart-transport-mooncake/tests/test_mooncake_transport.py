@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import multiprocessing as mp
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -161,6 +163,109 @@ def test_a_removed_key_fails_every_engine_cleanly_and_the_next_version_lands():
             s.close()
         for r in receivers:
             r.close()
+        sender.close()
+
+
+class StallingClient:
+    """A real store client whose ``batch_get_into`` of a held version waits for the test to
+    release it, then runs for real (into the real registered buffers)."""
+
+    def __init__(self, client, hold):
+        self._client, self._hold = client, hold
+        self.unregistered: list[int] = []
+        self.closed = False
+
+    def __getattr__(self, name):
+        return getattr(self._client, name)
+
+    def batch_get_into(self, keys, ptrs, sizes):
+        for tag, gate in self._hold.items():
+            if tag in keys[0]:
+                assert gate.wait(120), "the test never released the stuck get"
+        return self._client.batch_get_into(keys, ptrs, sizes)
+
+    def unregister_buffer(self, ptr):
+        self.unregistered.append(ptr)
+        return self._client.unregister_buffer(ptr)
+
+    def close(self):
+        self.closed = True
+        return self._client.close()
+
+
+def until(predicate, timeout_s=30.0):
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
+
+
+def test_a_timed_out_get_keeps_its_buffers_until_it_returns_then_releases_them(monkeypatch):
+    from rollart_transport_mooncake import store
+
+    hold = {"/v2/": threading.Event(), "/v5/": threading.Event()}
+    clients: list[StallingClient] = []
+    connect = store.connect
+
+    def stalling_connect(*args, **kwargs):
+        client, name = connect(*args, **kwargs)
+        clients.append(StallingClient(client, hold))
+        return clients[-1], name
+
+    monkeypatch.setattr(store, "connect", stalling_connect)
+    sender = MooncakeTransport("sender", object_mb=0.01)
+    receiver = MooncakeTransport("receiver", fetch_timeout_s=30)
+
+    def publish(v):
+        state = make_state_dict(v)
+        return sender.publish(v, split_buckets(state.items(), BUCKET_BYTES, v))
+
+    def fetch(manifest, timeout_s=30.0):
+        receiver.fetch_timeout_s = timeout_s
+        buckets = list(receiver.fetch(manifest))
+        got = {k: t for b in buckets for k, t in b.tensors.items()}
+        assert fingerprints(got) == fingerprints(make_state_dict(manifest.version))
+
+    try:
+        fetch(publish(1))  # parity 1
+        client = receiver._client
+        with pytest.raises(WeightSyncError, match="within 1.0s") as err:
+            fetch(publish(2), timeout_s=1.0)  # parity 0: its get sticks
+        assert err.value.version == 2
+        assert receiver.abandoned_transfers == 1 and receiver.abandoned_bytes > 0
+        stuck = [b.data_ptr() for b in receiver._abandoned[0].buffers]
+        assert not set(stuck) & set(client.unregistered)  # still registered, still held
+        fetch(publish(3))  # parity 1: its set is still there, no new buffers needed
+        # parity 0 needs a new set, but the budget (two sets) is spent: it waits within
+        # its own timeout for the stuck get, then fails saying so.
+        v4 = publish(4)
+        t0 = time.monotonic()
+        with pytest.raises(WeightSyncError, match="still stuck.*version 2"):
+            fetch(v4, timeout_s=1.0)
+        assert 0.9 < time.monotonic() - t0 < 20
+        assert receiver.abandoned_transfers == 1 and 0 not in receiver._slots
+        hold["/v2/"].set()  # the store delivers at last: the set is unregistered, dropped
+        until(lambda: receiver.abandoned_transfers == 0)
+        assert set(stuck) <= set(client.unregistered) and receiver.abandoned_released == 1
+        until(lambda: not any(t.name == "mooncake-get-v2" for t in threading.enumerate()))
+        fetch(v4)  # and the next fetch of that parity works
+        # Closed while a get is stuck: neither its buffers nor the client are released
+        # under it; both are once it returns.
+        with pytest.raises(WeightSyncError, match="within 1.0s"):
+            fetch(publish(5), timeout_s=1.0)
+        stuck = [b.data_ptr() for b in receiver._abandoned[0].buffers]
+        receiver.close()
+        assert receiver._client is None and not client.closed
+        assert receiver.abandoned_transfers == 1
+        assert not set(stuck) & set(client.unregistered)
+        hold["/v5/"].set()
+        until(lambda: client.closed)
+        assert receiver.abandoned_transfers == 0 and set(stuck) <= set(client.unregistered)
+        assert receiver.abandoned_released == 2
+    finally:
+        for gate in hold.values():
+            gate.set()
+        receiver.close()
         sender.close()
 
 
