@@ -39,12 +39,19 @@ def bounded(text: str, limit: int = MAX_REASON_CHARS) -> str:
 
 def _env_reason(call: str, exc: BaseException, timeout: float) -> str:
     """Drop reason for a failed env ``reset``/``step``: ``env_<call>_timeout`` when it
-    hung (the worker killed the env's process, or the worker did not answer), else
-    ``env_<call>_failed`` with the env's exception text."""
-    if isinstance(exc, asyncio.TimeoutError) or "EnvHung" in type(exc).__name__ or (
-        "EnvHung" in str(exc)[:200]
-    ):
-        return f"env_{call}_timeout: no {call} within {timeout}s (the env's process was killed)"
+    hung, saying what became of the env (a worker killed its process; a thread host gave
+    the call up, its thread runs on; no host answered at all), else ``env_<call>_failed``
+    with the env's exception text."""
+    name = type(exc).__name__
+    why = None
+    if "InlineEnvHung" in name:
+        why = "env_host: thread: the call was given up; its thread runs on, it cannot be killed"
+    elif "EnvHung" in name or "EnvHung" in str(exc)[:200]:
+        why = "the env's process was killed"
+    elif isinstance(exc, asyncio.TimeoutError):
+        why = "its env host did not answer"
+    if why is not None:
+        return f"env_{call}_timeout: no {call} within {timeout}s ({why})"
     text = str(exc)
     # Ray wraps a remote error; keep the env's own "Type: message" when it is there.
     if "EnvCallError" in type(exc).__name__ or text.startswith(("EnvCallError", "ray::")):

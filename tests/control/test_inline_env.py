@@ -197,8 +197,14 @@ def test_thread_host_refuses_calls_while_too_many_hang():
         # How the EnvManager words the two drops: a timeout, and the refusal's text.
         from rollart_sdk.control.env_manager import _env_reason
 
-        assert _env_reason("step", InlineEnvHung("EnvHung: no step"), 0.05).startswith(
-            "env_step_timeout: no step within 0.05s")
+        assert _env_reason("step", InlineEnvHung("EnvHung: no step"), 0.05) == (
+            "env_step_timeout: no step within 0.05s (env_host: thread: the call was given "
+            "up; its thread runs on, it cannot be killed)")  # not "its process was killed"
+        from rollart_sdk.cluster.env_host import EnvHung
+
+        assert _env_reason("reset", EnvHung("outlived"), 5).endswith(
+            "(the env's process was killed)")  # a worker host's
+        assert _env_reason("step", TimeoutError(), 5).endswith("(its env host did not answer)")
         reason = _env_reason("step", InlineEnvCallError(text), 5)
         assert reason.startswith("env_step_failed: InlineEnvCallError: refused: ")
         # The watchdog quotes the first 300 characters of a reason: the fix is in them.
