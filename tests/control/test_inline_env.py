@@ -283,6 +283,7 @@ class HangEnv(gym.Env):
 """
 
 
+@pytest.mark.timeout(300)  # a hang guard; the drop-rate reason is asserted below
 def test_a_thread_hosted_env_that_keeps_hanging_stops_the_run_naming_the_fix(tmp_path,
                                                                            monkeypatch):
     # Half the steps hang for good. Each is given up at step_timeout_s; once MAX_HUNG_CALLS
@@ -316,18 +317,15 @@ def test_a_thread_hosted_env_that_keeps_hanging_stops_the_run_naming_the_fix(tmp
         f"output_dir={out}", "rollout.mode=sync", "rollout.drop_window=16",
         "rollout.max_drop_rate=0.6", "rollout.stall_timeout_s=120"])
     job = build_job(cfg, lines, in_process=True, log=lambda *a: None, registry=registry)
-    t0 = time.monotonic()
     try:
         with pytest.raises(RunFailure) as err:
             run_job(job, 50, progress=False)
-        elapsed = time.monotonic() - t0
         host = job.pipeline.scheduler.env_workers[0].target
         stats = host.stats()
     finally:
         job.close()
         hang_envs.RELEASE.set()
         sys.modules.pop("rollart_test_hang_envs", None)
-    assert elapsed < 100, elapsed  # the drop-rate rule, well before the stall timeout
     text = str(err.value)
     assert err.value.task == "T" and "trajectories were dropped (rollout.max_drop_rate" in text
     assert "env_host: thread task(s) 'T' hung past their timeout" in text, text
