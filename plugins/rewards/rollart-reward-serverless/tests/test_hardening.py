@@ -165,10 +165,8 @@ def test_a_hung_backend_call_is_cancelled_at_the_endpoints_timeout():
         finally:
             ended.append("cancelled")
 
-    t0 = time.monotonic()
     with pytest.raises(TimeoutError, match="did not answer within 0.2 s"):
-        loop.run(hang(), 0.2)
-    assert time.monotonic() - t0 < 5
+        loop.run(hang(), 0.2)  # unbounded, it would return after 60 s instead of raising
     deadline = time.monotonic() + 5
     while not ended and time.monotonic() < deadline:
         time.sleep(0.01)
