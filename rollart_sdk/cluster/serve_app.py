@@ -253,6 +253,23 @@ def _deployment(opts: DeployOptions) -> Any:
     return ServedReward
 
 
+# Ray 2.60 builds a RequestRouterConfig both for a new deployment (serve.deployment, bind,
+# _run) and for every serve.status() answer, and each build registers, pickles and then
+# UNregisters ray.serve._private.request_router with cloudpickle, a process-global set: two
+# threads doing so at once (a ReplicaMonitor polling status while deploy() builds an app)
+# fail with "... is not registered for pickle by value". Every Serve call here that builds
+# one holds this lock.
+SERVE_CONFIG_LOCK = threading.RLock()
+
+
+def serve_status() -> Any:
+    """``serve.status()`` under :data:`SERVE_CONFIG_LOCK` (see there)."""
+    from ray import serve
+
+    with SERVE_CONFIG_LOCK:
+        return serve.status()
+
+
 class DeployError(RollartError):
     """A Serve application did not start: it failed, or it was not running in time."""
 
@@ -274,12 +291,13 @@ def deploy(opts: DeployOptions, token: str | None, wait: bool = True) -> str:
     from ray.serve.api import _run  # Ray 2.x: serve.run without waiting for RUNNING
 
     serve.start(http_options={"host": opts.host, "port": opts.port})
-    app = _deployment(opts).bind(opts.backend.name, opts.backend.options,
-                                 token_digest(token), opts.max_body_bytes, opts.warm_up,
-                                 opts.replica_log)
-    # Not serve.run: in Ray 2.60 it waits for RUNNING with no timeout, so a replica that can
-    # never be scheduled would hang the run at start without a word.
-    _run(app, _blocking=False, name=opts.app_name, route_prefix=f"/{opts.app_name}")
+    with SERVE_CONFIG_LOCK:
+        app = _deployment(opts).bind(opts.backend.name, opts.backend.options,
+                                     token_digest(token), opts.max_body_bytes, opts.warm_up,
+                                     opts.replica_log)
+        # Not serve.run: in Ray 2.60 it waits for RUNNING with no timeout, so a replica that
+        # can never be scheduled would hang the run at start without a word.
+        _run(app, _blocking=False, name=opts.app_name, route_prefix=f"/{opts.app_name}")
     if wait:
         wait_running(opts)
     return opts.url()
@@ -296,7 +314,7 @@ def wait_running(opts: DeployOptions) -> None:
     deadline = start + opts.start_timeout_s
     next_log = start + PROGRESS_S
     while True:
-        status = serve.status().applications.get(name)
+        status = serve_status().applications.get(name)
         state = "NOT_STARTED" if status is None else _value(status.status)
         if state == "RUNNING":
             return
@@ -398,9 +416,7 @@ def replica_counts(apps: Sequence[str], states: tuple[str, ...] = ("RUNNING",)
 def replica_states(apps: Sequence[str]) -> dict[str, dict[str, int]]:
     """Each application's replicas by state (``{"RUNNING": 1, "STOPPING": 1}``; empty when
     not deployed), from ONE ``serve.status()`` call."""
-    from ray import serve
-
-    return states_of(serve.status().applications, apps)
+    return states_of(serve_status().applications, apps)
 
 
 def states_of(applications: Any, apps: Sequence[str]) -> dict[str, dict[str, int]]:

@@ -65,6 +65,56 @@ def test_a_replica_that_fits_returns_once_it_runs(ray_local):
         serve.delete("reward-fits")
 
 
+def test_serve_config_builds_hold_the_lock_while_a_monitor_polls(ray_local, monkeypatch):
+    """Ray builds a RequestRouterConfig for a new deployment and for every serve.status()
+    answer, registering and then unregistering a module with cloudpickle (a process-wide
+    set): a ReplicaMonitor polling while deploy() built an app failed CI with "... is not
+    registered for pickle by value". Every such build made through serve_app now holds
+    SERVE_CONFIG_LOCK: checked on each registration while a thread polls throughout."""
+    import threading
+
+    from ray import serve
+    from ray.serve import config as serve_config
+
+    real = serve_config.cloudpickle.register_pickle_by_value
+    held: list[tuple[str, bool]] = []
+
+    def spy(module):
+        held.append((threading.current_thread().name,
+                     serve_app.SERVE_CONFIG_LOCK._is_owned()))
+        return real(module)
+
+    monkeypatch.setattr(serve_config.cloudpickle, "register_pickle_by_value", spy)
+    stop = threading.Event()
+    polls: list[int] = []
+    errors: list[BaseException] = []
+
+    def poll():
+        while not stop.is_set():
+            try:
+                polls.append(sum(serve_app.replica_counts(["reward-locked"]).values()))
+            except BaseException as exc:  # noqa: BLE001 - reported below
+                errors.append(exc)
+                return
+
+    poller = threading.Thread(target=poll, name="poller", daemon=True)
+    poller.start()
+    opts = DeployOptions(backend={"name": "rule", "options": {"mode": "success"}},
+                         app="reward-locked", port=ray_local, min_replicas=1,
+                         max_replicas=1, num_cpus=0.5, start_timeout_s=120)
+    try:
+        deploy(opts, token=None)
+    finally:
+        stop.set()
+        poller.join(60)
+        serve.delete("reward-locked")
+    assert not errors, errors
+    assert len(polls) >= 2 and polls[-1] == 1, polls  # it polled across the deploy
+    threads = {name for name, _ in held}
+    assert {"poller", threading.current_thread().name} <= threads, threads
+    assert all(owned for _, owned in held), held
+
+
 def _status(state: str, message: str = "", dep_message: str = "") -> SimpleNamespace:
     dep = SimpleNamespace(status="UNHEALTHY", replica_states={"STARTING": 1},
                           message=dep_message)
