@@ -307,7 +307,6 @@ def wait_running(opts: DeployOptions) -> None:
     """Poll ``opts.app_name`` until RUNNING, at most ``opts.start_timeout_s``. Raise
     :class:`DeployError` on DEPLOY_FAILED or past the deadline (after deleting the
     application), or when the application is gone meanwhile."""
-    from ray import serve
 
     name = opts.app_name
     start = time.monotonic()

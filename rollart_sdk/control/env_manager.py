@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rollart_sdk.config import TaskConfig
+from rollart_sdk.control.aio import wait_for
 from rollart_sdk.control.chat import ChatFormat
 from rollart_sdk.control.handles import WorkerHandle
 from rollart_sdk.control.lockstep import TurnBarrier
@@ -194,7 +195,7 @@ class EnvManager:
         t0 = time.time()
         result: Any = None
         try:
-            result = await asyncio.wait_for(coro, timeout=timeout)
+            result = await wait_for(coro, timeout=timeout)
             return result
         finally:
             t1 = time.time()

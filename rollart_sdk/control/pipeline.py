@@ -47,6 +47,7 @@ from typing import Any
 
 from rollart_sdk.cluster.decorators import dp_shards
 from rollart_sdk.config import RunConfig
+from rollart_sdk.control.aio import wait_for
 from rollart_sdk.control.buffer import SampleBuffer
 from rollart_sdk.control.handles import WorkerHandle
 from rollart_sdk.control.metrics import step_metrics
@@ -207,7 +208,7 @@ class Pipeline:
             *(w.call("train_step", shard) for w, shard in zip(self.trainers, shards, strict=True))
         ), "train_step")
         rec.train_s = time.perf_counter() - t0
-        self.buffer.mark_trained(self._untrained.pop(step, batch))
+        self._count_trained(step, batch)
         self._span("train", self.trainers[0].name, t0, step)
         rec.train_metrics = dict(results[0])
         self.trainer_version += 1
@@ -234,11 +235,20 @@ class Pipeline:
             self._report(rec)  # the step ended: its metrics line now, not a step later
         return rec
 
+    def _count_trained(self, step: int, batch: list[Trajectory]) -> None:
+        """Step ``step``'s train call returned: its batch counts as trained, once. If the
+        run stopped meanwhile, the stop already counted it dropped (run_end): redeemed."""
+        dropped = self._dropped_untrained.pop(step, None)
+        if dropped is not None:
+            self.buffer.redeem_untrained(dropped, "run_end")
+        else:
+            self.buffer.mark_trained(self._untrained.pop(step, batch))
+
     async def _trainer_call(self, awaitable: Any, what: str) -> Any:
         """A trainer call bounded by ``train.call_timeout_s`` (a stuck collective fails)."""
         limit = self.cfg.train.call_timeout_s
         try:
-            return await asyncio.wait_for(awaitable, limit)
+            return await wait_for(awaitable, limit)
         except TimeoutError:
             raise RunFailure(
                 f"trainer {what} did not finish within {limit:g}s (train.call_timeout_s); "

@@ -26,6 +26,7 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
+from rollart_sdk.control.aio import wait_for
 from rollart_sdk.control.proxy import LLMProxy
 
 
@@ -96,7 +97,7 @@ class EngineRecovery:
         worker = self.proxy.worker(name)
         while True:
             try:
-                state = await asyncio.wait_for(worker.call("restart_state"), 10)
+                state = await wait_for(worker.call("restart_state"), 10)
                 break
             except Exception as exc:  # noqa: BLE001 - still restarting; give up at the deadline
                 if time.monotonic() > deadline:
@@ -123,7 +124,7 @@ class EngineRecovery:
             # weight-update lock (and with it every later update) for ever.
             limit = max(1.0, deadline - time.monotonic())
             try:
-                loaded = await asyncio.wait_for(
+                loaded = await wait_for(
                     worker.call("reload", manifest, self.staged()), limit)
             except TimeoutError:
                 raise TimeoutError(f"the reload did not finish within {limit:.0f}s "

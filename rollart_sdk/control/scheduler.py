@@ -35,6 +35,7 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
+from rollart_sdk.control.aio import wait_for
 from rollart_sdk.control.buffer import SampleBuffer
 from rollart_sdk.control.chat import ChatFormat
 from rollart_sdk.control.env_manager import EnvManager, TaskRuntime
@@ -270,7 +271,7 @@ class RolloutScheduler:
             now = time.monotonic()
             waits = [t - now for t in self._not_before.values() if t > now]
             try:
-                await asyncio.wait_for(self._wakeup.wait(), min(waits) if waits else None)
+                await wait_for(self._wakeup.wait(), min(waits) if waits else None)
             except TimeoutError:
                 pass
 

@@ -17,6 +17,7 @@ import time
 from collections import Counter, deque
 from collections.abc import Callable
 
+from rollart_sdk.control.aio import wait_for
 from rollart_sdk.control.scheduler import is_failure
 from rollart_sdk.errors import RollartError
 from rollart_sdk.types import Trajectory
@@ -96,6 +97,6 @@ class Watchdog:
                 raise self.failure
             self._changed.clear()
             try:
-                await asyncio.wait_for(self._changed.wait(), poll_s)
+                await wait_for(self._changed.wait(), poll_s)
             except TimeoutError:
                 pass
