@@ -14,6 +14,12 @@ Four modes, one per common source of truth:
 it, when ``exact_match`` needs a number and the response has none, or when the env
 flagged the last action invalid (``info["invalid_action"]``). ``details`` says which.
 The backend keeps no state between calls, so concurrent ``score`` calls are safe.
+
+``pattern`` runs with the ``regex`` package (its ``V0`` syntax: that of Python's ``re``)
+bounded by ``pattern_timeout_s`` per search: a user pattern that backtracks
+catastrophically on some response (``(a|aa)+$`` on forty a's and a b: Python's ``re``
+would take hours) fails that trajectory's score with the reason instead of freezing the
+process that scores it (in-process, the control plane's event loop).
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ import math
 import re
 from typing import Any, Literal
 
+import regex
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from rollart_sdk.types import RewardRequest, RewardResult
@@ -43,14 +50,18 @@ class RuleRewardOptions(BaseModel):
     format_penalty: float = Field(
         0.0, ge=0.0, description="subtracted when the final response's format is off"
     )
+    pattern_timeout_s: float = Field(
+        1.0, gt=0.0, le=60.0,
+        description="the longest one search of pattern may take; past it the score fails",
+    )
 
     @field_validator("pattern")
     @classmethod
     def _compiles(cls, pattern: str | None) -> str | None:
         if pattern is not None:
             try:
-                re.compile(pattern)
-            except re.error as exc:
+                regex.compile(pattern, flags=regex.V0)
+            except regex.error as exc:
                 raise ValueError(f"not a valid regular expression: {exc}") from None
         return pattern
 
@@ -93,11 +104,29 @@ class RuleReward:
         pattern: str | None = None,
         scale: float = 1.0,
         format_penalty: float = 0.0,
+        pattern_timeout_s: float = 1.0,
     ) -> None:
         self.options = RuleRewardOptions(
-            mode=mode, pattern=pattern, scale=scale, format_penalty=format_penalty
+            mode=mode, pattern=pattern, scale=scale, format_penalty=format_penalty,
+            pattern_timeout_s=pattern_timeout_s,
         )
-        self._regex = re.compile(pattern) if pattern else None
+        self._regex = regex.compile(pattern, flags=regex.V0) if pattern else None
+
+    def _search(self, request: RewardRequest, text: str) -> Any:
+        """``pattern`` searched in ``text``, at most ``pattern_timeout_s``."""
+        assert self._regex is not None
+        limit = self.options.pattern_timeout_s
+        try:
+            return self._regex.search(text, timeout=limit)
+        except TimeoutError:
+            raise ValueError(
+                f"reward 'rule': pattern {self.options.pattern!r} did not finish searching "
+                f"trajectory {request.trajectory_id!r}'s final response ({len(text)} "
+                f"characters) within pattern_timeout_s={limit:g}: it backtracks "
+                "catastrophically (nested or overlapping repetition such as (a+)+ or "
+                "(a|aa)+). Rewrite it without nested repetition, or raise "
+                "tasks[].reward.options.pattern_timeout_s."
+            ) from None
 
     def _missing(self, request: RewardRequest, key: str, fix: str) -> ValueError:
         return ValueError(
@@ -143,12 +172,12 @@ class RuleReward:
             why = f"final answer {got!r} {'matches' if raw else 'does not match'} {answer!r}"
         else:  # regex
             assert self._regex is not None  # guaranteed by the options model
-            match = self._regex.search(final)
+            match = self._search(request, final)
             raw = 1.0 if match else 0.0
             details["match"] = match.group(0) if match else None
             why = f"pattern {opts.pattern!r} {'found' if match else 'not found'} in final response"
 
-        if self._regex is not None and opts.mode != "regex" and not self._regex.search(final):
+        if self._regex is not None and opts.mode != "regex" and not self._search(request, final):
             problems.append(f"final response does not match pattern {opts.pattern!r}")
         if request.info.get("invalid_action"):
             problems.append("the env flagged the last action as invalid")

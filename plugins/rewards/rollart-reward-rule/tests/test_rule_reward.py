@@ -108,6 +108,31 @@ def test_options_are_validated():
         RuleReward(mode="judge")  # type: ignore[arg-type]
 
 
+@pytest.mark.timeout(60)  # the hang guard: with Python's re this search takes hours
+@pytest.mark.parametrize("mode", ["regex", "exact_match"])
+def test_a_catastrophic_pattern_fails_the_score_within_its_timeout(mode):
+    # (a|aa)+$ on n a's and a b tries every split of the a's (Fibonacci(n) of them).
+    reward = RuleReward(mode=mode, pattern=r"(a|aa)+$", pattern_timeout_s=0.2)
+    request = make_request(responses=["a" * 60 + "b"], info={"answer": "7"},
+                           trajectory_id="slow-1")
+    with pytest.raises(ValueError) as info:
+        asyncio.run(reward.score(request))
+    msg = str(info.value)
+    assert "'slow-1'" in msg and "61 characters" in msg and "pattern_timeout_s=0.2" in msg, msg
+    assert "nested" in msg and "tasks[].reward.options.pattern_timeout_s" in msg, msg
+    # The same pattern on a response it settles quickly still scores.
+    quick = asyncio.run(reward.score(make_request(responses=["aaaa"], info={"answer": "7"})))
+    if mode == "regex":
+        assert quick.reward == 1.0 and quick.details["match"] == "aaaa"
+    else:  # the format check passed: the only problem is the missing number
+        assert quick.details["format_problems"] == ["no number in the final response"]
+
+
+def test_pattern_timeout_is_validated():
+    with pytest.raises(ValidationError, match="pattern_timeout_s"):
+        RuleReward(mode="regex", pattern="a", pattern_timeout_s=0)
+
+
 def test_registered_through_the_hook(register_plugin):
     desc = register_plugin(plugin, name="rollart-reward-rule").registry.get("reward", "rule")
     backend = desc.create({"mode": "exact_match", "scale": 3})
