@@ -50,6 +50,7 @@ MAX_HUNG_CALLS = 8
 # control.env_pool.close_instance allows, so its text is the one reported).
 CLOSE_TIMEOUT_S = 8.0
 _IDLE_EXIT_S = 30.0  # an idle host thread ends after this long
+_MAX_CLOSED_UNBUILT = 4096  # env ids remembered as closed before their env was built
 
 
 def _text(exc: BaseException) -> str:
@@ -79,8 +80,13 @@ class InlineEnvWorker:
         self._specs = envs
         self._factories = {tag: spec[0].load() for tag, spec in envs.items()}
         self._envs: dict[str, Any] = {}
+        # Env ids closed before their env was built: a thread-hosted first reset given up
+        # at its timeout, whose slot was replaced and closed, may still build the env when
+        # it returns; that env is closed then, not kept unowned (insertion-ordered, capped).
+        self._closed_unbuilt: dict[str, None] = {}
         self.constructions: dict[str, int] = {}
         self.closed = 0
+        self.closed_late = 0  # envs built after their id was closed, closed on arrival
         self.killed = 0  # an inline env cannot be killed; kept for the stats' shape
 
     def reset(self, env_id: str, tag: str, seed: int,
@@ -98,8 +104,20 @@ class InlineEnvWorker:
             except Exception as exc:
                 raise InlineEnvCallError(f"constructing the env raised {_text(exc)}") from exc
             with self._lock:
-                self._envs[env_id] = env
                 self.constructions[tag] = self.constructions.get(tag, 0) + 1
+                late = env_id in self._closed_unbuilt  # env ids are never reused
+                if late:
+                    del self._closed_unbuilt[env_id]
+                else:
+                    self._envs[env_id] = env
+            if late:
+                error = self._close_env(env)
+                with self._lock:
+                    self.closed_late += 1
+                raise InlineEnvCallError(
+                    f"env {env_id!r} was closed while its first reset ran (given up at its "
+                    "timeout); the env it built was closed"
+                    + (f" ({error})" if error else ""))
         try:
             obs, info = env.reset(seed=seed)
         except Exception as exc:
@@ -123,16 +141,25 @@ class InlineEnvWorker:
         """Close the env; returns the close error's text, if any (never raises)."""
         with self._lock:
             env = self._envs.pop(env_id, None)
-        if env is None:
-            return None
+            if env is None:  # never built, or its first reset is still running
+                self._closed_unbuilt[env_id] = None
+                while len(self._closed_unbuilt) > _MAX_CLOSED_UNBUILT:
+                    del self._closed_unbuilt[next(iter(self._closed_unbuilt))]
+                return None
+        error = self._close_env(env)
+        if error is None:
+            with self._lock:
+                self.closed += 1
+        return error
+
+    @staticmethod
+    def _close_env(env: Any) -> str | None:
         close = getattr(env, "close", None)
         if callable(close):
             try:
                 close()
             except Exception as exc:  # noqa: BLE001 - reported to the caller, who logs it
                 return f"env close raised {_text(exc)}"
-        with self._lock:
-            self.closed += 1
         return None
 
     def count(self) -> int:
@@ -141,7 +168,7 @@ class InlineEnvWorker:
     def stats(self) -> dict[str, Any]:
         return {"name": self.name, "live": len(self._envs),
                 "constructions": dict(self.constructions), "killed": self.killed,
-                "closed": self.closed}
+                "closed": self.closed, "closed_late": self.closed_late}
 
     def shutdown(self) -> None:
         for env_id in list(self._envs):

@@ -253,6 +253,49 @@ def test_thread_host_reports_a_close_that_hangs():
         release.set()
 
 
+def test_a_first_reset_that_returns_after_its_env_was_closed_closes_what_it_built():
+    # A thread-hosted first reset (it constructs the env) given up at its timeout: the
+    # pool replaces the slot and closes the old id while the env does not exist yet. When
+    # the stuck construction returns, the env it built must be closed, not kept unowned.
+    release = threading.Event()
+    closed: list[str] = []
+
+    class SlowToBuild:
+        def __init__(self):
+            release.wait(60)  # bounded; the test sets it
+
+        def reset(self, *, seed=None, options=None):
+            return "start", {}
+
+        def close(self):
+            closed.append("closed")
+
+    w = ThreadEnvWorker(_spec(SlowToBuild))
+
+    async def main():
+        with pytest.raises(InlineEnvHung):
+            await w.reset("T/env0.0", "T", 0, timeout_s=0.1)
+        assert await w.close("T/env0.0") is None  # nothing built yet
+        release.set()
+        deadline = time.monotonic() + 30
+        while w.stats()["hung"] and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)  # the given-up call runs on until it returns
+
+    try:
+        asyncio.run(main())
+    finally:
+        release.set()
+    deadline = time.monotonic() + 30
+    while not closed and time.monotonic() < deadline:
+        time.sleep(0.02)
+    stats = w.stats()
+    assert closed == ["closed"] and w.count() == 0, (closed, stats)
+    assert stats["closed_late"] == 1 and stats["constructions"] == {"T": 1}, stats
+    # A later generation of the slot is built and used as usual.
+    assert asyncio.run(w.reset("T/env0.1", "T", 0, timeout_s=5)) == ("start", {})
+    assert w.count() == 1
+
+
 HANG_ENVS = """
 import threading
 
