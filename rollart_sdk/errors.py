@@ -41,5 +41,10 @@ class UnknownBackendError(RollartError):
         super().__init__(msg)
 
 
+class BackendStartError(RollartError):
+    """A task's backend could not be constructed (its deploy failed, its model did not
+    load): the message names the task and the backend, then the backend's own reason."""
+
+
 class PlacementError(RollartError):
     """No pool can host a worker."""

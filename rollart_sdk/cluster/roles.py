@@ -400,13 +400,32 @@ class EnvWorker(EnvironmentWorker):
         self._pool.close()
 
 
+def create_rewards(rewards: dict[str, tuple[Descriptor, Any]]) -> dict[str, Any]:
+    """Each task's reward backend; a backend that cannot start (a serverless deploy that
+    failed, a judge model that did not load) raises :class:`BackendStartError` naming the
+    task and backend, with the backend's own reason (a ConfigError stays as it is)."""
+    from rollart_sdk.errors import BackendStartError, ConfigError
+
+    out: dict[str, Any] = {}
+    for tag, (desc, opts) in rewards.items():
+        try:
+            out[tag] = desc.create(opts)
+        except ConfigError:
+            raise
+        except Exception as exc:
+            raise BackendStartError(
+                f"task {tag!r}: reward {desc.name!r} could not start: "
+                f"{type(exc).__name__}: {exc}") from exc
+    return out
+
+
 class RewardBackendWorker(RewardWorker):
     """Reward: the reward backend of every task, called once per finished trajectory."""
 
     def __init__(self, rewards: dict[str, tuple[Descriptor, Any]]) -> None:
         _one_thread()
         self.name = self.worker_name
-        self._backends = {tag: desc.create(opts) for tag, (desc, opts) in rewards.items()}
+        self._backends = create_rewards(rewards)
 
     async def score(self, tag: str, request: RewardRequest) -> RewardResult:
         return await self._backends[tag].score(request)
@@ -419,7 +438,7 @@ class RewardRouter:
     """
 
     def __init__(self, local: dict[str, tuple[Descriptor, Any]], remote: Any = None) -> None:
-        self._local = {tag: desc.create(opts) for tag, (desc, opts) in local.items()}
+        self._local = create_rewards(local)
         self._remote = remote  # a WorkerHandle of a RewardBackendWorker, or None
 
     @property
