@@ -163,6 +163,21 @@ def workload_config(mode: str, latency: str, seed: int, output_dir: str,
     }
 
 
+REFERENCE_KEY = "trainer.options.updates_per_batch"  # the one --set the reference takes
+
+
+def reference_updates(overrides: list[str] | None) -> int:
+    """The reference's updates per batch from ``--set``: it takes ``trainer.options.
+    updates_per_batch`` (TRL's num_iterations) and ignores rollart's other keys (they
+    describe rollart's system, not the algorithm both run)."""
+    updates = 1
+    for item in overrides or []:
+        key, _, value = item.partition("=")
+        if key.strip() == REFERENCE_KEY:
+            updates = int(value)
+    return updates
+
+
 # ---------------------------------------------------------------------------- one run
 def child(mode: str, latency: str, seed: int, max_steps: int, out: str,
           layout: str = "inprocess", overrides: list[str] | None = None) -> None:
@@ -171,9 +186,9 @@ def child(mode: str, latency: str, seed: int, max_steps: int, out: str,
     if mode == "reference":  # the synchronous single-process GRPO trainer (small_reference)
         from rollart_sdk.bench.small_reference import reference_child
 
-        if overrides:
-            raise SystemExit("--set changes rollart's config; the reference takes none")
-        Path(out).write_text(json.dumps(reference_child(latency, seed, max_steps, out)))
+        updates = reference_updates(overrides)
+        Path(out).write_text(json.dumps(reference_child(latency, seed, max_steps, out,
+                                                        updates)))
         return
     t_start = time.time()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -400,7 +415,8 @@ def main(argv: list[str] | None = None) -> int:
         for seed in seeds:
             for mode in args.modes:
                 r = run_one(mode, latency, seed, args.max_steps, args.layout,
-                            args.overrides if mode != "reference" else None)
+                            args.overrides if mode != "reference" else
+                            [o for o in args.overrides if o.startswith(REFERENCE_KEY + "=")])
                 rows.append(r)
                 r["loadavg_1m_after"] = round(os.getloadavg()[0], 2)
                 print(f"{mode:5s} latency={latency:6s} seed={seed}: "

@@ -22,6 +22,9 @@ seeds, next to rollart's runs (``rollart bench small --reference``):
   ``exp(logp - logp.detach())`` (1, on-policy), AdamW lr 1e-3, betas (0.9, 0.999), no
   weight decay, constant lr. Samples whose advantage is 0 are not run through the model
   (their gradient is exactly 0; the token count still includes them), as rollart does.
+  ``updates`` > 1 is TRL's ``num_iterations``: later AdamW steps on the same batch with
+  ratio ``exp(logp - logp_first_pass)`` clipped at ``1 +- 0.2`` (TRL's ``epsilon``), the
+  same as rollart's ``trainer.options.updates_per_batch``.
 
 It reports what ``rollart_sdk.bench.small.summarize`` reads, so both kinds of run go
 through one summary.
@@ -39,10 +42,13 @@ from typing import Any
 GROUPS = 8
 GROUP_SIZE = 8
 ADV_EPS = 1e-4  # TRL's
+CLIP_EPS = 0.2  # TRL's epsilon (PPO clip), used from a batch's second update on
 
 
-def reference_child(latency: str, seed: int, max_steps: int, out: str) -> dict[str, Any]:
-    """One reference run in this process; returns what ``summarize`` reads."""
+def reference_child(latency: str, seed: int, max_steps: int, out: str,
+                    updates: int = 1) -> dict[str, Any]:
+    """One reference run in this process; returns what ``summarize`` reads. ``updates``:
+    AdamW steps per batch (TRL's ``num_iterations``)."""
     t_start = time.time()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     import torch
@@ -90,7 +96,7 @@ def reference_child(latency: str, seed: int, max_steps: int, out: str) -> dict[s
         seqs, masks, rewards, turns, floor = _rollout(model, chat, envs, pool, allowed, gen,
                                                       max_turns, seed * 100_003 + step)
         t1 = time.time()
-        train = _train_step(model, opt, seqs, masks, rewards)
+        train = _train_step(model, opt, seqs, masks, rewards, updates)
         t2 = time.time()
         succ = sum(rewards) / n
         metrics.append({
@@ -182,24 +188,36 @@ def _advantages(rewards: list[float]) -> list[float]:
 
 
 def _train_step(model: Any, opt: Any, seqs: list[list[int]], masks: list[list[int]],
-                rewards: list[float]) -> dict[str, float]:
+                rewards: list[float], updates: int = 1) -> dict[str, float]:
     import torch
 
     adv = _advantages(rewards)
     tokens = sum(sum(m[1:]) for m in masks)  # DAPO: every completion token of the batch
     run = [i for i, a in enumerate(adv) if a != 0.0]
-    opt.zero_grad(set_to_none=True)
+    batch = None
     if run:
         width = max(len(seqs[i]) for i in run)
         ids = torch.tensor([seqs[i] + [0] * (width - len(seqs[i])) for i in run])
         mask = torch.tensor([masks[i] + [0] * (width - len(masks[i])) for i in run],
                             dtype=torch.float32)[:, 1:]
         a = torch.tensor([adv[i] for i in run], dtype=torch.float32)[:, None]
-        logits = model(input_ids=ids).logits[:, :-1].float()
-        logp = logits.gather(-1, ids[:, 1:, None])[..., 0] - torch.logsumexp(logits, dim=-1)
-        ratio = torch.exp(logp - logp.detach())
-        loss = -(a * ratio * mask).sum() / max(tokens, 1)
-        loss.backward()
-    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-    opt.step()
+        batch = (ids, mask, a)
+    old = None
+    for _ in range(updates):
+        opt.zero_grad(set_to_none=True)
+        if batch is not None:
+            ids, mask, a = batch
+            logits = model(input_ids=ids).logits[:, :-1].float()
+            logp = logits.gather(-1, ids[:, 1:, None])[..., 0] - torch.logsumexp(logits, dim=-1)
+            if old is None:  # the first update: on-policy, ratio 1 (nothing to clip)
+                old = logp.detach()
+                per_token = a * torch.exp(logp - old)
+            else:  # later ones: PPO's clipped surrogate against the first pass
+                ratio = torch.exp(logp - old)
+                per_token = torch.minimum(ratio * a,
+                                          ratio.clamp(1 - CLIP_EPS, 1 + CLIP_EPS) * a)
+            loss = -(per_token * mask).sum() / max(tokens, 1)
+            loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
     return {"tokens": float(tokens)}

@@ -185,3 +185,47 @@ def test_set_overrides_are_checked_before_any_run(capsys):
     assert rc == 2
     err = capsys.readouterr()
     assert "redundancy" in err.out + err.err
+
+
+def test_reference_updates_per_batch_is_trls_num_iterations():
+    """updates > 1: more AdamW steps on the batch, the first one the single update's
+    exactly; later ones clip the ratio to the first pass at 1 +- 0.2 (TRL's epsilon)."""
+    import copy
+
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from rollart_sdk.bench.small import reference_updates
+    from rollart_sdk.bench.small_reference import _train_step
+
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=16, hidden_size=16, intermediate_size=32,
+                                         num_hidden_layers=1, num_attention_heads=2,
+                                         num_key_value_heads=2))
+    seqs = [[1, 2, 3, 4], [1, 2, 5, 6, 7], [1, 2, 3, 8], [1, 2, 9]] * 2
+    masks = [[0, 0, 1, 1], [0, 0, 1, 1, 1], [0, 0, 1, 1], [0, 0, 1]] * 2
+    rewards = [1.0, 0.0, 1.0, 0.0] * 2
+
+    def trained(updates, lr=0.05):
+        m = copy.deepcopy(model)
+        after: list[list[torch.Tensor]] = []  # the weights after each AdamW step
+
+        class Spy(torch.optim.AdamW):
+            def step(self, *args, **kwargs):
+                out = super().step(*args, **kwargs)
+                after.append([p.detach().clone() for p in m.parameters()])
+                return out
+
+        _train_step(m, Spy(m.parameters(), lr=lr), seqs, masks, rewards, updates)
+        return m, after
+
+    one, after1 = trained(1)
+    two, after2 = trained(2)
+    assert len(after1) == 1 and len(after2) == 2
+    assert all(torch.equal(a, b) for a, b in zip(after1[0], after2[0], strict=True))
+    diff = [float((a - b).abs().max()) for a, b in zip(one.parameters(), two.parameters(),
+                                                       strict=True)]
+    assert max(diff) > 0  # the second update moved the weights further
+    # reference_updates reads only that key from --set (the rest describe rollart)
+    assert reference_updates(None) == 1
+    assert reference_updates(["trainer.options.updates_per_batch=2", "rollout.alpha=0"]) == 2

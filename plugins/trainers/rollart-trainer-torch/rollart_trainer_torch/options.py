@@ -25,6 +25,10 @@ class TorchTrainerOptions(LRScheduleOptions):
     eps: float = Field(1e-8, gt=0)
     weight_decay: float = Field(0.0, ge=0)
     grad_clip: float = Field(1.0, ge=0)  # max global grad norm; 0 = no clipping
+    # AdamW steps per batch (TRL's num_iterations, verl's ppo_epochs, GRPO's mu): the
+    # later passes reuse the first pass's anchors, so PPO's clip bounds how far they move.
+    # The policy version still advances by one per batch.
+    updates_per_batch: int = Field(1, ge=1, le=16)
     # Batching: sequences per forward/backward; gradients accumulate over micro-batches.
     micro_batch_size: int = Field(4, ge=1)
     # ... and at most this many padded tokens (sequences x the longest) per forward.

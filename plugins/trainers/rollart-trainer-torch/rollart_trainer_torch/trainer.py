@@ -125,11 +125,14 @@ class TorchTrainer:
 
     @property
     def version(self) -> int:
-        """Policy version: the number of optimiser steps taken (engines tag tokens with it)."""
+        """Policy version: the number of batches trained (engines tag tokens with it); one
+        per ``train_step``, however many AdamW steps ``updates_per_batch`` takes in it."""
         return self._version
 
     def train_step(self, batch: list[TrainSample]) -> dict[str, float]:
-        """One AdamW step on ``batch`` (this rank's shard); returns whole-batch metrics."""
+        """``updates_per_batch`` AdamW steps on ``batch`` (this rank's shard; one by
+        default); returns whole-batch metrics (the first pass's, plus ``updates`` and
+        ``clip_frac_last``)."""
         o = self.options
         if not batch and self.world_size == 1:
             raise ValueError("train_step got an empty batch")
@@ -144,13 +147,12 @@ class TorchTrainer:
         normalizer = float(counts[0] if o.loss_agg == "token-mean" else counts[1])
         normalizer = max(normalizer, 1.0)
 
-        self.optimizer.zero_grad(set_to_none=True)
-        # Metric sums over tokens (reduced over ranks at the end).
+        # Metric sums over tokens, and maxima (reduced over ranks at the end).
         sums = dict.fromkeys(
             ("loss", "pg_loss", "kl", "clip", "approx_kl", "ratio", "entropy", "stale",
-             "tis_w", "tokens", "beh_ratio"), 0.0
+             "tis_w", "tokens", "beh_ratio", "last_clip"), 0.0
         )
-        ratio_max = beh_ratio_max = 0.0
+        maxima = {"ratio": 0.0, "beh_ratio": 0.0}
         # A sample whose advantage is 0 (a group that all failed or all succeeded) adds
         # exactly nothing to the policy loss or its gradient: unless a KL term needs it,
         # it is not run through the model. The normaliser above counts its tokens, so the
@@ -161,66 +163,49 @@ class TorchTrainer:
             run = [s for s in batch if s.advantage]
         micro_batches, shared = self._micro_batches(run) if run else ([], False)
         forward_tokens = 0
-        for mb in micro_batches:
-            t = self._pad(mb)
-            mask = t["mask"][:, 1:]
-            tree = PrefixTree.build(mb) if shared else None
-            forward_tokens += tree.computed if tree is not None else t["ids"].numel()
-            logp, entropy = self._logprobs(self.model, t, mask.bool(), o.compute_entropy, tree)
-            beh = t["beh"][:, 1:]
-            m = mask.bool()
-            # Decoupled PPO: a token sampled by an older version is anchored at the current
-            # (proximal) weights and reweighted by min(pi_prox / mu, cap); a fresh token is
-            # anchored at its behaviour log-prob (same weights as ours).
-            stale = (t["vers"][:, 1:] < self._version) & m
-            old, w, beh_ratio = decoupled_anchor(logp, beh, stale, m, o.tis_cap, o.tis_on_fresh)
-            sums["beh_ratio"] += float(beh_ratio.sum())
-            if bool(m.any()):
-                beh_ratio_max = max(beh_ratio_max, float(beh_ratio.max()))
-            pg_loss, st = ppo_clip_loss(
-                logp, old, t["adv"], mask, o.clip_eps, o.clip_eps_high, o.loss_agg,
-                is_weights=w, normalizer=normalizer,
-            )
-            loss = pg_loss
-            if self.ref_model is not None:
-                with torch.no_grad():
-                    ref_lp, _ = self._logprobs(self.ref_model, t, mask.bool(), False, tree)
-                kl = kl_penalty(logp, ref_lp, o.kl_kind)
-                loss = loss + o.kl_coef * aggregate(kl, mask, o.loss_agg, normalizer)
-                sums["kl"] += float((kl.detach() * mask).sum())
-            loss.backward()
+        # Per micro-batch, built on the first pass and kept for the later ones: the padded
+        # samples, the prefix tree and the first pass's anchors and weights.
+        kept: list[tuple[dict[str, torch.Tensor], Any, Any]] = []
+        grad_norms: list[float] = []
+        skipped = False
+        for update in range(o.updates_per_batch):
+            self.optimizer.zero_grad(set_to_none=True)
+            for i, mb in enumerate(micro_batches):
+                if update == 0:
+                    t, tree = self._pad(mb), (PrefixTree.build(mb) if shared else None)
+                    forward_tokens += tree.computed if tree is not None else t["ids"].numel()
+                    anchor = self._micro_step(t, tree, None, normalizer, sums, maxima, False)
+                    if o.updates_per_batch > 1:
+                        kept.append((t, tree, anchor))
+                else:
+                    t, tree, anchor = kept[i]
+                    self._micro_step(t, tree, anchor, normalizer, sums, maxima,
+                                     update == o.updates_per_batch - 1)
+            self._all_reduce_grads()
+            max_norm = o.grad_clip if o.grad_clip > 0 else math.inf
+            grad_norms.append(float(torch.nn.utils.clip_grad_norm_(self.params, max_norm)))
+            # The schedule counts batches (train steps), whatever updates_per_batch.
+            for group in self.optimizer.param_groups:
+                group["lr"] = o.lr_at(o.lr, self._step)
+            # A non-finite gradient would poison AdamW's moments for good: no step, and no
+            # later pass of this batch either.
+            skipped = not math.isfinite(grad_norms[-1])
+            if not skipped:
+                self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
+            if skipped:
+                break
+        self._version += 1
+        self._step += 1
+        ratio_max, beh_ratio_max = maxima["ratio"], maxima["beh_ratio"]
 
-            ntok = float(st["tokens"])
-            sums["loss"] += float(loss.detach())
-            sums["pg_loss"] += float(pg_loss.detach())
-            sums["clip"] += float(st["clip_frac"]) * ntok
-            sums["approx_kl"] += float(st["approx_kl"]) * ntok
-            sums["ratio"] += float(st["ratio_mean"]) * ntok
-            sums["stale"] += float(stale.sum())
-            sums["tis_w"] += float((w * stale).sum())
-            sums["tokens"] += ntok
-            ratio_max = max(ratio_max, float(st["ratio_max"]))
-            sums["entropy"] += entropy
-            del logp, loss
-
-        self._all_reduce_grads()
         keys = list(sums)
         reduced = self._all_reduce(torch.tensor([sums[k] for k in keys], dtype=torch.float64))
         sums = dict(zip(keys, reduced.tolist(), strict=True))
         ratio_max, beh_ratio_max = (
             float(x) for x in self._all_reduce(torch.tensor([ratio_max, beh_ratio_max]), op="max")
         )
-
-        max_norm = o.grad_clip if o.grad_clip > 0 else math.inf
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, max_norm))
-        skipped = not math.isfinite(grad_norm)
-        for group in self.optimizer.param_groups:
-            group["lr"] = o.lr_at(o.lr, self._step)
-        if not skipped:  # a non-finite gradient would poison AdamW's moments for good
-            self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        self._version += 1
-        self._step += 1
+        grad_norm = grad_norms[0]  # the first pass's (the batch's gradient)
 
         ntok = max(sums["tokens"], 1.0)  # loss tokens run through the model (all ranks)
 
@@ -256,7 +241,69 @@ class TorchTrainer:
             "lr": float(self.optimizer.param_groups[0]["lr"]),
             "skipped": float(skipped),
             "version": float(self._version),
+            # AdamW steps this batch took (updates_per_batch, fewer after a skipped one)
+            "updates": float(len(grad_norms) - int(skipped)),
+            # the last pass's clip fraction (updates_per_batch > 1): how far the passes moved
+            "clip_frac_last": (sums["last_clip"] / ntok if len(grad_norms) > 1
+                               else float("nan")),
         }
+
+    def _micro_step(self, t: dict[str, torch.Tensor], tree: Any, anchor: Any,
+                    normalizer: float, sums: dict[str, float], maxima: dict[str, float],
+                    last: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """Forward and backward of one micro-batch; returns its anchors ``(old, w)``.
+
+        ``anchor`` None: the batch's first pass. Decoupled PPO: a token sampled by an older
+        version is anchored at the current (proximal) weights and reweighted by
+        ``min(pi_prox / mu, cap)``; a fresh token is anchored at its behaviour log-prob
+        (same weights as ours); the batch's metrics are this pass's. A later pass
+        (``updates_per_batch`` > 1) keeps the first pass's anchors: its ratio is to the
+        policy before the batch's first update, which PPO's clip bounds; ``last`` adds its
+        clip fraction to ``last_clip``."""
+        o = self.options
+        first = anchor is None
+        mask = t["mask"][:, 1:]
+        m = mask.bool()
+        logp, entropy = self._logprobs(self.model, t, m, o.compute_entropy and first, tree)
+        stale = (t["vers"][:, 1:] < self._version) & m
+        if first:
+            old, w, beh_ratio = decoupled_anchor(logp, t["beh"][:, 1:], stale, m, o.tis_cap,
+                                                 o.tis_on_fresh)
+            old, w = old.detach(), w.detach()
+            sums["beh_ratio"] += float(beh_ratio.sum())
+            if bool(m.any()):
+                maxima["beh_ratio"] = max(maxima["beh_ratio"], float(beh_ratio.max()))
+        else:
+            old, w = anchor
+        pg_loss, st = ppo_clip_loss(
+            logp, old, t["adv"], mask, o.clip_eps, o.clip_eps_high, o.loss_agg,
+            is_weights=w, normalizer=normalizer,
+        )
+        loss = pg_loss
+        kl = None
+        if self.ref_model is not None:
+            with torch.no_grad():
+                ref_lp, _ = self._logprobs(self.ref_model, t, m, False, tree)
+            kl = kl_penalty(logp, ref_lp, o.kl_kind)
+            loss = loss + o.kl_coef * aggregate(kl, mask, o.loss_agg, normalizer)
+        loss.backward()
+        ntok = float(st["tokens"])
+        if first:
+            sums["loss"] += float(loss.detach())
+            sums["pg_loss"] += float(pg_loss.detach())
+            if kl is not None:
+                sums["kl"] += float((kl.detach() * mask).sum())
+            sums["clip"] += float(st["clip_frac"]) * ntok
+            sums["approx_kl"] += float(st["approx_kl"]) * ntok
+            sums["ratio"] += float(st["ratio_mean"]) * ntok
+            sums["stale"] += float(stale.sum())
+            sums["tis_w"] += float((w * stale).sum())
+            sums["tokens"] += ntok
+            maxima["ratio"] = max(maxima["ratio"], float(st["ratio_max"]))
+            sums["entropy"] += entropy
+        elif last:
+            sums["last_clip"] += float(st["clip_frac"]) * ntok
+        return old, w
 
     def export_weights(self, bucket_bytes: int) -> Iterator[WeightBucket]:
         """This version's weights as checksummed buckets (CPU copies, taken lazily bucket

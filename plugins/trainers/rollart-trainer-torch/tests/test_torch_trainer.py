@@ -242,3 +242,49 @@ def test_lr_schedule_decays_resumes_and_is_validated(ckpt: Path, tmp_path: Path)
     desc = load_plugins(autoload=True, strict=False).registry.get("trainer", "torch")
     with pytest.raises(ConfigError, match="lr_decay_steps.*train.steps"):
         desc.validate_options({"lr_schedule": "cosine"}, where="trainer.options")
+
+
+def _adam_steps(t: TorchTrainer) -> set[int]:
+    return {int(st["step"]) for st in t.optimizer.state.values()}
+
+
+def test_updates_per_batch_steps_adamw_k_times_with_the_first_pass_anchors(ckpt: Path) -> None:
+    """updates_per_batch: k AdamW steps on one batch, the policy version +1. The first
+    pass is the single-update step exactly (same loss, gradient, metrics); the later passes
+    keep its anchors (the behaviour log-probs of this fresh batch), so their ratio is to
+    the policy before the batch and PPO's clip bites: with a large lr the last pass clips."""
+    batch = make_batch(ckpt, seed=7)
+    one = _trainer(ckpt, lr=5e-3, micro_batch_size=2)
+    m1 = one.train_step(copy.deepcopy(batch))
+    many = _trainer(ckpt, lr=5e-3, micro_batch_size=2, updates_per_batch=4)
+    m4 = many.train_step(copy.deepcopy(batch))
+    assert many.version == 1 and one.version == 1  # one batch, one version
+    assert _adam_steps(one) == {1} and _adam_steps(many) == {4}
+    assert m1["updates"] == 1.0 and m4["updates"] == 4.0
+    for key in ("loss", "grad_norm", "clip_frac", "ratio_mean", "entropy", "tokens"):
+        assert m4[key] == pytest.approx(m1[key], rel=1e-6, abs=1e-9), key
+    assert m1["clip_frac_last"] != m1["clip_frac_last"]  # nan: no later pass
+    assert m4["clip_frac_last"] > 0.0  # moved past 1 +- clip_eps on some tokens
+    assert m4["lr"] == m1["lr"] == 5e-3
+
+    # Further along the same direction: the advantage-weighted log-prob of the batch
+    # (the policy-gradient objective at the behaviour policy) rose more with 4 updates.
+    def objective(t: TorchTrainer) -> float:
+        total = 0.0
+        samples = copy.deepcopy(batch)
+        t._fill_advantages(samples)
+        for s in samples:
+            lps = behaviour_logprobs(t.model, s.input_ids)
+            total += float(s.advantage or 0.0) * sum(
+                lp for lp, m in zip(lps, s.loss_mask, strict=True) if m)
+        return total
+
+    start = objective(_trainer(ckpt))
+    assert objective(one) > start
+    assert objective(many) > objective(one) + 1e-3
+
+
+def test_updates_per_batch_is_validated(ckpt: Path) -> None:
+    desc = load_plugins(autoload=True, strict=False).registry.get("trainer", "torch")
+    with pytest.raises(ConfigError, match="trainer.options.updates_per_batch"):
+        desc.validate_options({"updates_per_batch": 0}, where="trainer.options")
