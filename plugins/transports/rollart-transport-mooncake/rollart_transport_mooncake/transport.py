@@ -22,6 +22,12 @@ registered and referenced until the call returns, then unregistered and dropped.
 receiver never holds more than two sets of staging buffers, abandoned ones included: a
 fetch that needs a new set while that budget is spent waits (within its own timeout) for
 the stuck call, then fails saying so; it never registers another model's worth of RAM.
+
+One fetch at a time per buffer set: a fetch of a version whose set another fetch is still
+using (the stager replaced a running fetch of version v by v + 2 while v's get was still in
+flight) waits within its own timeout for that one to end, then fails naming it, instead of
+both writing into the same buffers. ``close`` during a live get treats it as abandoned: its
+buffers and client are released once it returns, never under it.
 """
 
 from __future__ import annotations
@@ -155,6 +161,10 @@ class MooncakeTransport:
         self._abandoned: list[_Abandoned] = []
         self._retired: list[tuple[Any, mc.Master]] = []
         self._lock = threading.RLock()  # the lists above, slots and client teardown
+        self._freed = threading.Condition(self._lock)  # a fetch let go of its buffer set
+        self._busy: dict[int, int] = {}  # receiver: parity -> version of the fetch using it
+        # receiver: parity -> the get in flight (future, buffers, client, version)
+        self._live: dict[int, tuple[concurrent.futures.Future, list[Any], Any, int]] = {}
         self.abandoned_released = 0  # abandoned sets unregistered once their get returned
         self.last_fetch: dict[str, float] = {}
 
@@ -268,7 +278,6 @@ class MooncakeTransport:
 
     # ------------------------------------------------------------------ receiver
     def fetch(self, manifest: WeightManifest) -> Iterator[WeightBucket]:
-        import torch
 
         v = manifest.version
         if manifest.transport != TRANSPORT_NAME:
@@ -280,6 +289,36 @@ class MooncakeTransport:
             raise WeightSyncError(v, "the manifest lists no store objects (meta['objects'])")
         self._ensure_receiver(manifest)
         deadline = time.monotonic() + self.fetch_timeout_s  # waiting for buffers included
+        self._claim(v, deadline)
+        try:
+            yield from self._fetch(manifest, objects, deadline)
+        finally:  # exhausted, closed or collected: the set is free for the next fetch
+            with self._freed:
+                if self._busy.get(v % 2) == v:
+                    del self._busy[v % 2]
+                self._freed.notify_all()
+
+    def _claim(self, version: int, deadline: float) -> None:
+        """Take this version's buffer set (its parity) for this fetch; while another fetch
+        uses it, wait for that one until ``deadline``, then raise."""
+        parity = version % 2
+        with self._freed:
+            while parity in self._busy:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise WeightSyncError(
+                        version, f"the staging buffers of version parity {parity} are "
+                        f"still in use by the fetch of version {self._busy[parity]}, which "
+                        f"did not end within fetch_timeout_s ({self.fetch_timeout_s}s); "
+                        "two fetches never write into the same buffers")
+                self._freed.wait(left)
+            self._busy[parity] = version
+
+    def _fetch(self, manifest: WeightManifest, objects: list[Any],
+               deadline: float) -> Iterator[WeightBucket]:
+        import torch
+
+        v = manifest.version
         buffers = self._staging(v, [size for _, size in objects], deadline)
         keys = [key for key, _ in objects]
         sizes = [max(int(size), 1) for _, size in objects]
@@ -391,6 +430,8 @@ class MooncakeTransport:
             except BaseException as exc:  # noqa: BLE001 - handed to the waiting fetch
                 future.set_exception(exc)
 
+        with self._lock:
+            self._live[version % 2] = (future, buffers, client, version)
         threading.Thread(target=run, name=f"mooncake-get-v{version}", daemon=True).start()
         try:
             return future.result(timeout=max(deadline - time.monotonic(), 0.0))
@@ -401,6 +442,10 @@ class MooncakeTransport:
                 f"(fetch_timeout_s); its staging buffers stay registered until the get "
                 f"returns ({self.abandoned_transfers} transfer(s) abandoned)",
             ) from None
+        finally:
+            with self._lock:
+                if self._live.get(version % 2, (None,))[0] is future:
+                    del self._live[version % 2]
 
     def _abandon(self, version: int, future: concurrent.futures.Future,
                  buffers: list[Any], client: Any) -> None:
@@ -411,6 +456,8 @@ class MooncakeTransport:
             parity = version % 2
             if self._slots.get(parity) is buffers:
                 del self._slots[parity]
+            if any(a.future is future for a in self._abandoned):
+                return  # close() abandoned it already (it closed under the live get)
             self._abandoned.append(record)
         log.warning("transport mooncake: the get of version %d did not return within %ss; "
                     "its %.1f MiB of staging buffers stay registered until it does "
@@ -463,6 +510,16 @@ class MooncakeTransport:
             if self._buffer is not None:
                 mc.unregister(self._client, self._buffer)
                 self._buffer = None
+            # A get still in flight (not timed out yet) may still write into its buffers:
+            # abandoned now, released (and its client closed) once it returns.
+            for parity, (future, buffers, client, version) in list(self._live.items()):
+                if future.done() or client is not self._client:
+                    continue
+                if self._slots.get(parity) is buffers:
+                    del self._slots[parity]
+                self._abandoned.append(_Abandoned(version, future, buffers, client,
+                                                  time.monotonic()))
+                future.add_done_callback(lambda _: self._release_abandoned())
             for slot in self._slots.values():
                 for b in slot:
                     mc.unregister(self._client, b)

@@ -4,6 +4,7 @@ kit, layout, versions pulled through stagers, a removed key and a killed trainer
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import multiprocessing as mp
 import sys
 import threading
@@ -174,6 +175,7 @@ class StallingClient:
         self._client, self._hold = client, hold
         self.unregistered: list[int] = []
         self.closed = False
+        self.entered: set[str] = set()  # held tags whose get has started
 
     def __getattr__(self, name):
         return getattr(self._client, name)
@@ -181,6 +183,7 @@ class StallingClient:
     def batch_get_into(self, keys, ptrs, sizes):
         for tag, gate in self._hold.items():
             if tag in keys[0]:
+                self.entered.add(tag)
                 assert gate.wait(120), "the test never released the stuck get"
         return self._client.batch_get_into(keys, ptrs, sizes)
 
@@ -265,6 +268,73 @@ def test_a_timed_out_get_keeps_its_buffers_until_it_returns_then_releases_them(m
     finally:
         for gate in hold.values():
             gate.set()
+        receiver.close()
+        sender.close()
+
+
+def test_two_fetches_never_share_a_buffer_set_and_close_waits_out_a_live_get(monkeypatch):
+    """A fetch of v + 2 while the fetch of v (same parity, same buffers) is still in its get
+    waits within its own timeout, then fails naming v; once v's get returns both work. A
+    receiver closed during a live get (not timed out) keeps that get's buffers registered
+    and its client open until the get returns."""
+    from rollart_transport_mooncake import store
+
+    hold = {"/v3/": threading.Event(), "/v7/": threading.Event()}
+    clients: list[StallingClient] = []
+    connect = store.connect
+
+    def stalling_connect(*args, **kwargs):
+        client, name = connect(*args, **kwargs)
+        clients.append(StallingClient(client, hold))
+        return clients[-1], name
+
+    monkeypatch.setattr(store, "connect", stalling_connect)
+    sender = MooncakeTransport("sender", object_mb=0.01, keep_versions=8)
+    receiver = MooncakeTransport("receiver", fetch_timeout_s=60)
+    manifests = {}
+
+    def publish(v):
+        state = make_state_dict(v)
+        manifests[v] = sender.publish(v, split_buckets(state.items(), BUCKET_BYTES, v))
+        return manifests[v]
+
+    def fetch(v, timeout_s=60.0):
+        receiver.fetch_timeout_s = timeout_s
+        got = {k: t.clone() for b in receiver.fetch(manifests[v]) for k, t in b.tensors.items()}
+        assert fingerprints(got) == fingerprints(make_state_dict(v)), v
+        return v
+
+    pool = concurrent.futures.ThreadPoolExecutor(2)
+    try:
+        for v in (1, 3, 5, 7):
+            publish(v)
+        fetch(1)  # parity 1's buffers exist
+        client = receiver._client
+        slow = pool.submit(fetch, 3)  # parity 1: its get is held
+        until(lambda: "/v3/" in client.entered)
+        with pytest.raises(WeightSyncError, match="in use by the fetch of version 3"):
+            fetch(5, timeout_s=1.0)  # the same buffers: refused, not overwritten
+        assert not slow.done()
+        hold["/v3/"].set()
+        assert slow.result(timeout=60) == 3  # v3's tensors were not clobbered by v5
+        fetch(5)  # and v5 gets the set once v3 let go of it
+        assert receiver.abandoned_transfers == 0
+
+        live = pool.submit(fetch, 7)  # parity 1 again; closed under its live get
+        until(lambda: "/v7/" in client.entered)
+        buffers = [b.data_ptr() for b in receiver._slots[1]]
+        receiver.close()
+        assert receiver._client is None and not client.closed
+        assert receiver.abandoned_transfers == 1
+        assert not set(buffers) & set(client.unregistered)  # still registered under it
+        hold["/v7/"].set()
+        until(lambda: client.closed)
+        assert set(buffers) <= set(client.unregistered) and receiver.abandoned_transfers == 0
+        assert live.result(timeout=60) == 7  # the buffers stayed valid for it
+    finally:
+        for gate in hold.values():
+            gate.set()
+        pool.shutdown(wait=True)
         receiver.close()
         sender.close()
 
