@@ -421,7 +421,8 @@ def env_summary(job: Job) -> dict[str, Any]:
         for tag, n in stats["constructions"].items():
             built[tag] = built.get(tag, 0) + n
         if "hung" in stats:  # calls past their timeout, each still on a thread of this process
-            threads[w.name] = {k: stats[k] for k in ("hung", "hung_peak", "timed_out", "refused")}
+            threads[w.name] = {k: stats.get(k, 0) for k in ("hung", "hung_peak", "timed_out",
+                                                             "refused", "closed_late")}
     return {"pools": pools, "constructions": built, "threads": threads}
 
 

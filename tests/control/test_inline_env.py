@@ -379,6 +379,7 @@ def test_a_thread_hosted_env_that_keeps_hanging_stops_the_run_naming_the_fix(tmp
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["envs"]["threads"]["env-thread"]["hung"] >= MAX_HUNG_CALLS
     assert summary["envs"]["threads"]["env-thread"]["refused"] == stats["refused"]
+    assert summary["envs"]["threads"]["env-thread"]["closed_late"] == stats["closed_late"]
     # Every drop carries its reason: the hung calls' timeouts, then the refusals.
     assert summary["dropped"]["env_step_timeout"] >= MAX_HUNG_CALLS
     refusals = sum(n for k, n in summary["dropped"].items() if k.endswith("_failed"))
