@@ -35,6 +35,12 @@ def rollart_register_benchmarks(registry):
                 "step time, waste, length bias, staleness, bound_speedup",
     )
     registry.register(
+        "calibration",
+        factory="rollart_sdk.bench.calibration:main",
+        summary="the simulator's cost model fitted here against a real CPU run: median "
+                "step-time error over repeats (target within 20 %)",
+    )
+    registry.register(
         "small",
         factory="rollart_sdk.bench.small:main",
         summary="issue 12 workload: multi-turn FrozenLake GRPO to success 0.7, sync and "
