@@ -425,7 +425,7 @@ class Pipeline:
             tokens_trained=b.tokens_trained + sum(t.generated_tokens for t in handed),
             finished_turns={k: (v[0], v[1]) for k, v in b.finished_turns.items()},
             trained_total=b.trained + len(handed), task_stats=task_stats(batch),
-            in_flight=len(self.scheduler.running) + b.held(),
+            in_flight=len(self.scheduler.running) + len(self.scheduler.landing) + b.held(),
             spanning=sum(1 for t in batch if len(t.versions) > 1),
             staleness=dict(Counter(self.engine_version - t.start_version for t in batch)),
             trained_turns={tag: (sum(1 for t in batch if t.tag == tag),

@@ -131,6 +131,11 @@ class RolloutScheduler:
         self._not_before: dict[str, float] = {}  # tag -> monotonic time of its next launch
         self._delayed: set[asyncio.Task[None]] = set()  # re-runs waiting out a backoff
         self.retried = 0  # members re-run after a failure
+        # Trajectories that left `running` and are not counted yet (their env slot is being
+        # returned, e.g. a failed env closed and replaced, or the buffer's lock awaited):
+        # still in flight for the step metrics' launched = trained + dropped + in flight,
+        # and waited for by stop(). Trajectory id -> (the trajectory, its task).
+        self.landing: dict[str, tuple[Trajectory, asyncio.Task[Any]]] = {}
         self.fatal: BaseException | None = None  # a bug in the control plane: ends the run
         self.fatal_traceback = ""
         # Called with every finished trajectory (the watchdog, the run dir's drop log).
@@ -200,20 +205,15 @@ class RolloutScheduler:
         except Exception as exc:  # noqa: BLE001 - the tasks are cancelled below instead
             print(f"rollart: aborting the running trajectories at stop failed "
                   f"({type(exc).__name__}: {exc}); cancelling them", file=sys.stderr, flush=True)
-        tasks = [t for _, t in self.running.values()]
+        # Those landing (slot returned, then counted) too: each is counted once it returns.
+        tasks = [t for _, t in [*self.running.values(), *self.landing.values()]]
         if tasks:
             done, pending = await asyncio.wait(tasks, timeout=timeout)
             for t in pending:
                 t.cancel()
             if pending:
                 await asyncio.wait(pending, timeout=5)
-            # Still not finished (e.g. an env close that outlasts the waits): counted now,
-            # as dropped at run end, and not again should it finish later.
-            for traj_id, (mgr, task) in list(self.running.items()):
-                if not task.done():
-                    self._abandoned.add(traj_id)
-                    mgr.traj.dropped = "run_end: still running when the run stopped"
-                    self.buffer.count_drop(mgr.traj)
+            self._count_unfinished()
         for delayed in list(self._delayed):
             delayed.cancel()
         if self._loop_task is not None:
@@ -225,6 +225,18 @@ class RolloutScheduler:
             except Exception:  # noqa: BLE001 - recorded as fatal by _loop_ended
                 pass
         await self.close_envs()
+
+    def _count_unfinished(self) -> None:
+        """At stop, after the waits: a trajectory still not finished (e.g. an env close that
+        outlasts them) is counted now, as dropped at run end, and not again should it
+        finish later."""
+        unfinished = [(tid, mgr.traj, task) for tid, (mgr, task) in self.running.items()]
+        unfinished += [(tid, traj, task) for tid, (traj, task) in self.landing.items()]
+        for traj_id, traj, task in unfinished:
+            if not task.done() and traj_id not in self._abandoned:
+                self._abandoned.add(traj_id)
+                traj.dropped = "run_end: still running when the run stopped"
+                self.buffer.count_drop(traj)
 
     async def close_envs(self) -> None:
         """Close every pooled environment instance (run end)."""
@@ -417,34 +429,53 @@ class RolloutScheduler:
                 self.fatal_traceback = traceback.format_exc()
         finally:
             self.running.pop(traj.trajectory_id, None)
-            # Returning the env slot and the finish hooks (logs, the watchdog) may fail, e.g.
-            # a full disk: counted and reported, and the trajectory still lands below.
+            task = asyncio.current_task()
+            if task is not None:
+                self.landing[traj.trajectory_id] = (traj, task)
             try:
-                await self._return_slot(traj)
-            except Exception as exc:  # noqa: BLE001 - counted in side_errors
-                self._side_error("returning its env slot", traj, exc)
-            self._note_outcome(traj)
-            for fn in self.on_finish:
-                try:
-                    fn(traj)
-                except Exception as exc:  # noqa: BLE001 - counted in side_errors
-                    self._side_error(f"on_finish {getattr(fn, '__qualname__', fn)}", traj, exc)
-            if traj.trajectory_id in self._abandoned:
-                pass  # counted by stop()
-            elif traj.dropped is not None and self._should_rerun(traj):
-                self.buffer.count_drop(traj)
-                tag, env_seed, retries = self._groups[traj.group_id]
-                self._groups[traj.group_id] = (tag, env_seed, retries + 1)
-                task = asyncio.create_task(self._rerun_later(traj, tag, env_seed),
-                                           name=f"rerun-{tag}")
-                self._delayed.add(task)
-                task.add_done_callback(self._delayed.discard)
-            else:
-                await self.buffer.put(traj)
-                if not self.buffer.is_open(traj.group_id):
-                    self._groups.pop(traj.group_id, None)
-            self._wakeup.set()
+                await self._land(traj)
+            except asyncio.CancelledError:
+                # Cancelled at an await of its landing (returning its slot, the buffer's
+                # lock): it was not counted yet; counted here, unless stop() already did.
+                if traj.trajectory_id not in self._abandoned:
+                    self._abandoned.add(traj.trajectory_id)
+                    traj.dropped = traj.dropped or "aborted:cancelled"
+                    self.buffer.count_drop(traj)
+                raise
+            finally:  # counted now: in the buffer (trained later), dropped, or re-run
+                self.landing.pop(traj.trajectory_id, None)
         return traj
+
+    async def _land(self, traj: Trajectory) -> None:
+        """A finished trajectory's env slot back, its hooks run, and it counted: into the
+        buffer, or dropped and re-run."""
+        # Returning the env slot and the finish hooks (logs, the watchdog) may fail, e.g.
+        # a full disk: counted and reported, and the trajectory still lands below.
+        try:
+            await self._return_slot(traj)
+        except Exception as exc:  # noqa: BLE001 - counted in side_errors
+            self._side_error("returning its env slot", traj, exc)
+        self._note_outcome(traj)
+        for fn in self.on_finish:
+            try:
+                fn(traj)
+            except Exception as exc:  # noqa: BLE001 - counted in side_errors
+                self._side_error(f"on_finish {getattr(fn, '__qualname__', fn)}", traj, exc)
+        if traj.trajectory_id in self._abandoned:
+            pass  # counted by stop()
+        elif traj.dropped is not None and self._should_rerun(traj):
+            self.buffer.count_drop(traj)
+            tag, env_seed, retries = self._groups[traj.group_id]
+            self._groups[traj.group_id] = (tag, env_seed, retries + 1)
+            task = asyncio.create_task(self._rerun_later(traj, tag, env_seed),
+                                       name=f"rerun-{tag}")
+            self._delayed.add(task)
+            task.add_done_callback(self._delayed.discard)
+        else:
+            await self.buffer.put(traj)
+            if not self.buffer.is_open(traj.group_id):
+                self._groups.pop(traj.group_id, None)
+        self._wakeup.set()
 
 
 def _keyed_seed(seed: int, kind: str, index: int) -> int:

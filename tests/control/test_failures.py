@@ -6,6 +6,7 @@ and rule backends. The same faults on Ray: tests/control/test_failures_ray.py.
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import json
 import time
@@ -157,3 +158,45 @@ def test_sigterm_is_handled_like_ctrl_c(tmp_path):
     assert summary["launched"] == summary["trained"] + sum(summary["dropped"].values())
     assert (run_dir / "checkpoints" / "final" / "trainer_state.json").exists()
     assert summary["newest_checkpoint"].endswith("final")
+
+
+def test_trajectories_landing_count_as_in_flight_at_every_step(tmp_path, monkeypatch):
+    """A finished trajectory leaves `running` and then awaits its env slot's return (a
+    failed env closed and replaced can take seconds) before it is counted: meanwhile it is
+    still in flight. CI once saw a step's metrics line short by one (launched 28 = trained
+    16 + dropped 4 + in flight 7) during such a wait. Here the first batch (groups g1, g2)
+    lands only once the second batch's group g3 (launched beside it: alpha 1) is landing
+    (each returns its slot first, so g3 can run), and g3 lands 1.5 s later: a step's line
+    is formed while trajectories land (which step depends on which groups fill a batch)."""
+    from rollart_sdk.control.pipeline import Pipeline
+    from rollart_sdk.control.scheduler import RolloutScheduler
+
+    real = RolloutScheduler._return_slot
+    g3_landing: list[str] = []
+    g3_all_landing = asyncio.Event()
+
+    async def slow_return(self, traj):
+        out = await real(self, traj)  # the slot is free again; the trajectory not counted
+        if traj.group_id == "g3":
+            g3_landing.append(traj.trajectory_id)
+            if len(g3_landing) == 4:
+                g3_all_landing.set()
+            await asyncio.sleep(1.5)
+        elif traj.group_id in ("g1", "g2"):
+            await asyncio.wait_for(g3_all_landing.wait(), 30)  # bounded: a hang guard
+        return out
+
+    landing_at_record = []
+    record = Pipeline._record
+
+    def spy(self, step, batch, wait_s):
+        landing_at_record.append(len(self.scheduler.landing))
+        return record(self, step, batch, wait_s)
+
+    monkeypatch.setattr(RolloutScheduler, "_return_slot", slow_return)
+    monkeypatch.setattr(Pipeline, "_record", spy)
+    job, records = run(tmp_path, one_task(), steps=4)
+    assert len(records) == 4
+    assert max(landing_at_record) > 0, landing_at_record  # the case arose
+    check_accounting(job, tmp_path, 4)  # launched = trained + dropped + in flight, per step
+    assert job.pipeline.scheduler.landing == {}  # every landing one was counted by the end
