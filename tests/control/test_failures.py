@@ -183,7 +183,10 @@ def test_trajectories_landing_count_as_in_flight_at_every_step(tmp_path, monkeyp
                 g3_all_landing.set()
             await asyncio.sleep(1.5)
         elif traj.group_id in ("g1", "g2"):
-            await asyncio.wait_for(g3_all_landing.wait(), 30)  # bounded: a hang guard
+            try:  # bounded: g3 may only start once the first batch trained
+                await asyncio.wait_for(g3_all_landing.wait(), 5)
+            except TimeoutError:
+                pass
         return out
 
     landing_at_record = []
