@@ -45,7 +45,7 @@ def test_fitted_simulation_predicts_a_real_cpu_run_within_a_factor(tmp_path):
     work = fit["workload"]
     assert set(work) >= {"FrozenLake", "Arithmetic"}, work
     assert fit["engine"]["tflops"] > 0 and fit["trainer"]["tflops"] > 0, fit
-    assert fit["swap_s"] >= 0 and fit["model_params"] > 1e6
+    assert fit["model_params"] > 1e6  # the run's own 2.7M-parameter model was fitted
 
 
 FACTOR = 3.0  # the test's bound; the 20 % target is rollart bench calibration's

@@ -196,6 +196,20 @@ class StallingClient:
         return self._client.close()
 
 
+def stall_gets(monkeypatch, hold):
+    """Every store client connected from now on is a StallingClient holding ``hold``'s
+    tags (version key fragment -> the Event that releases its get)."""
+    from rollart_transport_mooncake import store
+
+    connect = store.connect
+
+    def stalling_connect(*args, **kwargs):
+        client, name = connect(*args, **kwargs)
+        return StallingClient(client, hold), name
+
+    monkeypatch.setattr(store, "connect", stalling_connect)
+
+
 def until(predicate, timeout_s=30.0):
     deadline = time.monotonic() + timeout_s
     while not predicate():
@@ -204,18 +218,8 @@ def until(predicate, timeout_s=30.0):
 
 
 def test_a_timed_out_get_keeps_its_buffers_until_it_returns_then_releases_them(monkeypatch):
-    from rollart_transport_mooncake import store
-
     hold = {"/v2/": threading.Event(), "/v5/": threading.Event()}
-    clients: list[StallingClient] = []
-    connect = store.connect
-
-    def stalling_connect(*args, **kwargs):
-        client, name = connect(*args, **kwargs)
-        clients.append(StallingClient(client, hold))
-        return clients[-1], name
-
-    monkeypatch.setattr(store, "connect", stalling_connect)
+    stall_gets(monkeypatch, hold)
     sender = MooncakeTransport("sender", object_mb=0.01)
     receiver = MooncakeTransport("receiver", fetch_timeout_s=30)
 
@@ -277,18 +281,8 @@ def test_two_fetches_never_share_a_buffer_set_and_close_waits_out_a_live_get(mon
     waits within its own timeout, then fails naming v; once v's get returns both work. A
     receiver closed during a live get (not timed out) keeps that get's buffers registered
     and its client open until the get returns."""
-    from rollart_transport_mooncake import store
-
     hold = {"/v3/": threading.Event(), "/v7/": threading.Event()}
-    clients: list[StallingClient] = []
-    connect = store.connect
-
-    def stalling_connect(*args, **kwargs):
-        client, name = connect(*args, **kwargs)
-        clients.append(StallingClient(client, hold))
-        return clients[-1], name
-
-    monkeypatch.setattr(store, "connect", stalling_connect)
+    stall_gets(monkeypatch, hold)
     sender = MooncakeTransport("sender", object_mb=0.01, keep_versions=8)
     receiver = MooncakeTransport("receiver", fetch_timeout_s=60)
     manifests = {}
