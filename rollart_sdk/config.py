@@ -102,6 +102,10 @@ class ModelConfig(_Strict):
     gguf: str | None = None
     tiny: TinyModelConfig | None = None
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    # The forward the torch engine and trainer run: "auto" = the SDK's own plain-torch
+    # Llama-family model (rollart_sdk/nn/llama.py: no transformers import, about 2 s less
+    # start-up) when it covers the checkpoint, else transformers'; or force either.
+    implementation: Literal["auto", "native", "transformers"] = "auto"
 
     @model_validator(mode="after")
     def _one_source(self) -> ModelConfig:

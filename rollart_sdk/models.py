@@ -240,21 +240,125 @@ def prepare_model(
     return model.model_copy(update={"path": str(target), "tiny": None, "gguf": None})
 
 
-def load_tokenizer(path: str | os.PathLike[str]) -> Any:
-    """The tokenizer saved beside a checkpoint (AutoTokenizer, local files only)."""
+class LocalTokenizer:
+    """The character tokenizer of :func:`build_tokenizer`, loaded with the ``tokenizers``
+    library alone (transformers' tokenizer classes cost about 0.6 s to import).
+
+    It offers what the SDK asks of a tokenizer - ``tok(text, add_special_tokens=...)
+    ["input_ids"]``, ``decode``, ``apply_chat_template``, ``eos_token_id``,
+    ``pad_token_id``, ``chat_template``, ``len`` - with transformers' results (the tests
+    compare them); :func:`load_tokenizer` uses it only for folders this module built."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        from tokenizers import Tokenizer
+
+        folder = Path(path)
+        self._tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
+        cfg = json.loads((folder / "tokenizer_config.json").read_text())
+        self.chat_template: str = (folder / "chat_template.jinja").read_text()
+        self.eos_token, self.pad_token = cfg["eos_token"], cfg["pad_token"]
+        self.eos_token_id = self._tok.token_to_id(self.eos_token)
+        self.pad_token_id = self._tok.token_to_id(self.pad_token)
+        self._template: Any = None
+
+    def __len__(self) -> int:
+        return int(self._tok.get_vocab_size(with_added_tokens=True))
+
+    def __call__(self, text: str, add_special_tokens: bool = True) -> dict[str, list[int]]:
+        return {"input_ids": self.encode(text, add_special_tokens)}
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return list(self._tok.encode(text, add_special_tokens=add_special_tokens).ids)
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
+        return str(self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens))
+
+    def convert_tokens_to_ids(self, token: str) -> int | None:
+        return self._tok.token_to_id(token)
+
+    def apply_chat_template(self, messages: list[dict[str, str]], tokenize: bool = True,
+                            add_generation_prompt: bool = False, **_: Any) -> Any:
+        """The template rendered as transformers renders it (a sandboxed jinja2
+        environment, trim_blocks and lstrip_blocks); with ``tokenize``, transformers 5's
+        dict of ``input_ids`` and ``attention_mask``."""
+        if self._template is None:
+            from jinja2.ext import loopcontrols
+            from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+            env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                                extensions=[loopcontrols])
+            self._template = env.from_string(self.chat_template)
+        text = self._template.render(messages=messages,
+                                     add_generation_prompt=add_generation_prompt,
+                                     eos_token=self.eos_token, pad_token=self.pad_token)
+        if not tokenize:
+            return text
+        ids = self(text, add_special_tokens=False)["input_ids"]
+        return {"input_ids": ids, "attention_mask": [1] * len(ids)}
+
+
+def is_local_tokenizer(path: str | os.PathLike[str]) -> bool:
+    """Whether ``path`` holds a tokenizer :func:`build_tokenizer` made (its files, its
+    special tokens, its chat template)."""
+    folder = Path(path)
+    try:
+        cfg = json.loads((folder / "tokenizer_config.json").read_text())
+        template = (folder / "chat_template.jinja").read_text()
+    except (OSError, ValueError):
+        return False
+    return (template == CHAT_TEMPLATE and cfg.get("eos_token") == EOS
+            and cfg.get("pad_token") == PAD and cfg.get("unk_token") == UNK
+            and (folder / "tokenizer.json").is_file())
+
+
+def load_tokenizer(path: str | os.PathLike[str], light: bool = False) -> Any:
+    """The tokenizer saved beside a checkpoint: transformers' AutoTokenizer (local files
+    only), or with ``light`` a :class:`LocalTokenizer` when this module built it (what the
+    pipeline asks of a tokenizer, without importing transformers)."""
+    if light and is_local_tokenizer(path):
+        return LocalTokenizer(path)
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
 
 
-def load_causal_lm(path: str | os.PathLike[str], dtype: str = "float32") -> PreTrainedModel:
-    """A causal LM in eval mode with the given dtype name ("float32", "bfloat16", ...)."""
+def load_causal_lm(path: str | os.PathLike[str], dtype: str = "float32",
+                   implementation: str = "transformers") -> Any:
+    """A causal LM in eval mode with the given dtype name ("float32", "bfloat16", ...).
+
+    ``implementation`` (the torch engine and trainer pass ``model.implementation``):
+    ``transformers`` (the default here: a ``PreTrainedModel``, ``generate`` and all) loads
+    ``AutoModelForCausalLM``; ``auto`` the SDK's own plain-torch model
+    (:mod:`rollart_sdk.nn.llama`: the same parameters and forward, no transformers import)
+    when it covers the checkpoint, else transformers'; ``native`` requires the former (an
+    error says why not)."""
     import torch
-    from transformers import AutoModelForCausalLM
 
     torch_dtype = getattr(torch, dtype, None)
     if not isinstance(torch_dtype, torch.dtype):
         raise ValueError(f"unknown dtype {dtype!r}; use float32, bfloat16 or float16")
+    if implementation not in ("auto", "native", "transformers"):
+        raise ValueError(f"unknown model implementation {implementation!r}; use auto, native "
+                         "or transformers")
+    if implementation != "transformers":
+        from rollart_sdk.nn import llama
+
+        native = llama.load(path, torch_dtype)
+        if native is not None:
+            return native
+        if implementation == "native":
+            try:
+                cfg = json.loads((Path(path) / "config.json").read_text())
+                why = llama.unsupported_reason(cfg) or (
+                    "its weights are not one model.safetensors with the expected tensors")
+            except (OSError, ValueError) as exc:
+                why = f"config.json unreadable ({exc})"
+            raise ValueError(
+                f"model.implementation: native cannot load {path}: {why}. Use "
+                "model.implementation: auto (falls back to transformers) or transformers."
+            )
+    from transformers import AutoModelForCausalLM
+
     model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch_dtype, local_files_only=True)
     return model.eval()
 

@@ -243,14 +243,17 @@ def preflight(cfg: RunConfig, resolved: Any, lines: Any = None, log: Any = print
     described = {tag: describe_env(res) for tag, res in resolved.envs.items()}
     extra = sorted({w for d in described.values() for w in (d["action_vocabulary"] or [])})
     model, tokenizer = cfg.model, None
+    # The SDK's own tokenizer for the tiny models it builds, unless the run asks for
+    # transformers' (model.implementation): no transformers import for a small run.
+    light = cfg.model.implementation != "transformers"
     if build_model:
         model = prepare_model(cfg.model, Path(cfg.output_dir) / ".models", extra)
         assert model.path is not None
-        tokenizer = load_tokenizer(model.path)
+        tokenizer = load_tokenizer(model.path, light)
     elif cfg.model.tiny is not None:
         tokenizer = build_tokenizer(extra)
     elif cfg.model.path is not None:
-        tokenizer = load_tokenizer(cfg.model.path)
+        tokenizer = load_tokenizer(cfg.model.path, light)
     else:  # a GGUF: the shape and tokenizer its conversion gives, from its metadata
         problems, tokenizer = check_gguf(cfg.model)
         fail(problems)

@@ -130,15 +130,35 @@ def _registry() -> Any:
     return load_plugins(extra={"rollart-bench-small": plugin}).registry
 
 
+TINY = {"hidden_size": 128, "num_layers": 2, "num_heads": 4, "intermediate_size": 256,
+        "seed": 0}
+MODEL_ENV = "ROLLART_BENCH_SMALL_MODEL"  # the checkpoint the parent built for every run
+
+
+def build_model(cache_dir: str) -> str:
+    """The workload's model (``TINY``, the FrozenLake action words as single tokens) as a
+    checkpoint folder under ``cache_dir``: built once per benchmark command, loaded by
+    every run (as the reference's runs load theirs)."""
+    from rollart_env_frozenlake.env import ACTIONS
+
+    from rollart_sdk.config import ModelConfig
+    from rollart_sdk.models import prepare_model
+
+    built = prepare_model(ModelConfig(tiny=TINY), cache_dir, sorted(ACTIONS))
+    assert built.path is not None
+    return built.path
+
+
 def workload_config(mode: str, latency: str, seed: int, output_dir: str,
                     max_steps: int, layout: str = "inprocess") -> dict[str, Any]:
-    """The run config of one variant (what ``rollart train`` would be given)."""
+    """The run config of one variant (what ``rollart train`` would be given). The model is
+    ``TINY``, or the folder ``ROLLART_BENCH_SMALL_MODEL`` names (the same model, built)."""
     mu, sigma = LATENCY[latency]
+    built = os.environ.get(MODEL_ENV)
     return {
         "name": f"small-{mode}-{latency}-{seed}",
         "seed": seed,
-        "model": {"tiny": {"hidden_size": 128, "num_layers": 2, "num_heads": 4,
-                           "intermediate_size": 256, "seed": 0}},
+        "model": {"path": built} if built else {"tiny": dict(TINY)},
         "tasks": [{
             "tag": TAG,
             "env": {"name": ENV_NAME, "options": {
@@ -329,14 +349,18 @@ def summarize(mode: str, latency: str, seed: int, t_cmd: float, data: dict[str, 
 
 
 def run_one(mode: str, latency: str, seed: int, max_steps: int,
-            layout: str = "inprocess", overrides: list[str] | None = None) -> dict[str, Any]:
+            layout: str = "inprocess", overrides: list[str] | None = None,
+            model_path: str | None = None) -> dict[str, Any]:
+    """One run in a fresh ``python`` process; ``model_path``: the workload's model, built
+    (:func:`build_model`; None: the run builds it)."""
     with tempfile.TemporaryDirectory(prefix="rollart-bench-small-out-") as tmp:
         out = str(Path(tmp) / "run.json")
         t_cmd = time.time()
         proc = subprocess.run(
             [sys.executable, "-m", "rollart_sdk.bench.small", "--child", mode, latency,
              str(seed), str(max_steps), out, layout, *(overrides or [])],
-            env={**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")},
+            env={**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
+                 **({MODEL_ENV: model_path} if model_path else {})},
             capture_output=True, text=True, timeout=1800,
         )
         if proc.returncode != 0:
@@ -408,6 +432,10 @@ def main(argv: list[str] | None = None) -> int:
             load_config(data=workload_config(mode, args.latency[0], seeds[0], "/unused",
                                              args.max_steps, args.layout),
                         overrides=args.overrides)
+    # The model is built once, before any run (each run loads it: start-up figures are a
+    # loaded checkpoint's, as the reference's are).
+    model_dir = tempfile.TemporaryDirectory(prefix="rollart-bench-small-model-")
+    model_path = build_model(model_dir.name)
     load_before = os.getloadavg()
     t0 = time.time()
     rows = []
@@ -416,7 +444,8 @@ def main(argv: list[str] | None = None) -> int:
             for mode in args.modes:
                 r = run_one(mode, latency, seed, args.max_steps, args.layout,
                             args.overrides if mode != "reference" else
-                            [o for o in args.overrides if o.startswith(REFERENCE_KEY + "=")])
+                            [o for o in args.overrides if o.startswith(REFERENCE_KEY + "=")],
+                            model_path)
                 rows.append(r)
                 r["loadavg_1m_after"] = round(os.getloadavg()[0], 2)
                 print(f"{mode:5s} latency={latency:6s} seed={seed}: "
@@ -443,6 +472,7 @@ def main(argv: list[str] | None = None) -> int:
     load_after = os.getloadavg()
     print(f"load average (1, 5, 15 min) before {load_before}, after {load_after}; "
           f"{os.cpu_count()} cores; {time.time() - t0:.0f} s in all")
+    model_dir.cleanup()
     if args.json:
         Path(args.json).write_text(json.dumps({
             "benchmark": "small", "target": TARGET, "window": WINDOW, "reference": REFERENCE,

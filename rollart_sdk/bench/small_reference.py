@@ -78,7 +78,8 @@ def reference_child(latency: str, seed: int, max_steps: int, out: str,
         model_cfg = prepare_model(ModelConfig(**wl["model"]), tmp, sorted(ACTIONS))
         assert model_cfg.path is not None
         tok = load_tokenizer(model_cfg.path)
-        model = load_causal_lm(model_cfg.path).train()
+        # transformers' model: this loop feeds its KV cache (past_key_values), as TRL does.
+        model = load_causal_lm(model_cfg.path, implementation="transformers").train()
     chat = ChatFormat(tok)
     actions = chat.action_token_ids(list(ACTIONS))
     allowed = torch.tensor(actions)

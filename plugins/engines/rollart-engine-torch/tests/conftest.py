@@ -38,9 +38,10 @@ def other_weights(tmp_path_factory: pytest.TempPathFactory) -> dict[str, torch.T
 
 @pytest.fixture(scope="session")
 def reference(tiny_model: ModelConfig) -> Callable[[list[int], list[int]], list[float]]:
-    """Teacher-forced logprobs of the initial weights (plain full-vocab log_softmax)."""
+    """Teacher-forced logprobs of the initial weights (plain full-vocab log_softmax), from
+    transformers' model (independent of the SDK's own forward the engine runs)."""
     assert tiny_model.path is not None
-    model = load_causal_lm(tiny_model.path)
+    model = load_causal_lm(tiny_model.path, implementation="transformers")
 
     def logprobs(prompt: list[int], tokens: list[int]) -> list[float]:
         with torch.no_grad():

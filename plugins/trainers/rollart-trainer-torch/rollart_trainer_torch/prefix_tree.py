@@ -115,8 +115,9 @@ class PrefixTree:
 
     def hidden(self, base_model: Any) -> torch.Tensor:
         """Final hidden states of every computed position, flat ``[computed, H]``."""
-        from transformers import DynamicCache
-
+        native = getattr(base_model, "rollart_native", False)  # rollart_sdk.nn.llama
+        if not native:
+            from transformers import DynamicCache
         device = next(base_model.parameters()).device
         kv: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] = {}  # end -> per layer
         parts_by_end: dict[int, list[list[tuple[torch.Tensor, torch.Tensor]]]] = {}
@@ -124,7 +125,7 @@ class PrefixTree:
         for g in self.groups:
             ids = torch.tensor(g.tokens, dtype=torch.long, device=device)
             n = ids.shape[0]
-            cache = DynamicCache(config=base_model.config)
+            past: list[tuple[torch.Tensor, torch.Tensor]] = []
             if g.start > 0:
                 if g.start not in kv:  # every group ending here is done (sorted by start)
                     kv[g.start] = [
@@ -134,12 +135,19 @@ class PrefixTree:
                     ]
                     del parts_by_end[g.start]
                 idx = torch.tensor(g.parents, dtype=torch.long, device=device)
-                for layer, (k, v) in enumerate(kv[g.start]):
-                    cache.update(k.index_select(0, idx), v.index_select(0, idx), layer)
+                past = [(k.index_select(0, idx), v.index_select(0, idx))
+                        for k, v in kv[g.start]]
             pos = torch.arange(g.start, g.start + g.length, device=device).expand(n, -1)
-            res = base_model(input_ids=ids, position_ids=pos, cache=cache, use_cache=True)
-            out.append(res.last_hidden_state.reshape(n * g.length, -1))
-            layers = [(layer.keys, layer.values) for layer in cache.layers]
+            if native:
+                hidden, layers = base_model.forward_kv(ids, pos, past or None)
+            else:
+                cache = DynamicCache(config=base_model.config)
+                for layer, (k, v) in enumerate(past):
+                    cache.update(k, v, layer)
+                res = base_model(input_ids=ids, position_ids=pos, cache=cache, use_cache=True)
+                hidden = res.last_hidden_state
+                layers = [(layer.keys, layer.values) for layer in cache.layers]
+            out.append(hidden.reshape(n * g.length, -1))
             parts_by_end.setdefault(g.start + g.length, []).append(layers)
         return torch.cat(out)
 

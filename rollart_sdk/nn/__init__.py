@@ -1,0 +1,1 @@
+"""Model code of the SDK's own (plain torch): :mod:`rollart_sdk.nn.llama`."""
