@@ -48,6 +48,11 @@ class TorchEngineOptions(BaseModel):
     abort_memory: int = Field(
         4096, ge=0, description="ABORTs of not-yet-added request ids remembered (newest)"
     )
+    inline_step_s: float = Field(
+        0.004, ge=0, le=1, description="a step predicted to take at most this long runs on "
+        "the engine's event loop instead of a worker thread (for a small model the thread "
+        "hop costs more than the forward); 0: always a thread"
+    )
 
     @model_validator(mode="after")
     def _slots(self) -> TorchEngineOptions:

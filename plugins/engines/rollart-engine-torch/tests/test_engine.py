@@ -165,3 +165,29 @@ def test_plugin_module_imports_no_torch():
     code = "import sys, rollart_engine_torch.plugin; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_small_steps_run_on_the_loop_with_the_same_tokens(tiny_model, reference):
+    """inline_step_s: once the engine has measured its cost per token, a step predicted
+    to be that short runs on the event loop (no thread hop); the tokens and logprobs of
+    seeded requests are the same as with every step in a thread."""
+
+    async def run(inline_s: float) -> tuple[list, dict]:
+        engine = TorchEngine(model=tiny_model, max_running=4, eos_token_ids=[],
+                             inline_step_s=inline_s)
+        reqs = [_req(f"r{i}", [(3 * i + j) % 90 + 7 for j in range(40)], temperature=1.0,
+                     seed=i, max_new_tokens=6) for i in range(4)]
+        results = await asyncio.gather(*(engine.generate(r) for r in reqs))
+        stats = engine.stats()
+        await engine.shutdown()
+        return [(r.token_ids, r.logprobs) for r in results], stats
+
+    threaded, s_thread = asyncio.run(run(0.0))
+    inline, s_inline = asyncio.run(run(1.0))
+    assert s_thread["inline_steps"] == 0
+    # The first step (4 x 40 prompt tokens) measures the cost in a thread; the decode
+    # steps after it are predicted short and run inline.
+    assert s_inline["inline_steps"] == s_inline["steps"] - 1 > 0
+    assert inline == threaded
+    prompt = [(3 * 0 + j) % 90 + 7 for j in range(40)]
+    assert _max_err(inline[0][1], reference(prompt, inline[0][0])) < 1e-4
