@@ -29,7 +29,7 @@ RNG_FILE = "rng.safetensors"
 STATE_FILE = "trainer_state.json"
 
 
-def write(out: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+def write(out: Path, model: torch.nn.Module, optimizer: Any,
           meta: dict[str, Any]) -> None:
     """Write ``model``, ``optimizer``, the RNG states and ``meta`` (version, step, ...)
     into the folder ``out``."""
@@ -61,7 +61,7 @@ def write(out: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
     (out / STATE_FILE).write_text(json.dumps(state, indent=1))
 
 
-def read(src: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, device: str,
+def read(src: Path, model: torch.nn.Module, optimizer: Any, device: str,
          model_path: str) -> dict[str, Any]:
     """Load what :func:`write` put in ``src`` into ``model`` and ``optimizer`` (on
     ``device``), restore the RNG states, and return the JSON state (``version``, ``step``,
