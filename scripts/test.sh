@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The test command (README, .ci/run): install, lint (ruff), type-check (mypy), the core +
 # light plugins' tests (and examples/), then
-# every heavy plugin suite (a plugin folder with a ci.sh installs its own stack into its own
-# venv, reusing pip's cache, and runs its tests there).
+# every heavy suite (a plugin folder with a ci.sh installs its own stack into its own
+# venv, reusing pip's cache, and runs its tests there; scripts/ci_trl.sh: the benchmark's
+# TRL baseline, likewise).
 #   bash scripts/test.sh            # everything
 #   ROLLART_SKIP_HEAVY=1 bash scripts/test.sh   # core and light plugins only
 set -uo pipefail
@@ -18,7 +19,7 @@ ruff check . || exit 1
 echo "core suite: $(( $(date +%s) - start )) s"
 failed=()
 if [ "${ROLLART_SKIP_HEAVY:-0}" != "1" ]; then
-  for ci in plugins/*/*/ci.sh; do
+  for ci in plugins/*/*/ci.sh scripts/ci_trl.sh; do
     [ -f "$ci" ] || continue
     t0=$(date +%s)
     echo "== heavy suite: $ci"

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.util
 import json
 import os
 import random
@@ -184,6 +185,15 @@ def workload_config(mode: str, latency: str, seed: int, output_dir: str,
 
 
 REFERENCE_KEY = "trainer.options.updates_per_batch"  # the one --set the reference takes
+TRL_VERSION = "1.16.0"  # the TRL release --modes trl was written and measured against
+TRL_MISSING = (
+    f"rollart bench small --modes trl runs Hugging Face TRL's GRPOTrainer, and this Python "
+    f"({sys.executable}) has no `trl`. It is not a rollart dependency: install it next to "
+    f"rollart in a venv of its own, then run the bench from there:\n"
+    f"  python3 -m venv --system-site-packages /tmp/trl-venv\n"
+    f"  /tmp/trl-venv/bin/pip install -c constraints.txt trl=={TRL_VERSION}\n"
+    f"  /tmp/trl-venv/bin/python -m rollart_sdk.cli bench small --modes trl")
+REFERENCE_MODES = ("reference", "trl")  # single-process trainers: they take REFERENCE_KEY only
 
 
 def reference_updates(overrides: list[str] | None) -> int:
@@ -209,6 +219,14 @@ def child(mode: str, latency: str, seed: int, max_steps: int, out: str,
         updates = reference_updates(overrides)
         Path(out).write_text(json.dumps(reference_child(latency, seed, max_steps, out,
                                                         updates)))
+        return
+    if mode == "trl":  # Hugging Face TRL's real GRPOTrainer on the workload (small_trl)
+        if importlib.util.find_spec("trl") is None:
+            raise SystemExit(TRL_MISSING)
+        from rollart_sdk.bench.small_trl import trl_child
+
+        Path(out).write_text(json.dumps(trl_child(latency, seed, max_steps, out,
+                                                  reference_updates(overrides))))
         return
     t_start = time.time()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -392,6 +410,20 @@ def median_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+def check_trl() -> str:
+    """The installed TRL's version, before any run (a missing TRL is a setup error with the
+    way to install it, not a failed run)."""
+    if importlib.util.find_spec("trl") is None:
+        raise SystemExit(TRL_MISSING)
+    from importlib.metadata import version
+
+    installed = version("trl")
+    if installed != TRL_VERSION:
+        print(f"note: trl {installed} installed; --modes trl was written against "
+              f"{TRL_VERSION} (its GRPOTrainer's rollout_func and env_mask)", flush=True)
+    return installed
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "--child":
@@ -401,9 +433,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="rollart bench small",
                                      description=(__doc__ or "").split("\n")[0])
     parser.add_argument("--modes", nargs="+", default=["sync", "async"],
-                        choices=["sync", "async", "reference"],
+                        choices=["sync", "async", "reference", "trl"],
                         help="reference: the synchronous single-process GRPO trainer of "
-                             "rollart_sdk/bench/small_reference.py (TRL's loop in plain torch)")
+                             "rollart_sdk/bench/small_reference.py (TRL's loop in plain "
+                             "torch); trl: Hugging Face TRL's own GRPOTrainer on the same "
+                             f"workload (rollart_sdk/bench/small_trl.py; needs trl=="
+                             f"{TRL_VERSION} installed, not a rollart dependency)")
     parser.add_argument("--latency", nargs="+", default=["none", "normal"], choices=list(LATENCY))
     parser.add_argument("--repeats", type=int, default=3, help="seeds 0..N-1 per variant")
     parser.add_argument("--seeds", type=int, nargs="+", default=None, help="explicit seeds")
@@ -425,10 +460,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads is not None:
         os.environ["ROLLART_TORCH_THREADS"] = str(args.threads)
     seeds = args.seeds if args.seeds is not None else list(range(args.repeats))
+    trl_version = check_trl() if "trl" in args.modes else None
     if args.overrides:  # a bad key or value: the config's own error, before any run starts
         from rollart_sdk.config import load_config
 
-        for mode in set(args.modes) - {"reference"}:
+        for mode in set(args.modes) - set(REFERENCE_MODES):
             load_config(data=workload_config(mode, args.latency[0], seeds[0], "/unused",
                                              args.max_steps, args.layout),
                         overrides=args.overrides)
@@ -443,7 +479,7 @@ def main(argv: list[str] | None = None) -> int:
         for seed in seeds:
             for mode in args.modes:
                 r = run_one(mode, latency, seed, args.max_steps, args.layout,
-                            args.overrides if mode != "reference" else
+                            args.overrides if mode not in REFERENCE_MODES else
                             [o for o in args.overrides if o.startswith(REFERENCE_KEY + "=")],
                             model_path)
                 rows.append(r)
@@ -477,7 +513,7 @@ def main(argv: list[str] | None = None) -> int:
         Path(args.json).write_text(json.dumps({
             "benchmark": "small", "target": TARGET, "window": WINDOW, "reference": REFERENCE,
             "threads": os.environ.get("ROLLART_TORCH_THREADS", "1"), "layout": args.layout,
-            "cores": os.cpu_count(), "loadavg_before": load_before, "loadavg_after": load_after,
+            "cores": os.cpu_count(), "trl_version": trl_version, "loadavg_before": load_before, "loadavg_after": load_after,
             "wall_s": round(time.time() - t0, 1), "collapsed": collapsed,
             "rows": rows, "median": table}, indent=2))
         print(f"wrote {args.json}")

@@ -189,7 +189,8 @@ def _advantages(rewards: list[float]) -> list[float]:
 
 
 def _train_step(model: Any, opt: Any, seqs: list[list[int]], masks: list[list[int]],
-                rewards: list[float], updates: int = 1) -> dict[str, float]:
+                rewards: list[float], updates: int = 1,
+                max_grad_norm: float = 1.0) -> dict[str, float]:
     import torch
 
     adv = _advantages(rewards)
@@ -219,6 +220,6 @@ def _train_step(model: Any, opt: Any, seqs: list[list[int]], masks: list[list[in
                                           ratio.clamp(1 - CLIP_EPS, 1 + CLIP_EPS) * a)
             loss = -(per_token * mask).sum() / max(tokens, 1)
             loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
         opt.step()
     return {"tokens": float(tokens)}
