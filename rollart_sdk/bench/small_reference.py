@@ -45,22 +45,13 @@ ADV_EPS = 1e-4  # TRL's
 CLIP_EPS = 0.2  # TRL's epsilon (PPO clip), used from a batch's second update on
 
 
-def reference_child(latency: str, seed: int, max_steps: int, out: str,
-                    updates: int = 1) -> dict[str, Any]:
-    """One reference run in this process; returns what ``summarize`` reads. ``updates``:
-    AdamW steps per batch (TRL's ``num_iterations``)."""
-    t_start = time.time()
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
+def setup(latency: str, seed: int, max_steps: int) -> dict[str, Any]:
+    """What a run of this trainer (and of TRL's, :mod:`small_trl`) starts from: the
+    workload's model (transformers', which this loop's KV cache feeds, as TRL's does) and
+    tokenizer, chat format, action tokens, 64 envs, the sampling generator, max turns, lr."""
     import torch
 
-    from rollart_sdk.bench.small import (
-        LATENCY,
-        TAG,
-        TARGET,
-        WINDOW,
-        LatencyFrozenLake,
-        workload_config,
-    )
+    from rollart_sdk.bench.small import LATENCY, LatencyFrozenLake, workload_config
     from rollart_sdk.config import ModelConfig
     from rollart_sdk.control.chat import ChatFormat
     from rollart_sdk.models import load_causal_lm, load_tokenizer, prepare_model
@@ -70,25 +61,38 @@ def reference_child(latency: str, seed: int, max_steps: int, out: str,
     env_opts = dict(wl["tasks"][0]["env"]["options"])
     mu, sigma = LATENCY[latency]
     env_opts.update(mu=mu, sigma=sigma)
-    max_turns = int(wl["tasks"][0]["max_turns"])
-    lr = float(wl["trainer"]["options"]["lr"])
     with tempfile.TemporaryDirectory(prefix="rollart-bench-small-ref-") as tmp:
         from rollart_env_frozenlake.env import ACTIONS
 
         model_cfg = prepare_model(ModelConfig(**wl["model"]), tmp, sorted(ACTIONS))
         assert model_cfg.path is not None
         tok = load_tokenizer(model_cfg.path)
-        # transformers' model: this loop feeds its KV cache (past_key_values), as TRL does.
         model = load_causal_lm(model_cfg.path, implementation="transformers").train()
     chat = ChatFormat(tok)
-    actions = chat.action_token_ids(list(ACTIONS))
-    allowed = torch.tensor(actions)
-    n = GROUPS * GROUP_SIZE
-    envs = [LatencyFrozenLake(**env_opts) for _ in range(n)]
+    return {"tok": tok, "model": model, "chat": chat,
+            "allowed": torch.tensor(chat.action_token_ids(list(ACTIONS))),
+            "envs": [LatencyFrozenLake(**env_opts) for _ in range(GROUPS * GROUP_SIZE)],
+            "gen": torch.Generator().manual_seed(seed),
+            "max_turns": int(wl["tasks"][0]["max_turns"]),
+            "lr": float(wl["trainer"]["options"]["lr"])}
+
+
+def reference_child(latency: str, seed: int, max_steps: int, out: str,
+                    updates: int = 1) -> dict[str, Any]:
+    """One reference run in this process; returns what ``summarize`` reads. ``updates``:
+    AdamW steps per batch (TRL's ``num_iterations``)."""
+    t_start = time.time()
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    import torch
+
+    from rollart_sdk.bench.small import TAG, TARGET, WINDOW
+
+    s = setup(latency, seed, max_steps)
+    model, chat, envs, allowed, gen = s["model"], s["chat"], s["envs"], s["allowed"], s["gen"]
+    max_turns, n = s["max_turns"], len(s["envs"])
     pool = ThreadPoolExecutor(max_workers=n)
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.999), eps=1e-8,
+    opt = torch.optim.AdamW(model.parameters(), lr=s["lr"], betas=(0.9, 0.999), eps=1e-8,
                             weight_decay=0.0)
-    gen = torch.Generator().manual_seed(seed)
     t_ready = time.time()
     cpu_ready = time.process_time()
     metrics: list[dict[str, Any]] = []

@@ -62,7 +62,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from rollart_sdk.bench.small_reference import CLIP_EPS, GROUP_SIZE, GROUPS, _rollout
+from rollart_sdk.bench.small_reference import CLIP_EPS, GROUP_SIZE, GROUPS, _rollout, setup
 
 
 class _Rollout:
@@ -168,37 +168,6 @@ def grpo_config(output_dir: str, seed: int, max_steps: int, updates: int, lr: fl
     return GRPOConfig(**{**values, **changes})
 
 
-def _setup(latency: str, seed: int, max_steps: int) -> dict[str, Any]:
-    """What the reference sets up (model, tokenizer, chat format, envs, generator)."""
-    import torch
-
-    from rollart_sdk.bench.small import LATENCY, LatencyFrozenLake, workload_config
-    from rollart_sdk.config import ModelConfig
-    from rollart_sdk.control.chat import ChatFormat
-    from rollart_sdk.models import load_causal_lm, load_tokenizer, prepare_model
-
-    torch.set_num_threads(int(os.environ.get("ROLLART_TORCH_THREADS", "1")))
-    wl = workload_config("sync", latency, seed, "/unused", max_steps)
-    env_opts = dict(wl["tasks"][0]["env"]["options"])
-    mu, sigma = LATENCY[latency]
-    env_opts.update(mu=mu, sigma=sigma)
-    with tempfile.TemporaryDirectory(prefix="rollart-bench-small-trl-") as tmp:
-        from rollart_env_frozenlake.env import ACTIONS
-
-        model_cfg = prepare_model(ModelConfig(**wl["model"]), tmp, sorted(ACTIONS))
-        assert model_cfg.path is not None
-        tok = load_tokenizer(model_cfg.path)
-        model = load_causal_lm(model_cfg.path, implementation="transformers").train()
-    chat = ChatFormat(tok)
-    n = GROUPS * GROUP_SIZE
-    return {"tok": tok, "model": model, "chat": chat,
-            "allowed": torch.tensor(chat.action_token_ids(list(ACTIONS))),
-            "envs": [LatencyFrozenLake(**env_opts) for _ in range(n)],
-            "gen": torch.Generator().manual_seed(seed),
-            "max_turns": int(wl["tasks"][0]["max_turns"]),
-            "lr": float(wl["trainer"]["options"]["lr"])}
-
-
 def build_trainer(s: dict[str, Any], rollout: Any, output_dir: str, seed: int, max_steps: int,
                   updates: int, callbacks: list[Any] | None = None, **changes: Any) -> Any:
     """TRL's GRPOTrainer on ``s``'s model with ``rollout`` as its ``rollout_func``."""
@@ -220,7 +189,7 @@ def trl_child(latency: str, seed: int, max_steps: int, out: str,
     ``small_reference.reference_child``). ``updates``: TRL's ``num_iterations``."""
     t_start = time.time()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    s = _setup(latency, seed, max_steps)
+    s = setup(latency, seed, max_steps)
     pool = ThreadPoolExecutor(max_workers=len(s["envs"]))
     rollout = _Rollout(s["chat"], s["envs"], pool, s["allowed"], s["gen"], s["max_turns"],
                        seed, updates)

@@ -19,13 +19,14 @@ def _fixed_batch(seed: int = 1):
     """The workload's model and one real lockstep rollout of it (seed 1, step 0), with
     rewards that vary inside every group (the first rollouts of the tiny model rarely
     succeed, and a batch without variance makes no update)."""
+    from concurrent.futures import ThreadPoolExecutor
+
     import torch
 
-    from rollart_sdk.bench import small_trl
-    from rollart_sdk.bench.small_reference import GROUP_SIZE, _rollout
+    from rollart_sdk.bench.small_reference import GROUP_SIZE, _rollout, setup
 
-    s = small_trl._setup("none", seed, 4)
-    pool = small_trl.ThreadPoolExecutor(max_workers=len(s["envs"]))
+    s = setup("none", seed, 4)
+    pool = ThreadPoolExecutor(max_workers=len(s["envs"]))
     try:
         with torch.no_grad():
             seqs, masks, _, _, _ = _rollout(s["model"], s["chat"], s["envs"], pool,
