@@ -189,7 +189,8 @@ TRL_VERSION = "1.16.0"  # the TRL release --modes trl was written and measured a
 TRL_MISSING = (
     f"rollart bench small --modes trl runs Hugging Face TRL's GRPOTrainer, and this Python "
     f"({sys.executable}) has no `trl`. It is not a rollart dependency: install it next to "
-    f"rollart in a venv of its own, then run the bench from there:\n"
+    f"rollart in a venv of its own (from the rollart-sdk checkout), then run the bench "
+    f"from there:\n"
     f"  python3 -m venv --system-site-packages /tmp/trl-venv\n"
     f"  /tmp/trl-venv/bin/pip install -c constraints.txt trl=={TRL_VERSION}\n"
     f"  /tmp/trl-venv/bin/python -m rollart_sdk.cli bench small --modes trl")

@@ -4,6 +4,7 @@ thresholds here: the figures are the benchmark's business (docs/benchmarks.md)."
 from __future__ import annotations
 
 import json
+import sys
 
 import pytest
 
@@ -229,3 +230,24 @@ def test_reference_updates_per_batch_is_trls_num_iterations():
     # reference_updates reads only that key from --set (the rest describe rollart)
     assert reference_updates(None) == 1
     assert reference_updates(["trainer.options.updates_per_batch=2", "rollout.alpha=0"]) == 2
+
+
+def test_trl_mode_without_trl_says_how_to_install_it(monkeypatch):
+    """--modes trl where TRL is not installed: one clear error before any run starts (what
+    is missing, where, and the commands that fix it), not a failed run per seed."""
+    import importlib.util
+
+    from rollart_sdk.bench import small
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "trl" else real(name, *a))
+    started = []
+    monkeypatch.setattr(small, "run_one", lambda *a, **k: started.append(a))
+    with pytest.raises(SystemExit) as err:
+        small.main(["--modes", "sync", "trl", "--repeats", "1"])
+    assert started == []
+    msg = str(err.value)
+    assert "has no `trl`" in msg and sys.executable in msg
+    assert f"pip install -c constraints.txt trl=={small.TRL_VERSION}" in msg
+    assert "bench small --modes trl" in msg
