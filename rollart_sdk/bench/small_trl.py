@@ -46,7 +46,7 @@ Deviations from TRL's defaults, and why:
 - ``learning_rate=1e-3``, ``lr_scheduler_type="constant"``, ``warmup_steps=0``,
   ``weight_decay=0``, ``max_grad_norm=1`` (transformers' defaults: 1e-6 in TRL, linear
   decay): the workload's optimizer settings.
-- ``shuffle_dataset=False``: the 8 prompts are placeholders (the rollout builds the real
+- ``shuffle_dataset=False``: the 8 prompts only label the groups (the rollout builds the real
   prompt from the env), so the order only has to keep the group structure.
 - the rollout returns ``logprobs=None``: TRL uses sampling log-probs only for vLLM's
   importance-sampling correction (off here), and the reference rollout does not keep them.
