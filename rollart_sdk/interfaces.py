@@ -129,6 +129,21 @@ def check_train_sample(i: int, s: TrainSample) -> None:
             f"batch[{i}] (group {s.group_id!r}): loss_mask[0] is 1, but the first token has "
             "no context to be predicted from; a trajectory starts with prompt tokens (mask 0)"
         )
+    if not s.temperature >= 0:
+        raise ValueError(
+            f"batch[{i}] (group {s.group_id!r}): temperature {s.temperature}; the sampling "
+            "temperature of its policy must be >= 0 (0: greedy, trained as 1)"
+        )
+    if s.allowed_token_ids is not None:
+        allowed = set(s.allowed_token_ids)
+        outside = sorted({t for t, m in zip(s.input_ids, s.loss_mask, strict=True)
+                          if m and t not in allowed})
+        if outside:
+            raise ValueError(
+                f"batch[{i}] (group {s.group_id!r}): trained tokens {outside[:8]} are not in "
+                f"its allowed_token_ids ({len(allowed)} ids); the policy it was sampled from "
+                "cannot have drawn them (an engine that ignores allowed_token_ids?)"
+            )
 
 
 @runtime_checkable

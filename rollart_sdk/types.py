@@ -133,6 +133,11 @@ class Trajectory:
     info: dict[str, Any] = field(default_factory=dict)  # last env info (e.g. ground truth)
     reward: float | None = None
     dropped: str | None = None  # reason, when the trajectory will not be trained on
+    # The policy its tokens were sampled from (rollart_sdk.algorithms.policy): the task's
+    # sampling temperature and action vocabulary; the trainer recomputes the same one.
+    temperature: float = 1.0
+    allowed_token_ids: list[int] | None = None
+    engine: str = ""  # the engine worker that served its first turn (mismatch per engine)
     timings: list[tuple[str, float, float]] = field(default_factory=list)  # (span, t0, t1)
 
     @property
@@ -168,6 +173,9 @@ class Trajectory:
             group_id=self.group_id,
             tag=self.tag,
             start_version=self.start_version,
+            temperature=self.temperature,
+            allowed_token_ids=self.allowed_token_ids,
+            engine=self.engine,
         )
 
 
@@ -178,6 +186,11 @@ class TrainSample:
     ``loss_mask`` is 1 on tokens the policy produced; ``behaviour_logprobs`` and
     ``token_versions`` are meaningful only there. ``advantage`` is filled by the trainer
     from ``reward`` and ``group_id`` (GRPO) unless the caller already set it.
+
+    ``temperature`` and ``allowed_token_ids`` say which policy the tokens were sampled
+    from, ``softmax(mask(logits) / temperature)`` (:mod:`rollart_sdk.algorithms.policy`);
+    the behaviour log-probs are of that policy, and trainers recompute the same one on
+    every trained token (the defaults: the raw logits).
     """
 
     input_ids: list[int]
@@ -189,6 +202,9 @@ class TrainSample:
     tag: str = "default"
     start_version: int = 0
     advantage: float | None = None
+    temperature: float = 1.0
+    allowed_token_ids: list[int] | None = None
+    engine: str = ""  # engine worker that sampled it: train/mismatch_* per engine
 
 
 @dataclass

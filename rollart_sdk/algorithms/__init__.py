@@ -1,6 +1,7 @@
 """The algorithm layer: pure functions on torch tensors (advantages, policy losses,
-off-policy correction), shared by every trainer backend, and the next-token draw
-shared by the engines that sample themselves.
+off-policy correction), shared by every trainer backend, the next-token draw shared by
+the engines that sample themselves, and the sampled policy (``policy``: temperature and
+action mask) that engines report and trainers recompute.
 
 Each function does one thing and is unit-tested on hand-computed numbers
 (``tests/algorithms``). Importing this package imports torch, so the core imports it
@@ -19,13 +20,23 @@ from rollart_sdk.algorithms.losses import (
     token_logprobs,
     truncated_is_weights,
 )
+from rollart_sdk.algorithms.policy import (
+    MismatchMeter,
+    allowed_groups,
+    policy_logprob,
+    policy_scores,
+    policy_temperature,
+    policy_token_logprobs,
+)
 from rollart_sdk.algorithms.sampling import draw, filter_scores
 from rollart_sdk.schedules import SCHEDULES, lr_factor
 
 __all__ = [
     "AGGREGATIONS",
+    "MismatchMeter",
     "SCHEDULES",
     "aggregate",
+    "allowed_groups",
     "decoupled_anchor",
     "draw",
     "filter_scores",
@@ -33,6 +44,10 @@ __all__ = [
     "grpo_advantages",
     "kl_penalty",
     "lr_factor",
+    "policy_logprob",
+    "policy_scores",
+    "policy_temperature",
+    "policy_token_logprobs",
     "ppo_clip_loss",
     "token_entropy",
     "token_logprobs",

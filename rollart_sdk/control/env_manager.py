@@ -126,6 +126,9 @@ class EnvManager:
     def _begin(self, trajectory: Trajectory, seed: int, sample_seed: int,
                barrier: TurnBarrier | None) -> None:
         self.traj = trajectory
+        # The policy its tokens are sampled from; the trainer recomputes the same one.
+        trajectory.temperature = self.task.config.sampling.temperature
+        trajectory.allowed_token_ids = self.task.allowed_token_ids
         self.seed = seed  # env seed: shared by a GRPO group (same start state / prompt)
         self.sample_seed = sample_seed  # sampling seed: distinct per trajectory
         self._abort_reason: str | None = None
@@ -276,6 +279,7 @@ class EnvManager:
                 return
             text = self.chat.decode(result.token_ids)
             responses.append(text)
+            traj.engine = traj.engine or result.worker
             turn = Turn(obs_ids=obs_ids, action_ids=list(result.token_ids),
                         logprobs=list(result.logprobs), versions=list(result.versions),
                         action_text=text)

@@ -20,9 +20,12 @@ Rules checked:
 - token out: ids inside the vocabulary; ``token_ids``, ``logprobs`` and ``versions`` of
   equal length; ``max_new_tokens``, ``stop_token_ids`` and ``allowed_token_ids`` obeyed;
 - logprobs are the behaviour policy's: equal (within ``tolerance``) to a teacher-forced
-  forward pass of the same model, ``log_softmax`` over the full vocabulary at temperature
-  1 without masks (this is what trainers recompute for the importance ratio), also for
-  requests with ``allowed_token_ids`` (constrained actions);
+  forward pass of the same model, ``log_softmax`` over the full vocabulary for a request
+  at temperature 1 (or greedy) without a mask (``logprobs``);
+- the sampled policy is the trained policy (``sampled_policy``): at temperature 0.7, with
+  and without ``allowed_token_ids``, each logprob is ``log_softmax(mask(logits) / T)`` of
+  the teacher-forced logits (:mod:`rollart_sdk.algorithms.policy`), which is what
+  trainers recompute for the importance ratio; it needs ``reference_logits``;
 - a seeded request samples the same tokens alone and inside a busy batch;
 - ABORT: an aborted request returns promptly with ``finish_reason="abort"`` and the
   tokens so far; aborting an unknown id returns False;
@@ -43,10 +46,15 @@ import time
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
+import torch
+
+from rollart_sdk.algorithms.policy import policy_logprob
 from rollart_sdk.interfaces import InferenceEngine
 from rollart_sdk.types import GenerationRequest, GenerationResult, SamplingParams, WeightBucket
 
 ReferenceLogprobs = Callable[[list[int], list[int]], list[float]]
+# Teacher-forced logits [len(token_ids), vocab] at the positions that predict each token.
+ReferenceLogits = Callable[[list[int], list[int]], torch.Tensor]
 EngineFactory = Callable[[], "InferenceEngine | Awaitable[InferenceEngine]"]
 STATS_KEYS = ("running", "waiting", "version", "tokens_generated", "steps")
 
@@ -56,6 +64,7 @@ def check_engine(
     tokenizer_vocab_size: int,
     reference_logprobs: ReferenceLogprobs | None = None,
     update_buckets: Callable[[int], Iterable[WeightBucket]] | None = None,
+    reference_logits: ReferenceLogits | None = None,
     **kwargs: Any,
 ) -> dict[str, Any]:
     """Synchronous wrapper around :func:`check_engine_async` (runs its own event loop)."""
@@ -65,6 +74,7 @@ def check_engine(
             tokenizer_vocab_size=tokenizer_vocab_size,
             reference_logprobs=reference_logprobs,
             update_buckets=update_buckets,
+            reference_logits=reference_logits,
             **kwargs,
         )
     )
@@ -81,12 +91,17 @@ async def check_engine_async(
     eos_token_ids: Iterable[int] = (),
     timeout_s: float = 60.0,
     seeded_determinism: bool = True,
+    reference_logits: ReferenceLogits | None = None,
 ) -> dict[str, Any]:
     """Run every check on one engine; return ``{"passed": [...], "skipped": [...]}``.
 
     ``make_engine`` builds the engine (sync or async); it is shut down at the end.
-    ``reference_logprobs(prompt_ids, token_ids)`` gives the teacher-forced logprob of each
-    token under the engine's initial weights; without it the logprob check is skipped.
+    ``reference_logits(prompt_ids, token_ids)`` gives the teacher-forced logits
+    ``[len(token_ids), vocab]`` of the engine's initial weights at the positions that
+    predict each token (the full check: ``logprobs`` and ``sampled_policy``);
+    ``reference_logprobs(prompt_ids, token_ids)``, the older form, gives only the
+    full-vocabulary logprob of each token and checks ``logprobs`` alone. Without either
+    the logprob checks are skipped.
     ``update_buckets(version)`` gives weights to load (ideally different from the initial
     ones); without it the update check is skipped. ``long_tokens`` is the length of the
     requests used to observe abort/suspend/update mid-flight: the engine must allow
@@ -107,7 +122,10 @@ async def check_engine_async(
     checks: list[tuple[str, Callable[[], Awaitable[None]], bool]] = [
         ("stats", kit.check_stats, True),
         ("generate", kit.check_generate, True),
-        ("logprobs", lambda: kit.check_logprobs(reference_logprobs), reference_logprobs is not None),
+        ("logprobs", lambda: kit.check_logprobs(reference_logprobs, reference_logits),
+         reference_logprobs is not None or reference_logits is not None),
+        ("sampled_policy", lambda: kit.check_sampled_policy(reference_logits),
+         reference_logits is not None),
         ("seeded_determinism", kit.check_determinism, seeded_determinism),
         ("stop_and_allowed", kit.check_stop_and_allowed, True),
         ("abort", kit.check_abort, True),
@@ -223,29 +241,53 @@ class _Kit:
             self.well_formed(r, q, f"concurrent {q.request_id}")
             assert r.finish_reason != "abort", f"{q.request_id} was aborted unasked"
 
-    async def check_logprobs(self, reference: ReferenceLogprobs | None) -> None:
-        assert reference is not None
-        # Constrained actions: a few ids (little of the model's mass), one token as the
-        # pipeline asks for an action and several in a row; the logprob is still the
-        # full-vocabulary one (a renormalised one would be off by log of the set's mass).
-        allowed = sorted({3 % self.vocab, 5 % self.vocab, 11 % self.vocab, 17 % self.vocab})
+    async def check_logprobs(self, reference: ReferenceLogprobs | None,
+                             logits: ReferenceLogits | None) -> None:
+        """Unconstrained requests at temperature 1 or greedy: the policy is the raw
+        distribution, so the logprob is the full-vocabulary one."""
         for sampling in ({"temperature": 0.0}, {"temperature": 1.0, "seed": 3},
-                         {"temperature": 0.7, "top_k": 5, "seed": 4},
-                         {"temperature": 1.0, "top_p": 0.5, "seed": 5},
-                         {"temperature": 1.0, "seed": 6, "allowed_token_ids": allowed,
-                          "max_new_tokens": 1},
-                         {"temperature": 1.0, "seed": 7, "allowed_token_ids": allowed}):
+                         {"temperature": 1.0, "seed": 5, "max_new_tokens": 1}):
             sampling = {"max_new_tokens": 12, **sampling}
-            req = self.req(**sampling)
-            res = await self.engine.generate(req)
-            ref = reference(list(req.prompt_ids), list(res.token_ids))
-            assert len(ref) == len(res.token_ids), "reference_logprobs returned a wrong length"
-            worst = max((abs(a - b) for a, b in zip(res.logprobs, ref, strict=True)), default=0.0)
-            assert worst <= self.tol, (
-                f"logprobs with {sampling} differ from a teacher-forced forward pass by "
-                f"{worst:.2e} (> {self.tol}); report log_softmax of the unmodified logits "
-                "(temperature 1, no top-k/top-p/allowed-ids mask) of the serving weights"
-            )
+            await self._compare(sampling, reference, logits)
+
+    async def check_sampled_policy(self, logits: ReferenceLogits | None) -> None:
+        """Temperature 0.7 with and without ``allowed_token_ids``, and temperature 1 with
+        them: the logprob is that of ``softmax(mask(logits) / T)``, the distribution the
+        token was drawn from. Constrained actions use a few ids (little of the model's
+        mass), one token as the pipeline asks for an action and several in a row."""
+        allowed = sorted({3 % self.vocab, 5 % self.vocab, 11 % self.vocab, 17 % self.vocab})
+        for sampling in ({"temperature": 0.7, "seed": 4},
+                         {"temperature": 0.7, "seed": 6, "allowed_token_ids": allowed,
+                          "max_new_tokens": 1},
+                         {"temperature": 0.7, "seed": 7, "allowed_token_ids": allowed},
+                         {"temperature": 1.0, "seed": 8, "allowed_token_ids": allowed}):
+            sampling = {"max_new_tokens": 12, **sampling}
+            await self._compare(sampling, None, logits)
+
+    async def _compare(self, sampling: dict[str, Any], reference: ReferenceLogprobs | None,
+                       logits: ReferenceLogits | None) -> None:
+        req = self.req(**sampling)
+        res = await self.engine.generate(req)
+        prompt, tokens = list(req.prompt_ids), list(res.token_ids)
+        if logits is not None:
+            rows = logits(prompt, tokens)
+            assert tuple(rows.shape[:1]) == (len(tokens),), (
+                f"reference_logits returned shape {tuple(rows.shape)} for {len(tokens)} tokens")
+            mask = (torch.tensor(sampling["allowed_token_ids"], dtype=torch.long)
+                    if sampling.get("allowed_token_ids") else None)
+            ref = [policy_logprob(rows[i], t, sampling["temperature"], mask)
+                   for i, t in enumerate(tokens)]
+        else:
+            assert reference is not None
+            ref = reference(prompt, tokens)
+        assert len(ref) == len(tokens), "the reference returned a wrong length"
+        worst = max((abs(a - b) for a, b in zip(res.logprobs, ref, strict=True)), default=0.0)
+        assert worst <= self.tol, (
+            f"logprobs with {sampling} differ from a teacher-forced forward pass by "
+            f"{worst:.2e} (> {self.tol}); report the log-prob of the sampled policy, "
+            "log_softmax(mask(logits) / temperature)[token] of the serving weights (greedy: "
+            "temperature 1; top-k/top-p not applied), rollart_sdk.algorithms.policy_logprob"
+        )
 
     async def check_determinism(self) -> None:
         sampling = {"temperature": 1.0, "seed": 1234, "max_new_tokens": 16}
@@ -364,3 +406,17 @@ class _Kit:
         )
         after = await self.engine.generate(self.req(temperature=0.0, max_new_tokens=3))
         assert set(after.versions) == {old + 1}, "new requests must use the new version"
+
+
+def teacher_forced_logits(model: Any) -> ReferenceLogits:
+    """A ``reference_logits`` for :func:`check_engine` from a causal LM with the
+    transformers call convention (``model(ids).logits``): one plain forward of prompt +
+    tokens, the fp32 logits at the positions that predict each token."""
+
+    def logits(prompt: list[int], tokens: list[int]) -> torch.Tensor:
+        with torch.no_grad():
+            out = model(torch.tensor([prompt + tokens])).logits[0].float()
+        return out[len(prompt) - 1 : len(prompt) - 1 + len(tokens)]
+
+    return logits
+

@@ -1,24 +1,21 @@
 """Constrained actions (``allowed_token_ids``) on SGLang 0.5.23, which has no such option.
 
 A ``logit_bias`` of -inf on every other id would constrain SGLang's sampling, but SGLang
-adds the bias before it computes log-probs, so the log-prob it reports for the sampled
-token is that of the constrained (renormalised) distribution,
-``log p(a) - log sum_{b in allowed} p(b)``. Trainers recompute ``log p(a)`` over the full
-vocabulary (``rollart_sdk.algorithms.losses.token_logprobs``; the torch and vLLM engines
-report that one), so the importance ratio engine vs trainer was ``sum_{allowed} p`` (0.045
-at the first step of ``examples/sglang.yaml``).
-
-Instead, one token at a time: SGLang runs the step without any bias and reports, through
-``token_ids_logprob``, the full-vocabulary log-prob (temperature 1, the engine runs with
-``SGLANG_RETURN_ORIGINAL_LOGPROB=1``) of each allowed id at that position; the adapter
-samples among the allowed ids from those log-probs (temperature, top-k, top-p as the torch
-engine applies them after its mask) with the request's own generator, and reports the
-chosen id's full-vocabulary log-prob: exactly what the trainer recomputes. SGLang's own
-token for that step is discarded. A constrained request of ``n`` tokens is ``n`` SGLang
-requests (each a one-token extend over the radix-cached prefix); RL actions are one token
-(the pipeline asks for ``max_new_tokens=1`` with allowed ids), so the training workload
-pays nothing extra. As a side effect a constrained request's seed is honoured on every
-SGLang backend (the sampling happens here).
+adds the bias before it computes log-probs, and a bias of -inf also leaves the engine
+with no control over what the reported number means. Instead, one token at a time:
+SGLang runs the step greedily without any bias and reports, through
+``token_ids_logprob``, the full-vocabulary log-prob of each allowed id at that position
+(a greedy request runs at temperature 1 in SGLang, so these are the raw logits minus one
+constant); the adapter samples among the allowed ids from those log-probs (temperature,
+top-k, top-p as the torch engine applies them after its mask) with the request's own
+generator, and reports the chosen id's log-prob under the sampled policy,
+``log_softmax(logits[allowed] / T)`` (:mod:`rollart_sdk.algorithms.policy`): exactly what
+the trainer recomputes. SGLang's own token for that step is discarded. A constrained
+request of ``n`` tokens is ``n`` SGLang requests (each a one-token extend over the
+radix-cached prefix); RL actions are one token (the pipeline asks for
+``max_new_tokens=1`` with allowed ids), so the training workload pays nothing extra. As a
+side effect a constrained request's seed is honoured on every SGLang backend (the
+sampling happens here).
 """
 
 from __future__ import annotations
@@ -28,7 +25,7 @@ from typing import Any
 
 import torch
 
-from rollart_sdk.algorithms import draw
+from rollart_sdk.algorithms import draw, policy_temperature
 from rollart_sdk.types import SamplingParams
 
 
@@ -61,3 +58,11 @@ def choose_allowed(logprobs: Sequence[float], allowed: Sequence[int], params: Sa
     """
     x = torch.tensor(list(logprobs), dtype=torch.float64)
     return int(allowed[draw(x, params, generator)])
+
+
+def allowed_policy_logprob(logprobs: Sequence[float], index: int, temperature: float) -> float:
+    """The log-prob of ``allowed[index]`` under the sampled policy, from the allowed ids'
+    full-vocabulary ``logprobs`` (raw logits minus one constant, which cancels):
+    ``log_softmax(logprobs / T)[index]``, greedy taken as temperature 1."""
+    x = torch.tensor(list(logprobs), dtype=torch.float64) / policy_temperature(temperature)
+    return float(x[index] - torch.logsumexp(x, dim=0))

@@ -6,12 +6,13 @@ checks them against the wheel's source). The adapter is async, so it calls the
 loop:
 
 - ADD: ``Engine.async_generate(input_ids=..., sampling_params=..., return_logprob=True,
-  stream=True, rid=...)``. Log-probs are those of the unmodified logits because the
-  engine process runs with ``SGLANG_RETURN_ORIGINAL_LOGPROB=1`` (otherwise SGLang returns
-  temperature-scaled ones). SGLang has no ``allowed_token_ids`` (and a ``logit_bias``
-  would change the log-probs it reports): a constrained request runs one token per SGLang
-  request, with ``token_ids_logprob`` = the allowed ids, and the adapter samples among
-  them (``constrained.py``), so its log-probs are the full-vocabulary ones too.
+  stream=True, rid=...)``. Log-probs are those of the sampled policy,
+  ``log_softmax(logits / T)`` (:mod:`rollart_sdk.algorithms.policy`): SGLang's default, so
+  the engine process runs with ``SGLANG_RETURN_ORIGINAL_LOGPROB=0`` (set explicitly: with
+  1 it would report the raw logits' ones). SGLang has no ``allowed_token_ids`` (and a
+  ``logit_bias`` would change the log-probs it reports): a constrained request runs one
+  token per SGLang request, with ``token_ids_logprob`` = the allowed ids, and the adapter
+  samples among them and reports the masked, tempered log-prob (``constrained.py``).
 - ABORT: ``tokenizer_manager.abort_request(rid=...)``.
 - suspend / resume: new requests are held here; in-flight ones are paused inside SGLang
   with ``pause_generation(PauseGenerationReqInput(mode="in_place"))`` (KV kept) and
@@ -45,7 +46,11 @@ from typing import Any
 
 import torch
 
-from rollart_engine_sglang.constrained import allowed_logprobs, choose_allowed
+from rollart_engine_sglang.constrained import (
+    allowed_logprobs,
+    allowed_policy_logprob,
+    choose_allowed,
+)
 from rollart_sdk.config import ModelConfig
 from rollart_sdk.engine_adapter import (
     AdapterRequest,
@@ -114,8 +119,9 @@ class SglangEngine(EngineAdapter[_Request]):
                 "engine 'sglang' needs a prepared model with model.path set (an HF "
                 "checkpoint folder); the pipeline prepares model.tiny and model.gguf into one"
             )
-        # Read by SGLang's sampler at import, in the scheduler process it spawns.
-        os.environ["SGLANG_RETURN_ORIGINAL_LOGPROB"] = "1"
+        # Read by SGLang's sampler at import, in the scheduler process it spawns: 0 keeps
+        # SGLang's default, log-probs of the tempered distribution (the sampled policy).
+        os.environ["SGLANG_RETURN_ORIGINAL_LOGPROB"] = "0"
         if device == "cpu":
             os.environ["SGLANG_USE_CPU_ENGINE"] = "1"
             attention_backend = attention_backend or "torch_native"
@@ -349,7 +355,8 @@ class SglangEngine(EngineAdapter[_Request]):
                         i = st.allowed.index(choose_allowed(lps, st.allowed, st.request.sampling,
                                                             st.generator))
                         st.out_ids.append(st.allowed[i])
-                        st.logprobs.append(lps[i])
+                        st.logprobs.append(allowed_policy_logprob(
+                            lps, i, st.request.sampling.temperature))
                         st.versions.append(version)
                         self._tokens_generated += 1
                         seen = 1

@@ -19,8 +19,11 @@ compares them with the wheel's source) and the behaviour recorded from the real 
 - ``flush_cache()`` fails while requests are in the running batch;
 - ``update_weights_from_tensor`` outside ``begin_weight_update`` / ``end_weight_update``
   answers ``(False, message)``;
-- log-probs with ``SGLANG_RETURN_ORIGINAL_LOGPROB=1``: ``log_softmax`` of the logits after
-  ``logit_bias`` and before temperature; ``token_ids_logprob=[ids]`` adds
+- log-probs without ``SGLANG_RETURN_ORIGINAL_LOGPROB`` (SGLang's default): ``log_softmax``
+  of the logits after ``logit_bias`` divided by the temperature (a greedy request runs at
+  temperature 1 with top-k 1, ``sampling_params.py``); top-k/top-p do not enter the
+  log-probs (``sampler.py``: ``torch.log(probs)`` of the tempered softmax, before the
+  filters); ``token_ids_logprob=[ids]`` adds
   ``meta_info["output_token_ids_logprobs"]``: per output position, ``(logprob, id, None)``
   for each requested id, from the same log-probs.
 
@@ -238,8 +241,8 @@ class TokenizerManager:
             logits = self.model(torch.tensor([req.input_ids + req.out])).logits[0, -1].float()
         for key, bias in (p.get("logit_bias") or {}).items():
             logits[int(key)] += bias
-        lp = torch.log_softmax(logits, dim=-1)
         temp = float(p.get("temperature", 1.0))
+        lp = torch.log_softmax(logits / (temp if temp > 0.0 else 1.0), dim=-1)
         if temp == 0.0:
             tok = int(torch.argmax(logits))
         else:
@@ -275,8 +278,8 @@ class Engine:
     def __init__(self, **kwargs: Any) -> None:
         from rollart_sdk.models import load_causal_lm
 
-        assert os.environ.get("SGLANG_RETURN_ORIGINAL_LOGPROB") == "1", (
-            "the adapter must set SGLANG_RETURN_ORIGINAL_LOGPROB=1 before the engine starts"
+        assert os.environ.get("SGLANG_RETURN_ORIGINAL_LOGPROB") == "0", (
+            "the adapter must set SGLANG_RETURN_ORIGINAL_LOGPROB=0 before the engine starts"
         )
         self.server_args = kwargs
         model = load_causal_lm(kwargs["model_path"])

@@ -24,7 +24,7 @@ from rollart_sdk.weights import split_buckets
 REAL_SGLANG = "rollart_sglang_contract" not in sys.modules
 
 
-def test_check_engine(tiny_model, reference, other_weights):
+def test_check_engine(tiny_model, reference_logits, other_weights):
     tok = load_tokenizer(tiny_model.path)
 
     def update(version):
@@ -34,7 +34,7 @@ def test_check_engine(tiny_model, reference, other_weights):
         lambda: SglangEngine(model=tiny_model, device="cpu", context_length=1024,
                              max_total_tokens=16384),
         tokenizer_vocab_size=len(tok),
-        reference_logprobs=reference,
+        reference_logits=reference_logits,
         update_buckets=update,
         prompt_ids=tok.encode("You are on a frozen lake. Move:"),
         eos_token_ids=[tok.eos_token_id],

@@ -12,12 +12,12 @@ import ast
 import asyncio
 import dataclasses
 import inspect
-import math
 import os
 import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 SRC = os.environ.get("ROLLART_SGLANG_SRC")
 needs_src = pytest.mark.skipif(
@@ -98,6 +98,10 @@ def test_request_structs_and_sampling_fields():
     assert "allowed_token_ids" not in sp  # why constrained requests are sampled by the adapter
     sampler = (Path(SRC or "") / "sglang/srt/layers/sampler.py").read_text()
     assert "SGLANG_RETURN_ORIGINAL_LOGPROB" in sampler
+    # The default log-probs (the adapter sets the switch to 0) are of the tempered
+    # distribution: the sampled policy the trainer recomputes.
+    assert "logits.div_(sampling_info.temperatures)" in sampler
+    assert "torch.log(probs)" in sampler
     # token_ids_logprob: the requested ids' log-probs per output position, in meta_info
     tm_src = (Path(SRC or "") / "sglang/srt/managers/tokenizer_manager.py").read_text()
     assert 'meta_info["output_token_ids_logprobs"]' in tm_src
@@ -171,12 +175,14 @@ def test_weight_update_runs_in_a_session_after_retract(tiny_model, other_weights
     assert tail[begin + 1 + nb:][:3] == ["end_weight_update", "flush_cache", "continue_generation"]
 
 
-def test_constrained_logprobs_are_full_vocabulary(tiny_model, reference):
-    """A constrained request reports log p(token) over the full vocabulary (what the
-    trainer recomputes), not the renormalised log-prob a logit_bias would give; the
-    tokens stay inside the allowed set and a seed reproduces them."""
+def test_constrained_logprobs_are_the_sampled_policy(tiny_model, reference_logits):
+    """A constrained request at temperature 0.7 reports log pi(token) with
+    pi = softmax(logits[allowed] / 0.7) (the distribution it was drawn from, what the
+    trainer recomputes), not the full-vocabulary log-prob of the raw logits; the tokens
+    stay inside the allowed set and a seed reproduces them."""
     from rollart_engine_sglang.engine import SglangEngine
 
+    from rollart_sdk.algorithms import policy_logprob
     from rollart_sdk.types import GenerationRequest, SamplingParams
 
     allowed = [3, 5, 11, 17]
@@ -186,7 +192,7 @@ def test_constrained_logprobs_are_full_vocabulary(tiny_model, reference):
         out = []
         for rid in ("a", "b"):
             out.append(await engine.generate(GenerationRequest(
-                rid, [5, 6, 7, 8], SamplingParams(max_new_tokens=8, seed=4,
+                rid, [5, 6, 7, 8], SamplingParams(max_new_tokens=8, seed=4, temperature=0.7,
                                                   allowed_token_ids=allowed))))
         await engine.shutdown()
         return out
@@ -194,13 +200,13 @@ def test_constrained_logprobs_are_full_vocabulary(tiny_model, reference):
     a, b = asyncio.run(run())
     assert a.token_ids == b.token_ids and len(a.token_ids) == 8
     assert set(a.token_ids) <= set(allowed)
-    ref = reference([5, 6, 7, 8], a.token_ids)
+    rows = reference_logits([5, 6, 7, 8], a.token_ids)
+    mask = torch.tensor(allowed)
+    ref = [policy_logprob(rows[i], t, 0.7, mask) for i, t in enumerate(a.token_ids)]
     assert max(abs(x - y) for x, y in zip(a.logprobs, ref, strict=True)) < 1e-4
-    # ... and far from the renormalised (logit_bias) ones: the allowed ids hold little mass
-    prompt = [5, 6, 7, 8]
-    log_z = [math.log(sum(math.exp(reference(prompt + a.token_ids[:i], [t])[0]) for t in allowed))
-             for i in range(len(a.token_ids))]
-    assert max(log_z) < -1.0
+    # ... and far from the raw full-vocabulary ones: the allowed ids hold little mass
+    raw = [float(torch.log_softmax(rows[i], -1)[t]) for i, t in enumerate(a.token_ids)]
+    assert min(x - y for x, y in zip(a.logprobs, raw, strict=True)) > 1.0
 
 
 def test_options_reject_impossible_combinations():

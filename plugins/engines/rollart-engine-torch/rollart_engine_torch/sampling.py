@@ -1,11 +1,13 @@
 """Token choice for one sequence, from its fp32 logits row.
 
-The logprob reported with each token is ``log_softmax(logits)[token]`` of the UNMODIFIED
-distribution (temperature 1, no top-k/top-p, no allowed-ids mask). That is exactly what
-a trainer recomputes with a plain forward pass, so the PPO/GRPO importance ratio compares
-like with like and the conformance kit can check it against a teacher-forced pass.
-Sampling itself uses the modified distribution (mask here, then temperature, top-k,
-top-p in the core's ``rollart_sdk.algorithms.draw``).
+The logprob reported with each token is that of the sampled policy,
+``log_softmax(mask(logits) / temperature)[token]`` (the core's
+:mod:`rollart_sdk.algorithms.policy`: the allowed-ids mask and the temperature, greedy
+taken as temperature 1). That is exactly what a trainer recomputes, so the PPO/GRPO
+importance ratio compares the distribution the token was drawn from with the one being
+optimised, and the conformance kit checks it against a teacher-forced pass. The draw
+itself also applies top-k and top-p (the core's ``rollart_sdk.algorithms.draw``), which
+the policy does not model (as in verl).
 
 Randomness comes only from the request's own ``torch.Generator``, so a seeded request
 samples the same tokens whatever else shares its batch.
@@ -15,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from rollart_sdk.algorithms import draw
+from rollart_sdk.algorithms import draw, policy_scores
 from rollart_sdk.types import SamplingParams
 
 
@@ -24,11 +26,14 @@ def choose_token(
     params: SamplingParams,
     generator: torch.Generator,
     allowed: torch.Tensor | None = None,
-) -> int:
-    """Pick the next token id from ``logits`` (1-D, fp32) under ``params``."""
+) -> tuple[int, float]:
+    """Pick the next token id from ``logits`` (1-D, fp32) under ``params``; returns it
+    with its log-prob under the sampled policy (mask and temperature)."""
     x = logits
     if allowed is not None:
         masked = torch.full_like(x, float("-inf"))
         masked[allowed] = x[allowed]
         x = masked
-    return draw(x, params, generator)
+    tok = draw(x, params, generator)
+    scores = policy_scores(x, params.temperature)
+    return tok, float(scores[tok] - torch.logsumexp(scores, dim=-1))

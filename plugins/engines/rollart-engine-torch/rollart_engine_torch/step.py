@@ -12,8 +12,9 @@ samples one token:
   copy the new K/V into their slots and sample, each with its own generator, from the
   same logits;
 - rows of very different lengths go in separate forwards (:func:`length_groups`);
-- each token is recorded with the logprob of the unmodified distribution
-  (:mod:`rollart_engine_torch.sampling`) and the weights version that produced it.
+- each token is recorded with its logprob under the sampled policy (allowed-ids mask and
+  temperature, :mod:`rollart_engine_torch.sampling`) and the weights version that
+  produced it.
 """
 
 from __future__ import annotations
@@ -92,11 +93,10 @@ def run_step(runner: SlotRunner, running: list[Seq], version: int,
 
 def append_token(seq: Seq, logits: torch.Tensor, version: int, max_seq_len: int,
                  counts: StepCounts) -> bool:
-    """Sample, record the token with its unmodified logprob; True when seq is done."""
+    """Sample, record the token with its policy logprob; True when seq is done."""
     params = seq.request.sampling
     assert seq.generator is not None
-    tok = choose_token(logits, params, seq.generator, seq.allowed)
-    logprob = float(logits[tok] - torch.logsumexp(logits, dim=-1))
+    tok, logprob = choose_token(logits, params, seq.generator, seq.allowed)
     seq.tokens.append(tok)
     seq.out_ids.append(tok)
     seq.logprobs.append(logprob)

@@ -50,3 +50,13 @@ def reference(tiny_model: ModelConfig) -> Callable[[list[int], list[int]], list[
         return [float(lp[len(prompt) - 1 + i, t]) for i, t in enumerate(tokens)]
 
     return logprobs
+
+
+@pytest.fixture(scope="session")
+def reference_logits(tiny_model: ModelConfig):
+    """Teacher-forced logits of the initial weights (the kit's sampled-policy check),
+    from transformers' model (independent of the SDK's own forward the engine runs)."""
+    from rollart_sdk.testing.engine import teacher_forced_logits
+
+    assert tiny_model.path is not None
+    return teacher_forced_logits(load_causal_lm(tiny_model.path, implementation="transformers"))

@@ -9,7 +9,7 @@ from rollart_sdk.testing.engine import check_engine
 from rollart_sdk.weights import split_buckets
 
 
-def test_check_engine(tiny_model, reference, other_weights):
+def test_check_engine(tiny_model, reference_logits, other_weights):
     tok = load_tokenizer(tiny_model.path)
 
     def update(version):
@@ -19,11 +19,11 @@ def test_check_engine(tiny_model, reference, other_weights):
     report = check_engine(
         lambda: TorchEngine(model=tiny_model, max_running=8, max_seq_len=1024),
         tokenizer_vocab_size=len(tok),
-        reference_logprobs=reference,
+        reference_logits=reference_logits,
         update_buckets=update,
         prompt_ids=tok.encode("You are on a frozen lake. Move:"),
         eos_token_ids=[tok.eos_token_id],
     )
     assert report["skipped"] == []
-    assert "update" in report["passed"] and "logprobs" in report["passed"]
+    assert {"update", "logprobs", "sampled_policy"} <= set(report["passed"])
     assert report["stats"]["recomputed"] >= 1

@@ -7,6 +7,7 @@ import asyncio
 import torch
 from rollart_engine_torch.engine import TorchEngine
 
+from rollart_sdk.algorithms import policy_logprob
 from rollart_sdk.types import GenerationRequest, SamplingParams, WeightBucket
 
 
@@ -159,7 +160,7 @@ def test_pd_handoff_equals_single_engine(tiny_model, reference):
     assert pre_stats["tokens_generated"] == 0 and pre_stats["running"] == 0
 
 
-def test_identical_rows_of_a_step_are_computed_once(tiny_model, reference):
+def test_identical_rows_of_a_step_are_computed_once(tiny_model, reference_logits):
     """Trajectories with the same context (a group's shared prompt, the same actions so
     far) are computed once per step and copied: same tokens and logprobs as computing
     each on its own (one episode after another), fewer prefill tokens."""
@@ -191,7 +192,10 @@ def test_identical_rows_of_a_step_are_computed_once(tiny_model, reference):
             assert ra.token_ids == rb.token_ids
             assert ra.logprobs == rb.logprobs or max(
                 abs(x - y) for x, y in zip(ra.logprobs, rb.logprobs, strict=True)) < 1e-5
-            ref = reference(prompt, ra.token_ids)
+            # the sampled policy: temperature 1, masked to the allowed ids [3, 4]
+            rows = reference_logits(prompt, ra.token_ids)
+            ref = [policy_logprob(rows[i], t, 1.0, torch.tensor([3, 4]))
+                   for i, t in enumerate(ra.token_ids)]
             assert max(abs(x - y) for x, y in zip(ra.logprobs, ref, strict=True)) < 1e-4
     assert s_alone["shared_tokens"] == 0
     # the first turn's prompt is the same for all six: computed once, copied five times

@@ -5,8 +5,9 @@ maps the paper's command loop onto its async API and keeps the token-level bookk
 (logprobs, per-token policy versions) the trainer needs:
 
 - ADD: ``generate`` submits ``TokensPrompt(prompt_token_ids=...)`` with vLLM
-  ``SamplingParams`` (``logprobs=0``: the sampled token's logprob, from the raw logits;
-  ``allowed_token_ids``; a per-request ``seed``) and streams the output as deltas.
+  ``SamplingParams`` (``logprobs=0``: the sampled token's logprob under the sampled
+  policy, vLLM's ``logprobs_mode="processed_logprobs"``: after ``allowed_token_ids`` and
+  temperature; a per-request ``seed``) and streams the output as deltas.
 - ABORT: ``abort`` forwards to ``AsyncLLM.abort``; the request returns
   ``finish_reason="abort"`` with its tokens so far. A request held while suspended is
   dropped here, before vLLM ever sees it.
@@ -139,6 +140,11 @@ class VllmEngine(EngineAdapter[AdapterRequest]):
             worker_extension_cls=EXTENSION,
             disable_log_stats=True,
             skip_tokenizer_init=True,  # token ids in, token ids out: no tokenizer needed
+            # The sampled token's log-prob under the distribution it was drawn from: after
+            # allowed_token_ids and temperature (greedy rows at temperature 1), which is the
+            # policy the trainer recomputes (rollart_sdk.algorithms.policy). Top-k/top-p,
+            # when a request uses them, also enter vLLM's processed log-probs.
+            logprobs_mode="processed_logprobs",
         )
         if gpu_memory_utilization is not None:
             kwargs["gpu_memory_utilization"] = gpu_memory_utilization

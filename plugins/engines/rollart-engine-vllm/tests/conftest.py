@@ -70,6 +70,15 @@ def reference(tiny_model: ModelConfig):
 
 
 @pytest.fixture(scope="session")
+def reference_logits(tiny_model: ModelConfig):
+    """Teacher-forced logits of the initial weights (the kit's sampled-policy check)."""
+    from rollart_sdk.testing.engine import teacher_forced_logits
+
+    assert tiny_model.path is not None
+    return teacher_forced_logits(load_causal_lm(tiny_model.path))
+
+
+@pytest.fixture(scope="session")
 def other_reference(other_model: ModelConfig):
     assert other_model.path is not None
     return make_reference(other_model.path)

@@ -19,7 +19,7 @@ needs_vllm = pytest.mark.skipif(
 pytestmark = needs_vllm
 
 
-def test_check_engine(tiny_model, reference, other_weights):
+def test_check_engine(tiny_model, reference_logits, other_weights):
     tok = load_tokenizer(tiny_model.path)
 
     def update(version):
@@ -30,12 +30,12 @@ def test_check_engine(tiny_model, reference, other_weights):
         lambda: VllmEngine(model=tiny_model, max_model_len=1024, max_num_seqs=16,
                            cpu_kv_cache_gb=0.25),
         tokenizer_vocab_size=len(tok),
-        reference_logprobs=reference,
+        reference_logits=reference_logits,
         update_buckets=update,
         prompt_ids=tok.encode("You are on a frozen lake. Move:"),
         eos_token_ids=[tok.eos_token_id],
         timeout_s=120.0,
     )
     assert report["skipped"] == []
-    assert "update" in report["passed"] and "logprobs" in report["passed"]
+    assert {"update", "logprobs", "sampled_policy"} <= set(report["passed"])
     assert report["stats"]["recomputed"] >= 1

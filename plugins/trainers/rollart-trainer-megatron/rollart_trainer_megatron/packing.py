@@ -16,10 +16,11 @@ of moderate length rather than one long row. (On GPU with Transformer Engine, TH
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
+from rollart_sdk.algorithms.policy import allowed_groups, policy_temperature
 from rollart_sdk.types import TrainSample
 
 
@@ -36,6 +37,12 @@ class Packed:
     advantages: torch.Tensor  # float: the trajectory's advantage on its tokens
     seq_weight: torch.Tensor  # float: 1 / (loss tokens of its trajectory)
     trajectories: int
+    # The sampled policy of each token's trajectory (rollart_sdk.algorithms.policy): its
+    # temperature (1 on padding) and allowed-ids group (-1: unconstrained), and the groups'
+    # id sets.
+    temperature: torch.Tensor | None = None  # float
+    group: torch.Tensor | None = None  # long
+    allowed: list[torch.Tensor] = field(default_factory=list)
 
 
 def plan_rows(lengths: list[int], pack_length: int) -> list[list[int]]:
@@ -91,6 +98,10 @@ def pack(rows: list[list[TrainSample]]) -> Packed:
     adv = torch.zeros((b, width), dtype=torch.float32)
     sw = torch.zeros((b, width), dtype=torch.float32)
     mask = torch.ones((b, 1, width, width), dtype=torch.bool)
+    temp = torch.ones((b, width), dtype=torch.float32)
+    grp = torch.full((b, width), -1, dtype=torch.long)
+    groups, allowed = allowed_groups([s.allowed_token_ids for row in rows for s in row])
+    k = 0
     for r, row in enumerate(rows):
         start = 0
         for s in row:
@@ -105,7 +116,12 @@ def pack(rows: list[list[TrainSample]]) -> Packed:
             masked = sum(s.loss_mask[1:])
             sw[r, sl] = 1.0 / masked if masked else 0.0
             mask[r, 0, sl, sl] = torch.triu(torch.ones((n, n), dtype=torch.bool), diagonal=1)
+            temp[r, sl] = policy_temperature(s.temperature)
+            grp[r, sl] = groups[k]
+            k += 1
             start += n
     return Packed(ids=ids, positions=pos, mask=mask, loss_mask=lm, behaviour=beh,
                   versions=ver, advantages=adv, seq_weight=sw,
-                  trajectories=sum(len(r) for r in rows))
+                  trajectories=sum(len(r) for r in rows),
+                  temperature=temp if bool((temp != 1.0).any()) else None,
+                  group=grp if allowed else None, allowed=allowed)

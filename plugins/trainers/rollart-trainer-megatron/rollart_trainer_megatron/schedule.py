@@ -28,16 +28,15 @@ from rollart_sdk.algorithms import (
     aggregate,
     decoupled_anchor,
     kl_penalty,
+    policy_token_logprobs,
     ppo_clip_loss,
-    token_entropy,
-    token_logprobs,
 )
 from rollart_trainer_megatron.packing import pack
 from rollart_trainer_megatron.pipeline import device_mode
 
 METRIC_SUMS = ("loss", "pg_loss", "kl", "clip", "approx_kl", "ratio", "entropy", "stale",
-               "tis_w", "tokens", "beh_ratio")
-METRIC_MAXES = ("ratio", "beh_ratio")
+               "tis_w", "tokens", "beh_ratio", "mismatch", "fresh")
+METRIC_MAXES = ("ratio", "beh_ratio", "mismatch")
 _KEYS = ("ids", "positions", "mask", "loss_mask", "behaviour", "versions", "advantages",
          "seq_weight")
 
@@ -52,7 +51,12 @@ def forward_backward(trainer: Any, batch: list[Any], plan: list[list[list[int]]]
     micro = []
     for rows in plan:
         p = pack([[batch[i] for i in row] for row in rows])
-        micro.append({k: getattr(p, k).to(trainer.device) for k in _KEYS})
+        mb: dict[str, Any] = {k: getattr(p, k).to(trainer.device) for k in _KEYS}
+        for k in ("temperature", "group"):  # the sampled policy; None: the raw logits
+            v = getattr(p, k)
+            mb[k] = None if v is None else v.to(trainer.device)
+        mb["allowed"] = [a.to(trainer.device) for a in p.allowed]
+        micro.append(mb)
     sums = dict.fromkeys(METRIC_SUMS, 0.0)
     maxes = dict.fromkeys(METRIC_MAXES, 0.0)
     if not micro:  # this replica got no trajectories (DP > 1): zero gradients, no schedule
@@ -82,7 +86,8 @@ def _forward(trainer: Any, loss_fn: Any, state: Any, data_iterator: Any,
 
 def _ref_loss(trainer: Any, store: list[torch.Tensor], t: dict[str, torch.Tensor],
               output: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, dict]:
-    store.append(token_logprobs(output[..., : trainer.arch.vocab], t["ids"]).detach())
+    logp, _ = _policy_logprobs(output[..., : trainer.arch.vocab], t, False)
+    store.append(logp.detach())
     return output.new_zeros(()), torch.tensor(1, dtype=torch.int), {}
 
 
@@ -93,7 +98,7 @@ def _loss(trainer: Any, state: dict[str, Any], t: dict[str, torch.Tensor],
     o = trainer.options
     sums = state["sums"]
     logits = output[..., : trainer.arch.vocab]  # drop the TP vocabulary padding
-    logp = token_logprobs(logits, t["ids"])
+    logp, entropy = _policy_logprobs(logits, t, o.compute_entropy)
     mask = t["loss_mask"][:, 1:]
     beh = t["behaviour"][:, 1:]
     adv = t["advantages"][:, 1:]
@@ -125,11 +130,33 @@ def _loss(trainer: Any, state: dict[str, Any], t: dict[str, torch.Tensor],
     sums["tis_w"] += float((w * stale).sum())
     sums["tokens"] += ntok
     sums["beh_ratio"] += float(beh_ratio.sum())
+    # train/inference mismatch: engine vs trainer log-prob on fresh tokens (same weights)
+    fresh = (m & ~stale).float()
+    gap = (logp.detach() - beh).abs() * fresh
+    sums["mismatch"] += float(gap.sum())
+    sums["fresh"] += float(fresh.sum())
     maxes = state["maxes"]
+    if bool(fresh.any()):
+        maxes["mismatch"] = max(maxes["mismatch"], float(gap.max()))
     maxes["ratio"] = max(maxes["ratio"], float(st["ratio_max"]))
     if bool(m.any()):
         maxes["beh_ratio"] = max(maxes["beh_ratio"], float(beh_ratio.max()))
     if o.compute_entropy:
-        with torch.no_grad():
-            sums["entropy"] += float((token_entropy(logits.detach()) * mask).sum())
+        sums["entropy"] += entropy
     return loss, torch.tensor(1, dtype=torch.int), {}
+
+
+def _policy_logprobs(logits: torch.Tensor, t: dict[str, Any],
+                     entropy: bool) -> tuple[torch.Tensor, float]:
+    """Log-probs ``[B, L-1]`` of the trained tokens (0 elsewhere) under the policy each
+    was sampled from (temperature, allowed ids: ``policy_token_logprobs``, as trainer
+    ``torch`` computes them), and their summed entropy. Only the trained positions go
+    through the softmax."""
+    sel = t["loss_mask"][:, 1:].bool()
+    r, c = sel.nonzero(as_tuple=True)
+    temp, group = t.get("temperature"), t.get("group")
+    picked, ent = policy_token_logprobs(
+        logits[r, c], t["ids"][r, c + 1], None if temp is None else temp[r, c + 1],
+        None if group is None else group[r, c + 1], t.get("allowed", ()), entropy)
+    logp = torch.zeros(sel.shape, dtype=picked.dtype, device=picked.device)
+    return logp.index_put((r, c), picked), ent

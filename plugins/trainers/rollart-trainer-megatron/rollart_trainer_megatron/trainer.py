@@ -212,6 +212,11 @@ class MegatronTrainer:
             "tis_weight_mean": sums["tis_w"] / max(sums["stale"], 1.0),
             "behaviour_ratio_mean": sums["beh_ratio"] / ntok,
             "behaviour_ratio_max": maxes["beh_ratio"],
+            # |engine - trainer| log-prob on fresh tokens (rollart_sdk.algorithms.policy)
+            "mismatch_mean": (sums["mismatch"] / sums["fresh"] if sums["fresh"]
+                              else float("nan")),
+            "mismatch_max": maxes["mismatch"] if sums["fresh"] else float("nan"),
+            "mismatch_tokens": sums["fresh"],
             "tokens": sums["tokens"],
             "sequences": float(counts[1]),
             "micro_batches": float(len(plan)),

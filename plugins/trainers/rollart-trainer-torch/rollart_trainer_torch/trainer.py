@@ -30,13 +30,15 @@ import torch
 import torch.distributed as dist
 
 from rollart_sdk.algorithms import (
+    MismatchMeter,
     aggregate,
+    allowed_groups,
     decoupled_anchor,
     fill_advantages,
     kl_penalty,
+    policy_temperature,
+    policy_token_logprobs,
     ppo_clip_loss,
-    token_entropy,
-    token_logprobs,
 )
 from rollart_sdk.config import ModelConfig
 from rollart_sdk.interfaces import check_train_sample
@@ -166,6 +168,7 @@ class TorchTrainer:
              "tis_w", "tokens", "beh_ratio", "last_clip"), 0.0
         )
         maxima = {"ratio": 0.0, "beh_ratio": 0.0}
+        self._mismatch = MismatchMeter()  # engine vs trainer log-probs, fresh tokens
         # A sample whose advantage is 0 (a group that all failed or all succeeded) adds
         # exactly nothing to the policy loss or its gradient: unless a KL term needs it,
         # it is not run through the model. The normaliser above counts its tokens, so the
@@ -178,7 +181,7 @@ class TorchTrainer:
         forward_tokens = 0
         # Per micro-batch, built on the first pass and kept for the later ones: the padded
         # samples, the prefix tree and the first pass's anchors and weights.
-        kept: list[tuple[dict[str, torch.Tensor], Any, Any]] = []
+        kept: list[tuple[dict[str, Any], Any, Any]] = []
         grad_norms: list[float] = []
         skipped = False
         for update in range(o.updates_per_batch):
@@ -242,6 +245,7 @@ class TorchTrainer:
             "tis_weight_mean": sums["tis_w"] / max(sums["stale"], 1.0),
             "behaviour_ratio_mean": mean("beh_ratio"),
             "behaviour_ratio_max": beh_ratio_max,
+            **self._mismatch_metrics(),
             "tokens": float(counts[0]),  # loss tokens of the whole batch (all ranks)
             "sequences": float(counts[1]),
             "forward_sequences": float(forward_samples[0]),  # those run (advantage != 0)
@@ -261,7 +265,7 @@ class TorchTrainer:
                                else float("nan")),
         }
 
-    def _micro_step(self, t: dict[str, torch.Tensor], tree: Any, anchor: Any,
+    def _micro_step(self, t: dict[str, Any], tree: Any, anchor: Any,
                     normalizer: float, sums: dict[str, float], maxima: dict[str, float],
                     last: bool) -> tuple[torch.Tensor, torch.Tensor]:
         """Forward and backward of one micro-batch; returns its anchors ``(old, w)``.
@@ -284,6 +288,7 @@ class TorchTrainer:
                                                  o.tis_on_fresh)
             old, w = old.detach(), w.detach()
             sums["beh_ratio"] += float(beh_ratio.sum())
+            self._mismatch.add(logp, t["beh"][:, 1:], (m & ~stale).float(), t["engine"])
             if bool(m.any()):
                 maxima["beh_ratio"] = max(maxima["beh_ratio"], float(beh_ratio.max()))
         else:
@@ -389,6 +394,15 @@ class TorchTrainer:
         dist.init_process_group(backend, init_method=init_method, rank=self.rank,
                                 world_size=self.world_size)
 
+    def _mismatch_metrics(self) -> dict[str, float]:
+        """The step's train/inference mismatch over every rank's tokens."""
+        if self.world_size > 1:
+            gathered: list[Any] = [None] * self.world_size
+            dist.all_gather_object(gathered, self._mismatch.by_engine)
+            self._mismatch.by_engine = {}
+            self._mismatch.merge(gathered)
+        return self._mismatch.metrics()
+
     def _all_reduce(self, t: torch.Tensor, op: str = "sum") -> torch.Tensor:
         """Reduce a small CPU tensor over ranks (identity with one rank)."""
         if self.world_size == 1:
@@ -478,51 +492,39 @@ class TorchTrainer:
             out.append(cur)
         return out
 
-    def _logprobs(self, model: Any, t: dict[str, torch.Tensor], sel: torch.Tensor,
+    def _logprobs(self, model: Any, t: dict[str, Any], sel: torch.Tensor,
                   entropy: bool, tree: PrefixTree | None = None) -> tuple[torch.Tensor, float]:
         """Log-probs ``[B, T-1]`` of the tokens where ``sel`` is set (0 elsewhere) and the
         summed entropy there, in one pass: the LM head and softmax run only on the
         positions that are trained (the policy's tokens), not on every prompt token.
-        With ``tree``, every shared prefix of the micro-batch is computed once."""
+        With ``tree``, every shared prefix of the micro-batch is computed once.
+
+        The log-probs are of the policy each sample was drawn from (its temperature and
+        allowed ids, :func:`rollart_sdk.algorithms.policy_token_logprobs`), as the engine
+        reported them, so the importance ratio compares like with like."""
         head = model.get_output_embeddings() if self._head_only else None
         if tree is not None and head is not None:
             flat = tree.hidden(model.base_model)
             rows = torch.tensor(tree.rows, dtype=torch.long, device=flat.device)
             at = torch.tensor(tree.sample_pos, dtype=torch.long, device=flat.device)
             r, c = (at[:, 0], at[:, 1]) if len(tree.rows) else (rows, rows)
-            logits = head(flat[rows]).float()
-            log_z = torch.logsumexp(logits, dim=-1)
-            picked = logits.gather(-1, t["ids"][r, c + 1].unsqueeze(-1)).squeeze(-1) - log_z
-            logp = torch.zeros(sel.shape, dtype=picked.dtype, device=picked.device)
-            logp = logp.index_put((r, c), picked)
-            return logp, self._entropy(logits, log_z) if entropy else 0.0
-        if head is None:  # a model with its own logit post-processing: full forward
-            logits = model(input_ids=t["ids"], attention_mask=t["attn"]).logits
-            logp = token_logprobs(logits, t["ids"])
-            ent = 0.0
-            if entropy:
-                with torch.no_grad():
-                    ent = float((token_entropy(logits.detach()) * sel).sum())
-            return logp, ent
-        # Right padding under a causal mask: no real token ever attends to padding, so no
-        # padding mask is needed, and attention takes the plain causal kernel.
-        hidden = model.base_model(input_ids=t["ids"]).last_hidden_state
-        rows, cols = sel.nonzero(as_tuple=True)
-        logits = head(hidden[rows, cols]).float()  # position t predicts token t + 1
-        log_z = torch.logsumexp(logits, dim=-1)
-        picked = logits.gather(-1, t["ids"][rows, cols + 1].unsqueeze(-1)).squeeze(-1) - log_z
+            logits = head(flat[rows])
+        elif head is None:  # a model with its own logit post-processing: full forward
+            r, c = sel.nonzero(as_tuple=True)
+            logits = model(input_ids=t["ids"], attention_mask=t["attn"]).logits[r, c]
+        else:
+            # Right padding under a causal mask: no real token ever attends to padding,
+            # so no padding mask is needed, and attention takes the plain causal kernel.
+            hidden = model.base_model(input_ids=t["ids"]).last_hidden_state
+            r, c = sel.nonzero(as_tuple=True)
+            logits = head(hidden[r, c])  # position t predicts token t + 1
+        picked, ent = policy_token_logprobs(
+            logits, t["ids"][r, c + 1], t["temp"][r] if t["temp"] is not None else None,
+            t["group"][r] if t["group"] is not None else None, t["allowed"], entropy)
         logp = torch.zeros(sel.shape, dtype=picked.dtype, device=picked.device)
-        logp = logp.index_put((rows, cols), picked)
-        return logp, self._entropy(logits, log_z) if entropy else 0.0
+        return logp.index_put((r, c), picked), ent
 
-    @staticmethod
-    def _entropy(logits: torch.Tensor, log_z: torch.Tensor) -> float:
-        """Summed entropy of the next-token distributions of ``logits`` rows."""
-        with torch.no_grad():
-            lp = logits.detach() - log_z.detach().unsqueeze(-1)
-            return float(-(lp.exp() * lp).sum())
-
-    def _pad(self, mb: list[TrainSample]) -> dict[str, torch.Tensor]:
+    def _pad(self, mb: list[TrainSample]) -> dict[str, Any]:
         """Right-pad a micro-batch (causal attention: padding after a sequence never
         influences its tokens, and the loss mask is 0 there)."""
         n, length = len(mb), max(len(s.input_ids) for s in mb)
@@ -540,7 +542,17 @@ class TorchTrainer:
             vers[i, :k] = torch.tensor(s.token_versions, dtype=torch.long)
         adv = torch.tensor([float(s.advantage) for s in mb], dtype=torch.float32)
         out = {"ids": ids, "attn": attn, "mask": mask, "beh": beh, "vers": vers, "adv": adv}
-        return {k: v.to(self.device) for k, v in out.items()}
+        moved: dict[str, Any] = {k: v.to(self.device) for k, v in out.items()}
+        # The sampled policy per sample (None where every sample has the raw one).
+        temps = [policy_temperature(s.temperature) for s in mb]
+        moved["temp"] = (torch.tensor(temps, dtype=torch.float32, device=self.device)
+                         if any(x != 1.0 for x in temps) else None)
+        groups, allowed = allowed_groups([s.allowed_token_ids for s in mb])
+        moved["group"] = (torch.tensor(groups, dtype=torch.long, device=self.device)
+                          if allowed else None)
+        moved["allowed"] = [a.to(self.device) for a in allowed]
+        moved["engine"] = [s.engine for s in mb]
+        return moved
 
 
 def _all_reduce_flat(tensors: list[torch.Tensor]) -> None:
