@@ -222,6 +222,23 @@ def check_sim_context(cfg: RunConfig, resolved: Any, plan: Any) -> tuple[Problem
     return problems, warnings
 
 
+def sampling_warnings(cfg: RunConfig) -> list[str]:
+    """Tasks that sample with top-k or top-p: the tokens come from a truncated
+    distribution, while engines report and trainers optimise the untruncated policy
+    (temperature and action mask, :mod:`rollart_sdk.algorithms.policy`), as in verl."""
+    out = []
+    for i, task in enumerate(cfg.tasks):
+        s = task.sampling
+        if s.temperature > 0 and (s.top_k > 0 or s.top_p < 1.0):
+            out.append(
+                f"tasks.{i}.sampling: top_k={s.top_k}, top_p={s.top_p} truncate the "
+                "distribution the tokens are drawn from, but the trained policy is the "
+                "untruncated softmax(logits / temperature), and the importance ratios do "
+                "not see the truncation. For RL set top_k: 0 and top_p: 1.0"
+            )
+    return out
+
+
 def preflight(cfg: RunConfig, resolved: Any, lines: Any = None, log: Any = print,
               build_model: bool = True, output_dir: bool = True) -> dict[str, Any]:
     """Every check above, in order, as one ConfigError (with the config's lines).
@@ -240,6 +257,8 @@ def preflight(cfg: RunConfig, resolved: Any, lines: Any = None, log: Any = print
             raise ConfigError([(_at(w, lines), m) for w, m in problems])
 
     fail((check_output_dir(cfg.output_dir) if output_dir else []) + check_model(cfg.model))
+    for w in sampling_warnings(cfg):
+        log(f"warning: {w}")
     described = {tag: describe_env(res) for tag, res in resolved.envs.items()}
     extra = sorted({w for d in described.values() for w in (d["action_vocabulary"] or [])})
     model, tokenizer = cfg.model, None

@@ -4,6 +4,11 @@
   reports one and it differs from the reward) per task, smoothed over a window with the raw
   values faint behind; rollout waste and length bias; trajectories launched and trained
   across a weight update per step; stage times;
+- ``policy.png``: the sampled policy against the trained one, per step: the
+  train/inference mismatch ``|engine log-prob - trainer log-prob|`` on fresh tokens (mean
+  and max, per engine worker when there are several; log scale), the behaviour ratio
+  ``pi / mu`` and the policy's entropy - where a run that optimises something other than
+  what the engines sample shows it first;
 - ``timeline.png``: trajectories' spans per worker over wall time, like the paper's
   figures 8 and 9 (generation on engine workers, env reset/step on env workers, reward on
   reward workers, train and weight sync on the trainer / engines). By default a readable
@@ -216,6 +221,51 @@ def plot_timeline(events: list[dict[str, Any]], out: Path, window: tuple[float, 
     return path
 
 
+def plot_policy(metrics: list[dict[str, Any]], out: Path) -> Path | None:
+    """``policy.png``, or None when the trainer reports no mismatch (an older run)."""
+    if not any("train/mismatch_max" in m for m in metrics):
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    steps = [m["step"] for m in metrics]
+
+    def series(key: str) -> list[float]:
+        return [float(m.get(key, float("nan"))) for m in metrics]
+
+    fig, axes = plt.subplots(1, 3, figsize=(16, 4.5))
+    ax = axes[0]
+    ax.plot(steps, series("train/mismatch_mean"), label="mean over tokens")
+    ax.plot(steps, series("train/mismatch_max"), label="max over tokens")
+    workers = sorted({k.split("/", 2)[2] for m in metrics for k in m
+                      if k.startswith("train/mismatch_max/")})
+    for w in workers:
+        ax.plot(steps, series(f"train/mismatch_max/{w}"), linestyle=":", label=f"max, {w}")
+    if any(v > 0 for v in series("train/mismatch_max") if v == v):
+        ax.set_yscale("log")
+    ax.set_xlabel("training step")
+    ax.set_title("|engine - trainer| log-prob, fresh tokens, same weights")
+    ax.legend(fontsize=8)
+    ax = axes[1]
+    ax.plot(steps, series("train/behaviour_ratio_mean"), label="mean")
+    ax.plot(steps, series("train/behaviour_ratio_max"), label="max")
+    ax.axhline(1.0, color="#999999", linewidth=0.5)
+    ax.set_xlabel("training step")
+    ax.set_title("behaviour ratio pi / mu (1: on-policy)")
+    ax.legend(fontsize=8)
+    ax = axes[2]
+    ax.plot(steps, series("train/entropy"))
+    ax.set_xlabel("training step")
+    ax.set_title("entropy of the sampled policy (nats per token)")
+    fig.tight_layout()
+    path = out / "policy.png"
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
 def make_report(run_dir: str | Path, window: tuple[float, float] | None = None,
                 full: bool = False, smoothing: int | None = None) -> list[Path]:
     run = Path(run_dir)
@@ -227,6 +277,9 @@ def make_report(run_dir: str | Path, window: tuple[float, float] | None = None,
     if not metrics:
         raise ValueError(f"{run / 'metrics.jsonl'} holds no step yet")
     paths = [plot_rewards(metrics, run, smoothing)]
+    policy = plot_policy(metrics, run)
+    if policy is not None:
+        paths.append(policy)
     events_path = run / "events.jsonl"
     if events_path.exists() and events_path.stat().st_size:
         pools: dict[str, str] = {}

@@ -111,3 +111,16 @@ def test_async_alpha_zero_is_valid_and_batched_needs_iterations(tmp_path):
         load_config(write(tmp_path, BASE), ["rollout.interaction=batched", "rollout.mode=async"])
     cfg, _ = load_config(write(tmp_path, BASE), ["rollout.interaction=batched", "rollout.mode=sync"])
     assert cfg.rollout.interaction == "batched"
+
+
+def test_top_k_and_top_p_on_a_trained_task_are_warned_about(tmp_path):
+    from rollart_sdk.preflight import sampling_warnings
+
+    cfg, _ = load_config(write(tmp_path, BASE))
+    assert sampling_warnings(cfg) == []
+    cfg, _ = load_config(write(tmp_path, BASE), ["tasks.0.sampling.top_p=0.9"])
+    (w,) = sampling_warnings(cfg)
+    assert w.startswith("tasks.0.sampling: top_k=0, top_p=0.9") and "top_p: 1.0" in w
+    cfg, _ = load_config(write(tmp_path, BASE), ["tasks.0.sampling.top_k=5",
+                                                 "tasks.0.sampling.temperature=0"])
+    assert sampling_warnings(cfg) == []  # greedy: nothing is sampled (evaluation)

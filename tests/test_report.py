@@ -61,3 +61,17 @@ def test_smoothing_is_a_trailing_mean_that_skips_gaps():
 def test_report_without_metrics_says_what_to_give(tmp_path):
     with pytest.raises(FileNotFoundError, match="no metrics.jsonl"):
         make_report(tmp_path)
+
+
+def test_policy_figure_when_the_trainer_reports_the_mismatch(tmp_path):
+    write_run(tmp_path, steps=12, per_step=5)
+    lines = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    for i, m in enumerate(lines):
+        m.update({"train/mismatch_mean": 1e-6 * (i + 1), "train/mismatch_max": 1e-5 * (i + 1),
+                  "train/mismatch_max/gen-0": 1e-5, "train/mismatch_max/gen-1": 2e-5,
+                  "train/behaviour_ratio_mean": 1.0, "train/behaviour_ratio_max": 1.01,
+                  "train/entropy": 1.3 - 0.1 * i})
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in lines))
+    paths = make_report(tmp_path)
+    assert [p.name for p in paths] == ["rewards.png", "policy.png", "timeline.png"]
+    assert paths[1].stat().st_size > 10_000

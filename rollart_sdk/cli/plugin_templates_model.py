@@ -28,7 +28,13 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 from transformers import AutoModelForCausalLM
 
-from rollart_sdk.algorithms import fill_advantages, ppo_clip_loss, token_logprobs
+from rollart_sdk.algorithms import (
+    allowed_groups,
+    fill_advantages,
+    policy_temperature,
+    policy_token_logprobs,
+    ppo_clip_loss,
+)
 from rollart_sdk.types import TrainSample, WeightBucket
 from rollart_sdk.weights import split_buckets
 
@@ -60,7 +66,14 @@ class {cls}:
         total = 0.0
         for s in batch:
             ids = torch.tensor([s.input_ids])
-            logp = token_logprobs(self.model(input_ids=ids).logits, ids)
+            logits = self.model(input_ids=ids).logits[0, :-1]
+            # The policy the engine sampled from: its temperature and allowed ids.
+            groups, allowed = allowed_groups([s.allowed_token_ids])
+            n = logits.shape[0]
+            logp, _ = policy_token_logprobs(
+                logits, ids[0, 1:], torch.full((n,), policy_temperature(s.temperature)),
+                torch.full((n,), groups[0]) if allowed else None, allowed)
+            logp = logp.unsqueeze(0)
             mask = torch.tensor([s.loss_mask[1:]], dtype=torch.float32)
             old = torch.tensor([s.behaviour_logprobs[1:]], dtype=torch.float32)
             adv = torch.tensor([float(s.advantage or 0.0)])
@@ -153,7 +166,8 @@ on (``rollart_sdk.interfaces.InferenceEngine``): requests join and leave the run
 at every step, each with its own seeded generator; ``suspend`` pauses, ``abort`` returns the
 tokens so far, ``load_weights`` swaps the table in place and in-flight requests continue
 (their "KV cache" is rebuilt: counted in ``recomputed``), every token carries the version
-that produced it and the log-prob of the unmodified distribution. Replace the table with
+that produced it and its log-prob under the sampled policy (temperature and allowed ids,
+``rollart_sdk.algorithms.policy_logprob``: what trainers recompute). Replace the table with
 your model; ``tests/test_{name}.py`` runs rollart's conformance kit (``check_engine``).
 \"\"\"
 
@@ -168,6 +182,7 @@ from typing import Any
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
+from rollart_sdk.algorithms import policy_logprob
 from rollart_sdk.types import FinishReason, GenerationRequest, GenerationResult, WeightBucket
 
 
@@ -184,13 +199,10 @@ def initial_table(vocab_size: int, seed: int) -> torch.Tensor:
     return torch.randn(vocab_size, vocab_size, generator=torch.Generator().manual_seed(seed))
 
 
-def bigram_logprobs(table: torch.Tensor, prompt: list[int], tokens: list[int]) -> list[float]:
-    \"\"\"Teacher-forced log-probs of ``tokens`` after ``prompt`` (the kit's reference).\"\"\"
-    out, last = [], prompt[-1]
-    for t in tokens:
-        out.append(float(torch.log_softmax(table[last], -1)[t]))
-        last = t
-    return out
+def bigram_logits(table: torch.Tensor, prompt: list[int], tokens: list[int]) -> torch.Tensor:
+    \"\"\"Teacher-forced logits ``[len(tokens), vocab]`` that predict each of ``tokens``
+    after ``prompt`` (the kit's ``reference_logits``).\"\"\"
+    return torch.stack([table[t] for t in ([prompt[-1]] + list(tokens))[: len(tokens)]])
 
 
 @dataclass
@@ -311,7 +323,9 @@ class {cls}:
                 probs = probs / probs.sum()
             token = int(torch.multinomial(probs, 1, generator=seq.gen))
         seq.tokens.append(token)
-        seq.logprobs.append(float(torch.log_softmax(logits, -1)[token]))
+        allowed = (torch.tensor(s.allowed_token_ids) if s.allowed_token_ids is not None
+                   else None)
+        seq.logprobs.append(policy_logprob(logits, token, s.temperature, allowed))
         seq.versions.append(self.version)
         self._tokens += 1
         if token in s.stop_token_ids:
@@ -332,7 +346,7 @@ class {cls}:
 ENGINE_TEST = """\
 import {package}.plugin as plugin
 import torch
-from {package}.{module} import {cls}, bigram_logprobs, initial_table
+from {package}.{module} import {cls}, bigram_logits, initial_table
 
 from rollart_sdk.testing.engine import check_engine
 from rollart_sdk.weights import split_buckets
@@ -343,7 +357,7 @@ def test_conforms():
     report = check_engine(
         lambda: {cls}(vocab_size=64, seed=0),
         tokenizer_vocab_size=64,
-        reference_logprobs=lambda prompt, tokens: bigram_logprobs(table, prompt, tokens),
+        reference_logits=lambda prompt, tokens: bigram_logits(table, prompt, tokens),
         update_buckets=lambda version: split_buckets(
             [("table", torch.randn(64, 64))], 1 << 20, version),
     )

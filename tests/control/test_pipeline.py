@@ -137,6 +137,25 @@ def test_sync_mode_is_on_policy(tmp_path):
     assert log.index("update:1") < log.index("get_batch:1")
 
 
+def test_the_trained_policy_is_the_sampled_one(tmp_path):
+    """Sync, both tasks at temperature 0.7, FrozenLake constrained to its four actions:
+    the trainer's log-probs of every trained token (same weights) equal the engine's to
+    float noise, and the trajectories carry the policy they were sampled from."""
+    job, records = run(tmp_path, ["rollout.mode=sync", "tasks.0.sampling.temperature=0.7",
+                                  "tasks.1.sampling.temperature=0.7",
+                                  "trainer.options.skip_zero_advantage=false"], steps=2)
+    compared = 0.0
+    for rec in records:
+        m = rec.train_metrics
+        compared += m["mismatch_tokens"]
+        if m["mismatch_tokens"]:
+            assert m["mismatch_max"] < 1e-3, m
+            assert abs(m["behaviour_ratio_mean"] - 1.0) < 1e-3
+        assert {t.temperature for t in rec.batch} == {0.7}
+        assert any(t.allowed_token_ids for t in rec.batch)
+    assert compared > 0
+
+
 def test_surplus_of_redundant_rollout_is_aborted(tmp_path):
     job, records = run(tmp_path, ["rollout.mode=sync", "rollout.redundancy=1.0"], steps=2)
     p = job.pipeline

@@ -1,0 +1,70 @@
+"""The trained policy is the sampled one: engine ``torch`` samples at temperature 0.7
+among a few allowed ids, trainer ``torch`` recomputes the same distribution, so on
+fresh tokens the importance ratio is 1 and the train/inference mismatch is float noise.
+The control (the same tokens declared as sampled from the raw logits, which is what both
+sides computed before) shows a mismatch the metric cannot miss."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from pathlib import Path
+
+import torch
+from rollart_engine_torch.engine import TorchEngine
+from rollart_trainer_torch.trainer import TorchTrainer
+from trainer_torch_helpers import make_tiny_checkpoint
+
+from rollart_sdk.config import ModelConfig
+from rollart_sdk.types import GenerationRequest, SamplingParams, TrainSample
+
+torch.set_num_threads(1)
+ALLOWED = [3, 5, 11, 17]
+
+
+def _rollouts(path: Path, n: int) -> list[TrainSample]:
+    """Two-turn episodes: prompt, a constrained action, an observation, another action,
+    then a free 4-token answer, all at temperature 0.7 from engine ``torch``."""
+
+    async def run() -> list[TrainSample]:
+        engine = TorchEngine(model=ModelConfig(path=str(path)), max_running=8, eos_token_ids=[])
+        out = []
+        for i in range(n):
+            ids, mask, lps = [1, 2, 7, 8 + i % 4], [0, 0, 0, 0], [0.0] * 4
+            for turn, allowed in enumerate((ALLOWED, ALLOWED)):
+                res = await engine.generate(GenerationRequest(
+                    f"r{i}/t{turn}", list(ids), SamplingParams(
+                        temperature=0.7, max_new_tokens=1, seed=i * 10 + turn,
+                        allowed_token_ids=allowed)))
+                ids += res.token_ids + [20 + turn]
+                mask += [1, 0]
+                lps += res.logprobs + [0.0]
+            out.append(TrainSample(ids, mask, lps, [0 if m else -1 for m in mask],
+                                   reward=float(i % 2), group_id=f"g{i // 4}",
+                                   temperature=0.7, allowed_token_ids=ALLOWED,
+                                   engine="torch-0"))
+        await engine.shutdown()
+        return out
+
+    return asyncio.run(run())
+
+
+def _mismatch(path: Path, batch: list[TrainSample]) -> dict[str, float]:
+    trainer = TorchTrainer(model=ModelConfig(path=str(path)), lr=1e-3, micro_batch_size=4,
+                           seed=0, num_threads=1)
+    return trainer.train_step(batch)
+
+
+def test_trainer_recomputes_the_engines_policy(tmp_path: Path) -> None:
+    path = make_tiny_checkpoint(tmp_path / "model")
+    batch = _rollouts(path, 8)
+    assert all(t in ALLOWED for s in batch
+               for t, m in zip(s.input_ids, s.loss_mask, strict=True) if m)
+    m = _mismatch(path, [dataclasses.replace(s) for s in batch])
+    assert m["mismatch_tokens"] == 16.0
+    assert m["mismatch_max"] < 1e-4, m
+    assert abs(m["behaviour_ratio_mean"] - 1.0) < 1e-4
+    # Control: the same tokens, but the trainer told they came from the raw logits.
+    raw = [dataclasses.replace(s, temperature=1.0, allowed_token_ids=None) for s in batch]
+    c = _mismatch(path, raw)
+    assert c["mismatch_max"] > 0.5, c
