@@ -21,6 +21,7 @@ from rollart_sdk.algorithms.losses import (
     truncated_is_weights,
 )
 from rollart_sdk.algorithms.policy import (
+    AllowedMassMeter,
     MismatchMeter,
     allowed_groups,
     policy_logprob,
@@ -33,6 +34,7 @@ from rollart_sdk.schedules import SCHEDULES, lr_factor
 
 __all__ = [
     "AGGREGATIONS",
+    "AllowedMassMeter",
     "MismatchMeter",
     "SCHEDULES",
     "aggregate",

@@ -28,6 +28,7 @@ the sampler never draws (issue #38's Bulls-and-Cows run) while the loss keeps fa
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Literal, overload
 
 import torch
 
@@ -60,6 +61,22 @@ def policy_logprob(
     return float(x[token] - torch.logsumexp(x, dim=-1))
 
 
+@overload
+def policy_token_logprobs(
+    logits: torch.Tensor, targets: torch.Tensor, temperature: torch.Tensor | None = ...,
+    groups: torch.Tensor | None = ..., allowed: Sequence[torch.Tensor] = ...,
+    entropy: bool = ..., allowed_mass: Literal[False] = ...,
+) -> tuple[torch.Tensor, float]: ...
+
+
+@overload
+def policy_token_logprobs(
+    logits: torch.Tensor, targets: torch.Tensor, temperature: torch.Tensor | None = ...,
+    groups: torch.Tensor | None = ..., allowed: Sequence[torch.Tensor] = ...,
+    entropy: bool = ..., *, allowed_mass: Literal[True],
+) -> tuple[torch.Tensor, float, torch.Tensor]: ...
+
+
 def policy_token_logprobs(
     logits: torch.Tensor,
     targets: torch.Tensor,
@@ -67,7 +84,8 @@ def policy_token_logprobs(
     groups: torch.Tensor | None = None,
     allowed: Sequence[torch.Tensor] = (),
     entropy: bool = False,
-) -> tuple[torch.Tensor, float]:
+    allowed_mass: bool = False,
+) -> tuple[torch.Tensor, float] | tuple[torch.Tensor, float, torch.Tensor]:
     """``log pi(targets)`` for rows of logits: what a trainer recomputes.
 
     ``logits`` ``[N, V]`` (any float dtype; computed in fp32), ``targets`` ``[N]``.
@@ -78,6 +96,14 @@ def policy_token_logprobs(
 
     A constrained row's normaliser is the log-sum-exp over its allowed ids only (gathered,
     so no masked ``[N, V]`` copy is made).
+
+    ``allowed_mass=True`` adds a third value, ``[N]`` without gradient: for each
+    constrained row the log of the probability mass the *unmasked* policy puts on its
+    allowed ids, ``logsumexp(x[A]) - logsumexp(x)`` with ``x = logits / T`` (the row's
+    own sampling temperature, the distribution the engine masks); NaN on an
+    unconstrained row. A model that moved its mass onto a token outside the action
+    vocabulary (issue #38) shows it here while its masked log-probs look healthy. It
+    costs one more log-sum-exp over the vocabulary on the constrained rows only.
     """
     x = logits.float()
     if temperature is not None:
@@ -86,6 +112,8 @@ def policy_token_logprobs(
     if groups is None or not allowed or not bool((groups >= 0).any()):
         log_z = torch.logsumexp(x, dim=-1)
         ent = _entropy(x, log_z) if entropy else 0.0
+        if allowed_mass:
+            return picked - log_z, ent, torch.full_like(picked.detach(), float("nan"))
         return picked - log_z, ent
     log_z = torch.zeros_like(picked)
     ent = 0.0
@@ -103,6 +131,13 @@ def policy_token_logprobs(
         zg = torch.logsumexp(sub, dim=-1)
         log_z = log_z.index_put((rows,), zg)
         ent += _entropy(sub, zg) if entropy else 0.0
+    if allowed_mass:
+        with torch.no_grad():
+            constrained = (groups >= 0).nonzero(as_tuple=True)[0]
+            mass = torch.full_like(picked.detach(), float("nan"))
+            full = torch.logsumexp(x.detach()[constrained], dim=-1)
+            mass = mass.index_put((constrained,), log_z.detach()[constrained] - full)
+        return picked - log_z, ent, mass
     return picked - log_z, ent
 
 
@@ -181,4 +216,50 @@ class MismatchMeter:
             for name, (s, n, mx) in sorted(self.by_engine.items()):
                 out[f"train/mismatch_mean/{name}"] = s / n
                 out[f"train/mismatch_max/{name}"] = mx
+        return out
+
+
+class AllowedMassMeter:
+    """Where actions are constrained: the probability mass the unmasked policy puts on
+    the allowed ids (``policy_token_logprobs(..., allowed_mass=True)``), per task, over
+    the trained positions of a step. ``metrics()`` gives ``allowed_mass_mean`` and
+    ``allowed_mass_min`` over every constrained position and ``allowed_mass/<task>`` (the
+    mean per task); nothing when no position was constrained. Near 1: the model itself
+    prefers the action words; near 0: its mass is elsewhere and the constrained sampler
+    draws almost uniformly among the actions, whatever the observation (issue #38)."""
+
+    def __init__(self) -> None:
+        self.by_task: dict[str, list[float]] = {}  # tag -> [sum of mass, positions, min]
+
+    def add(self, log_mass: torch.Tensor, tags: Sequence[str]) -> None:
+        """``log_mass`` ``[N]`` (NaN on unconstrained rows), ``tags[i]`` row ``i``'s task."""
+        with torch.no_grad():
+            keep = ~torch.isnan(log_mass)
+            if not bool(keep.any()):
+                return
+            mass = log_mass[keep].exp().tolist()
+            rows = keep.nonzero(as_tuple=True)[0].tolist()
+        for i, m in zip(rows, mass, strict=True):
+            acc = self.by_task.setdefault(tags[i], [0.0, 0.0, 1.0])
+            acc[0] += m
+            acc[1] += 1
+            acc[2] = min(acc[2], m)
+
+    def merge(self, others: Sequence[dict[str, list[float]]]) -> None:
+        """Add other ranks' ``by_task`` (gathered with ``all_gather_object``)."""
+        for other in others:
+            for tag, (s, n, mn) in other.items():
+                acc = self.by_task.setdefault(tag, [0.0, 0.0, 1.0])
+                acc[0] += s
+                acc[1] += n
+                acc[2] = min(acc[2], mn)
+
+    def metrics(self) -> dict[str, float]:
+        total = sum(a[1] for a in self.by_task.values())
+        if not total:
+            return {}
+        out = {"allowed_mass_mean": sum(a[0] for a in self.by_task.values()) / total,
+               "allowed_mass_min": min(a[2] for a in self.by_task.values())}
+        for tag, (s, n, _) in sorted(self.by_task.items()):
+            out[f"allowed_mass/{tag}"] = s / n
         return out

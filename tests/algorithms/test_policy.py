@@ -50,6 +50,26 @@ def test_rows_with_their_own_temperature_and_mask() -> None:
     assert float((lp - raw)[1:4].abs().min()) > 0.1
 
 
+def test_allowed_mass_against_a_hand_computation() -> None:
+    # Row 0: logits [2, 0, 0, ln 2] at T = 1 constrained to {1, 3}: the unmasked
+    # softmax is [e^2, 1, 1, 2] / (e^2 + 4); the allowed mass (1 + 2) / (e^2 + 4).
+    # Row 1: the same at T = 0.5: [e^4, 1, 1, 4] / (e^4 + 6); mass 5 / (e^4 + 6).
+    # Row 2: unconstrained: NaN.
+    row = [2.0, 0.0, 0.0, math.log(2.0)]
+    logits = torch.tensor([row, row, row])
+    lp, _, log_mass = policy_token_logprobs(
+        logits, torch.tensor([3, 3, 0]), torch.tensor([1.0, 0.5, 1.0]),
+        torch.tensor([0, 0, -1]), [torch.tensor([1, 3])], allowed_mass=True)
+    assert float(log_mass[0].exp()) == pytest.approx(3 / (math.e ** 2 + 4), rel=1e-6)
+    assert float(log_mass[1].exp()) == pytest.approx(5 / (math.e ** 4 + 6), rel=1e-6)
+    assert math.isnan(float(log_mass[2])) and not log_mass.requires_grad
+    # the masked log-probs are unchanged by asking for it: log(2 / 3), log(4 / 5)
+    assert lp[:2].tolist() == pytest.approx([math.log(2 / 3), math.log(4 / 5)], abs=1e-6)
+    # no constrained row at all: every value NaN
+    _, _, none = policy_token_logprobs(logits, torch.tensor([0, 1, 2]), allowed_mass=True)
+    assert all(math.isnan(v) for v in none.tolist())
+
+
 def test_the_engine_side_agrees_and_gradients_flow() -> None:
     logits = torch.randn(2, 8, requires_grad=True)
     allowed = torch.tensor([0, 4, 6])

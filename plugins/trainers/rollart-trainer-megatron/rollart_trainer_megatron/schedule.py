@@ -35,8 +35,10 @@ from rollart_trainer_megatron.packing import pack
 from rollart_trainer_megatron.pipeline import device_mode
 
 METRIC_SUMS = ("loss", "pg_loss", "kl", "clip", "approx_kl", "ratio", "entropy", "stale",
-               "tis_w", "tokens", "beh_ratio", "mismatch", "fresh")
-METRIC_MAXES = ("ratio", "beh_ratio", "mismatch")
+               "tis_w", "tokens", "beh_ratio", "mismatch", "fresh", "allowed_mass",
+               "allowed_rows")
+# allowed_gap: 1 - the smallest allowed mass of a constrained position (a max reduces it)
+METRIC_MAXES = ("ratio", "beh_ratio", "mismatch", "allowed_gap")
 _KEYS = ("ids", "positions", "mask", "loss_mask", "behaviour", "versions", "advantages",
          "seq_weight")
 
@@ -98,7 +100,7 @@ def _loss(trainer: Any, state: dict[str, Any], t: dict[str, torch.Tensor],
     o = trainer.options
     sums = state["sums"]
     logits = output[..., : trainer.arch.vocab]  # drop the TP vocabulary padding
-    logp, entropy = _policy_logprobs(logits, t, o.compute_entropy)
+    logp, entropy = _policy_logprobs(logits, t, o.compute_entropy, state)
     mask = t["loss_mask"][:, 1:]
     beh = t["behaviour"][:, 1:]
     adv = t["advantages"][:, 1:]
@@ -146,17 +148,28 @@ def _loss(trainer: Any, state: dict[str, Any], t: dict[str, torch.Tensor],
     return loss, torch.tensor(1, dtype=torch.int), {}
 
 
-def _policy_logprobs(logits: torch.Tensor, t: dict[str, Any],
-                     entropy: bool) -> tuple[torch.Tensor, float]:
+def _policy_logprobs(logits: torch.Tensor, t: dict[str, Any], entropy: bool,
+                     state: dict[str, Any] | None = None) -> tuple[torch.Tensor, float]:
     """Log-probs ``[B, L-1]`` of the trained tokens (0 elsewhere) under the policy each
     was sampled from (temperature, allowed ids: ``policy_token_logprobs``, as trainer
     ``torch`` computes them), and their summed entropy. Only the trained positions go
-    through the softmax."""
+    through the softmax. With ``state`` (the step's sums and maxima), the constrained
+    positions' mass on their allowed ids (unmasked policy, the sample's temperature) is
+    added to ``allowed_mass``/``allowed_rows``/``allowed_gap``."""
     sel = t["loss_mask"][:, 1:].bool()
     r, c = sel.nonzero(as_tuple=True)
     temp, group = t.get("temperature"), t.get("group")
-    picked, ent = policy_token_logprobs(
-        logits[r, c], t["ids"][r, c + 1], None if temp is None else temp[r, c + 1],
-        None if group is None else group[r, c + 1], t.get("allowed", ()), entropy)
+    args = (logits[r, c], t["ids"][r, c + 1], None if temp is None else temp[r, c + 1],
+            None if group is None else group[r, c + 1], t.get("allowed", ()), entropy)
+    if state is not None and group is not None:
+        picked, ent, log_mass = policy_token_logprobs(*args, allowed_mass=True)
+        mass = log_mass[~torch.isnan(log_mass)].exp()
+        if mass.numel():
+            state["sums"]["allowed_mass"] += float(mass.sum())
+            state["sums"]["allowed_rows"] += float(mass.numel())
+            state["maxes"]["allowed_gap"] = max(state["maxes"]["allowed_gap"],
+                                                1.0 - float(mass.min()))
+    else:
+        picked, ent = policy_token_logprobs(*args)
     logp = torch.zeros(sel.shape, dtype=picked.dtype, device=picked.device)
     return logp.index_put((r, c), picked), ent

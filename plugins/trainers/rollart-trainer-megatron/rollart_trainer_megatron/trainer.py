@@ -217,6 +217,10 @@ class MegatronTrainer:
                               else float("nan")),
             "mismatch_max": maxes["mismatch"] if sums["fresh"] else float("nan"),
             "mismatch_tokens": sums["fresh"],
+            # constrained tasks: mass the unmasked policy puts on the allowed ids
+            **({"allowed_mass_mean": sums["allowed_mass"] / sums["allowed_rows"],
+                "allowed_mass_min": 1.0 - maxes["allowed_gap"]}
+               if sums["allowed_rows"] else {}),
             "tokens": sums["tokens"],
             "sequences": float(counts[1]),
             "micro_batches": float(len(plan)),

@@ -30,6 +30,7 @@ import torch
 import torch.distributed as dist
 
 from rollart_sdk.algorithms import (
+    AllowedMassMeter,
     MismatchMeter,
     aggregate,
     allowed_groups,
@@ -169,6 +170,7 @@ class TorchTrainer:
         )
         maxima = {"ratio": 0.0, "beh_ratio": 0.0}
         self._mismatch = MismatchMeter()  # engine vs trainer log-probs, fresh tokens
+        self._mass = AllowedMassMeter()  # constrained tasks: mass on the allowed ids
         # A sample whose advantage is 0 (a group that all failed or all succeeded) adds
         # exactly nothing to the policy loss or its gradient: unless a KL term needs it,
         # it is not run through the model. The normaliser above counts its tokens, so the
@@ -246,6 +248,7 @@ class TorchTrainer:
             "behaviour_ratio_mean": mean("beh_ratio"),
             "behaviour_ratio_max": beh_ratio_max,
             **self._mismatch_metrics(),
+            **self._allowed_mass_metrics(),
             "tokens": float(counts[0]),  # loss tokens of the whole batch (all ranks)
             "sequences": float(counts[1]),
             "forward_sequences": float(forward_samples[0]),  # those run (advantage != 0)
@@ -281,7 +284,8 @@ class TorchTrainer:
         first = anchor is None
         mask = t["mask"][:, 1:]
         m = mask.bool()
-        logp, entropy = self._logprobs(self.model, t, m, o.compute_entropy and first, tree)
+        logp, entropy = self._logprobs(self.model, t, m, o.compute_entropy and first, tree,
+                                       mass=first)
         stale = (t["vers"][:, 1:] < self._version) & m
         if first:
             old, w, beh_ratio = decoupled_anchor(logp, t["beh"][:, 1:], stale, m, o.tis_cap,
@@ -403,6 +407,16 @@ class TorchTrainer:
             self._mismatch.merge(gathered)
         return self._mismatch.metrics()
 
+    def _allowed_mass_metrics(self) -> dict[str, float]:
+        """Constrained tasks: the step's mass on the allowed ids over every rank's
+        positions (``allowed_mass_mean``/``_min``, ``allowed_mass/<task>``)."""
+        if self.world_size > 1:
+            gathered: list[Any] = [None] * self.world_size
+            dist.all_gather_object(gathered, self._mass.by_task)
+            self._mass.by_task = {}
+            self._mass.merge(gathered)
+        return self._mass.metrics()
+
     def _all_reduce(self, t: torch.Tensor, op: str = "sum") -> torch.Tensor:
         """Reduce a small CPU tensor over ranks (identity with one rank)."""
         if self.world_size == 1:
@@ -493,7 +507,8 @@ class TorchTrainer:
         return out
 
     def _logprobs(self, model: Any, t: dict[str, Any], sel: torch.Tensor,
-                  entropy: bool, tree: PrefixTree | None = None) -> tuple[torch.Tensor, float]:
+                  entropy: bool, tree: PrefixTree | None = None,
+                  mass: bool = False) -> tuple[torch.Tensor, float]:
         """Log-probs ``[B, T-1]`` of the tokens where ``sel`` is set (0 elsewhere) and the
         summed entropy there, in one pass: the LM head and softmax run only on the
         positions that are trained (the policy's tokens), not on every prompt token.
@@ -501,7 +516,9 @@ class TorchTrainer:
 
         The log-probs are of the policy each sample was drawn from (its temperature and
         allowed ids, :func:`rollart_sdk.algorithms.policy_token_logprobs`), as the engine
-        reported them, so the importance ratio compares like with like."""
+        reported them, so the importance ratio compares like with like. ``mass``: the
+        constrained positions' allowed mass (at the sample's temperature) goes to the
+        step's :class:`~rollart_sdk.algorithms.AllowedMassMeter`."""
         head = model.get_output_embeddings() if self._head_only else None
         if tree is not None and head is not None:
             flat = tree.hidden(model.base_model)
@@ -518,9 +535,13 @@ class TorchTrainer:
             hidden = model.base_model(input_ids=t["ids"]).last_hidden_state
             r, c = sel.nonzero(as_tuple=True)
             logits = head(hidden[r, c])  # position t predicts token t + 1
-        picked, ent = policy_token_logprobs(
-            logits, t["ids"][r, c + 1], t["temp"][r] if t["temp"] is not None else None,
-            t["group"][r] if t["group"] is not None else None, t["allowed"], entropy)
+        args = (logits, t["ids"][r, c + 1], t["temp"][r] if t["temp"] is not None else None,
+                t["group"][r] if t["group"] is not None else None, t["allowed"], entropy)
+        if mass and t["group"] is not None:
+            picked, ent, log_mass = policy_token_logprobs(*args, allowed_mass=True)
+            self._mass.add(log_mass, [t["tag"][i] for i in r.tolist()])
+        else:
+            picked, ent = policy_token_logprobs(*args)
         logp = torch.zeros(sel.shape, dtype=picked.dtype, device=picked.device)
         return logp.index_put((r, c), picked), ent
 
@@ -552,6 +573,7 @@ class TorchTrainer:
                           if allowed else None)
         moved["allowed"] = [a.to(self.device) for a in allowed]
         moved["engine"] = [s.engine for s in mb]
+        moved["tag"] = [s.tag for s in mb]
         return moved
 
 

@@ -68,3 +68,29 @@ def test_trainer_recomputes_the_engines_policy(tmp_path: Path) -> None:
     raw = [dataclasses.replace(s, temperature=1.0, allowed_token_ids=None) for s in batch]
     c = _mismatch(path, raw)
     assert c["mismatch_max"] > 0.5, c
+
+
+def test_trainer_reports_the_mass_on_the_allowed_ids(tmp_path: Path) -> None:
+    # train/allowed_mass_* are of the weights before the step (the first pass), at the
+    # samples' temperature: sum of softmax(logits / 0.7) over ALLOWED at each trained
+    # position, computed here with a plain forward. The free samples add nothing.
+    path = make_tiny_checkpoint(tmp_path / "model")
+    batch = [dataclasses.replace(s, tag="Game") for s in _rollouts(path, 8)]
+    free = [dataclasses.replace(s, tag="Chat", allowed_token_ids=None) for s in batch[:4]]
+    trainer = TorchTrainer(model=ModelConfig(path=str(path)), lr=1e-3, micro_batch_size=4,
+                           seed=0, num_threads=1, skip_zero_advantage=False)
+    want = []
+    with torch.no_grad():
+        for s in batch:
+            logits = trainer.model(input_ids=torch.tensor([s.input_ids])).logits[0]
+            for pos, m in enumerate(s.loss_mask):
+                if m:
+                    p = torch.softmax(logits[pos - 1].double() / 0.7, -1)
+                    want.append(float(p[ALLOWED].sum()))
+    m = trainer.train_step(batch + free)
+    assert len(want) == 16
+    assert abs(m["allowed_mass_mean"] - sum(want) / 16) < 1e-5, (m, want)
+    assert abs(m["allowed_mass_min"] - min(want)) < 1e-5
+    assert m["allowed_mass/Game"] == m["allowed_mass_mean"] and "allowed_mass/Chat" not in m
+    # no constrained sample: no allowed-mass metric at all
+    assert not any(k.startswith("allowed_mass") for k in trainer.train_step(free))
