@@ -322,6 +322,11 @@ class TrainConfig(_Strict):
     bucket_mb: float = Field(64.0, gt=0)  # weight bucket size for transports
     save_final_model: bool = True
     call_timeout_s: float = Field(1800.0, gt=0)  # a train step or checkpoint call longer fails
+    # samples.jsonl (control/samples.py, `rollart samples RUN`): per step and task, this
+    # many trained trajectories (spread over the rewards) and up to as many dropped ones,
+    # decoded as the model saw them; 0: none. The file stays under samples_max_mb.
+    samples_per_task: int = Field(2, ge=0)
+    samples_max_mb: float = Field(100.0, gt=0)
 
 
 class RayConfig(_Strict):

@@ -484,9 +484,19 @@ def run_job(job: Job, steps: int, progress: bool = True) -> list[StepRecord]:
     from rollart_sdk.control.progress import ProgressDisplay
 
     display = ProgressDisplay(job.config, steps, enabled=progress)
+    # samples.jsonl (dropped trajectories seen as they finish) and console warnings.
+    from rollart_sdk.control.diagnostics import ActionWatch
+    from rollart_sdk.control.samples import sample_log
+
+    samples = sample_log(job.config, job.run_dir.path, job.pipeline.scheduler, steps)
+    job.pipeline.scheduler.on_finish.append(samples.finished)
+    watch = ActionWatch()
 
     def on_step(rec: StepRecord, metrics: dict[str, Any]) -> None:
         job.run_dir.log_metrics(metrics)
+        samples.step(rec)
+        for line in watch.check(metrics):
+            display.warn(line)
         display.update(metrics)
 
     job.pipeline.on_step = on_step
@@ -570,6 +580,7 @@ def run_job(job: Job, steps: int, progress: bool = True) -> list[StepRecord]:
     }
     job.run_dir.write_json("summary.json", summary)
     job.run_dir.close()
+    samples.close()
     if interrupted:
         raise KeyboardInterrupt
     if error is not None:

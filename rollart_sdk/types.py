@@ -116,6 +116,9 @@ class Turn:
     versions: list[int]
     action_text: str = ""
     env_reward: float = 0.0
+    # The env's verdict on the action (its step's info["invalid_action"]); None: it gave
+    # none. Aggregated per task as invalid_action/<tag> in metrics.jsonl.
+    invalid_action: bool | None = None
 
 
 @dataclass

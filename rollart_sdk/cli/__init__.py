@@ -1,5 +1,5 @@
 """The ``rollart`` command line: one module per command (plugins, envs, validate, train,
-serve-reward, bench, report, status, model, new-plugin); this module builds the parser and
+serve-reward, bench, report, samples, status, model, new-plugin); this module builds the parser and
 runs the command."""
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from rollart_sdk.cli import (
     new_plugin,
     plugins,
     report,
+    samples,
     serve_reward,
     sim,
     status,
@@ -25,8 +26,8 @@ from rollart_sdk.errors import RollartError
 __all__ = ["build_parser", "main"]
 
 # The commands, in the order `rollart --help` lists them.
-COMMANDS = (plugins, envs, validate, train, sim, serve_reward, bench, report, status, model,
-            new_plugin)
+COMMANDS = (plugins, envs, validate, train, sim, serve_reward, bench, report, samples, status,
+            model, new_plugin)
 
 
 def build_parser() -> argparse.ArgumentParser:

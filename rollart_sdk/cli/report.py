@@ -24,6 +24,12 @@ def cmd_report(args: argparse.Namespace) -> int:
         window = (0.0, args.max_seconds)
     for p in make_report(args.run_dir, window, args.full, args.smooth):
         print(p)
+    from pathlib import Path
+
+    samples = Path(args.run_dir) / "samples.jsonl"
+    if samples.exists() and samples.stat().st_size:
+        print(f"{samples}  (trajectories as the model saw them: rollart samples "
+              f"{args.run_dir} [--task T] [--step N] [--worst|--best])")
     return 0
 
 

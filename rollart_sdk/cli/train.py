@@ -44,10 +44,10 @@ def cmd_train(args: argparse.Namespace) -> int:
     finally:
         job.close()
     summary = json.loads((job.run_dir.path / "summary.json").read_text())
-    for tag, v in summary["learning"].items():
-        key = "success" if v["success_last_tenth"] is not None else "reward"
-        first, last = v[f"{key}_first_step"], v[f"{key}_last_tenth"]
-        print(f"{tag}: {key} {_num(first)} at the first step -> {_num(last)} over the last tenth")
+    from rollart_sdk.control.metrics import learning_lines
+
+    for line in learning_lines(summary["learning"]):
+        print(line)
     ro = summary["rollout"]
     bias = ", ".join(f"{tag} {b:.2f}" for tag, b in ro["length_bias"].items())
     print(f"rollout: {ro['launched']} launched, {ro['trained']} trained; waste "

@@ -294,6 +294,8 @@ class EnvManager:
                 traj.dropped = _env_reason("step", exc, cfg.step_timeout_s)
                 return
             turn.env_reward = reward
+            if isinstance(info, dict) and "invalid_action" in info:
+                turn.invalid_action = bool(info["invalid_action"])
             traj.env_return += reward
             traj.info = info
             if terminated or truncated:

@@ -4,6 +4,7 @@ rollout summary (waste, length bias, spanning) and the learning summary of a fin
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from typing import TYPE_CHECKING, Any
 
@@ -80,6 +81,11 @@ def step_metrics(rec: StepRecord, prev: StepRecord | None, buffer: SampleBuffer,
         if succ:
             m[f"success/{tag}"] = sum(1.0 for s in succ if s) / len(succ)
         m[f"turns/{tag}"] = sum(len(t.turns) for t in trajs) / len(trajs)
+        # Share of the turns whose env judged the action invalid (envs that say so).
+        judged = [turn.invalid_action for t in trajs for turn in t.turns
+                  if turn.invalid_action is not None]
+        if judged:
+            m[f"invalid_action/{tag}"] = sum(1 for j in judged if j) / len(judged)
         m[f"count/{tag}"] = len(trajs)
         # Turns of every episode that ended since the previous batch, trained or not:
         # turns/<tag> over it is the length bias of what gets trained (1: none).
@@ -146,16 +152,21 @@ def summary_carry(pipeline: Pipeline, upto: int | None = None) -> dict[str, Any]
             "trained_turns": turns}
 
 
-def learning_summary(pipeline: Pipeline) -> dict[str, dict[str, float | None]]:
-    """Per task: reward (and success rate) of the first step and the mean over the last
-    tenth of the steps - the figures docs/quickstart.md reports. Read from each record's
-    ``task_stats``, which outlive the trajectories the pipeline frees, the steps of the
-    sessions before a resume included."""
+def learning_summary(pipeline: Pipeline) -> dict[str, dict[str, Any]]:
+    """Per task: reward (and success rate) of the first step, and the first tenth of the
+    steps against the last tenth, each with its spread (the standard deviation of the
+    steps' values), and whether the change is beyond the noise: ``<key>_change`` is
+    ``up`` or ``down`` when the two tenths differ by more than twice the standard error
+    of the difference (from the steps' spread; with one step per tenth, from the binomial
+    spread of a success rate), else ``no clear change``; None when it cannot be told
+    (one step per tenth and no success rate, or fewer than two steps). The figures
+    docs/quickstart.md reports. Read from each record's ``task_stats``, which outlive the
+    trajectories the pipeline frees, the steps of the sessions before a resume included."""
     recs = summary_carry(pipeline)["task_stats"]
     if not recs:
         return {}
     k = max(1, len(recs) // 10)
-    out: dict[str, dict[str, float | None]] = {}
+    out: dict[str, dict[str, Any]] = {}
     for tag in [t.tag for t in pipeline.cfg.tasks]:
         def mean(rs: list[Any], key: str, tag: str = tag) -> float | None:
             total = count = 0.0
@@ -168,13 +179,76 @@ def learning_summary(pipeline: Pipeline) -> dict[str, dict[str, float | None]]:
                 count += n
             return total / count if count else None
 
-        out[tag] = {
+        row: dict[str, Any] = {
             "reward_first_step": mean(recs[:1], "reward"),
             "reward_last_tenth": mean(recs[-k:], "reward"),
             "success_first_step": mean(recs[:1], "success"),
             "success_last_tenth": mean(recs[-k:], "success"),
         }
+        for key in ("reward", "success"):
+            row.update(_tenths(recs, k, tag, key, mean))
+        out[tag] = row
     return out
+
+
+def _tenths(recs: list[Any], k: int, tag: str, key: str, mean: Any) -> dict[str, Any]:
+    """``<key>_first_tenth``/``_last_tenth`` with ``_sd`` (the spread of the steps'
+    values) and ``<key>_change`` (see :func:`learning_summary`)."""
+    first, last = recs[:k], recs[-k:]
+    out: dict[str, Any] = {f"{key}_first_tenth": mean(first, key),
+                           f"{key}_last_tenth": mean(last, key)}
+    ses = []
+    for name, part in (("first", first), ("last", last)):
+        vals = [mean([st], key) for st in part]
+        vals = [v for v in vals if v is not None]
+        sd = None
+        if len(vals) >= 2:
+            m = sum(vals) / len(vals)
+            sd = math.sqrt(sum((v - m) ** 2 for v in vals) / (len(vals) - 1))
+            ses.append(sd / math.sqrt(len(vals)))
+        elif len(vals) == 1 and key == "success":
+            n = sum(float((st.get(tag) or {}).get("n_success") or 0.0) for st in part)
+            p = vals[0]
+            if n:
+                ses.append(math.sqrt(max(p * (1 - p), 0.25 / n) / n))
+        out[f"{key}_{name}_tenth_sd"] = sd
+    a, b = out[f"{key}_first_tenth"], out[f"{key}_last_tenth"]
+    change = None
+    if a is not None and b is not None and len(ses) == 2 and len(recs) >= 2:
+        noise = 2.0 * math.sqrt(ses[0] ** 2 + ses[1] ** 2)
+        change = ("no clear change" if abs(b - a) <= noise
+                  else "up" if b > a else "down")
+    out[f"{key}_change"] = change
+    return out
+
+
+def learning_lines(learning: dict[str, dict[str, Any]]) -> list[str]:
+    """The end-of-run lines of ``rollart train``, one per task: success (else reward) over
+    the first tenth of the steps -> over the last tenth, each +- its spread, and whether
+    that is a change beyond the noise."""
+    lines = []
+    for tag, v in learning.items():
+        key = "success" if v.get("success_last_tenth") is not None else "reward"
+        if f"{key}_first_tenth" not in v:  # a summary.json written before the tenths
+            lines.append(f"{tag}: {key} {_num(v[f'{key}_first_step'])} at the first step -> "
+                         f"{_num(v[f'{key}_last_tenth'])} over the last tenth")
+            continue
+
+        def fig(name: str, v: dict[str, Any] = v, key: str = key) -> str:
+            sd = v.get(f"{key}_{name}_tenth_sd")
+            return _num(v[f"{key}_{name}_tenth"]) + (f" +- {sd:.2f}" if sd is not None else "")
+
+        change = v.get(f"{key}_change")
+        verdict = {"up": "up", "down": "down", "no clear change": "no clear change",
+                   None: "too few steps to tell"}[change]
+        lines.append(f"{tag}: {key} {fig('first')} over the first tenth -> {fig('last')} "
+                     f"over the last tenth ({verdict}; first step "
+                     f"{_num(v[f'{key}_first_step'])})")
+    return lines
+
+
+def _num(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.2f}"
 
 
 def _reward_spans(traj: Trajectory) -> tuple[float, float | None]:

@@ -44,6 +44,11 @@ class ProgressDisplay:
                 highlight=False, soft_wrap=True,
             )
 
+    def warn(self, line: str) -> None:
+        """A warning on the console (above the live table when there is one)."""
+        self.console.print(f"warning: {line}", style="yellow", highlight=False,
+                           soft_wrap=True)
+
     def _render(self) -> Table:
         m = self.last
         elapsed = time.time() - self.t0

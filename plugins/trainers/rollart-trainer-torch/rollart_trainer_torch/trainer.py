@@ -180,6 +180,8 @@ class TorchTrainer:
         if o.skip_zero_advantage and self.ref_model is None:
             run = [s for s in batch if s.advantage]
         micro_batches, shared = self._micro_batches(run) if run else ([], False)
+        if not any(s.allowed_token_ids for s in run):
+            self._measure_mass([s for s in batch if s.allowed_token_ids][:o.micro_batch_size])
         forward_tokens = 0
         # Per micro-batch, built on the first pass and kept for the later ones: the padded
         # samples, the prefix tree and the first pass's anchors and weights.
@@ -406,6 +408,16 @@ class TorchTrainer:
             self._mismatch.by_engine = {}
             self._mismatch.merge(gathered)
         return self._mismatch.metrics()
+
+    def _measure_mass(self, samples: list[TrainSample]) -> None:
+        """Constrained samples none of which is trained this step (advantage 0: a task
+        that fails every time, the case where the measure matters most): the allowed
+        mass on a micro-batch of them, forward only, at the weights before the step."""
+        if not samples:
+            return
+        with torch.no_grad():
+            t = self._pad(samples)
+            self._logprobs(self.model, t, t["mask"][:, 1:].bool(), False, None, mass=True)
 
     def _allowed_mass_metrics(self) -> dict[str, float]:
         """Constrained tasks: the step's mass on the allowed ids over every rank's

@@ -1,0 +1,49 @@
+"""Warnings a run prints once when its metrics show the policy has gone wrong in a way
+the reward curve hides (issue #38).
+
+The one watched now: where a task's actions are constrained (``constrain_actions``), the
+probability mass the unmasked policy puts on the allowed tokens (``allowed_mass/<task>``
+from the trainer; ``train/allowed_mass_mean`` from a trainer that does not split it by
+task). Below ``ALLOWED_MASS_WARN`` the model's own preference is a token outside the
+action vocabulary: the constrained sampler then draws the actions almost uniformly,
+whatever the observation, and the run cannot learn from the feedback, while the entropy
+of the masked policy looks like convergence.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+ALLOWED_MASS_WARN = 0.05
+
+
+class ActionWatch:
+    """``check(metrics)`` after every step's metrics line: the warnings to print, each at
+    most once per task per run."""
+
+    def __init__(self, threshold: float | None = None) -> None:
+        self.threshold = ALLOWED_MASS_WARN if threshold is None else threshold
+        self.warned: set[str] = set()
+
+    def check(self, metrics: dict[str, Any]) -> list[str]:
+        per_task = {k.split("/", 1)[1]: v for k, v in metrics.items()
+                    if k.startswith("allowed_mass/")}
+        if not per_task and "train/allowed_mass_mean" in metrics:
+            per_task = {"(all constrained tasks)": metrics["train/allowed_mass_mean"]}
+        out = []
+        for tag, value in sorted(per_task.items()):
+            if tag in self.warned or not isinstance(value, (int, float)):
+                continue
+            if not math.isfinite(value) or value >= self.threshold:
+                continue
+            self.warned.add(tag)
+            out.append(
+                f"task {tag}: at step {metrics.get('step', '?')} the policy puts "
+                f"{value:.2g} of its probability on the allowed action tokens (below "
+                f"{self.threshold:g}): the model prefers tokens outside the action "
+                "vocabulary, so the constrained sampler draws actions almost uniformly and "
+                "ignores the observations. Check the prompt (system_prompt, prompt_format: "
+                "does it ask for one of the action words?) and the model; "
+                f"allowed_mass/{tag} in metrics.jsonl follows it")
+        return out
