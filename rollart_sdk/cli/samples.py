@@ -37,19 +37,7 @@ def render(row: dict[str, Any], ids: bool = False) -> str:
     the reward details and env info, then each turn's observation and action exactly as
     decoded, between marked turn boundaries."""
     head = [f"step {row.get('step')}  task {row.get('tag')}  {row.get('trajectory')} "
-            f"(group {row.get('group')})"]
-    if row.get("outcome") == "dropped":
-        head.append(f"  DROPPED: {row.get('dropped')}")
-    else:
-        bits = [f"reward {_num(row.get('reward'))}"]
-        if row.get("success") is not None:
-            bits.append(f"success {'yes' if row['success'] else 'no'}")
-        bits.append(f"env return {_num(row.get('env_return'))}")
-        end = ("terminated" if row.get("terminated") else
-               "truncated" if row.get("truncated") else "")
-        if end:
-            bits.append(end)
-        head.append("  " + ", ".join(bits))
+            f"(group {row.get('group')})", "  " + _outcome(row)]
     vers = row.get("versions") or []
     policy = (f"  policy version{'s' if len(vers) > 1 else ''} "
               f"{', '.join(str(v) for v in vers) or 'none'} (started at "
@@ -65,7 +53,11 @@ def render(row: dict[str, Any], ids: bool = False) -> str:
         head.append(f"  reward details: {json.dumps(row['reward_details'])}")
     if row.get("info"):
         head.append(f"  info: {json.dumps(row['info'])}")
-    lines = [RULE, *head]
+    return "\n".join([RULE, *head, *_turns(row, ids)])
+
+
+def _turns(row: dict[str, Any], ids: bool) -> list[str]:
+    lines = []
     for turn in row.get("turns", []):
         n = turn.get("turn")
         lines.append(f"--- turn {n}: observation ({len(turn.get('observation_ids', []))} "
@@ -84,7 +76,18 @@ def render(row: dict[str, Any], ids: bool = False) -> str:
             lines.append(f"    ids {turn.get('action_ids')}")
     if not row.get("turns"):
         lines.append("(no turns: it ended before the first action)")
-    return "\n".join(lines)
+    return lines
+
+
+def _outcome(row: dict[str, Any]) -> str:
+    if row.get("outcome") == "dropped":
+        return f"DROPPED: {row.get('dropped')}"
+    bits = [f"reward {_num(row.get('reward'))}"]
+    if row.get("success") is not None:
+        bits.append(f"success {'yes' if row['success'] else 'no'}")
+    bits.append(f"env return {_num(row.get('env_return'))}")
+    end = "terminated" if row.get("terminated") else "truncated" if row.get("truncated") else ""
+    return ", ".join(bits + ([end] if end else []))
 
 
 def _num(x: Any) -> str:

@@ -6,7 +6,6 @@ allowed mass reaches metrics.jsonl and, when it collapses, the console once."""
 from __future__ import annotations
 
 import json
-import math
 from types import SimpleNamespace
 
 import pytest

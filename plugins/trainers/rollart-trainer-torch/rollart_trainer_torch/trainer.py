@@ -180,8 +180,7 @@ class TorchTrainer:
         if o.skip_zero_advantage and self.ref_model is None:
             run = [s for s in batch if s.advantage]
         micro_batches, shared = self._micro_batches(run) if run else ([], False)
-        if not any(s.allowed_token_ids for s in run):
-            self._measure_mass([s for s in batch if s.allowed_token_ids][:o.micro_batch_size])
+        self._measure_mass(batch, run)
         forward_tokens = 0
         # Per micro-batch, built on the first pass and kept for the later ones: the padded
         # samples, the prefix tree and the first pass's anchors and weights.
@@ -409,10 +408,14 @@ class TorchTrainer:
             self._mismatch.merge(gathered)
         return self._mismatch.metrics()
 
-    def _measure_mass(self, samples: list[TrainSample]) -> None:
-        """Constrained samples none of which is trained this step (advantage 0: a task
-        that fails every time, the case where the measure matters most): the allowed
-        mass on a micro-batch of them, forward only, at the weights before the step."""
+    def _measure_mass(self, batch: list[TrainSample], run: list[TrainSample]) -> None:
+        """Constrained samples none of which is run this step (advantage 0: a task that
+        fails every time, the case where the measure matters most): the allowed mass on
+        a micro-batch of them, forward only, at the weights before the step."""
+        if any(s.allowed_token_ids is not None for s in run):
+            return  # measured on the trained positions
+        samples = [s for s in batch if s.allowed_token_ids is not None]
+        samples = samples[: self.options.micro_batch_size]
         if not samples:
             return
         with torch.no_grad():
