@@ -36,3 +36,53 @@ def test_first_step_survives_freed_batches():
     assert out["A"]["success_first_step"] == 0.0 and out["A"]["reward_first_step"] == 0.0
     assert out["A"]["success_last_tenth"] == 0.5 and out["A"]["reward_last_tenth"] == 0.5
     assert out["B"]["reward_first_step"] == 0.5 and out["B"]["success_first_step"] is None
+
+
+def _pipe(records, tags=("A",)):
+    return SimpleNamespace(records=records, carried={},
+                           cfg=SimpleNamespace(tasks=[SimpleNamespace(tag=t) for t in tags]))
+
+
+def _step(step, successes, tag="A"):
+    batch = [_traj(tag, float(s), bool(s)) for s in successes]
+    for i, t in enumerate(batch):
+        t.trajectory_id += f"-{i}"
+    return StepRecord(step=step, version=step, batch=batch, get_batch_wait_s=0.0,
+                      task_stats=task_stats(batch))
+
+
+def test_first_and_last_tenth_with_their_spread():
+    from rollart_sdk.control.metrics import learning_lines
+
+    # Issue #38's run: the first step happens to be low (0.25), but the first tenth
+    # averages the same as the last: no clear change, whatever the first step says.
+    flat = [[1, 0, 0, 0], [1, 1, 0, 0], [0, 0, 0, 1], [1, 0, 1, 0]]
+    records = [_step(i, flat[i % 4] if i else [1, 0, 0, 0]) for i in range(40)]
+    out = learning_summary(_pipe(records))["A"]
+    assert out["success_first_step"] == 0.25
+    assert out["success_first_tenth"] == out["success_last_tenth"] == 0.375
+    assert out["success_first_tenth_sd"] > 0.1
+    assert out["success_change"] == "no clear change"
+    (line,) = learning_lines({"A": out})
+    assert line.startswith("A: success 0.38 +- 0.") and "(no clear change; first step 0.25)" in line
+    # A task that learns: 0-1 of 4 at first, 3-4 of 4 at the end.
+    rising = [_step(i, [1, 0, 0, 0] if i % 2 else [0, 0, 0, 0]) for i in range(20)]
+    rising += [_step(20 + i, [1, 1, 1, 0] if i % 2 else [1, 1, 1, 1]) for i in range(20)]
+    out = learning_summary(_pipe(rising))["A"]
+    assert out["success_change"] == "up" and out["reward_change"] == "up"
+    assert "over the last tenth (up;" in learning_lines({"A": out})[0]
+    # Fewer than 20 steps: one step per tenth; a success rate still has a binomial spread,
+    # a bare reward cannot be told.
+    short = learning_summary(_pipe([_step(i, [0, 0, 0, 0]) for i in range(3)]
+                                   + [_step(3, [1, 1, 1, 1])]))["A"]
+    assert short["success_change"] == "up" and short["success_first_tenth_sd"] is None
+    recs = []
+    for i in range(3):
+        batch = [_traj("B", 0.5, None)]
+        recs.append(StepRecord(step=i, version=i, batch=batch, get_batch_wait_s=0.0,
+                               task_stats=task_stats(batch)))
+    b = learning_summary(_pipe(recs, ("B",)))["B"]
+    assert b["success_last_tenth"] is None and b["reward_change"] is None
+    assert learning_lines({"B": b}) == [
+        "B: reward 0.50 over the first tenth -> 0.50 over the last tenth (too few steps to "
+        "tell; first step 0.50)"]
