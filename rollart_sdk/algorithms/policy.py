@@ -223,16 +223,21 @@ class AllowedMassMeter:
     """Where actions are constrained: the probability mass the unmasked policy puts on
     the allowed ids (``policy_token_logprobs(..., allowed_mass=True)``), per task, over
     the trained positions of a step. ``metrics()`` gives ``allowed_mass_mean`` and
-    ``allowed_mass_min`` over every constrained position and ``allowed_mass/<task>`` (the
-    mean per task); nothing when no position was constrained. Near 1: the model itself
-    prefers the action words; near 0: its mass is elsewhere and the constrained sampler
-    draws almost uniformly among the actions, whatever the observation (issue #38)."""
+    ``allowed_mass_min`` over every constrained position, ``allowed_mass/<task>`` (the
+    mean per task) and ``allowed_mass_uniform/<task>`` (what a policy with no preference
+    would put there: allowed ids / vocabulary); nothing when no position was constrained.
+    Near 1: the model itself prefers the action words; near 0, and below the uniform
+    share: its mass is elsewhere and the constrained sampler draws from the tail of its
+    distribution, whatever the observation (issue #38)."""
 
     def __init__(self) -> None:
-        self.by_task: dict[str, list[float]] = {}  # tag -> [sum of mass, positions, min]
+        # tag -> [sum of mass, positions, min, uniform share]
+        self.by_task: dict[str, list[float]] = {}
 
-    def add(self, log_mass: torch.Tensor, tags: Sequence[str]) -> None:
-        """``log_mass`` ``[N]`` (NaN on unconstrained rows), ``tags[i]`` row ``i``'s task."""
+    def add(self, log_mass: torch.Tensor, tags: Sequence[str],
+            uniform: Sequence[float] | None = None) -> None:
+        """``log_mass`` ``[N]`` (NaN on unconstrained rows), ``tags[i]`` row ``i``'s task,
+        ``uniform[i]`` its allowed ids' share of the vocabulary (NaN: unknown)."""
         with torch.no_grad():
             keep = ~torch.isnan(log_mass)
             if not bool(keep.any()):
@@ -240,19 +245,23 @@ class AllowedMassMeter:
             mass = log_mass[keep].exp().tolist()
             rows = keep.nonzero(as_tuple=True)[0].tolist()
         for i, m in zip(rows, mass, strict=True):
-            acc = self.by_task.setdefault(tags[i], [0.0, 0.0, 1.0])
+            acc = self.by_task.setdefault(tags[i], [0.0, 0.0, 1.0, float("nan")])
             acc[0] += m
             acc[1] += 1
             acc[2] = min(acc[2], m)
+            if uniform is not None:
+                acc[3] = float(uniform[i])
 
     def merge(self, others: Sequence[dict[str, list[float]]]) -> None:
         """Add other ranks' ``by_task`` (gathered with ``all_gather_object``)."""
         for other in others:
-            for tag, (s, n, mn) in other.items():
-                acc = self.by_task.setdefault(tag, [0.0, 0.0, 1.0])
+            for tag, (s, n, mn, share) in other.items():
+                acc = self.by_task.setdefault(tag, [0.0, 0.0, 1.0, float("nan")])
                 acc[0] += s
                 acc[1] += n
                 acc[2] = min(acc[2], mn)
+                if share == share:  # not NaN
+                    acc[3] = share
 
     def metrics(self) -> dict[str, float]:
         total = sum(a[1] for a in self.by_task.values())
@@ -260,6 +269,8 @@ class AllowedMassMeter:
             return {}
         out = {"allowed_mass_mean": sum(a[0] for a in self.by_task.values()) / total,
                "allowed_mass_min": min(a[2] for a in self.by_task.values())}
-        for tag, (s, n, _) in sorted(self.by_task.items()):
+        for tag, (s, n, _, share) in sorted(self.by_task.items()):
             out[f"allowed_mass/{tag}"] = s / n
+            if share == share:  # not NaN
+                out[f"allowed_mass_uniform/{tag}"] = share
         return out

@@ -4,10 +4,13 @@ the reward curve hides (issue #38).
 The one watched now: where a task's actions are constrained (``constrain_actions``), the
 probability mass the unmasked policy puts on the allowed tokens (``allowed_mass/<task>``
 from the trainer; ``train/allowed_mass_mean`` from a trainer that does not split it by
-task). Below ``ALLOWED_MASS_WARN`` the model's own preference is a token outside the
-action vocabulary: the constrained sampler then draws the actions almost uniformly,
-whatever the observation, and the run cannot learn from the feedback, while the entropy
-of the masked policy looks like convergence.
+task). Below ``ALLOWED_MASS_WARN`` and below ``UNIFORM_FACTOR`` times the share a
+policy without any preference would give the actions (``allowed_mass_uniform/<task>``:
+allowed ids / vocabulary; a model trained from scratch starts near it, and is not
+warned about), the model's own preference is a token outside the action vocabulary:
+the constrained sampler then draws from the tail of its distribution, whatever the
+observation, and the run cannot learn from the feedback, while the entropy of the masked
+policy looks like convergence.
 """
 
 from __future__ import annotations
@@ -16,14 +19,16 @@ import math
 from typing import Any
 
 ALLOWED_MASS_WARN = 0.05
+UNIFORM_FACTOR = 0.5
 
 
 class ActionWatch:
     """``check(metrics)`` after every step's metrics line: the warnings to print, each at
     most once per task per run."""
 
-    def __init__(self, threshold: float | None = None) -> None:
+    def __init__(self, threshold: float | None = None, factor: float | None = None) -> None:
         self.threshold = ALLOWED_MASS_WARN if threshold is None else threshold
+        self.factor = UNIFORM_FACTOR if factor is None else factor
         self.warned: set[str] = set()
 
     def check(self, metrics: dict[str, Any]) -> list[str]:
@@ -37,13 +42,18 @@ class ActionWatch:
                 continue
             if not math.isfinite(value) or value >= self.threshold:
                 continue
+            share = metrics.get(f"allowed_mass_uniform/{tag}")
+            if isinstance(share, (int, float)) and value >= self.factor * share:
+                continue  # no worse than no preference at all (a model from scratch)
             self.warned.add(tag)
+            baseline = (f"; a policy with no preference would put {share:.2g} there"
+                        if isinstance(share, (int, float)) else "")
             out.append(
                 f"task {tag}: at step {metrics.get('step', '?')} the policy puts "
                 f"{value:.2g} of its probability on the allowed action tokens (below "
-                f"{self.threshold:g}): the model prefers tokens outside the action "
-                "vocabulary, so the constrained sampler draws actions almost uniformly and "
-                "ignores the observations. Check the prompt (system_prompt, prompt_format: "
-                "does it ask for one of the action words?) and the model; "
-                f"allowed_mass/{tag} in metrics.jsonl follows it")
+                f"{self.threshold:g}{baseline}): the model prefers tokens outside the "
+                "action vocabulary, so the constrained sampler draws from the tail of its "
+                "distribution and ignores the observations. Check the prompt "
+                "(system_prompt, prompt_format: does it ask for one of the action words?) "
+                f"and the model; allowed_mass/{tag} in metrics.jsonl follows it")
         return out

@@ -24,8 +24,9 @@ def sampled_run(tmp_path_factory):
     import rollart_sdk.control.diagnostics as diagnostics
 
     tmp = tmp_path_factory.mktemp("samples")
-    before = diagnostics.ALLOWED_MASS_WARN
-    diagnostics.ALLOWED_MASS_WARN = 1.01  # any mass is "collapsed": the warning must show
+    before = diagnostics.ALLOWED_MASS_WARN, diagnostics.UNIFORM_FACTOR
+    # any mass is "collapsed": the warning must show
+    diagnostics.ALLOWED_MASS_WARN, diagnostics.UNIFORM_FACTOR = 1.01, 1e9
     import contextlib
     import io
 
@@ -35,7 +36,7 @@ def sampled_run(tmp_path_factory):
             job, records = run(tmp, ["train.samples_per_task=2"], steps=3,
                                prepare=record_prompts)
     finally:
-        diagnostics.ALLOWED_MASS_WARN = before
+        diagnostics.ALLOWED_MASS_WARN, diagnostics.UNIFORM_FACTOR = before
     return job, records, err.getvalue()
 
 
@@ -84,6 +85,8 @@ def test_allowed_mass_and_invalid_actions_reach_metrics(sampled_run):
         assert 0.0 < m["allowed_mass/FrozenLake"] <= 1.0
         assert m["train/allowed_mass_min"] <= m["train/allowed_mass_mean"]
         assert "allowed_mass/Arithmetic" not in m
+        assert m["allowed_mass_uniform/FrozenLake"] == pytest.approx(
+            4 / len(job.pipeline.scheduler.tasks["FrozenLake"].prompt_format.tok))
         # the arithmetic env judges every reply (a tiny model's rarely holds a number)
         assert 0.0 <= m["invalid_action/Arithmetic"] <= 1.0
 
@@ -100,6 +103,12 @@ def test_action_watch_threshold():
     (line,) = w.check({"step": 2, "allowed_mass/A": 1e-32, "allowed_mass/B": 0.9})
     assert line.startswith("task A: at step 2") and "1e-32" in line
     assert w.check({"step": 3, "allowed_mass/A": 0.0}) == []  # once per task
+    # a model from scratch (mass near the uniform share, 4 of 100 ids): no warning;
+    # far below it (issue #38: 1e-32 on 12 of 49152 ids): a warning naming the share
+    assert ActionWatch().check({"allowed_mass/A": 0.03, "allowed_mass_uniform/A": 0.04}) == []
+    (line,) = ActionWatch().check({"allowed_mass/A": 1e-32,
+                                   "allowed_mass_uniform/A": 12 / 49152})
+    assert "no preference would put 0.00024 there" in line
     # a trainer without the per-task split (Megatron): the overall mean
     assert len(ActionWatch().check({"step": 1, "train/allowed_mass_mean": 0.01})) == 1
 

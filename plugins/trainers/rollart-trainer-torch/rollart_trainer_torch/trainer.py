@@ -409,12 +409,11 @@ class TorchTrainer:
         return self._mismatch.metrics()
 
     def _measure_mass(self, batch: list[TrainSample], run: list[TrainSample]) -> None:
-        """Constrained samples none of which is run this step (advantage 0: a task that
-        fails every time, the case where the measure matters most): the allowed mass on
-        a micro-batch of them, forward only, at the weights before the step."""
-        if any(s.allowed_token_ids is not None for s in run):
-            return  # measured on the trained positions
-        samples = [s for s in batch if s.allowed_token_ids is not None]
+        """Constrained tasks none of whose samples is run this step (advantage 0: a task
+        that fails every time, the case where the measure matters most): the allowed mass
+        on a micro-batch of their samples, forward only, at the weights before the step."""
+        measured = {s.tag for s in run if s.allowed_token_ids is not None}
+        samples = [s for s in batch if s.allowed_token_ids is not None and s.tag not in measured]
         samples = samples[: self.options.micro_batch_size]
         if not samples:
             return
@@ -554,7 +553,11 @@ class TorchTrainer:
                 t["group"][r] if t["group"] is not None else None, t["allowed"], entropy)
         if mass and t["group"] is not None:
             picked, ent, log_mass = policy_token_logprobs(*args, allowed_mass=True)
-            self._mass.add(log_mass, [t["tag"][i] for i in r.tolist()])
+            # each row's allowed ids as a share of the vocabulary (NaN: unconstrained)
+            shares = [len(a) / logits.shape[-1] for a in t["allowed"]]
+            self._mass.add(log_mass, [t["tag"][i] for i in r.tolist()],
+                           [shares[g] if g >= 0 else float("nan")
+                            for g in t["group"][r].tolist()])
         else:
             picked, ent = policy_token_logprobs(*args)
         logp = torch.zeros(sel.shape, dtype=picked.dtype, device=picked.device)

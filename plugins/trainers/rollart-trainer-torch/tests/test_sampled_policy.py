@@ -92,5 +92,7 @@ def test_trainer_reports_the_mass_on_the_allowed_ids(tmp_path: Path) -> None:
     assert abs(m["allowed_mass_mean"] - sum(want) / 16) < 1e-5, (m, want)
     assert abs(m["allowed_mass_min"] - min(want)) < 1e-5
     assert m["allowed_mass/Game"] == m["allowed_mass_mean"] and "allowed_mass/Chat" not in m
+    vocab = trainer.model.get_output_embeddings().weight.shape[0]
+    assert m["allowed_mass_uniform/Game"] == len(ALLOWED) / vocab
     # no constrained sample: no allowed-mass metric at all
     assert not any(k.startswith("allowed_mass") for k in trainer.train_step(free))
