@@ -232,10 +232,12 @@ def plot_policy(metrics: list[dict[str, Any]], out: Path) -> Path | None:
 
     steps = [m["step"] for m in metrics]
 
-    def series(key: str) -> list[float]:
-        return [float(m.get(key, float("nan"))) for m in metrics]
+    def series(key: str) -> list[float]:  # null (a NaN written as JSON) -> NaN
+        return [float("nan") if m.get(key) is None else float(m[key]) for m in metrics]
 
-    fig, axes = plt.subplots(1, 3, figsize=(16, 4.5))
+    tasks = sorted({k.split("/", 1)[1] for m in metrics for k in m
+                    if k.startswith("allowed_mass/")})
+    fig, axes = plt.subplots(1, 4 if tasks else 3, figsize=(21 if tasks else 16, 4.5))
     ax = axes[0]
     ax.plot(steps, series("train/mismatch_mean"), label="mean over tokens")
     ax.plot(steps, series("train/mismatch_max"), label="max over tokens")
@@ -259,6 +261,16 @@ def plot_policy(metrics: list[dict[str, Any]], out: Path) -> Path | None:
     ax.plot(steps, series("train/entropy"))
     ax.set_xlabel("training step")
     ax.set_title("entropy of the sampled policy (nats per token)")
+    if tasks:  # constrained tasks: the unmasked policy's mass on the allowed ids
+        ax = axes[3]
+        for tag in tasks:
+            line, = ax.plot(steps, series(f"allowed_mass/{tag}"), label=tag)
+            ax.plot(steps, series(f"allowed_mass_uniform/{tag}"), linestyle=":",
+                    color=line.get_color(), label=f"{tag}, no preference")
+        ax.set_yscale("log")
+        ax.set_xlabel("training step")
+        ax.set_title("probability mass on the allowed actions")
+        ax.legend(fontsize=8)
     fig.tight_layout()
     path = out / "policy.png"
     fig.savefig(path, dpi=100)
