@@ -43,8 +43,8 @@ def render(row: dict[str, Any], ids: bool = False) -> str:
               f"{', '.join(str(v) for v in vers) or 'none'} (started at "
               f"{row.get('start_version')})")
     if row.get("staleness") is not None:
-        policy += (f", staleness {row['staleness']} (trained at "
-                   f"{row.get('trainer_staleness')} versions past it)")
+        policy += (f", staleness {row['staleness']}, trained at version "
+                   f"{int(row.get('start_version') or 0) + int(row.get('trainer_staleness') or 0)}")
     policy += f", temperature {row.get('temperature')}"
     if row.get("constrained"):
         policy += ", constrained actions"
