@@ -9,7 +9,7 @@ import json
 from types import SimpleNamespace
 
 import pytest
-from test_pipeline import record_prompts, run
+from test_pipeline import record_prompts, run, single_task, test_envs  # noqa: F401 - fixture
 
 from rollart_sdk.cli import main
 from rollart_sdk.control.diagnostics import ActionWatch
@@ -164,3 +164,18 @@ def test_sample_log_is_bounded_and_thins_out(tmp_path):
         "env_step_failed: RuntimeError: boom"]
     assert spread([_traj(i, float(i)) for i in range(5)], 1)[0].reward == 2.0
     assert [t.reward for t in spread([_traj(0, None), _traj(1, 1.0)], 2)] == [None, 1.0]
+
+
+def test_dropped_trajectories_are_sampled_with_their_reason(tmp_path, test_envs, capsys):  # noqa: F811
+    # Seeds = 0 mod 3 fail at reset, = 1 mod 3 hang in step (tests/control/test_pipeline.py)
+    job, _ = run(tmp_path, steps=2, registry=test_envs,
+                 data=single_task(env={"name": "flaky"}, max_turns=1, step_timeout_s=0.5))
+    rows = read_samples(job.run_dir.path)
+    dropped = [r for r in rows if r["outcome"] == "dropped"]
+    assert dropped and all(sum(1 for r in dropped if r["step"] == s) <= 2 for s in (1, 2))
+    assert {r["dropped"].split(":", 1)[0] for r in dropped} <= {
+        "env_reset_failed", "env_step_timeout"}
+    assert all(r["turns"] == [] for r in dropped if r["dropped"].startswith("env_reset"))
+    assert main(["samples", str(job.run_dir.path), "--dropped"]) == 0
+    out = capsys.readouterr().out
+    assert "DROPPED: env_" in out
