@@ -580,7 +580,6 @@ def run_job(job: Job, steps: int, progress: bool = True) -> list[StepRecord]:
     }
     job.run_dir.write_json("summary.json", summary)
     job.run_dir.close()
-    samples.close()
     if interrupted:
         raise KeyboardInterrupt
     if error is not None:

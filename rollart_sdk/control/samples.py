@@ -47,8 +47,10 @@ class SampleLog:
         self.per_task = per_task
         self.max_bytes = max_bytes
         self.steps = steps
-        self._file = open(self.path, "a", buffering=1) if per_task > 0 else None
-        self.bytes = self.path.stat().st_size if self._file is not None else 0
+        # Each step's lines are appended and the file closed again: nothing to close at the
+        # run's end, and a crash loses at most the step being written.
+        self.enabled = per_task > 0
+        self.bytes = self.path.stat().st_size if self.path.exists() else 0
         self.steps_written = 0
         self.lines = 0
         self.truncated = False
@@ -60,7 +62,7 @@ class SampleLog:
     def finished(self, traj: Trajectory) -> None:
         """Keep a few dropped trajectories per task for the next step's lines; one that
         failed (env, reward, generation) is kept before one that was aborted."""
-        if self._file is None or traj.dropped is None or traj.dropped.endswith("run_end"):
+        if not self.enabled or traj.dropped is None or traj.dropped.endswith("run_end"):
             return
         kept = self._dropped.setdefault(traj.tag, [])
         if len(kept) < self.per_task:
@@ -80,13 +82,12 @@ class SampleLog:
             return self._step(rec)
         except Exception as exc:  # noqa: BLE001 - recorded; training goes on
             self.error = f"{type(exc).__name__}: {exc}"[:1000]
-            self.close()
-            self._file = None
+            self.enabled = False
             return 0
 
     def _step(self, rec: StepRecord) -> int:
         dropped, self._dropped = self._dropped, {}
-        if self._file is None or self.truncated or rec.step < self._next_step:
+        if not self.enabled or self.truncated or rec.step < self._next_step:
             return 0
         lines = []
         by_tag: dict[str, list[Trajectory]] = {}
@@ -100,11 +101,12 @@ class SampleLog:
         size = sum(len(line.encode()) + 1 for line in lines)
         if self.bytes + size > self.max_bytes:
             self.truncated = True
-            self._file.write(json.dumps({"truncated": True, "step": rec.step + 1,
-                                         "max_bytes": self.max_bytes}) + "\n")
+            with open(self.path, "a") as f:
+                f.write(json.dumps({"truncated": True, "step": rec.step + 1,
+                                    "max_bytes": self.max_bytes}) + "\n")
             return 0
-        for line in lines:
-            self._file.write(line + "\n")
+        with open(self.path, "a") as f:
+            f.write("".join(line + "\n" for line in lines))
         self.bytes += size
         self.lines += len(lines)
         self.steps_written += 1
@@ -123,10 +125,6 @@ class SampleLog:
         if left_bytes <= size:
             return max(1, left_steps)  # room for one more: the run's last step
         return max(1, math.ceil(size * left_steps / left_bytes))
-
-    def close(self) -> None:
-        if self._file is not None:
-            self._file.close()
 
     # ------------------------------------------------------------------ one line
     def record(self, t: Trajectory, step: int, rec: StepRecord | None) -> dict[str, Any]:
