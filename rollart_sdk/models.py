@@ -240,6 +240,11 @@ def prepare_model(
     return model.model_copy(update={"path": str(target), "tiny": None, "gguf": None})
 
 
+# apply_chat_template keywords of transformers' that are not template variables.
+_NOT_VARIABLES = {"return_dict", "return_tensors", "padding", "truncation", "max_length",
+                  "continue_final_message", "return_assistant_tokens_mask", "tokenizer_kwargs"}
+
+
 class LocalTokenizer:
     """The character tokenizer of :func:`build_tokenizer`, loaded with the ``tokenizers``
     library alone (transformers' tokenizer classes cost about 0.6 s to import).
@@ -277,20 +282,26 @@ class LocalTokenizer:
         return self._tok.token_to_id(token)
 
     def apply_chat_template(self, messages: list[dict[str, str]], tokenize: bool = True,
-                            add_generation_prompt: bool = False, **_: Any) -> Any:
-        """The template rendered as transformers renders it (a sandboxed jinja2
-        environment, trim_blocks and lstrip_blocks); with ``tokenize``, transformers 5's
-        dict of ``input_ids`` and ``attention_mask``."""
-        if self._template is None:
+                            add_generation_prompt: bool = False,
+                            chat_template: str | None = None, **kwargs: Any) -> Any:
+        """The template (``chat_template`` instead of the tokenizer's when given; the
+        other keywords are template variables) rendered as transformers renders it (a
+        sandboxed jinja2 environment, trim_blocks and lstrip_blocks); with ``tokenize``,
+        transformers 5's dict of ``input_ids`` and ``attention_mask``."""
+        if self._template is None or chat_template is not None:
             from jinja2.ext import loopcontrols
             from jinja2.sandbox import ImmutableSandboxedEnvironment
 
             env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
                                                 extensions=[loopcontrols])
-            self._template = env.from_string(self.chat_template)
-        text = self._template.render(messages=messages,
-                                     add_generation_prompt=add_generation_prompt,
-                                     eos_token=self.eos_token, pad_token=self.pad_token)
+            template = env.from_string(chat_template or self.chat_template)
+            if chat_template is None:
+                self._template = template
+        else:
+            template = self._template
+        text = template.render(**{k: v for k, v in kwargs.items() if k not in _NOT_VARIABLES},
+                               messages=messages, add_generation_prompt=add_generation_prompt,
+                               eos_token=self.eos_token, pad_token=self.pad_token)
         if not tokenize:
             return text
         ids = self(text, add_special_tokens=False)["input_ids"]

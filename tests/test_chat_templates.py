@@ -305,3 +305,42 @@ def test_smollm2_template_is_the_one_in_its_gguf() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=120, check=True).stdout
     assert out == (DATA / "smollm2.jinja").read_text()
+
+
+VALIDATE_CONFIG = """\
+model:
+  tiny: {hidden_size: 32, num_heads: 2}
+tasks:
+  - tag: FrozenLake
+    env: {name: frozenlake}
+    max_turns: 2
+rollout: {batch_size: 4, group_size: 2}
+output_dir: OUT
+"""
+
+
+def test_validate_and_train_refuse_a_template_before_anything_starts(tmp_path: Path) -> None:
+    """A template that cannot be rendered turn by turn is a ConfigError of `validate` and
+    of `train` (before any worker or run directory); an override that works passes, with
+    what it does differently from a whole-conversation render as a warning."""
+    from rollart_sdk.testing.dists import run_cli
+
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(VALIDATE_CONFIG.replace("OUT", str(tmp_path / "runs")))
+    bad = tmp_path / "bad.jinja"
+    bad.write_text("{{ messages[-1].content }}{% if add_generation_prompt %}\n>{% endif %}")
+    for command in ("validate", "train"):
+        res = run_cli(command, str(cfg), f"tasks.0.chat_template={bad}")
+        assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr
+        assert "tasks.0.prompt_format (line 4): the chat template cannot be rendered turn " \
+               "by turn: adding a turn changes how the earlier turns are rendered" in res.stderr
+        assert "prompt_format: plain" in res.stderr
+    assert not (tmp_path / "runs").exists() or not [
+        p for p in (tmp_path / "runs").iterdir() if not p.name.startswith(".")]
+    res = run_cli("validate", str(cfg), f"tasks.0.chat_template={tmp_path / 'none.jinja'}")
+    assert res.returncode == 2 and "tasks.0.chat_template" in res.stderr
+    assert "none.jinja' cannot be read (No such file or directory)" in res.stderr
+    ok = run_cli("validate", str(cfg), f"tasks.0.chat_template={DATA / 'qwen3.jinja'}",
+                 "tasks.0.chat_template_kwargs={enable_thinking: false}")
+    assert ok.returncode == 0, ok.stderr
+    assert "keeps the generation prompt the model was given" in ok.stdout + ok.stderr

@@ -148,7 +148,8 @@ def task_prompt_format(tokenizer: Any, task: Any, system: str | None) -> ChatFor
         try:
             template = Path(path).expanduser().read_text()
         except OSError as exc:
-            raise ValueError(f"chat_template {path!r} cannot be read: {exc}") from None
+            raise ValueError(f"chat_template {path!r} cannot be read ({exc.strerror or exc}); "
+                             "give the path of a .jinja file") from None
     return prompt_format(tokenizer, task.prompt_format, system, template,
                          getattr(task, "chat_template_kwargs", None))
 
@@ -225,10 +226,9 @@ class ChatFormat(_Tokens):
         except TemplateError as exc:
             if not has_system:
                 raise
-            try:
-                layout = self._derive(system, folded=True)
-            except TemplateError:
-                raise exc from None
+            # Folded, the system prompt is a plain part of the first observation: a
+            # failure then is about the turns themselves, the error to report.
+            layout = self._derive(system, folded=True)
             layout.notes.append(
                 f"the chat template cannot keep a system message in place ({exc.reason}); "
                 "the system prompt is put in front of the first observation, separated by "
@@ -244,9 +244,7 @@ class ChatFormat(_Tokens):
         history = head + [_user(obs[0]), _assistant(act[0]), _user(obs[1])]
         with_gen = self._try_render(history, True, "a conversation ending in a user turn")
         if system is not None and not folded and system not in with_gen:
-            raise TemplateError(
-                "it leaves the system message out of the prompt",
-                "the template renders no system message")
+            raise TemplateError("it leaves the system message out of the prompt")
         longer = self._try_render(history + [_assistant(act[1]), _user(obs[2])], True,
                                   "a conversation one turn longer")
         layout = _Layout(folded=folded, history=history + [_assistant(act[1])])
