@@ -281,8 +281,7 @@ class ChatFormat(_Tokens):
         try:
             return self._render(messages, gen)
         except Exception as exc:  # noqa: BLE001 - any template failure is this error
-            reason = f"it raises on {what}: {type(exc).__name__}: {exc}"
-            raise TemplateError(reason, reason) from None
+            raise TemplateError(f"it raises on {what}: {type(exc).__name__}: {exc}") from None
 
     def _rest_text(self, layout: _Layout, observation: str) -> str:
         rendered = self._try_render(layout.history + [_user(observation)], True,
