@@ -255,6 +255,10 @@ def test_an_action_cut_by_max_new_tokens_gets_the_end_of_turn() -> None:
     ("{% for m in messages %}{{ m.role }}{{ messages|length }}: {{ m.content }}\n{% endfor %}"
      "{% if add_generation_prompt %}assistant: {% endif %}",
      "adding a turn changes how the earlier turns are rendered"),
+    # Turns are numbered: each turn is right alone, the numbers only in a whole episode.
+    ("{% for m in messages %}{% if m.role == 'user' %}U{{ loop.index }}: {% else %}A: "
+     "{% endif %}{{ m.content }}\n{% endfor %}{% if add_generation_prompt %}A: {% endif %}",
+     "rendering it turn by turn does not give its render of the whole episode"),
     # Only the last user message is kept.
     ("{{ messages[-1].content }}{% if add_generation_prompt %}\n>{% endif %}",
      "adding a turn changes how the earlier turns are rendered"),

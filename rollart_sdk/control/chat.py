@@ -259,7 +259,8 @@ class ChatFormat(_Tokens):
             at = longer.find(act[1], len(without))
             if not (longer.startswith(without) and with_gen.startswith(without)) or at < 0:
                 reason = "adding a turn changes how the earlier turns are rendered"
-                raise TemplateError(reason, f"{reason}:\n{_difference(with_gen, longer)}")
+                raise TemplateError(reason, f"{reason}:\n" + _difference(
+                    with_gen, longer, "rendered", "one turn longer"))
             layout.cut = at + len(act[1])
             layout.opener = longer[len(without):at]
             layout.generation = with_gen[len(without):]
@@ -288,7 +289,8 @@ class ChatFormat(_Tokens):
                                     "a new observation")
         if not rendered.startswith(layout.prefix):
             reason = "an observation changes how the earlier turns are rendered"
-            raise TemplateError(reason, f"{reason}:\n{_difference(layout.prefix, rendered)}")
+            raise TemplateError(reason, f"{reason}:\n" + _difference(
+                layout.prefix, rendered, "before", f"with {observation[:40]!r}"))
         return rendered[layout.cut:]
 
     def _is_special(self, token_id: int) -> bool:
@@ -314,7 +316,8 @@ class ChatFormat(_Tokens):
                 whole = whole.replace(layout.opener + action, layout.generation + action, 1)
         if built != whole:
             reason = "rendering it turn by turn does not give its render of the whole episode"
-            raise TemplateError(reason, f"{reason}:\n{_difference(whole, built)}")
+            raise TemplateError(reason, f"{reason}:\n" + _difference(
+                whole, built, "whole episode", "turn by turn"))
 
     # ------------------------------------------------------------------ the interface
     def first_prompt(self, observation: str, system: str | None = None) -> list[int]:
@@ -378,10 +381,11 @@ def _generation_prompt(with_gen: str, without: str) -> str:
     return with_gen[len(without):] if with_gen.startswith(without) else ""
 
 
-def _difference(expected: str, got: str) -> str:
+def _difference(one: str, other: str, one_name: str, other_name: str) -> str:
     """Where two renders part, with some context either side."""
-    at = next((i for i, (a, b) in enumerate(zip(expected, got, strict=False)) if a != b),
-              min(len(expected), len(got)))
+    at = next((i for i, (a, b) in enumerate(zip(one, other, strict=False)) if a != b),
+              min(len(one), len(other)))
     lo = max(0, at - 60)
-    return (f"  expected ...{expected[lo:at + 60]!r}\n"
-            f"  got      ...{got[lo:at + 60]!r}")
+    width = max(len(one_name), len(other_name))
+    return (f"  {one_name:<{width}} ...{one[lo:at + 60]!r}\n"
+            f"  {other_name:<{width}} ...{other[lo:at + 60]!r}")
