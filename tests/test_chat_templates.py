@@ -288,11 +288,12 @@ def test_a_template_override_and_template_variables() -> None:
 
 
 def test_observations_must_be_text() -> None:
-    fmt = ChatFormat(_qwen3())
-    with pytest.raises(TypeError, match="observation of type dict.*must be str"):
-        fmt.first_prompt({"pos": 1})  # type: ignore[arg-type]
-    with pytest.raises(TypeError, match="observation of type int"):
-        fmt.next_observation(3, [])  # type: ignore[arg-type]
+    tok = _qwen3()
+    for fmt in (ChatFormat(tok), prompt_format(tok, "plain")):
+        with pytest.raises(TypeError, match="observation of type dict.*must be str"):
+            fmt.first_prompt({"pos": 1})  # type: ignore[arg-type]
+        with pytest.raises(TypeError, match="observation of type int"):
+            fmt.next_observation(3, [])  # type: ignore[arg-type]
 
 
 @pytest.mark.skipif(importlib.util.find_spec("gguf") is None or
