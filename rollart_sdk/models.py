@@ -245,6 +245,26 @@ _NOT_VARIABLES = {"return_dict", "return_tensors", "padding", "truncation", "max
                   "continue_final_message", "return_assistant_tokens_mask", "tokenizer_kwargs"}
 
 
+def _compile_template(source: str) -> Any:
+    """A chat template compiled as transformers compiles it: a sandboxed jinja2
+    environment with trim_blocks and lstrip_blocks, loop controls, and its
+    ``raise_exception`` and ``strftime_now`` (Gemma's and Llama 3.2's templates call them)."""
+    from datetime import datetime
+
+    from jinja2.exceptions import TemplateError
+    from jinja2.ext import loopcontrols
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    def raise_exception(message: str) -> None:
+        raise TemplateError(message)
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                        extensions=[loopcontrols])
+    env.globals.update(raise_exception=raise_exception,
+                       strftime_now=lambda fmt: datetime.now().strftime(fmt))
+    return env.from_string(source)
+
+
 class LocalTokenizer:
     """The character tokenizer of :func:`build_tokenizer`, loaded with the ``tokenizers``
     library alone (transformers' tokenizer classes cost about 0.6 s to import).
@@ -264,7 +284,7 @@ class LocalTokenizer:
         self.eos_token, self.pad_token = cfg["eos_token"], cfg["pad_token"]
         self.eos_token_id = self._tok.token_to_id(self.eos_token)
         self.pad_token_id = self._tok.token_to_id(self.pad_token)
-        self._template: Any = None
+        self._templates: dict[str, Any] = {}
 
     def __len__(self) -> int:
         return int(self._tok.get_vocab_size(with_added_tokens=True))
@@ -288,17 +308,10 @@ class LocalTokenizer:
         other keywords are template variables) rendered as transformers renders it (a
         sandboxed jinja2 environment, trim_blocks and lstrip_blocks); with ``tokenize``,
         transformers 5's dict of ``input_ids`` and ``attention_mask``."""
-        if self._template is None or chat_template is not None:
-            from jinja2.ext import loopcontrols
-            from jinja2.sandbox import ImmutableSandboxedEnvironment
-
-            env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                                extensions=[loopcontrols])
-            template = env.from_string(chat_template or self.chat_template)
-            if chat_template is None:
-                self._template = template
-        else:
-            template = self._template
+        source = self.chat_template if chat_template is None else chat_template
+        template = self._templates.get(source)
+        if template is None:  # compiled once per template text (a task's override too)
+            template = self._templates[source] = _compile_template(source)
         text = template.render(**{k: v for k, v in kwargs.items() if k not in _NOT_VARIABLES},
                                messages=messages, add_generation_prompt=add_generation_prompt,
                                eos_token=self.eos_token, pad_token=self.pad_token)

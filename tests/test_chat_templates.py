@@ -370,3 +370,29 @@ def test_smollm2s_own_bpe_tokenizer_gives_the_same_ids() -> None:
         theirs = tok.apply_chat_template(_messages(system, False, actions), tokenize=True,
                                          add_generation_prompt=True, return_dict=True)
         assert ours == list(theirs["input_ids"])
+
+
+def test_the_tiny_models_local_tokenizer_takes_an_override_like_transformers(
+        tmp_path: Path) -> None:
+    """`train` reads a tiny model's tokenizer without transformers (LocalTokenizer): a
+    task's chat_template and its variables render there as transformers renders them,
+    raise_exception included."""
+    from transformers import AutoTokenizer
+
+    from rollart_sdk.models import LocalTokenizer, build_tokenizer, load_tokenizer
+
+    build_tokenizer(["Left"]).save_pretrained(tmp_path)
+    ours, hf = load_tokenizer(tmp_path, light=True), AutoTokenizer.from_pretrained(
+        str(tmp_path), local_files_only=True)
+    assert isinstance(ours, LocalTokenizer)
+    qwen3, gemma2 = (DATA / "qwen3.jinja").read_text(), (DATA / "gemma-2.jinja").read_text()
+    kwargs = {"template": qwen3, "template_kwargs": {"enable_thinking": False},
+              "system": SYSTEM}
+    a, b = ChatFormat(ours, **kwargs), ChatFormat(hf, **kwargs)  # type: ignore[arg-type]
+    assert a.first_prompt("OBS1", SYSTEM) == b.first_prompt("OBS1", SYSTEM)
+    assert a.next_observation("OBS2", [3]) == b.next_observation("OBS2", [3])
+    assert a.notes == b.notes and len(a.notes) == 1
+    a, b = ChatFormat(ours, SYSTEM, gemma2), ChatFormat(hf, SYSTEM, gemma2)
+    assert a.system_folded and b.system_folded and a.notes == b.notes
+    assert ours.apply_chat_template([{"role": "user", "content": "x"}]) == \
+        hf.apply_chat_template([{"role": "user", "content": "x"}])  # its own template still
