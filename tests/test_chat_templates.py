@@ -396,3 +396,39 @@ def test_the_tiny_models_local_tokenizer_takes_an_override_like_transformers(
     assert a.system_folded and b.system_folded and a.notes == b.notes
     assert ours.apply_chat_template([{"role": "user", "content": "x"}]) == \
         hf.apply_chat_template([{"role": "user", "content": "x"}])  # its own template still
+
+
+def test_preflight_reports_a_bad_template_and_a_non_text_observation_per_task() -> None:
+    """check_context (what validate and train run before any worker) builds every
+    task's format: a template that cannot be rendered turn by turn and a non-text first
+    observation are problems naming the task's key; a deliberate difference a warning."""
+    from types import SimpleNamespace
+
+    from rollart_sdk.config import TaskConfig
+    from rollart_sdk.preflight import check_context
+
+    class Text:
+        def reset(self, seed: int) -> tuple[Any, dict]:
+            return "pos=0,0", {}
+
+    class Dict:
+        def reset(self, seed: int) -> tuple[Any, dict]:
+            return {"pos": (0, 0)}, {}
+
+    def res(cls: type) -> Any:
+        return SimpleNamespace(descriptor=SimpleNamespace(load=lambda: cls),
+                               options=SimpleNamespace(model_dump=dict))
+
+    bad = DATA.parent / "no-such-dir"
+    tasks = [TaskConfig(tag="ok", env={"name": "x"}, system_prompt="Play.",
+                        chat_template_kwargs={"enable_thinking": False}),
+             TaskConfig(tag="dict", env={"name": "x"}),
+             TaskConfig(tag="missing", env={"name": "x"}, chat_template=str(bad / "t.jinja"))]
+    cfg = SimpleNamespace(tasks=tasks)
+    envs = {"ok": res(Text), "dict": res(Dict), "missing": res(Text)}
+    described = {t.tag: {"system_prompt": None} for t in tasks}
+    problems, warnings = check_context(cfg, envs, described, _qwen3())  # type: ignore[arg-type]
+    assert [where for where, _ in problems] == ["tasks.2.chat_template", "tasks.1.env"]
+    assert "observation of type dict" in problems[1][1]
+    assert len(warnings) == 1 and warnings[0].startswith("tasks.0 (ok): the chat template "
+                                                         "opens a past assistant turn")
