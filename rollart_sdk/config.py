@@ -242,6 +242,11 @@ class TaskConfig(_Strict):
     # How turns become tokens: the tokenizer's chat template ("chat"), observations and
     # actions as plain text lines ("plain"), or chat when the tokenizer has a template.
     prompt_format: Literal["auto", "chat", "plain"] = "auto"
+    # A chat template (a .jinja file) to use instead of the tokenizer's, and extra
+    # variables for the template (e.g. {enable_thinking: false} for Qwen3); see "Chat
+    # templates in multi-turn tasks" in docs/configuration.md.
+    chat_template: str | None = None
+    chat_template_kwargs: dict[str, Any] = Field(default_factory=dict)
     # Where the task's environments live. "worker": the environment role's workers, each
     # env in its own killable process (heavy, slow or unsafe envs; a hung env is killed).
     # "inline": in the EnvManagers' process, stepped directly on its event loop (no Ray

@@ -315,15 +315,16 @@ def _task_runtimes(cfg: RunConfig, described: dict[str, dict[str, Any]],
                    tokenizer: Any) -> dict[str, TaskRuntime]:
     """Each task's prompt format (chat template or plain text), system prompt and allowed
     action tokens."""
-    from rollart_sdk.control.chat import prompt_format
+    from rollart_sdk.control.chat import task_prompt_format
     from rollart_sdk.control.env_manager import TaskRuntime
     from rollart_sdk.errors import ConfigError
 
     tasks: dict[str, TaskRuntime] = {}
     for i, task in enumerate(cfg.tasks):
         d = described[task.tag]
-        try:
-            fmt = prompt_format(tokenizer, task.prompt_format)
+        system = d["system_prompt"] if task.system_prompt == "env" else task.system_prompt
+        try:  # preflight built it already: this fails only where it was not run
+            fmt = task_prompt_format(tokenizer, task, system or None)
         except ValueError as exc:
             raise ConfigError([(f"tasks.{i}.prompt_format", str(exc))]) from None
         allowed = None
@@ -334,7 +335,6 @@ def _task_runtimes(cfg: RunConfig, described: dict[str, dict[str, Any]],
                     f"{task.env.name!r} has no action_vocabulary; set constrain_actions: false"
                 )
             allowed = fmt.action_token_ids(d["action_vocabulary"])
-        system = d["system_prompt"] if task.system_prompt == "env" else task.system_prompt
         tasks[task.tag] = TaskRuntime(task, system or None, allowed, fmt)
     return tasks
 

@@ -240,6 +240,31 @@ def prepare_model(
     return model.model_copy(update={"path": str(target), "tiny": None, "gguf": None})
 
 
+# apply_chat_template keywords of transformers' that are not template variables.
+_NOT_VARIABLES = {"return_dict", "return_tensors", "padding", "truncation", "max_length",
+                  "continue_final_message", "return_assistant_tokens_mask", "tokenizer_kwargs"}
+
+
+def _compile_template(source: str) -> Any:
+    """A chat template compiled as transformers compiles it: a sandboxed jinja2
+    environment with trim_blocks and lstrip_blocks, loop controls, and its
+    ``raise_exception`` and ``strftime_now`` (Gemma's and Llama 3.2's templates call them)."""
+    from datetime import datetime
+
+    from jinja2.exceptions import TemplateError
+    from jinja2.ext import loopcontrols
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    def raise_exception(message: str) -> None:
+        raise TemplateError(message)
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                        extensions=[loopcontrols])
+    env.globals.update(raise_exception=raise_exception,
+                       strftime_now=lambda fmt: datetime.now().strftime(fmt))
+    return env.from_string(source)
+
+
 class LocalTokenizer:
     """The character tokenizer of :func:`build_tokenizer`, loaded with the ``tokenizers``
     library alone (transformers' tokenizer classes cost about 0.6 s to import).
@@ -259,7 +284,7 @@ class LocalTokenizer:
         self.eos_token, self.pad_token = cfg["eos_token"], cfg["pad_token"]
         self.eos_token_id = self._tok.token_to_id(self.eos_token)
         self.pad_token_id = self._tok.token_to_id(self.pad_token)
-        self._template: Any = None
+        self._templates: dict[str, Any] = {}
 
     def __len__(self) -> int:
         return int(self._tok.get_vocab_size(with_added_tokens=True))
@@ -277,20 +302,19 @@ class LocalTokenizer:
         return self._tok.token_to_id(token)
 
     def apply_chat_template(self, messages: list[dict[str, str]], tokenize: bool = True,
-                            add_generation_prompt: bool = False, **_: Any) -> Any:
-        """The template rendered as transformers renders it (a sandboxed jinja2
-        environment, trim_blocks and lstrip_blocks); with ``tokenize``, transformers 5's
-        dict of ``input_ids`` and ``attention_mask``."""
-        if self._template is None:
-            from jinja2.ext import loopcontrols
-            from jinja2.sandbox import ImmutableSandboxedEnvironment
-
-            env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                                extensions=[loopcontrols])
-            self._template = env.from_string(self.chat_template)
-        text = self._template.render(messages=messages,
-                                     add_generation_prompt=add_generation_prompt,
-                                     eos_token=self.eos_token, pad_token=self.pad_token)
+                            add_generation_prompt: bool = False,
+                            chat_template: str | None = None, **kwargs: Any) -> Any:
+        """The template (``chat_template`` instead of the tokenizer's when given; the
+        other keywords are template variables) rendered as transformers renders it (a
+        sandboxed jinja2 environment, trim_blocks and lstrip_blocks); with ``tokenize``,
+        transformers 5's dict of ``input_ids`` and ``attention_mask``."""
+        source = self.chat_template if chat_template is None else chat_template
+        template = self._templates.get(source)
+        if template is None:  # compiled once per template text (a task's override too)
+            template = self._templates[source] = _compile_template(source)
+        text = template.render(**{k: v for k, v in kwargs.items() if k not in _NOT_VARIABLES},
+                               messages=messages, add_generation_prompt=add_generation_prompt,
+                               eos_token=self.eos_token, pad_token=self.pad_token)
         if not tokenize:
             return text
         ids = self(text, add_special_tokens=False)["input_ids"]

@@ -8,9 +8,11 @@ What a run would otherwise find only after Ray started (or never, spinning on dr
   file exists (the tiny model's shape is checked by the config itself); ``validate``
   also reads a GGUF's config and tokenizer from its metadata (``check_gguf``: the shape
   and tokenizer ``train`` gets once it converted the file);
-- ``check_context``: each task's ``max_context_tokens`` holds its first prompt (system
-  prompt + the env's first observation, env seed 0, through the task's prompt format):
-  a budget that cannot hold it drops every trajectory (``no_turns``);
+- ``check_context``: each task's prompt format can be built (a chat template that
+  cannot be rendered turn by turn, ``control/chat.py``, would corrupt every multi-turn
+  context), and its ``max_context_tokens`` holds its first prompt (system prompt + the
+  env's first observation, env seed 0, through the task's prompt format): a budget that
+  cannot hold it drops every trajectory (``no_turns``);
 - ``check_sim_context``: the same for a simulated run (``clock: simulated``): the sim
   env's first observation (seed 0) in the sim's token ids (``sim.token_block``) against
   the task's budget in those ids, and against the KV cache of the engines that serve
@@ -147,20 +149,37 @@ def _first_observations(cfg: RunConfig, envs: dict[str, Any],
 
 def check_context(cfg: RunConfig, envs: dict[str, Any], described: dict[str, dict[str, Any]],
                   tokenizer: Any) -> tuple[Problems, list[str]]:
-    """``(problems, warnings)``: a warning when a task's first prompt could not be built
-    here (its env did not reset in this process)."""
-    from rollart_sdk.control.chat import prompt_format
+    """``(problems, warnings)``: each task's prompt format is built (a chat template that
+    cannot be rendered turn by turn is a problem; what a template makes the format do
+    differently from a whole-conversation render is a warning), then its first prompt
+    is checked against ``max_context_tokens``; a warning when a task's first prompt
+    could not be built here (its env did not reset in this process)."""
+    from rollart_sdk.control.chat import task_prompt_format
 
     problems: Problems = []
     warnings: list[str] = []
-    for i, task, obs in _first_observations(cfg, envs, warnings):
+    formats: dict[int, Any] = {}
+    systems: dict[int, str | None] = {}
+    for i, task in enumerate(cfg.tasks):
         system = described[task.tag]["system_prompt"] if task.system_prompt == "env" \
             else task.system_prompt
+        systems[i] = system or None
         try:
-            n = len(prompt_format(tokenizer, task.prompt_format).first_prompt(str(obs),
-                                                                             system or None))
-        except ValueError:
-            continue  # a bad prompt_format: reported where the format is built
+            formats[i] = task_prompt_format(tokenizer, task, systems[i])
+        except ValueError as exc:
+            where = "chat_template" if task.chat_template and "cannot be read" in str(exc) \
+                else "prompt_format"
+            problems.append((f"tasks.{i}.{where}", str(exc)))
+            continue
+        warnings += [f"tasks.{i} ({task.tag}): {note}" for note in formats[i].notes]
+    for i, task, obs in _first_observations(cfg, envs, warnings):
+        if i not in formats:
+            continue
+        try:
+            n = len(formats[i].first_prompt(obs, systems[i]))
+        except TypeError as exc:  # a non-text observation
+            problems.append((f"tasks.{i}.env", f"{exc} (its first observation, seed 0)"))
+            continue
         if n >= task.max_context_tokens:
             problems.append((f"tasks.{i}.max_context_tokens", (
                 f"{task.max_context_tokens} tokens cannot hold task {task.tag!r}'s first prompt "

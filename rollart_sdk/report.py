@@ -73,6 +73,11 @@ def smooth(values: list[float], window: int) -> list[float]:
     return out
 
 
+def _num(value: Any) -> float:
+    """A metric as a float: missing and null (how metrics.jsonl writes nan) are nan."""
+    return float("nan") if value is None else float(value)
+
+
 def plot_rewards(metrics: list[dict[str, Any]], out: Path, window: int | None = None) -> Path:
     import matplotlib
 
@@ -83,8 +88,8 @@ def plot_rewards(metrics: list[dict[str, Any]], out: Path, window: int | None = 
     w = window or max(1, len(metrics) // 20)
     fig, axes = plt.subplots(2, 2, figsize=(13, 8))
 
-    def series(key: str) -> list[float]:
-        return [float(m.get(key, float("nan"))) for m in metrics]
+    def series(key: str) -> list[float]:  # null (a non-finite value in metrics.jsonl): nan
+        return [_num(m.get(key)) for m in metrics]
 
     ax = axes[0][0]
     tags = sorted({k.split("/", 1)[1] for m in metrics for k in m if k.startswith("reward/")})
@@ -124,7 +129,7 @@ def plot_rewards(metrics: list[dict[str, Any]], out: Path, window: int | None = 
                        ("trajectories/aborted_stale", "aborted: outlived the bound")):
         if any(key in m for m in metrics):
             ax.plot(steps, smooth(series(key), w), label=label)
-    smax = max((m.get("staleness/max", 0) for m in metrics), default=0)
+    smax = max((m.get("staleness/max") or 0 for m in metrics), default=0)
     ax.set_xlabel("training step")
     ax.set_title(f"per step (moving average); staleness max over the run: {smax}")
     ax.legend(fontsize=8)
@@ -232,8 +237,8 @@ def plot_policy(metrics: list[dict[str, Any]], out: Path) -> Path | None:
 
     steps = [m["step"] for m in metrics]
 
-    def series(key: str) -> list[float]:  # null (a NaN written as JSON) -> NaN
-        return [float("nan") if m.get(key) is None else float(m[key]) for m in metrics]
+    def series(key: str) -> list[float]:  # null (a non-finite value in metrics.jsonl): nan
+        return [_num(m.get(key)) for m in metrics]
 
     tasks = sorted({k.split("/", 1)[1] for m in metrics for k in m
                     if k.startswith("allowed_mass/")})
@@ -251,8 +256,12 @@ def plot_policy(metrics: list[dict[str, Any]], out: Path) -> Path | None:
     ax.set_title("|engine - trainer| log-prob, fresh tokens, same weights")
     ax.legend(fontsize=8)
     ax = axes[1]
-    ax.plot(steps, series("train/behaviour_ratio_mean"), label="mean")
-    ax.plot(steps, series("train/behaviour_ratio_max"), label="max")
+    mean = series("train/behaviour_ratio_mean")
+    # a step that ran no token (every advantage 0) reports max 0: no value, like the mean
+    top = [mx if mn == mn else float("nan")
+           for mn, mx in zip(mean, series("train/behaviour_ratio_max"), strict=True)]
+    ax.plot(steps, mean, label="mean")
+    ax.plot(steps, top, label="max")
     ax.axhline(1.0, color="#999999", linewidth=0.5)
     ax.set_xlabel("training step")
     ax.set_title("behaviour ratio pi / mu (1: on-policy)")
@@ -260,7 +269,8 @@ def plot_policy(metrics: list[dict[str, Any]], out: Path) -> Path | None:
     ax = axes[2]
     ax.plot(steps, series("train/entropy"))
     ax.set_xlabel("training step")
-    ax.set_title("entropy of the sampled policy (nats per token)")
+    ax.set_title("entropy of the sampled policy (nats per token; gaps: no token\nrun, "
+                 "every group's advantage 0)")
     if tasks:  # constrained tasks: the unmasked policy's mass on the allowed ids
         ax = axes[3]
         for tag in tasks:

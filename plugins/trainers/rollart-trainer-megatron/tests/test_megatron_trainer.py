@@ -69,6 +69,41 @@ def test_loss_and_gradients_match_the_torch_trainer(tmp_path: Path, kind: str, t
     assert max(g.abs().max().item() for g in want.values()) > 1e-3  # not all ~0
 
 
+def test_the_sampled_policy_matches_the_torch_trainer(tmp_path: Path) -> None:
+    """Samples drawn at temperature 0.7, half of them among a few allowed ids: both
+    trainers recompute the same policy (softmax(mask(logits) / T)), so loss, KL and
+    gradients agree; the raw-logit loss on the same tokens differs (the control)."""
+    ckpt = make_checkpoint(tmp_path / "m", kind="qwen3")
+    batch = make_batch(ckpt, n_groups=3, group_size=4, seed=5)
+    for i, s in enumerate(batch):
+        s.temperature = 0.7
+        if i % 2:
+            trained = {t for t, m in zip(s.input_ids, s.loss_mask, strict=True) if m}
+            s.allowed_token_ids = sorted(trained | {1, 2, 3})
+    common = {"lr": 1e-3, "seed": 0, "num_threads": 1, "kl_coef": 0.1, "grad_clip": 0.0}
+    ref = TorchTrainer(model=ModelConfig(path=str(ckpt)), micro_batch_size=5, **common)
+    meg = _trainer(ckpt, pack_length=30, max_tokens_per_micro_batch=64, **common)
+    ref_grads, meg_grads = _capture_grads(ref), _capture_grads(meg)
+    m_ref = ref.train_step(copy.deepcopy(batch))
+    m_meg = meg.train_step(copy.deepcopy(batch))
+    assert m_meg["micro_batches"] > 1
+    for key in ("loss", "kl", "entropy"):
+        assert m_meg[key] == pytest.approx(m_ref[key], abs=1e-4), key
+    want = {n: ref_grads[id(p)] for n, p in ref.model.named_parameters()}
+    got = {}
+    for name, p in meg.named_params.items():
+        got.update(megatron_to_hf(name, [meg_grads[id(p)]], meg.arch))
+    for name, g in want.items():
+        err = (got[name] - g).abs().max().item()
+        assert err < 1e-4, f"gradient of {name} differs by {err:.3g}"
+    raw = [copy.deepcopy(s) for s in batch]
+    for s in raw:
+        s.temperature, s.allowed_token_ids = 1.0, None
+    m_raw = _trainer(ckpt, pack_length=30, max_tokens_per_micro_batch=64,
+                     **common).train_step(raw)
+    assert abs(m_raw["entropy"] - m_meg["entropy"]) > 0.1
+
+
 def test_packing_does_not_change_the_step(tmp_path: Path) -> None:
     """One trajectory per forward vs rows of several stacked in one forward: same loss,
     same gradients."""
