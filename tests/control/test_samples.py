@@ -179,3 +179,35 @@ def test_dropped_trajectories_are_sampled_with_their_reason(tmp_path, test_envs,
     assert main(["samples", str(job.run_dir.path), "--dropped"]) == 0
     out = capsys.readouterr().out
     assert "DROPPED: env_" in out
+
+
+def _mass_outside(job) -> None:
+    """Issue #38's symptom, made by hand in the trainer's model: rows of the output layer
+    that are +-100 x each axis of the hidden space, on ids outside FrozenLake's actions,
+    so that for any hidden state some outside id's logit is about 100 above the actions'
+    (which are 0): the unmasked policy puts about e^-100 on the allowed tokens."""
+    import torch
+
+    model = job.pipeline.trainers[0].target.trainer.model
+    allowed = set(job.pipeline.scheduler.tasks["FrozenLake"].allowed_token_ids)
+    head = model.get_output_embeddings().weight
+    d = head.shape[1]
+    outside = [i for i in range(head.shape[0]) if i not in allowed][: 2 * d]
+    with torch.no_grad():
+        head[sorted(allowed)] = 0.0
+        for k, row in enumerate(outside):
+            head[row] = 0.0
+            head[row, k % d] = 100.0 if k < d else -100.0
+
+
+def test_a_policy_with_its_mass_outside_the_actions_is_warned_about_at_once(tmp_path, capsys):
+    # (At the first step's metrics line: seconds into a run. No wall-clock assert: this
+    # machine is shared.)
+    job, _ = run(tmp_path, ["rollout.mode=sync"], steps=2, prepare=_mass_outside)
+    err = capsys.readouterr().err
+    first = json.loads((job.run_dir.path / "metrics.jsonl").read_text().splitlines()[0])
+    assert first["allowed_mass/FrozenLake"] < 1e-20, first
+    assert first["allowed_mass_uniform/FrozenLake"] > 0.01
+    # the real thresholds, at the first step's line, once
+    assert err.count("warning: task FrozenLake: at step 1 the policy puts") == 1, err
+    assert err.count("warning: task FrozenLake") == 1
