@@ -48,9 +48,10 @@ class ActionWatch:
             self.warned.add(tag)
             baseline = (f"; a policy with no preference would put {share:.2g} there"
                         if isinstance(share, (int, float)) else "")
+            shown = f"{value:.2g}" if value >= 1e-30 else "less than 1e-30"
             out.append(
                 f"task {tag}: at step {metrics.get('step', '?')} the policy puts "
-                f"{value:.2g} of its probability on the allowed action tokens (below "
+                f"{shown} of its probability on the allowed action tokens (below "
                 f"{self.threshold:g}{baseline}): the model prefers tokens outside the "
                 "action vocabulary, so the constrained sampler draws from the tail of its "
                 "distribution and ignores the observations. Check the prompt "
