@@ -90,7 +90,7 @@ class MasterWeightsOptimizer:
 
     @property
     def param_groups(self) -> list[dict[str, Any]]:
-        return self.inner.param_groups  # type: ignore[no-any-return]
+        return self.inner.param_groups
 
     @property
     def state(self) -> Any:
@@ -166,7 +166,7 @@ class MasterWeightsOptimizer:
     def state_dict(self) -> dict[str, Any]:
         sd = self.inner.state_dict()
         if not self.master_weights and self.scaler is None:
-            return sd  # type: ignore[no-any-return]
+            return sd
         state = dict(sd["state"])
         if self.master_weights:
             for i, m in enumerate(self.main_params):
