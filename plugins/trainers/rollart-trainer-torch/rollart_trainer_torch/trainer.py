@@ -12,7 +12,12 @@ What one ``train_step`` does, in order (the README has the formulas):
    importance weight for stale ones (decoupled PPO), plus an optional KL to a frozen
    reference; every micro-batch loss is normalised by the token (or sequence) count of
    the whole batch on all ranks, so accumulated gradients equal the full-batch gradient;
-4. gradients summed over ranks (torch.distributed all-reduce), clipped, AdamW step;
+4. gradients summed over ranks (torch.distributed all-reduce), clipped, AdamW step; for a
+   bfloat16 / float16 model (``master_weights``, on by default there) the gradients are
+   first copied into fp32 master weights, summed and clipped there, AdamW (with fp32
+   moments) steps the masters and the model takes them rounded; float16 also scales the
+   loss (``loss_scale``) and skips a step whose gradients overflow
+   (:mod:`rollart_sdk.master_weights`);
 5. ``version`` + 1.
 """
 
@@ -323,13 +328,17 @@ class TorchTrainer:
 
     def export_weights(self, bucket_bytes: int) -> Iterator[WeightBucket]:
         """This version's weights as checksummed buckets (CPU copies, taken lazily bucket
-        by bucket, so a later step cannot change a bucket already handed out)."""
+        by bucket, so a later step cannot change a bucket already handed out), in
+        ``model.dtype``: with master weights, the fp32 masters rounded (what the model
+        runs)."""
         named = ((k, v.detach().to("cpu", copy=True)) for k, v in self.model.state_dict().items())
         return split_buckets(named, bucket_bytes, self._version)
 
     def save_checkpoint(self, path: str) -> None:
         """Model, AdamW moments, step/version and RNG states, as safetensors + JSON
-        (:mod:`rollart_trainer_torch.checkpoint`).
+        (:mod:`rollart_trainer_torch.checkpoint`); with master weights the optimizer's
+        state dict also holds the fp32 masters (``<id>.master``) and the loss scale, so a
+        resumed bf16 run continues from the masters, not from their rounding.
 
         Ranks hold identical state, so only rank 0 writes; ``path`` is a folder.
         """
