@@ -197,7 +197,7 @@ def main() -> None:
             m = t.train_step(copy.deepcopy(batch))
             rec = {"seconds": time.perf_counter() - t0, "loss": m["loss"],
                    "grad_norm": m["grad_norm"], "d_lp": lp_of(weights(False)) - start}
-            if masters:
+            if start_m is not None:
                 rec["d_lp_masters"] = lp_of(weights(True)) - start_m
             steps.append(rec)
             _log(label, "step", len(steps), f"{rec['seconds']:.1f} s", "loss", m["loss"])
