@@ -204,3 +204,26 @@ def test_two_bf16_ranks_match_one_rank(tmp_path: Path, monkeypatch: pytest.Monke
     # Not bit-equal: each rank's micro-batches differ from the single rank's, so do the
     # bf16 forwards' roundings, the gradients, and AdamW's first steps on near-zero ones.
     assert float((two - one).norm() / (one - start).norm()) < 0.1  # measured 0.03
+
+
+def test_fp16_overflow_is_skipped_on_every_rank(tmp_path: Path,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """An overflow on any rank reaches every rank through the gradient sum (inf + x is
+    inf): all ranks skip the same steps and back off to the same scale, so they stay in
+    lockstep."""
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    ckpt = make_tiny_checkpoint(tmp_path / "model")
+    batch = make_batch(ckpt, n_groups=2, group_size=4, seed=5)
+    options = {"lr": 1e-3, "micro_batch_size": 2, "seed": 0, "num_threads": 1,
+               "loss_scale_init": 2.0**40}
+    init = f"file://{tmp_path / 'dist-init'}"
+    mp.spawn(run_rank, args=(2, str(ckpt), init, str(tmp_path), batch, 2, options, "float16"),
+             nprocs=2, join=True)
+    infos = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    for m0, m1 in zip(infos[0]["metrics"], infos[1]["metrics"], strict=True):
+        assert (m0["skipped"], m0["loss_scale"]) == (m1["skipped"], m1["loss_scale"])
+    assert infos[0]["metrics"][0]["skipped"] == 1.0
+    assert [m["loss_scale"] for m in infos[0]["metrics"]] == [2.0**40, 2.0**39]
+    ranks = [load_file(str(tmp_path / f"rank{r}.safetensors")) for r in range(2)]
+    for name, tensor in ranks[0].items():
+        assert torch.equal(tensor, ranks[1][name]), name
