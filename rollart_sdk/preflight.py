@@ -16,7 +16,10 @@ What a run would otherwise find only after Ray started (or never, spinning on dr
 - ``check_sim_context``: the same for a simulated run (``clock: simulated``): the sim
   env's first observation (seed 0) in the sim's token ids (``sim.token_block``) against
   the task's budget in those ids, and against the KV cache of the engines that serve
-  the task (the sim engine finishes a prompt that does not fit with no tokens).
+  the task (the sim engine finishes a prompt that does not fit with no tokens);
+- ``check_precision`` (warnings only): a bfloat16 / float16 ``model.dtype`` trained
+  without fp32 master weights (AdamW's small updates round away, silently), or float16
+  without loss scaling.
 
 Each returns ``(where, message)`` problems for a :class:`~rollart_sdk.errors.ConfigError`.
 """
@@ -102,6 +105,24 @@ def check_gguf(model: ModelConfig) -> tuple[Problems, Any]:
                  f"({type(exc).__name__}: {str(exc)[:300]}); give a GGUF that transformers "
                  "reads (llama.cpp's convert script writes one)")], None
     return check_shape(conf, "model.gguf", str(src), "the GGUF's metadata"), tokenizer
+
+
+def check_precision(cfg: RunConfig, trainer: Any) -> list[str]:
+    """Warnings for a low-precision run: from the trainer's options when they are
+    :class:`rollart_sdk.precision.PrecisionOptions` (its ``precision_warnings``), else
+    that the trainer does not say whether it keeps fp32 master weights."""
+    dtype = cfg.model.dtype
+    if dtype == "float32":
+        return []
+    options = trainer.options
+    warn = getattr(options, "precision_warnings", None)
+    if callable(warn):
+        return list(warn(dtype, "trainer.options"))
+    name = trainer.descriptor.name
+    return [f"model.dtype is {dtype} and trainer {name!r} has no master_weights option: "
+            f"if it steps the {dtype} weights directly, updates smaller than their resolution "
+            "(most updates at RL learning rates) round away without any error; check the "
+            "trainer's documentation, or use model.dtype float32"]
 
 
 def first_observation(env_cls: Any, options: dict[str, Any], timeout: float) -> Any:
@@ -276,7 +297,7 @@ def preflight(cfg: RunConfig, resolved: Any, lines: Any = None, log: Any = print
             raise ConfigError([(_at(w, lines), m) for w, m in problems])
 
     fail((check_output_dir(cfg.output_dir) if output_dir else []) + check_model(cfg.model))
-    for w in sampling_warnings(cfg):
+    for w in sampling_warnings(cfg) + check_precision(cfg, resolved.trainer):
         log(f"warning: {w}")
     described = {tag: describe_env(res) for tag, res in resolved.envs.items()}
     extra = sorted({w for d in described.values() for w in (d["action_vocabulary"] or [])})

@@ -5,9 +5,12 @@ Layout of a checkpoint folder ``path``::
 
     path/dist/          megatron.core.dist_checkpointing (torch_dist): model weights under
                         ``model.<param>``, AdamW moments under ``optimizer.exp_avg.<param>``
-                        / ``optimizer.exp_avg_sq.<param>``, each a ShardedTensor with the
+                        / ``optimizer.exp_avg_sq.<param>``, and with master weights (a
+                        bfloat16 / float16 model) the fp32 masters under
+                        ``optimizer.master.<param>``, each a ShardedTensor with the
                         parameter's TP sharding (DP replicas write once)
-    path/trainer_state.json   version, step, AdamW step count and hyper-parameters, RNG
+    path/trainer_state.json   version, step, AdamW step count and hyper-parameters, whether
+                        masters were saved and the moments' dtype, the loss scale, RNG
                         state, options; written last by rank 0 (its presence marks a
                         complete checkpoint)
 
@@ -47,19 +50,24 @@ def read_hf_weights(path: str) -> dict[str, torch.Tensor]:
 
 
 def _moments(trainer: Any) -> dict[str, dict[str, torch.Tensor]]:
-    """AdamW's ``exp_avg`` / ``exp_avg_sq`` per parameter name, whole local (TP) shards;
-    gathered over the DP group under the distributed optimizer (collective then)."""
+    """AdamW's ``exp_avg`` / ``exp_avg_sq`` per parameter name, whole local (TP) shards,
+    and the fp32 ``master`` under master weights; gathered over the DP group under the
+    distributed optimizer (collective then)."""
     opt = trainer.optimizer
+    out: dict[str, dict[str, torch.Tensor]] = {}
     if trainer.options.use_distributed_optimizer:
         full = opt.full_moments()
-        if full is None:
-            return {}
-        return {name: {key: full[key][i] for key in full}
-                for i, name in enumerate(trainer.named_params)}
-    out = {}
-    for name, p in trainer.named_params.items():
-        st = opt.state.get(p, {})
+        masters = opt.full_masters() if trainer.master_weights else None
+        for i, name in enumerate(trainer.named_params):
+            out[name] = {key: full[key][i] for key in full} if full is not None else {}
+            if masters is not None:
+                out[name]["master"] = masters[i]
+        return {name: st for name, st in out.items() if st}
+    for name, main in zip(trainer.named_params, opt.main_params, strict=True):
+        st = opt.state.get(main, {})
         moments = {key: st[key] for key in ("exp_avg", "exp_avg_sq") if key in st}
+        if trainer.master_weights:
+            moments["master"] = main.detach()
         if moments:
             out[name] = moments
     return out
@@ -70,8 +78,9 @@ def _adam_steps(trainer: Any) -> dict[str, float]:
     if trainer.options.use_distributed_optimizer:
         step = opt.adam_step
         return dict.fromkeys(trainer.named_params, step) if step else {}
-    return {name: float(opt.state[p]["step"])
-            for name, p in trainer.named_params.items() if p in opt.state}
+    return {name: float(opt.state[main]["step"])
+            for name, main in zip(trainer.named_params, opt.main_params, strict=True)
+            if main in opt.state}
 
 
 def _sharded_state(trainer: Any, moments: dict[str, dict[str, torch.Tensor]]) -> dict[str, Any]:
@@ -118,6 +127,11 @@ def save(trainer: Any, path: str) -> None:
             "world_size": trainer.world_size,
             "param_groups": groups,
             "adam_steps": steps,
+            "master_weights": trainer.master_weights,
+            "moments_dtype": "float32" if trainer.master_weights else _dtype(trainer),
+            "loss_scale": trainer.optimizer.loss_scale,
+            "loss_scale_good_steps": (trainer.optimizer.scaler.good_steps
+                                      if trainer.optimizer.scaler is not None else 0),
             "python_random": _jsonable(random.getstate()),
             "torch_rng": torch.get_rng_state().tolist(),
             "options": trainer.options.model_dump(mode="json"),
@@ -150,28 +164,26 @@ def load(trainer: Any, path: str) -> None:
     # Every parameter takes every step (missing gradients are zero-filled), so one step
     # count stands for all; the names are rank 0's, which under PP are not this stage's.
     step = max(state["adam_steps"].values(), default=0.0)
-    # Zero moments of the right shapes, so that the sharded template names every moment.
-    zeros = {name: {key: torch.zeros_like(p) for key in ("exp_avg", "exp_avg_sq")}
-             for name, p in trainer.named_params.items() if step}
+    # Zero tensors of the right shapes and dtypes, so that the sharded template names
+    # every moment (and master) saved: moments in the dtype they were saved in (before
+    # master weights existed: the parameters'), masters in fp32.
+    saved_masters = bool(state.get("master_weights", False))
+    moments_dtype = getattr(torch, state["moments_dtype"]) if "moments_dtype" in state else None
+    dtypes = {"exp_avg": moments_dtype, "exp_avg_sq": moments_dtype, "master": torch.float32}
+    keys = [k for k, on in (("exp_avg", step), ("exp_avg_sq", step),
+                            ("master", saved_masters)) if on]
+    zeros = {name: {key: torch.zeros_like(p, dtype=dtypes[key] or p.dtype) for key in keys}
+             for name, p in trainer.named_params.items() if keys}
     loaded = dist_checkpointing.load(_sharded_state(trainer, zeros), str(src / _DIST_DIR))
     moments = {name: {key: loaded["optimizer"][key][name] for key in st}
                for name, st in zeros.items()}
+    masters = {name: st.pop("master") for name, st in moments.items() if "master" in st}
+    moments = {name: st for name, st in moments.items() if st}
     with torch.no_grad():
         for name, p in trainer.named_params.items():
             p.copy_(loaded["model"][name])
-    opt = trainer.optimizer
-    if trainer.options.use_distributed_optimizer:
-        opt.sync_master()
-        if moments:
-            names = list(trainer.named_params)
-            opt.load_full_moments(
-                {key: [moments[n][key] for n in names] for key in ("exp_avg", "exp_avg_sq")},
-                step)
-    else:
-        for name, p in trainer.named_params.items():
-            if name in moments:
-                opt.state[p] = {"step": torch.tensor(step), **moments[name]}
-    for group, saved in zip(opt.param_groups, state["param_groups"], strict=True):
+    _restore_optimizer(trainer, moments, masters, step, state)
+    for group, saved in zip(trainer.optimizer.param_groups, state["param_groups"], strict=True):
         for k, v in saved.items():
             if k != "params":
                 group[k] = tuple(v) if isinstance(group.get(k), tuple) else v
@@ -180,6 +192,37 @@ def load(trainer: Any, path: str) -> None:
     trainer._version = int(state["version"])
     trainer._step = int(state["step"])
     dist.barrier()
+
+
+def _restore_optimizer(trainer: Any, moments: dict[str, dict[str, torch.Tensor]],
+                       masters: dict[str, torch.Tensor], step: float,
+                       state: dict[str, Any]) -> None:
+    """AdamW's moments and step, the fp32 masters (or, from a checkpoint without them, the
+    loaded weights) and the loss scale, into the trainer's optimizer; after the model's
+    parameters were loaded."""
+    opt = trainer.optimizer
+    if trainer.options.use_distributed_optimizer:
+        opt.sync_master()
+        if moments:
+            names = list(trainer.named_params)
+            opt.load_full_moments(
+                {key: [moments[n][key] for n in names] for key in ("exp_avg", "exp_avg_sq")},
+                step)
+        if masters and trainer.master_weights:  # after the moments (they re-sync the range)
+            opt.load_full_masters([masters[n] for n in trainer.named_params])
+    else:
+        with torch.no_grad():
+            for name, p, main in zip(trainer.named_params, trainer.params, opt.main_params,
+                                     strict=True):
+                if name in moments:
+                    opt.state[main] = {"step": torch.tensor(step),
+                                       **{k: v.to(main.dtype) for k, v in moments[name].items()}}
+                if trainer.master_weights:  # a checkpoint without masters: the loaded weights
+                    main.copy_(masters.get(name, p))
+                    p.copy_(main)
+    if opt.scaler is not None and "loss_scale" in state:
+        opt.scaler.scale = float(state["loss_scale"])
+        opt.scaler.good_steps = int(state.get("loss_scale_good_steps", 0))
 
 
 def save_pretrained(trainer: Any, path: str) -> None:
@@ -196,6 +239,10 @@ def save_pretrained(trainer: Any, path: str) -> None:
             if f.is_file() and not skip and not (out / f.name).exists():
                 shutil.copy2(f, out / f.name)
     dist.barrier()  # readers on other ranks may open the folder right after
+
+
+def _dtype(trainer: Any) -> str:
+    return str(trainer.params[0].dtype).removeprefix("torch.")
 
 
 def _jsonable(obj: Any) -> Any:

@@ -15,15 +15,18 @@ the same job on any device and backend (gloo included):
 - the global gradient norm is the sum of every rank's squared range norm over the DP group
   and the model-parallel group (TP-replicated parameters counted on TP rank 0 only, as in
   the non-distributed path), then the range is clipped;
-- ``torch.optim.AdamW`` steps a float32 master copy of the range: ``exp_avg`` and
-  ``exp_avg_sq`` exist for ``S`` elements per rank, about ``1/dp`` of the model;
+- ``torch.optim.AdamW`` steps a float32 master copy of the range (``master_weights``,
+  on by default; off: a copy in the parameters' dtype): ``exp_avg`` and ``exp_avg_sq``
+  exist for ``S`` elements per rank, about ``1/dp`` of the model; with master weights the
+  gradients are reduce-scattered in float32 and divided by the loss scale (float16) there;
 - the updated ranges are **all-gathered** over the DP group and copied into the parameters.
 
 AdamW is elementwise, so this gives the same update as AdamW over whole parameters (the
 tests compare against the non-distributed optimizer after several steps).
 Checkpoints gather the moments into whole parameters (:meth:`full_moments`) and scatter
 them back on load (:meth:`load_full_moments`), like Megatron's ``dp_zero_gather_scatter``
-format, so a checkpoint does not depend on the DP size.
+format, so a checkpoint does not depend on the DP size; the fp32 masters likewise
+(:meth:`full_masters`, :meth:`load_full_masters`).
 """
 
 from __future__ import annotations
@@ -33,6 +36,8 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+
+from rollart_sdk.master_weights import LossScaler
 
 
 class DistributedAdamW:
@@ -46,7 +51,8 @@ class DistributedAdamW:
 
     def __init__(self, params: list[torch.Tensor], counted: list[bool], dp_group: Any,
                  norm_groups: list[Any], *, lr: float, betas: tuple[float, float],
-                 eps: float, weight_decay: float) -> None:
+                 eps: float, weight_decay: float, master_weights: bool = True,
+                 scaler: LossScaler | None = None) -> None:
         self.params = params
         self.dp_group = dp_group
         self.norm_groups = [g for g in norm_groups if dist.get_world_size(g) > 1]
@@ -60,9 +66,13 @@ class DistributedAdamW:
         weights = torch.cat([torch.full((p.numel(),), float(c), dtype=torch.float64)
                              for p, c in zip(params, counted, strict=True)])
         self._norm_weight = weights[self.lo : self.hi].to(device)
-        self.main = torch.nn.Parameter(self._flat_params()[self.lo : self.hi].float().clone())
+        self.master_weights = master_weights
+        self.main_dtype = torch.float32 if master_weights else params[0].dtype
+        self.main = torch.nn.Parameter(
+            self._flat_params()[self.lo : self.hi].to(self.main_dtype, copy=True))
         self.inner = torch.optim.AdamW([self.main], lr=lr, betas=betas, eps=eps,
                                        weight_decay=weight_decay)
+        self.scaler = scaler
 
     # ------------------------------------------------------------------ optimiser API
 
@@ -74,6 +84,15 @@ class DistributedAdamW:
         for p in self.params:
             p.grad = None if set_to_none else (p.grad.zero_() if p.grad is not None else None)
 
+    @property
+    def loss_scale(self) -> float:
+        """The scale the next backward uses (1.0 without scaling)."""
+        return self.scaler.scale if self.scaler is not None else 1.0
+
+    def scale_loss(self, loss: torch.Tensor) -> torch.Tensor:
+        scale = self.loss_scale
+        return loss * scale if scale != 1.0 else loss
+
     def state_numel(self) -> int:
         """Elements of AdamW state held on this rank (``exp_avg`` + ``exp_avg_sq``)."""
         st = self.inner.state.get(self.main, {})
@@ -83,11 +102,15 @@ class DistributedAdamW:
         """Reduce-scatter the gradients, global norm, clip, AdamW on this rank's range,
         all-gather the parameters. Returns (grad norm, skipped: non-finite norm)."""
         grad = self._reduce_scatter_grads()
+        if self.loss_scale != 1.0:
+            grad.mul_(1.0 / self.loss_scale)
         sq = (grad.double().pow(2) * self._norm_weight).sum().reshape(1)
         for group in [self.dp_group, *self.norm_groups]:
             if dist.get_world_size(group) > 1:
                 dist.all_reduce(sq, group=group)
         total = float(sq[0].sqrt())
+        if self.scaler is not None:  # every rank sees the same total: they agree
+            self.scaler.update(math.isfinite(total))
         if not math.isfinite(total):  # a non-finite gradient would poison the moments
             return total, True
         if total > max_norm:
@@ -112,21 +135,36 @@ class DistributedAdamW:
         have = torch.tensor([1.0 if st else 0.0])
         if self.dp > 1:
             dist.all_reduce(have, op=dist.ReduceOp.MIN, group=self.dp_group)
-        if not have[0]:
+        if not have[0] or st is None:  # the same on every rank: have is their minimum
             return None
         out = {}
-        for key in ("exp_avg", "exp_avg_sq"):
+        for key in ("exp_avg", "exp_avg_sq"):  # in the range's dtype (fp32 with masters)
             flat = self._gather(st[key])
-            out[key] = [t.view_as(p).to(p.dtype) for t, p in zip(self._split(flat), self.params,
-                                                                 strict=True)]
+            out[key] = [t.view_as(p) for t, p in zip(self._split(flat), self.params,
+                                                     strict=True)]
         return out
+
+    def full_masters(self) -> list[torch.Tensor]:
+        """The master copy of every local parameter, whole (gathered over the DP group;
+        collective)."""
+        flat = self._gather(self.main.detach())
+        return [t.view_as(p) for t, p in zip(self._split(flat), self.params, strict=True)]
+
+    def load_full_masters(self, masters: list[torch.Tensor]) -> None:
+        """Take this rank's range of whole-parameter masters (the inverse of
+        :meth:`full_masters`); the parameters take them rounded."""
+        flat = torch.cat([t.reshape(-1).to(self.main_dtype) for t in masters])
+        with torch.no_grad():
+            self.main.data.copy_(flat[self.lo : self.hi].to(self.main.device))
+            for p, t in zip(self.params, masters, strict=True):
+                p.copy_(t.view_as(p))
 
     def load_full_moments(self, moments: dict[str, list[torch.Tensor]], step: float) -> None:
         """Take this rank's range of whole-parameter moments (the inverse of
         :meth:`full_moments`) and AdamW's step count."""
         state = {"step": torch.tensor(float(step))}
         for key, tensors in moments.items():
-            flat = torch.cat([t.reshape(-1).float() for t in tensors])
+            flat = torch.cat([t.reshape(-1).to(self.main_dtype) for t in tensors])
             state[key] = flat[self.lo : self.hi].to(self.main.device).clone()
         self.inner.state[self.main] = state
         self.main.data.copy_(self._flat_params()[self.lo : self.hi])
@@ -150,7 +188,7 @@ class DistributedAdamW:
 
     def _reduce_scatter_grads(self) -> torch.Tensor:
         flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)
-                          for p in self.params])
+                          .to(self.main_dtype) for p in self.params])
         if self.dp == 1:
             return flat[self.lo : self.hi].clone()
         out = flat.new_empty(self.shard)

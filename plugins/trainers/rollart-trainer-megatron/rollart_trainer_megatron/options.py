@@ -10,12 +10,15 @@ from typing import Literal
 
 from pydantic import ConfigDict, Field, model_validator
 
+from rollart_sdk.precision import PrecisionOptions
 from rollart_sdk.schedules import LRScheduleOptions
 
 
-class MegatronTrainerOptions(LRScheduleOptions):
+class MegatronTrainerOptions(PrecisionOptions, LRScheduleOptions):
     """Parallelism, batching, optimiser and loss settings (see the package README); the
-    learning-rate schedule as trainer torch's (:class:`rollart_sdk.schedules.LRScheduleOptions`)."""
+    learning-rate schedule as trainer torch's (:class:`rollart_sdk.schedules.LRScheduleOptions`);
+    fp32 master weights and float16 loss scaling as trainer torch's
+    (:class:`rollart_sdk.precision.PrecisionOptions`)."""
 
     model_config = ConfigDict(extra="forbid")
 

@@ -16,7 +16,11 @@ Layout: ``world_size = tensor_parallel_size * data_parallel_size`` ranks; ranks
 4. gradients summed over the DP group; Qwen3's q/k-norm gradients summed over the TP
    group (they see only the local heads); global norm over TP shards, clip, AdamW
    (with ``use_distributed_optimizer``: gradients reduce-scattered over the DP group and
-   AdamW's state sharded across it, see distopt.py);
+   AdamW's state sharded across it, see distopt.py); for a bfloat16 / float16 model
+   (``master_weights``, on by default there) AdamW steps fp32 master weights with fp32
+   moments and the model takes them rounded, gradients are reduced in fp32, and float16
+   scales the loss (``loss_scale``: Megatron's ``grad_scale_func``, a step whose gradients
+   overflow is skipped): :mod:`rollart_sdk.master_weights`;
 5. ``version`` + 1.
 
 Megatron's optimizer wrapper and pipeline schedules hard-code ``device='cuda'``, so this
@@ -38,6 +42,7 @@ import torch.distributed as dist
 from rollart_sdk.algorithms import fill_advantages
 from rollart_sdk.config import ModelConfig
 from rollart_sdk.interfaces import check_train_sample
+from rollart_sdk.master_weights import LossScaler, MasterWeightsOptimizer
 from rollart_sdk.models import hf_checkpoint_path, resolve_device
 from rollart_sdk.types import TrainSample, WeightBucket
 from rollart_sdk.weights import split_buckets
@@ -129,16 +134,31 @@ class MegatronTrainer:
             self.ref_model = self._build(dtype, local).eval().requires_grad_(False)
         self.named_params = dict(self.model.named_parameters())
         self.params = list(self.named_params.values())
+        # Megatron's own mixed-precision optimizers (Float16OptimizerWithFloat16Params,
+        # DistributedOptimizer) allocate on device='cuda' and type-check for CUDA tensors:
+        # the same fp32 masters and loss scaling come from rollart_sdk.master_weights here.
+        dtype_name = str(dtype).removeprefix("torch.")
+        self.master_weights = o.uses_master_weights(dtype_name)
+        dynamic, scale = o.loss_scaling(dtype_name)
+        scaler = (LossScaler(scale, dynamic, o.loss_scale_growth_interval)
+                  if dynamic or scale != 1.0 else None)
         self.optimizer: Any
         if o.use_distributed_optimizer:  # AdamW state sharded over the DP group (distopt.py)
             counted = [self._counted(n) for n in self.named_params]
             self.optimizer = DistributedAdamW(
                 self.params, counted, self.dp_group, [self.mp_group], lr=o.lr, betas=o.betas,
-                eps=o.eps, weight_decay=o.weight_decay)
+                eps=o.eps, weight_decay=o.weight_decay, master_weights=self.master_weights,
+                scaler=scaler)
         else:
-            self.optimizer = torch.optim.AdamW(
-                self.params, lr=o.lr, betas=o.betas, eps=o.eps, weight_decay=o.weight_decay
-            )
+            self.optimizer = MasterWeightsOptimizer(
+                self.params,
+                lambda params: torch.optim.AdamW(params, lr=o.lr, betas=o.betas, eps=o.eps,
+                                                 weight_decay=o.weight_decay),
+                master_weights=self.master_weights, scaler=scaler)
+        self._grads: dict[str, torch.Tensor] = {}  # this step's gradients, by name
+        # Megatron's schedules multiply each micro-batch's loss by this before backward.
+        self.model.config.grad_scale_func = (self.optimizer.scale_loss if scaler is not None
+                                             else None)
         self._version = 0
         self._step = 0
 
@@ -185,12 +205,16 @@ class MegatronTrainer:
         max_norm = o.grad_clip if o.grad_clip > 0 else math.inf
         for group in self.optimizer.param_groups:
             group["lr"] = o.lr_at(o.lr, self._step)
+        loss_scale = self.optimizer.loss_scale  # the one this step's backward used
         if o.use_distributed_optimizer:  # reduce-scatter, norm, clip, sharded step, gather
             grad_norm, skipped = self.optimizer.step(max_norm)
         else:
             grad_norm = self._clip_grads(max_norm)
+            # a non-finite gradient would poison AdamW's moments for good (float16: an
+            # overflow, the loss scale backs off)
             skipped = not math.isfinite(grad_norm)
-            if not skipped:  # a non-finite gradient would poison AdamW's moments for good
+            self.optimizer.update_scale(not skipped)
+            if not skipped:
                 self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self._version += 1
@@ -230,6 +254,7 @@ class MegatronTrainer:
             "advantage_abs_mean": sum(abs(a) for a in advs) / max(len(advs), 1),
             "lr": float(self.optimizer.param_groups[0]["lr"]),
             "skipped": float(skipped),
+            "loss_scale": float(loss_scale),  # 1 without scaling (float16: dynamic)
             "version": float(self._version),
         }
 
@@ -368,21 +393,29 @@ class MegatronTrainer:
 
     def _reduce_grads(self) -> None:
         """Sum gradients over the DP group (flat, one collective); sum the q/k-norm
-        gradients over the TP group (each TP rank saw only its own heads)."""
-        for p in self.params:
-            if p.grad is None:
-                p.grad = torch.zeros_like(p)
+        gradients over the TP group (each TP rank saw only its own heads). Without the
+        distributed optimizer these are the optimizer's main gradients (fp32 and unscaled
+        under master weights); with it, the parameters' own (it reduce-scatters them in
+        fp32 and unscales them itself)."""
+        if self.options.use_distributed_optimizer:
+            for p in self.params:
+                if p.grad is None:
+                    p.grad = torch.zeros_like(p)
+            self._grads = {n: p.grad for n, p in self.named_params.items()}
+        else:
+            self._grads = dict(zip(self.named_params, self.optimizer.main_grads(), strict=True))
+        grads = self._grads
         if self.tp > 1 and self.arch.qk_norm:
-            qk = [p.grad for n, p in self.named_params.items()
+            qk = [g for n, g in grads.items()
                   if n.endswith(("q_layernorm.weight", "k_layernorm.weight"))]
             _all_reduce_flat(qk, self.tp_group)
         if self.embedding_group is not None and self.arch.tied:
             # the tied embedding's two copies (first and last stage): one gradient, summed
-            shared = self.named_params["embedding.word_embeddings.weight" if self.stage.first
-                                       else "output_layer.weight"]
-            _all_reduce_flat([shared.grad], self.embedding_group)
+            shared = grads["embedding.word_embeddings.weight" if self.stage.first
+                           else "output_layer.weight"]
+            _all_reduce_flat([shared], self.embedding_group)
         if self.dp > 1 and not self.options.use_distributed_optimizer:
-            _all_reduce_flat([p.grad for p in self.params], self.dp_group)
+            _all_reduce_flat(list(grads.values()), self.dp_group)
 
     def _counted(self, name: str) -> bool:
         """Whether parameter ``name`` enters the global grad norm on this rank (a
@@ -394,14 +427,14 @@ class MegatronTrainer:
     def _clip_grads(self, max_norm: float) -> float:
         """Global L2 norm over the whole model (TP / PP shards counted once), clip."""
         sq = torch.zeros((), dtype=torch.float64, device=self.device)
-        for name, p in self.named_params.items():
+        for name, g in self._grads.items():
             if self._counted(name):
-                sq += p.grad.detach().double().pow(2).sum()
+                sq += g.detach().double().pow(2).sum()
         total = float(self._reduce(sq.reshape(1), self.mp_group)[0].sqrt())
         if math.isfinite(total) and total > max_norm:
             coef = max_norm / (total + 1e-6)
-            for p in self.params:
-                p.grad.mul_(coef)
+            for g in self._grads.values():
+                g.mul_(coef)
         return total
 
 

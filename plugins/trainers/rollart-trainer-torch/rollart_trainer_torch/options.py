@@ -9,13 +9,17 @@ from typing import Literal
 
 from pydantic import ConfigDict, Field, model_validator
 
+from rollart_sdk.precision import PrecisionOptions
 from rollart_sdk.schedules import LRScheduleOptions
 
 
-class TorchTrainerOptions(LRScheduleOptions):
+class TorchTrainerOptions(PrecisionOptions, LRScheduleOptions):
     """Optimiser, loss and parallelism settings; see the package README for formulas.
     The learning-rate schedule (``lr_schedule``, ``lr_warmup_steps``, ``lr_decay_steps``,
-    ``lr_min_ratio``): :class:`rollart_sdk.schedules.LRScheduleOptions`."""
+    ``lr_min_ratio``): :class:`rollart_sdk.schedules.LRScheduleOptions`; fp32 master
+    weights and loss scaling for a bfloat16 / float16 model (``master_weights``,
+    ``loss_scale``, ``loss_scale_init``, ``loss_scale_growth_interval``):
+    :class:`rollart_sdk.precision.PrecisionOptions`."""
 
     model_config = ConfigDict(extra="forbid")
 

@@ -12,7 +12,12 @@ What one ``train_step`` does, in order (the README has the formulas):
    importance weight for stale ones (decoupled PPO), plus an optional KL to a frozen
    reference; every micro-batch loss is normalised by the token (or sequence) count of
    the whole batch on all ranks, so accumulated gradients equal the full-batch gradient;
-4. gradients summed over ranks (torch.distributed all-reduce), clipped, AdamW step;
+4. gradients summed over ranks (torch.distributed all-reduce), clipped, AdamW step; for a
+   bfloat16 / float16 model (``master_weights``, on by default there) the gradients are
+   first copied into fp32 master weights, summed and clipped there, AdamW (with fp32
+   moments) steps the masters and the model takes them rounded; float16 also scales the
+   loss (``loss_scale``) and skips a step whose gradients overflow
+   (:mod:`rollart_sdk.master_weights`);
 5. ``version`` + 1.
 """
 
@@ -43,6 +48,7 @@ from rollart_sdk.algorithms import (
 )
 from rollart_sdk.config import ModelConfig
 from rollart_sdk.interfaces import check_train_sample
+from rollart_sdk.master_weights import LossScaler, MasterWeightsOptimizer
 from rollart_sdk.models import hf_checkpoint_path, load_causal_lm, resolve_device
 from rollart_sdk.types import TrainSample, WeightBucket
 from rollart_sdk.weights import split_buckets
@@ -123,13 +129,7 @@ class TorchTrainer:
         if o.kl_coef > 0:
             self.ref_model = copy.deepcopy(self.model).eval().requires_grad_(False)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
-        # On the CPU, torch.optim.AdamW's update without torch.optim (which imports
-        # torch._dynamo: about 0.9 s of a small run's start-up); the same update bit for
-        # bit and the same state_dict (rollart_trainer_torch/adamw.py).
-        adamw: Any = LeanAdamW if self.device.type == "cpu" else torch.optim.AdamW
-        self.optimizer = adamw(
-            self.params, lr=o.lr, betas=o.betas, eps=o.eps, weight_decay=o.weight_decay
-        )
+        self.optimizer = self._make_optimizer(str(dtype).removeprefix("torch."))
         self.pad_id = int(getattr(self.model.config, "pad_token_id", None) or 0)
         # Architectures whose logits are exactly lm_head(final hidden state): the LM head
         # can then run on the trained positions only (others: a full forward).
@@ -200,15 +200,20 @@ class TorchTrainer:
                     t, tree, anchor = kept[i]
                     self._micro_step(t, tree, anchor, normalizer, sums, maxima,
                                      update == o.updates_per_batch - 1)
+            loss_scale = self.optimizer.loss_scale  # the one this pass's backward used
             self._all_reduce_grads()
             max_norm = o.grad_clip if o.grad_clip > 0 else math.inf
-            grad_norms.append(float(torch.nn.utils.clip_grad_norm_(self.params, max_norm)))
+            # fp32 masters' gradients (master weights), else the parameters'
+            grad_norms.append(float(torch.nn.utils.clip_grad_norm_(self.optimizer.main_params,
+                                                                   max_norm)))
             # The schedule counts batches (train steps), whatever updates_per_batch.
             for group in self.optimizer.param_groups:
                 group["lr"] = o.lr_at(o.lr, self._step)
             # A non-finite gradient would poison AdamW's moments for good: no step, and no
-            # later pass of this batch either.
+            # later pass of this batch either. Under float16 loss scaling that is an
+            # overflow: the scale backs off and the next batch runs at half of it.
             skipped = not math.isfinite(grad_norms[-1])
+            self.optimizer.update_scale(not skipped)
             if not skipped:
                 self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
@@ -261,6 +266,9 @@ class TorchTrainer:
             "advantage_abs_mean": sum(abs(a) for a in advs) / max(len(advs), 1),
             "lr": float(self.optimizer.param_groups[0]["lr"]),
             "skipped": float(skipped),
+            # the loss scale of the last pass's backward (1 without scaling; float16:
+            # halved after a skipped step)
+            "loss_scale": float(loss_scale),
             "version": float(self._version),
             # AdamW steps this batch took (updates_per_batch, fewer after a skipped one)
             "updates": float(len(grad_norms) - int(skipped)),
@@ -309,7 +317,7 @@ class TorchTrainer:
                 ref_lp, _ = self._logprobs(self.ref_model, t, m, False, tree)
             kl = kl_penalty(logp, ref_lp, o.kl_kind)
             loss = loss + o.kl_coef * aggregate(kl, mask, o.loss_agg, normalizer)
-        loss.backward()
+        self.optimizer.scale_loss(loss).backward()
         ntok = float(st["tokens"])
         if first:
             sums["loss"] += float(loss.detach())
@@ -330,13 +338,17 @@ class TorchTrainer:
 
     def export_weights(self, bucket_bytes: int) -> Iterator[WeightBucket]:
         """This version's weights as checksummed buckets (CPU copies, taken lazily bucket
-        by bucket, so a later step cannot change a bucket already handed out)."""
+        by bucket, so a later step cannot change a bucket already handed out), in
+        ``model.dtype``: with master weights, the fp32 masters rounded (what the model
+        runs)."""
         named = ((k, v.detach().to("cpu", copy=True)) for k, v in self.model.state_dict().items())
         return split_buckets(named, bucket_bytes, self._version)
 
     def save_checkpoint(self, path: str) -> None:
         """Model, AdamW moments, step/version and RNG states, as safetensors + JSON
-        (:mod:`rollart_trainer_torch.checkpoint`).
+        (:mod:`rollart_trainer_torch.checkpoint`); with master weights the optimizer's
+        state dict also holds the fp32 masters (``<id>.master``) and the loss scale, so a
+        resumed bf16 run continues from the masters, not from their rounding.
 
         Ranks hold identical state, so only rank 0 writes; ``path`` is a folder.
         """
@@ -439,23 +451,43 @@ class TorchTrainer:
         dist.all_reduce(x, op=dist.ReduceOp.MAX if op == "max" else dist.ReduceOp.SUM)
         return x.cpu()
 
+    def _make_optimizer(self, dtype: str) -> MasterWeightsOptimizer:
+        """AdamW over the trainable parameters, through fp32 master weights for a
+        bfloat16 / float16 model (``master_weights``; its moments are then fp32 too) and
+        with float16's loss scaling (``loss_scale``): :mod:`rollart_sdk.master_weights`.
+        In float32 (the default) the wrapper adds nothing: AdamW steps the parameters,
+        and its state dict is AdamW's own."""
+        o = self.options
+        dynamic, scale = o.loss_scaling(dtype)
+        scaler = (LossScaler(scale, dynamic, o.loss_scale_growth_interval)
+                  if dynamic or scale != 1.0 else None)
+        # On the CPU, torch.optim.AdamW's update without torch.optim (which imports
+        # torch._dynamo: about 0.9 s of a small run's start-up); the same update bit for
+        # bit and the same state_dict (rollart_trainer_torch/adamw.py).
+        adamw: Any = LeanAdamW if self.device.type == "cpu" else torch.optim.AdamW
+        return MasterWeightsOptimizer(
+            self.params,
+            lambda params: adamw(params, lr=o.lr, betas=o.betas, eps=o.eps,
+                                 weight_decay=o.weight_decay),
+            master_weights=o.uses_master_weights(dtype), scaler=scaler)
+
     def _all_reduce_grads(self) -> None:
         """Sum gradients over ranks in flat buckets (one collective per bucket).
 
         Losses are already divided by the whole-batch count, so the sum is the
-        full-batch gradient. A rank with no samples contributes zeros.
+        full-batch gradient. A rank with no samples contributes zeros. With master
+        weights the gradients summed are the fp32 masters' (unscaled), so the sum over
+        ranks is not rounded to bfloat16.
         """
-        for p in self.params:
-            if p.grad is None:
-                p.grad = torch.zeros_like(p)
+        grads = self.optimizer.main_grads()
         if self.world_size == 1:
             return
         limit = int(self.options.grad_bucket_mb * 2**20)
         bucket: list[torch.Tensor] = []
         size = 0
-        for p in self.params:
-            bucket.append(p.grad)
-            size += p.grad.numel() * p.grad.element_size()
+        for g in grads:
+            bucket.append(g)
+            size += g.numel() * g.element_size()
             if size >= limit:
                 _all_reduce_flat(bucket)
                 bucket, size = [], 0
