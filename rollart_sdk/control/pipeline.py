@@ -64,6 +64,8 @@ from rollart_sdk.weights.sync import WeightSync
 # that every engine ends on one version); past it the engine is reported as not back.
 RECOVERY_WAIT_S = 120.0
 KEEP_BATCHES = 16  # steps whose trained trajectories stay in ``Pipeline.records``
+# Periodic checkpoint saves that may fail in a row before the run stops (docs/failures.md).
+MAX_CHECKPOINT_FAILURES = 3
 
 
 @dataclass
@@ -154,6 +156,15 @@ class Pipeline:
         self.carried: dict[str, Any] = {}
         self.session_start: StepRecord | None = None
         self._reported = 0  # steps whose metrics line is written
+        # Checkpoints (control/checkpoints.py): the one this session resumed from (never
+        # pruned), the steps it saved, failed saves in a row and their lines, the last
+        # save's time (monotonic); ``say`` prints a line for the user.
+        self.resumed_from: str | None = None
+        self.saved_steps: set[int] = set()
+        self.checkpoint_failures = 0
+        self.checkpoint_errors: list[str] = []
+        self._last_save = time.monotonic()
+        self.say: Callable[[str], None] = lambda line: None
         r0 = config.rollout
         self.watchdog = Watchdog([t.tag for t in config.tasks], r0.drop_window,
                                  r0.max_drop_rate, r0.stall_timeout_s)
@@ -223,17 +234,102 @@ class Pipeline:
         manifest.meta.setdefault("receivers", len(self.weight_sync.engines))
         await self.weights.on_publish(manifest)
         self._span("publish", self.trainers[0].name, t1, step)
-        every = self.cfg.train.checkpoint_every
-        if self.checkpoint_dir and every and (step + 1) % every == 0:
-            path = f"{self.checkpoint_dir}/step-{step + 1}"
-            await self._trainer_call(self.all_trainers("save_checkpoint", path),
-                                     "save_checkpoint")
-            self.save_run_state(path, step + 1)
+        if self._checkpoint_due(step + 1):
+            await self._periodic_checkpoint(step + 1)
         self.watchdog.progress()
         if self.cfg.rollout.mode != "sync":
             await self.weights.settle(rec)
             self._report(rec)  # the step ended: its metrics line now, not a step later
         return rec
+
+    def _checkpoint_due(self, done: int) -> bool:
+        """A periodic checkpoint after ``done`` steps: every ``train.checkpoint_every``
+        steps, or ``train.checkpoint_every_s`` seconds after the last save (or the run's
+        start)."""
+        t = self.cfg.train
+        if not self.checkpoint_dir:
+            return False
+        by_steps = bool(t.checkpoint_every) and done % t.checkpoint_every == 0
+        by_time = bool(t.checkpoint_every_s) and (
+            time.monotonic() - self._last_save >= t.checkpoint_every_s)
+        return by_steps or by_time
+
+    async def _periodic_checkpoint(self, done: int) -> None:
+        """Save; a failed save (disk full, permission) leaves the earlier checkpoints as
+        they were, is said in one line, and training goes on, unless
+        ``MAX_CHECKPOINT_FAILURES`` saves in a row failed: then the run stops (its
+        training since the newest checkpoint would be at risk)."""
+        try:
+            await self.save_checkpoint(done)
+        except Exception as exc:  # said, counted, and a rule decides
+            self._last_save = time.monotonic()  # try again one interval later
+            self.checkpoint_failures += 1
+            newest = self.newest_checkpoint_name()
+            line = (f"checkpoint step-{done} failed: {type(exc).__name__}: {exc}"[:600]
+                    + f"; {newest or 'no checkpoint'} stays the newest "
+                    f"({self.checkpoint_failures} in a row; the run stops at "
+                    f"{MAX_CHECKPOINT_FAILURES}): free space or fix the permissions of "
+                    f"{self.checkpoint_dir}")
+            self.checkpoint_errors.append(line)
+            self.say(f"warning: {line}")
+            if self.checkpoint_failures >= MAX_CHECKPOINT_FAILURES:
+                raise RunFailure(f"{MAX_CHECKPOINT_FAILURES} checkpoint saves in a row failed "
+                                 f"(last: {line})") from exc
+
+    async def save_checkpoint(self, done: int, version: int | None = None,
+                              reason: str = "periodic") -> str:
+        """Save the run at ``done`` steps as ``checkpoints/step-<done>``: the trainer
+        ranks write into a fresh hidden folder, then the run state and the manifest are
+        added, everything is fsynced and the folder renamed into place; older ones are
+        pruned (control/checkpoints.py). A checkpoint of ``done`` steps this session wrote
+        or resumed from is kept as it is. Returns its path; raises on a failed save, after
+        removing what it wrote."""
+        import shutil
+        from pathlib import Path
+
+        from rollart_sdk.control import checkpoints
+        from rollart_sdk.control.resume import capture_state
+
+        assert self.checkpoint_dir is not None
+        root = Path(self.checkpoint_dir)
+        target = root / checkpoints.step_name(done)
+        if done in self.saved_steps or (self.resumed_from is not None
+                                        and Path(self.resumed_from) == target):
+            return str(target)
+        partial = checkpoints.partial_dir(root, done)
+        t0 = time.perf_counter()
+        try:
+            await self._trainer_call(self.all_trainers("save_checkpoint", str(partial)),
+                                     "save_checkpoint")
+            state = capture_state(self, done, version)
+            meta = {"version": state["version"], "reason": reason}
+            keep = self.cfg.train.keep_checkpoints
+            protect = {Path(self.resumed_from)} if self.resumed_from else set()
+
+            def publish() -> None:
+                partial.mkdir(parents=True, exist_ok=True)  # a trainer that wrote nothing
+                checkpoints.seal(partial, root, done, state, meta)
+                checkpoints.prune(root, keep, protect, upto_step=done)
+
+            # Checksums read every file: off the event loop, rollout goes on meanwhile.
+            await asyncio.to_thread(publish)
+        except BaseException:
+            shutil.rmtree(partial, ignore_errors=True)
+            raise
+        self.saved_steps.add(done)
+        self.checkpoint_failures = 0
+        self._last_save = time.monotonic()
+        self._span("checkpoint", self.trainers[0].name, t0, done)
+        self.log.append(f"checkpoint:{done}")
+        return str(target)
+
+    def newest_checkpoint_name(self) -> str | None:
+        from rollart_sdk.control import checkpoints
+
+        if not self.checkpoint_dir:
+            return None
+        found = checkpoints.complete(self.checkpoint_dir)
+        return found[0].name if found else None
 
     def _count_trained(self, step: int, batch: list[Trajectory]) -> None:
         """Step ``step``'s train call returned: its batch counts as trained, once. If the
@@ -312,6 +408,10 @@ class Pipeline:
         mode = self.cfg.rollout.mode
         batch_size = self.cfg.rollout.batch_size
         self.started = time.time()
+        # The stall clock and the checkpoint interval start now, not when the pipeline
+        # was built (a resume's checkpoint load and weight push may take long).
+        self.watchdog.progress()
+        self._last_save = time.monotonic()
         self.scheduler.start(quota=self.launch_per_step if mode != "async" else None)
         pending: asyncio.Task[StepRecord] | None = None
         completed = False
@@ -379,26 +479,24 @@ class Pipeline:
         """Seconds of pipeline run time, the sessions before a resume included."""
         return self.wall_offset + (self.ended or time.time()) - self.started
 
-    def save_run_state(self, path: str, step: int, version: int | None = None) -> None:
-        """Mark the trainer checkpoint at ``path`` complete with the control plane's
-        state at ``step`` steps done (control/resume.py)."""
-        from rollart_sdk.control.resume import capture_state, write_state
-
-        write_state(path, capture_state(self, step, version))
-
     async def restore(self, ckpt: str, state: dict[str, Any]) -> None:
         """Continue from checkpoint ``ckpt``: the trainer loads it (model, optimiser,
         RNG), every engine is given its weights (stage everywhere, then commit), and the
         counters, step numbering and scheduler RNG continue from ``state``."""
-        from rollart_sdk.control.resume import apply_state
-        from rollart_sdk.errors import RollartError
+        from rollart_sdk.control.resume import CheckpointUnusable, apply_state
 
-        await self._trainer_call(self.all_trainers("load_checkpoint", ckpt), "load_checkpoint")
-        version = int(await self.trainers[0].call("version"))
+        try:
+            await self._trainer_call(self.all_trainers("load_checkpoint", ckpt),
+                                     "load_checkpoint")
+            version = int(await self.trainers[0].call("version"))
+        except Exception as exc:  # the caller tries the next checkpoint
+            raise CheckpointUnusable(ckpt, f"the trainer could not load it: "
+                                     f"{type(exc).__name__}: {exc}"[:800]) from exc
         if version != int(state["version"]):
-            raise RollartError(f"{ckpt}: the trainer loaded version {version} but the run "
-                               f"state says {state['version']}; the checkpoint is inconsistent")
+            raise CheckpointUnusable(ckpt, f"the trainer loaded version {version} but the run "
+                                     f"state says {state['version']} (inconsistent)")
         apply_state(self, state)
+        self.resumed_from = ckpt
         self.trainer_version = version
         manifests = await self._trainer_call(self.all_trainers(
             "publish_weights", int(self.cfg.train.bucket_mb * 2**20)), "publish_weights")
@@ -410,6 +508,7 @@ class Pipeline:
         self.weights.published = version
         self.engine_version = version
         self.log.append(f"restore:{version}")
+        self.watchdog.progress()
 
     # ------------------------------------------------------------------ metrics
     def _record(self, step: int, batch: list[Trajectory], wait_s: float) -> StepRecord:

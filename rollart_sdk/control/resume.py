@@ -1,16 +1,21 @@
 """Resume: what a checkpoint holds beyond the trainer's state, and reading it back.
 
-A checkpoint folder (``checkpoints/step-N`` or ``checkpoints/final``) holds the trainer's
-own files (model, optimiser, RNG) and, written after them, ``run_state.json``: the
-control plane's side of the run at that step (step number, version, the accounting
+A checkpoint folder (``checkpoints/step-N``, :mod:`rollart_sdk.control.checkpoints`) holds
+the trainer's own files (model, optimiser, RNG), ``run_state.json``: the control plane's
+side of the run at that step (step number, version, the accounting
 ``launched = trained + dropped`` per task, the scheduler's task-choice RNG and counters,
-the wall time so far, and the raw figures of the run summary so far). A folder without ``run_state.json`` is incomplete (the save was
-interrupted) and is never resumed from.
+the wall time so far, and the raw figures of the run summary so far), and
+``manifest.json`` (every file's size and checksum). Only a complete folder is published
+under its name (written hidden, fsynced, renamed), so a cut save is never resumed from.
 
 ``rollart train CONFIG --resume RUN_DIR`` (:mod:`rollart_sdk.cli.train`) checks that the
-config is the run's (``check_config``: only ``RESUME_MAY_CHANGE`` may differ), opens the
-run directory for appending, and the pipeline loads the newest complete checkpoint
-(``Pipeline.restore``): trainer state, weights pushed to every engine, counters and RNG.
+config is the run's (``check_config``: only ``RESUME_MAY_CHANGE`` may differ), verifies
+the newest complete checkpoint against its manifest (falling back to the next newest one
+that passes, saying why), opens the run directory for appending, and the pipeline loads
+it (``Pipeline.restore``): trainer state, weights pushed to every engine, counters and
+RNG. A checkpoint the trainer cannot load is skipped the same way. Until the load
+succeeded nothing in the run directory is changed (metrics lines past the checkpoint are
+moved aside only then); a resume that finds no loadable checkpoint writes nothing.
 Trajectories that were running or waiting in the buffer at the checkpoint are not in it:
 they are counted as dropped, reason ``resumed_in_flight``, so the accounting still holds.
 """
@@ -18,13 +23,16 @@ they are counted as dropped, reason ``resumed_in_flight``, so the accounting sti
 from __future__ import annotations
 
 import json
+import os
 from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import yaml
 
+from rollart_sdk import durable
 from rollart_sdk.config import RunConfig
+from rollart_sdk.control import checkpoints
 from rollart_sdk.control.metrics import summary_carry
 from rollart_sdk.errors import RollartError
 
@@ -35,7 +43,7 @@ RUN_STATE = "run_state.json"
 RUN_STATE_FORMAT = 1
 # Keys a resumed run may change (everything else must equal the run's config.yaml).
 RESUME_MAY_CHANGE = ("train.steps", "train.call_timeout_s", "train.checkpoint_every",
-                     "rollout.stall_timeout_s", "ray.address", "ray.num_cpus", "output_dir")
+                     "train.checkpoint_every_s", "train.keep_checkpoints", "rollout.stall_timeout_s", "ray.address", "ray.num_cpus", "output_dir")
 
 
 def capture_state(p: Pipeline, step: int, version: int | None = None) -> dict[str, Any]:
@@ -67,13 +75,6 @@ def capture_state(p: Pipeline, step: int, version: int | None = None) -> dict[st
         "summary": summary_carry(p, upto=step),
         "finished_turns": {tag: list(v) for tag, v in b.finished_turns.items()},
     }
-
-
-def write_state(path: str | Path, state: dict[str, Any]) -> None:
-    out = Path(path) / RUN_STATE
-    tmp = out.with_suffix(".tmp")
-    tmp.write_text(json.dumps(state, indent=1))
-    tmp.replace(out)  # atomic: a folder with run_state.json is a complete checkpoint
 
 
 def apply_state(p: Pipeline, state: dict[str, Any]) -> None:
@@ -117,20 +118,10 @@ def apply_state(p: Pipeline, state: dict[str, Any]) -> None:
 
 
 def newest_resumable(run_dir: Path) -> Path | None:
-    """The complete checkpoint of ``run_dir`` with the most steps (newest on a tie)."""
-    root = Path(run_dir) / "checkpoints"
-    if not root.is_dir():
-        return None
-    done = []
-    for d in root.iterdir():
-        f = d / RUN_STATE
-        if f.is_file():
-            try:
-                step = int(json.loads(f.read_text())["step"])
-            except (ValueError, KeyError, OSError):
-                continue
-            done.append((step, f.stat().st_mtime, d))
-    return max(done)[2] if done else None
+    """The complete checkpoint of ``run_dir`` with the most steps (newest on a tie),
+    unverified (:func:`find_loadable` verifies)."""
+    found = checkpoints.complete(Path(run_dir) / "checkpoints")
+    return found[0].path if found else None
 
 
 def read_state(ckpt: Path) -> dict[str, Any]:
@@ -141,8 +132,25 @@ def read_state(ckpt: Path) -> dict[str, Any]:
     return state
 
 
+def find_loadable(found: list[checkpoints.Checkpoint], skipped: list[str]
+                  ) -> tuple[checkpoints.Checkpoint, dict[str, Any]] | None:
+    """The first of ``found`` that passes :func:`checkpoints.verify` with a readable run
+    state, and that state; each one that does not is appended to ``skipped`` as
+    ``"step-N: why"``. Reads nothing but the checkpoints."""
+    for c in found:
+        problem = checkpoints.verify(c)
+        if problem is None:
+            try:
+                return c, read_state(c.path)
+            except (RollartError, OSError, ValueError) as exc:
+                problem = str(exc)
+        skipped.append(f"{c.name}: {problem}")
+    return None
+
+
 def check_run_dir(run_dir: str | Path) -> tuple[Path, Path]:
-    """``(run dir, newest complete checkpoint)``, or a RollartError saying what is missing."""
+    """``(run dir, newest complete checkpoint)``, or a RollartError saying what is missing
+    (unverified: :meth:`rollart_sdk.job.ResumePoint.prepare` verifies)."""
     path = Path(run_dir)
     if not (path / "config.yaml").is_file():
         raise RollartError(f"--resume {run_dir}: not a run directory (no config.yaml); give "
@@ -151,8 +159,9 @@ def check_run_dir(run_dir: str | Path) -> tuple[Path, Path]:
     if ckpt is None:
         raise RollartError(
             f"--resume {run_dir}: no complete checkpoint in {path / 'checkpoints'} (a "
-            f"complete one has {RUN_STATE}); the run stopped before its first checkpoint: "
-            "start it again without --resume, and set train.checkpoint_every to keep some")
+            f"complete one is a step-N folder with {checkpoints.MANIFEST}); the run stopped "
+            "before its first checkpoint: start it again without --resume (periodic "
+            "checkpoints: train.checkpoint_every_s, train.checkpoint_every)")
     return path, ckpt
 
 
@@ -190,9 +199,13 @@ def rollback_metrics(run_dir: Path, step: int) -> int:
             past = False
         (moved if past else keep).append(line)
     if moved:
+        # The moved lines are appended first: a crash between the two writes leaves them
+        # in both files, never in neither; metrics.jsonl is replaced atomically.
         with open(run_dir / "metrics.rolledback.jsonl", "a") as f:
             f.write("".join(x + "\n" for x in moved))
-        path.write_text("".join(x + "\n" for x in keep))
+            f.flush()
+            os.fsync(f.fileno())
+        durable.write_text(path, "".join(x + "\n" for x in keep))
     return len(moved)
 
 
@@ -222,3 +235,17 @@ def _jsonable_state(x: Any) -> Any:
 
 def _tuplify(x: Any) -> Any:
     return tuple(_tuplify(v) for v in x) if isinstance(x, list) else x
+
+
+class CheckpointUnusable(RollartError):
+    """The trainer could not load checkpoint ``path`` (``why``); an older one may do."""
+
+    def __init__(self, path: str | Path, why: str) -> None:
+        super().__init__(f"{path}: {why}")
+        self.path = Path(path)
+        self.why = why
+
+
+class ResumeFailed(RollartError):
+    """``--resume`` found no checkpoint it could load (or the engines could not take its
+    weights); nothing in the run directory was changed."""

@@ -16,6 +16,7 @@ from typing import Any
 
 import yaml
 
+from rollart_sdk import durable
 from rollart_sdk.config import RunConfig
 
 MAX_EVENT_BYTES = 200 * 2**20
@@ -37,9 +38,8 @@ class RunDir:
                 n += 1
                 self.path = Path(root) / f"{name or config.name}-{stamp}-{n}"
             self.path.mkdir(parents=True)
-            (self.path / "config.yaml").write_text(
-                yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)
-            )
+            durable.write_text(self.path / "config.yaml", yaml.safe_dump(
+                config.model_dump(mode="json"), sort_keys=False))
         self._metrics = open(self.path / "metrics.jsonl", "a", buffering=1)
         self._events = open(self.path / "events.jsonl", "a")
         self._pending_events = 0
@@ -101,9 +101,21 @@ class RunDir:
         }) + "\n")
 
     def write_json(self, name: str, data: Any) -> Path:
+        """Replace ``name`` atomically: a crash or a full disk leaves the previous file."""
         p = self.path / name
-        p.write_text(dumps(data, indent=2))
+        durable.write_text(p, dumps(data, indent=2))
         return p
+
+    def rollback_metrics(self, step: int) -> int:
+        """``--resume`` loaded the checkpoint of ``step`` steps: the lines past it move to
+        metrics.rolledback.jsonl (control/resume.py); returns how many moved."""
+        from rollart_sdk.control.resume import rollback_metrics
+
+        self._metrics.close()
+        try:
+            return rollback_metrics(self.path, step)
+        finally:  # the file was replaced: append to the new one
+            self._metrics = open(self.path / "metrics.jsonl", "a", buffering=1)
 
     def close(self) -> None:
         self._metrics.close()
