@@ -287,6 +287,7 @@ class Pipeline:
         import shutil
         from pathlib import Path
 
+        from rollart_sdk import durable
         from rollart_sdk.control import checkpoints
         from rollart_sdk.control.resume import capture_state
 
@@ -314,7 +315,11 @@ class Pipeline:
             # Checksums read every file: off the event loop, rollout goes on meanwhile.
             await asyncio.to_thread(publish)
         except BaseException:
-            shutil.rmtree(partial, ignore_errors=True)
+            # What it wrote, and the hidden folder of a trainer that wrote the durable way
+            # (rollart_sdk.durable.new_dir) and could not clean up: a full disk gets its
+            # space back.
+            for left in (partial, durable.partial_name(partial)):
+                shutil.rmtree(left, ignore_errors=True)
             raise
         self.saved_steps.add(done)
         self.checkpoint_failures = 0
