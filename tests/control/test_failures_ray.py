@@ -17,6 +17,7 @@ import pytest
 import yaml
 from control_configs import two_tasks
 
+from rollart_sdk.control.resume import newest_resumable
 from rollart_sdk.ray_utils import actor_pids, descendants
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -155,7 +156,9 @@ def test_sigint_then_resume_continues_steps_and_metrics(tmp_path):
     path = run_dir(tmp_path, "resume")
     assert f"--resume {path}" in out  # it says how to continue
     first = [json.loads(x) for x in (path / "metrics.jsonl").read_text().splitlines()]
-    done = json.loads((path / "checkpoints" / "final" / "run_state.json").read_text())["step"]
+    final = newest_resumable(path)  # the final save: step-<steps trained>
+    done = json.loads((final / "run_state.json").read_text())["step"]
+    assert final.name == f"step-{done}"
     assert 2 <= done < 500 and [m["step"] for m in first] == list(range(1, len(first) + 1))
 
     total = done + 3  # train.steps may change on resume
@@ -163,7 +166,7 @@ def test_sigint_then_resume_continues_steps_and_metrics(tmp_path):
     proc = start(tmp_path, config, "--resume", str(path))
     out = finish(proc, 600)
     assert proc.returncode == 0, out[-4000:]
-    assert f"resuming from {path / 'checkpoints' / 'final'} ({done} steps done)" in out
+    assert f"resuming from {final} ({done} steps done)" in out
     metrics = [json.loads(x) for x in (path / "metrics.jsonl").read_text().splitlines()]
     kept = [m for m in first if m["step"] <= done]
     assert metrics[:len(kept)] == kept  # appended, not rewritten
