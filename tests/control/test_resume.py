@@ -243,3 +243,20 @@ def test_a_slow_restore_is_not_a_stall(tmp_path, monkeypatch):
     run(cfg, lines, 2, resume=ResumePoint.prepare(cfg, path, 2))
     s = json.loads((path / "summary.json").read_text())
     assert s["error"] is None and s["steps"] == 2
+
+
+def test_checkpoints_are_saved_by_time_by_default(tmp_path):
+    """train.checkpoint_every_s (default 600) saves after the first step that ends that
+    long after the last save; with a tiny interval, after every step; the newest
+    keep_checkpoints stay. 0 turns it off (only the final save)."""
+    from rollart_sdk.config import TrainConfig
+
+    assert TrainConfig().checkpoint_every_s == 600 and TrainConfig().keep_checkpoints == 3
+    cfg, lines = config(tmp_path, "train.checkpoint_every_s=0.001", "train.keep_checkpoints=2")
+    job = run(cfg, lines, 4)
+    assert [x for x in job.pipeline.log if x.startswith("checkpoint:")] == [
+        f"checkpoint:{n}" for n in (1, 2, 3, 4)]
+    assert sorted(p.name for p in job.run_dir.checkpoints.iterdir()) == ["step-3", "step-4"]
+    cfg, lines = config(tmp_path, "train.checkpoint_every_s=0")
+    job = run(cfg, lines, 2)
+    assert [x for x in job.pipeline.log if x.startswith("checkpoint:")] == ["checkpoint:2"]
