@@ -656,8 +656,15 @@ async def _restore(job: Job) -> None:
 
 def _final_checkpoint(job: Job) -> list[str]:
     """The final checkpoint (``checkpoints/step-N``, unless this session already saved or
-    resumed from the one of that step) and model; the errors, if any, as lines for the
-    summary."""
+    resumed from the one of that step) and model; the errors, if any, said and returned
+    as lines for the summary."""
+    errors = _final_saves(job)
+    for line in errors:
+        job.pipeline.say(f"warning: {line}")
+    return errors
+
+
+def _final_saves(job: Job) -> list[str]:
     # Whatever ended the run (done, Ctrl-C, a failed weight sync), keep what was trained.
     # Every trainer rank takes part (collective for a tensor-parallel trainer). A dead
     # trainer cannot save: that is recorded, and the original error stays the error.

@@ -186,7 +186,8 @@ def check_config(cfg: RunConfig, run_dir: Path) -> list[str]:
 
 def rollback_metrics(run_dir: Path, step: int) -> int:
     """Lines of ``metrics.jsonl`` past ``step`` (trained after the checkpoint, so trained
-    again now) move to ``metrics.rolledback.jsonl``; returns how many moved."""
+    again now) move to ``metrics.rolledback.jsonl``, and so does a line that is not JSON
+    (torn by a kill or a full disk mid-write); returns how many moved."""
     path = run_dir / "metrics.jsonl"
     if not path.is_file():
         return 0
@@ -195,8 +196,8 @@ def rollback_metrics(run_dir: Path, step: int) -> int:
     for line in path.read_text().splitlines():
         try:
             past = int(json.loads(line).get("step", 0)) > step
-        except (ValueError, AttributeError):
-            past = False
+        except (ValueError, AttributeError, TypeError):
+            past = True  # torn: not a metrics line any more
         (moved if past else keep).append(line)
     if moved:
         # The moved lines are appended first: a crash between the two writes leaves them

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 import time
 from collections import Counter
 from pathlib import Path
@@ -18,6 +19,7 @@ import yaml
 
 from rollart_sdk import durable
 from rollart_sdk.config import RunConfig
+from rollart_sdk.errors import RollartError
 
 MAX_EVENT_BYTES = 200 * 2**20
 MAX_DROP_LINES = 20_000
@@ -58,7 +60,12 @@ class RunDir:
         return p
 
     def log_metrics(self, metrics: dict[str, Any]) -> None:
-        self._metrics.write(dumps(metrics) + "\n")
+        try:
+            self._metrics.write(dumps(metrics) + "\n")
+        except OSError as exc:  # a full disk: the run stops, saying where and what to do
+            raise RollartError(
+                f"cannot write {self.path / 'metrics.jsonl'}: {exc}; free space (or fix the "
+                "permissions) there, then continue the run with --resume") from exc
 
     def log_event(self, event: dict[str, Any]) -> None:
         """One span of the timeline: trajectory, tag, span, worker, t0, t1 (epoch s)."""
@@ -118,9 +125,13 @@ class RunDir:
             self._metrics = open(self.path / "metrics.jsonl", "a", buffering=1)
 
     def close(self) -> None:
-        self._metrics.close()
-        self._events.close()
-        self._drops.close()
+        """Close the logs; a full disk on the last flush is said in one line (the run's own
+        error, if any, stays the error)."""
+        for f in (self._metrics, self._events, self._drops):
+            try:
+                f.close()
+            except OSError as exc:
+                print(f"warning: the end of {f.name} was not written ({exc})", file=sys.stderr)
 
 
 def _count_lines(path: Path) -> int:

@@ -121,8 +121,8 @@ def test_a_failed_write_leaves_the_previous_file_and_folder(tmp_path: Path, monk
 
 
 def test_metrics_rollback_is_atomic(tmp_path: Path, monkeypatch) -> None:
-    lines = [json.dumps({"step": i}) for i in range(1, 6)]
-    (tmp_path / "metrics.jsonl").write_text("".join(x + "\n" for x in lines))
+    lines = [json.dumps({"step": i}) for i in range(1, 6)] + ['{"step": 6, "wall_ti']
+    (tmp_path / "metrics.jsonl").write_text("".join(x + "\n" for x in lines)[:-1])  # torn
     monkeypatch.setattr(durable, "write_text", lambda *a: (_ for _ in ()).throw(
         OSError(errno.ENOSPC, "No space left on device")))
     with pytest.raises(OSError):
@@ -130,7 +130,7 @@ def test_metrics_rollback_is_atomic(tmp_path: Path, monkeypatch) -> None:
     assert (tmp_path / "metrics.jsonl").read_text().splitlines() == lines  # untouched
     monkeypatch.undo()
     (tmp_path / "metrics.rolledback.jsonl").unlink()
-    assert rollback_metrics(tmp_path, 3) == 2
+    assert rollback_metrics(tmp_path, 3) == 3  # steps 4, 5 and the torn line
     assert (tmp_path / "metrics.jsonl").read_text().splitlines() == lines[:3]
     assert (tmp_path / "metrics.rolledback.jsonl").read_text().splitlines() == lines[3:]
 
