@@ -167,7 +167,8 @@ class Pipeline:
         self.say: Callable[[str], None] = lambda line: None
         r0 = config.rollout
         self.watchdog = Watchdog([t.tag for t in config.tasks], r0.drop_window,
-                                 r0.max_drop_rate, r0.stall_timeout_s)
+                                 r0.max_drop_rate, r0.stall_timeout_s,
+                                 first_progress_s=first_episode_s(config))
         scheduler.on_finish.append(self.watchdog.record)
         r = config.rollout
         self.alpha = r.effective_alpha
@@ -415,7 +416,7 @@ class Pipeline:
         self.started = time.time()
         # The stall clock and the checkpoint interval start now, not when the pipeline
         # was built (a resume's checkpoint load and weight push may take long).
-        self.watchdog.progress()
+        self.watchdog.restart()
         self._last_save = time.monotonic()
         self.scheduler.start(quota=self.launch_per_step if mode != "async" else None)
         pending: asyncio.Task[StepRecord] | None = None
@@ -513,7 +514,7 @@ class Pipeline:
         self.weights.published = version
         self.engine_version = version
         self.log.append(f"restore:{version}")
-        self.watchdog.progress()
+        self.watchdog.restart()
 
     # ------------------------------------------------------------------ metrics
     def _record(self, step: int, batch: list[Trajectory], wait_s: float) -> StepRecord:
@@ -575,6 +576,13 @@ class Pipeline:
         old = len(self.records) - 1 - KEEP_BATCHES
         if old >= 0:
             self.records[old].batch = []
+
+
+def first_episode_s(config: RunConfig) -> float:
+    """The longest a task's first episode may take by its timeouts: reset, each turn's
+    generate and env step, the reward (the watchdog's stall limit until first progress)."""
+    return max(t.reset_timeout_s + t.max_turns * (t.generate_timeout_s + t.step_timeout_s)
+               + t.reward_timeout_s for t in config.tasks)
 
 
 def task_stats(batch: list[Trajectory]) -> dict[str, dict[str, float | None]]:

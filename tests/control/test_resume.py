@@ -228,8 +228,11 @@ def test_a_slow_restore_is_not_a_stall(tmp_path, monkeypatch):
     is built: a load longer than rollout.stall_timeout_s is not 'no progress'."""
     import asyncio
 
+    import rollart_sdk.control.pipeline as pipeline_module
     from rollart_sdk.control.pipeline import Pipeline
 
+    # No first-episode budget here: the stall limit is stall_timeout_s from the start.
+    monkeypatch.setattr(pipeline_module, "first_episode_s", lambda config: 0.0)
     cfg, lines = config(tmp_path)
     path = run(cfg, lines, 1).run_dir.path
     real = Pipeline.restore
