@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import shutil
 import socket
 import sys
@@ -554,9 +555,10 @@ def run_job(job: Job, steps: int, progress: bool = True) -> list[StepRecord]:
     summary: dict[str, Any] = {
         "steps": p.first_step + len(p.records),  # steps done, sessions before a resume too
         "interrupted": interrupted,
-        "error": f"{type(error).__name__}: {error}" if error else None,
+        # Ray's error texts carry terminal colour codes: plain text in the file.
+        "error": plain(f"{type(error).__name__}: {error}") if error else None,
         "signal": job.signal,
-        "checkpoint_errors": save_errors,
+        "checkpoint_errors": [plain(e) for e in save_errors],
         "newest_checkpoint": newest_checkpoint(job.run_dir.checkpoints),
         # Accounting: launched = trained + sum(dropped) (reason -> count).
         "launched": p.scheduler.launched,
@@ -592,6 +594,14 @@ def run_job(job: Job, steps: int, progress: bool = True) -> list[StepRecord]:
     if error is not None:
         raise error
     return p.records
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+
+
+def plain(text: str) -> str:
+    """``text`` without terminal colour codes (Ray colours its error texts)."""
+    return _ANSI.sub("", text)
 
 
 def _end_unrestored(job: Job, interrupted: bool, error: Exception | None) -> None:

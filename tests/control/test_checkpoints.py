@@ -153,3 +153,11 @@ def test_the_printed_resume_command_keeps_steps_address_and_quotes(tmp_path: Pat
         "--steps", "60", "--address", "10.0.0.1:6379", "--resume", str(run)]
     args.address = None
     assert "--address" not in _how_to_resume(args, job, 60)
+
+
+def test_error_texts_in_the_summary_are_plain():
+    from rollart_sdk.job import plain
+
+    coloured = "\x1b[36mray::TrainerWorker.train_step()\x1b[39m (pid=1, ip=127.0.0.1)\x1b[0m"
+    assert plain(f"RayTaskError: {coloured}") == (
+        "RayTaskError: ray::TrainerWorker.train_step() (pid=1, ip=127.0.0.1)")
