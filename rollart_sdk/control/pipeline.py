@@ -165,6 +165,7 @@ class Pipeline:
         self.checkpoint_errors: list[str] = []
         self._last_save = time.monotonic()
         self.say: Callable[[str], None] = lambda line: None
+        self._ready_at_end: list[Trajectory] = []  # ready groups when the run stopped
         r0 = config.rollout
         self.watchdog = Watchdog([t.tag for t in config.tasks], r0.drop_window,
                                  r0.max_drop_rate, r0.stall_timeout_s,
@@ -290,7 +291,7 @@ class Pipeline:
 
         from rollart_sdk import durable
         from rollart_sdk.control import checkpoints
-        from rollart_sdk.control.resume import capture_state
+        from rollart_sdk.control.resume import CARRIED_FILE, capture_state
 
         assert self.checkpoint_dir is not None
         root = Path(self.checkpoint_dir)
@@ -304,12 +305,14 @@ class Pipeline:
             await self._trainer_call(self.all_trainers("save_checkpoint", str(partial)),
                                      "save_checkpoint")
             state = capture_state(self, done, version)
+            carried = state.pop("_carried")  # pickled now: later changes are not saved
             meta = {"version": state["version"], "reason": reason}
             keep = self.cfg.train.keep_checkpoints
             protect = {Path(self.resumed_from)} if self.resumed_from else set()
 
             def publish() -> None:
                 partial.mkdir(parents=True, exist_ok=True)  # a trainer that wrote nothing
+                (partial / CARRIED_FILE).write_bytes(carried)
                 checkpoints.seal(partial, root, done, state, meta)
                 checkpoints.prune(root, keep, protect, upto_step=done)
 
@@ -328,6 +331,16 @@ class Pipeline:
         self._span("checkpoint", self.trainers[0].name, t0, done)
         self.log.append(f"checkpoint:{done}")
         return str(target)
+
+    def finished_untrained(self) -> tuple[list[Trajectory], int]:
+        """The finished, untrained trajectories a checkpoint saved now carries (ready groups
+        and batches handed out but not trained), and how many of them the run's end
+        already counted dropped (``run_end``: a save after the run stopped)."""
+        if self.ended is None:
+            return (self.buffer.ready_members()
+                    + [t for batch in self._untrained.values() for t in batch]), 0
+        out = self._ready_at_end + [t for b in self._dropped_untrained.values() for t in b]
+        return out, len(out)
 
     def newest_checkpoint_name(self) -> str | None:
         from rollart_sdk.control import checkpoints
@@ -476,6 +489,7 @@ class Pipeline:
                 self._dropped_untrained[step_] = batch
             self._untrained.clear()
             await self.scheduler.stop("run_end")
+            self._ready_at_end = self.buffer.ready_members()  # the final save carries them
             self.buffer.discard_all("run_end")
             await self.recovery.close(wait_s=RECOVERY_WAIT_S if completed else 0.0)
         return self.records
@@ -489,7 +503,7 @@ class Pipeline:
         """Continue from checkpoint ``ckpt``: the trainer loads it (model, optimiser,
         RNG), every engine is given its weights (stage everywhere, then commit), and the
         counters, step numbering and scheduler RNG continue from ``state``."""
-        from rollart_sdk.control.resume import CheckpointUnusable, apply_state
+        from rollart_sdk.control.resume import CheckpointUnusable, apply_state, read_carried
 
         try:
             await self._trainer_call(self.all_trainers("load_checkpoint", ckpt),
@@ -501,7 +515,8 @@ class Pipeline:
         if version != int(state["version"]):
             raise CheckpointUnusable(ckpt, f"the trainer loaded version {version} but the run "
                                      f"state says {state['version']} (inconsistent)")
-        apply_state(self, state)
+        carried = read_carried(ckpt)
+        apply_state(self, state, carried)
         self.resumed_from = ckpt
         self.trainer_version = version
         manifests = await self._trainer_call(self.all_trainers(

@@ -13,17 +13,20 @@ config is the run's (``check_config``: only ``RESUME_MAY_CHANGE`` may differ), v
 the newest complete checkpoint against its manifest (falling back to the next newest one
 that passes, saying why), opens the run directory for appending, and the pipeline loads
 it (``Pipeline.restore``): trainer state, weights pushed to every engine, counters and
-RNG. A checkpoint the trainer cannot load is skipped the same way. Until the load
+RNG. A checkpoint the trainer cannot load is skipped the same way. Trajectories finished
+and not trained at the checkpoint (ready groups, a batch handed out but not trained) are
+saved in it (``CARRIED_FILE``) and put back into the buffer. Until the load
 succeeded nothing in the run directory is changed (metrics lines past the checkpoint are
 moved aside only then); a resume that finds no loadable checkpoint writes nothing.
-Trajectories that were running or waiting in the buffer at the checkpoint are not in it:
-they are counted as dropped, reason ``resumed_in_flight``, so the accounting still holds.
+Trajectories that were running at the checkpoint are not in it: they are counted as
+dropped, reason ``resumed_in_flight``, so the accounting still holds.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import pickle
 from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -41,6 +44,9 @@ if TYPE_CHECKING:
 
 RUN_STATE = "run_state.json"
 RUN_STATE_FORMAT = 1
+# Finished trajectories not trained at the checkpoint (ready groups, batches handed out
+# but not trained): pickled, trained after a resume instead of being lost.
+CARRIED_FILE = "carried.pkl"
 # Keys a resumed run may change (everything else must equal the run's config.yaml).
 RESUME_MAY_CHANGE = ("train.steps", "train.call_timeout_s", "train.checkpoint_every",
                      "train.checkpoint_every_s", "train.keep_checkpoints", "rollout.stall_timeout_s", "ray.address", "ray.num_cpus", "output_dir")
@@ -52,7 +58,17 @@ def capture_state(p: Pipeline, step: int, version: int | None = None) -> dict[st
     that step; everything else launched and not dropped is in flight."""
     s, b = p.scheduler, p.buffer
     trained_by_tag = dict(p.trained_by_tag_at.get(step, Counter()))
+    carried, counted = p.finished_untrained()
+    dropped = Counter(b.dropped)
+    tokens_dropped = b.tokens_dropped
+    if counted:  # the run's end counted them dropped (run_end): carried instead
+        dropped["run_end"] -= counted
+        dropped = +dropped
+        tokens_dropped -= sum(t.generated_tokens for t in carried)
     return {
+        "_carried": pickle.dumps(carried),  # written beside it (CARRIED_FILE)
+        "carried": len(carried),
+        "carried_by_tag": dict(Counter(t.tag for t in carried)),
         "format": RUN_STATE_FORMAT,
         "step": step,
         "version": p.trainer_version if version is None else version,
@@ -60,9 +76,9 @@ def capture_state(p: Pipeline, step: int, version: int | None = None) -> dict[st
         "launched_by_tag": dict(s.launched_by_tag),
         "trained": sum(trained_by_tag.values()),
         "trained_by_tag": trained_by_tag,
-        "dropped": dict(b.dropped),
+        "dropped": dict(dropped),
         "tokens_trained": b.tokens_trained,
-        "tokens_dropped": b.tokens_dropped,
+        "tokens_dropped": tokens_dropped,
         "retried": s.retried,
         "rng": _jsonable_state(s._rng.getstate()),
         "group_counter": s._group_counter,
@@ -77,8 +93,19 @@ def capture_state(p: Pipeline, step: int, version: int | None = None) -> dict[st
     }
 
 
-def apply_state(p: Pipeline, state: dict[str, Any]) -> None:
-    """Counters, RNG and step numbering of ``state`` into a freshly built pipeline."""
+def read_carried(ckpt: str | Path) -> list[Any]:
+    """The trajectories checkpoint ``ckpt`` carried ([] for one written before)."""
+    f = Path(ckpt) / CARRIED_FILE
+    if not f.is_file():
+        return []
+    out: list[Any] = pickle.loads(f.read_bytes())  # our own file, checked by its manifest
+    return out
+
+
+def apply_state(p: Pipeline, state: dict[str, Any], carried: list[Any] | None = None) -> None:
+    """Counters, RNG and step numbering of ``state`` into a freshly built pipeline, and
+    the ``carried`` trajectories back into the buffer, ready to be trained."""
+    carried = carried or []
     s, b = p.scheduler, p.buffer
     p.first_step = int(state["step"])
     p._reported = p.first_step
@@ -92,12 +119,15 @@ def apply_state(p: Pipeline, state: dict[str, Any]) -> None:
     s.retried = int(state.get("retried", 0))
     b.trained = int(state["trained"])
     b.dropped = Counter({k: int(v) for k, v in state["dropped"].items()})
-    lost = s.launched - b.trained - sum(b.dropped.values())
-    if lost > 0:  # running or buffered at the checkpoint: not in it
+    carried_by_tag = Counter(t.tag for t in carried)
+    lost = s.launched - b.trained - sum(b.dropped.values()) - len(carried)
+    if lost > 0:  # running (or in an unfinished group) at the checkpoint: not in it
         b.dropped["resumed_in_flight"] += lost
-    # Admission control counts a task's live trajectories as launched - dropped.
-    b.dropped_by_tag = Counter({tag: n - trained_by_tag.get(tag, 0)
+    # Admission control counts a task's live trajectories as launched - dropped: the
+    # trained and the carried ones (ready again).
+    b.dropped_by_tag = Counter({tag: n - trained_by_tag.get(tag, 0) - carried_by_tag[tag]
                                 for tag, n in s.launched_by_tag.items()})
+    b.carry_in(carried)
     b.tokens_trained = int(state.get("tokens_trained", 0))
     b.tokens_dropped = int(state.get("tokens_dropped", 0))
     s._rng.setstate(_tuplify(state["rng"]))

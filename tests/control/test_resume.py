@@ -263,3 +263,48 @@ def test_checkpoints_are_saved_by_time_by_default(tmp_path):
     cfg, lines = config(tmp_path, "train.checkpoint_every_s=0")
     job = run(cfg, lines, 2)
     assert [x for x in job.pipeline.log if x.startswith("checkpoint:")] == ["checkpoint:2"]
+
+
+def test_finished_untrained_trajectories_are_carried_across_a_resume(tmp_path, monkeypatch):
+    """Async: the trajectories finished and not trained when the run stopped (ready
+    groups, a batch handed out but not trained) are in the checkpoint and trained after
+    the resume, not redone; the accounting counts each once."""
+    import time
+
+    from rollart_trainer_torch.trainer import TorchTrainer
+
+    from rollart_sdk.control.resume import read_carried
+
+    real = TorchTrainer.train_step
+
+    def slow(self, *a, **kw):  # rollout runs on meanwhile: groups finish and wait
+        time.sleep(1.0)
+        return real(self, *a, **kw)
+
+    monkeypatch.setattr(TorchTrainer, "train_step", slow)
+    cfg, lines = config(tmp_path)  # async, alpha 1
+    first = run(cfg, lines, 2)
+    path = first.run_dir.path
+    s1 = json.loads((path / "summary.json").read_text())
+    ckpt = newest_resumable(path)
+    state = json.loads((ckpt / RUN_STATE).read_text())
+    carried = read_carried(ckpt)
+    assert carried and len(carried) == state["carried"], state
+    assert len(carried) % cfg.rollout.group_size == 0  # whole groups
+    assert all(t.reward is not None for t in carried)
+    # Counted dropped (run_end) in the stopped session's summary; not in the checkpoint.
+    assert s1["dropped"].get("run_end", 0) >= len(carried)
+    assert state["dropped"].get("run_end", 0) == s1["dropped"]["run_end"] - len(carried)
+    second = run(cfg, lines, 4, resume=ResumePoint.prepare(cfg, path, 4))
+    trained = {t.trajectory_id for r in second.pipeline.records for t in r.batch}
+    ids = {t.trajectory_id for t in carried}
+    # Trained after the resume, except those the staleness bound evicts (started before
+    # the first batch's floor: the restored version 2 - alpha 1), as it would have anyway.
+    s2 = json.loads((path / "summary.json").read_text())
+    late = [t for t in carried if t.trajectory_id not in trained]
+    assert all(t.start_version < state["version"] - 1 for t in late), late
+    assert len(ids & trained) >= cfg.rollout.batch_size
+    assert s2["launched"] == s2["trained"] + sum(s2["dropped"].values())
+    lost = (state["launched"] - state["trained"] - sum(state["dropped"].values())
+            - state["carried"])
+    assert s2["dropped"].get("resumed_in_flight", 0) == lost
