@@ -553,7 +553,9 @@ def run_job(job: Job, steps: int, progress: bool = True) -> list[StepRecord]:
     save_errors = [*job.pipeline.checkpoint_errors, *_final_checkpoint(job)]
     p = job.pipeline
     summary: dict[str, Any] = {
-        "steps": p.first_step + len(p.records),  # steps done, sessions before a resume too
+        # Steps trained (each has its metrics line), sessions before a resume too; a batch
+        # formed whose train step the stop cut is not one.
+        "steps": p.steps_done,
         "interrupted": interrupted,
         # Ray's error texts carry terminal colour codes: plain text in the file.
         "error": plain(f"{type(error).__name__}: {error}") if error else None,

@@ -332,6 +332,11 @@ class Pipeline:
         self.log.append(f"checkpoint:{done}")
         return str(target)
 
+    @property
+    def steps_done(self) -> int:
+        """Steps trained and reported (a metrics line each), sessions before a resume too."""
+        return self._reported
+
     def finished_untrained(self) -> tuple[list[Trajectory], int]:
         """The finished, untrained trajectories a checkpoint saved now carries (ready groups
         and batches handed out but not trained), and how many of them the run's end

@@ -155,6 +155,8 @@ def test_sigterm_is_handled_like_ctrl_c(tmp_path):
     (run_dir,) = [p for p in out.iterdir() if p.is_dir() and not p.name.startswith(".")]
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["interrupted"] and summary["signal"] == "SIGTERM"
+    # Steps trained, each with its metrics line (a batch whose step the signal cut is not one).
+    assert summary["steps"] == len((run_dir / "metrics.jsonl").read_text().splitlines())
     assert summary["launched"] == summary["trained"] + sum(summary["dropped"].values())
     newest = Path(summary["newest_checkpoint"])  # the final save: step-<steps trained>
     assert newest.parent == run_dir / "checkpoints" and newest.name.startswith("step-")
