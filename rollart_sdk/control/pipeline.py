@@ -236,12 +236,14 @@ class Pipeline:
         manifest.meta.setdefault("receivers", len(self.weight_sync.engines))
         await self.weights.on_publish(manifest)
         self._span("publish", self.trainers[0].name, t1, step)
-        if self._checkpoint_due(step + 1):
-            await self._periodic_checkpoint(step + 1)
         self.watchdog.progress()
         if self.cfg.rollout.mode != "sync":
             await self.weights.settle(rec)
             self._report(rec)  # the step ended: its metrics line now, not a step later
+            # After the line: a checkpoint of N steps always has N metrics lines before
+            # it (a kill between the two would otherwise leave a gap after a resume).
+            if self._checkpoint_due(step + 1):
+                await self._periodic_checkpoint(step + 1)
         return rec
 
     def _checkpoint_due(self, done: int) -> bool:
@@ -479,6 +481,8 @@ class Pipeline:
                     await self._guarded(self.weights.update(done))
                     await self._guarded(self.weights.settle(done))
                     self._report(done)
+                    if self._checkpoint_due(step + 1):  # after its line, as in _train
+                        await self._guarded(self._periodic_checkpoint(step + 1))
             if pending is not None:
                 await self._guarded(pending)
             completed = True
