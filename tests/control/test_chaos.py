@@ -11,6 +11,9 @@ harsher than killing a driver whose trainer lives on in a Ray actor. Marker file
 by the script (``TRAIN``, ``SAVE``: a train step or a checkpoint write in progress, each
 held open 0.3 s) let the test kill inside them. Bounded: each segment has a timeout, the
 kills are counted, the whole test takes about a minute on two cores.
+
+``resumes`` in summary.json counts the sessions in the lineage of the checkpoint the run
+ended on: a session killed before its first save leaves no trace, so it may be below 5.
 """
 
 from __future__ import annotations
