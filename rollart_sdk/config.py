@@ -323,7 +323,13 @@ class RolloutConfig(_Strict):
 
 class TrainConfig(_Strict):
     steps: int = Field(20, ge=1)
-    checkpoint_every: int = Field(0, ge=0)  # 0: only the final checkpoint
+    # Periodic checkpoints (checkpoints/step-N, control/checkpoints.py): after a train
+    # step when checkpoint_every steps divide the step count, or checkpoint_every_s
+    # seconds passed since the last save; 0 turns a rule off. A kill -9 loses at most one
+    # interval. The newest keep_checkpoints complete ones stay (and the one resumed from).
+    checkpoint_every: int = Field(0, ge=0)
+    checkpoint_every_s: float = Field(600.0, ge=0)
+    keep_checkpoints: int = Field(3, ge=1)
     bucket_mb: float = Field(64.0, gt=0)  # weight bucket size for transports
     save_final_model: bool = True
     call_timeout_s: float = Field(1800.0, gt=0)  # a train step or checkpoint call longer fails

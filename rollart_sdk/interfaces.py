@@ -167,9 +167,13 @@ class Trainer(Protocol):
 
     def export_weights(self, bucket_bytes: int) -> Iterator[WeightBucket]: ...
 
-    def save_checkpoint(self, path: str) -> None: ...
+    def save_checkpoint(self, path: str) -> None:
+        """Write the trainer's state into folder ``path`` (the run gives a fresh hidden
+        one and publishes it atomically: control/checkpoints.py)."""
 
-    def load_checkpoint(self, path: str) -> None: ...
+    def load_checkpoint(self, path: str) -> None:
+        """Restore what ``save_checkpoint`` wrote; raise when ``path`` cannot be loaded
+        (``--resume`` then tries the next older checkpoint)."""
 
     def save_pretrained(self, path: str) -> None: ...
 

@@ -11,9 +11,13 @@ The command line is ``rollart train`` (:mod:`rollart_sdk.cli.train`).
 from __future__ import annotations
 
 import asyncio
+import os
+import re
+import shutil
 import socket
+import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -46,6 +50,7 @@ class Job:
     spawner: Spawner
     signal: str | None = None  # SIGINT / SIGTERM that stopped the run
     resume: ResumePoint | None = None  # --resume: where this session continues from
+    restored: bool = False  # --resume: a checkpoint was loaded (until then nothing is written)
 
     def close(self) -> None:
         self.spawner.close()
@@ -53,28 +58,43 @@ class Job:
 
 @dataclass
 class ResumePoint:
-    """``rollart train --resume RUN_DIR``: the run directory, its newest complete
-    checkpoint and the control plane's state saved with it (control/resume.py)."""
+    """``rollart train --resume RUN_DIR``: the run directory, the checkpoint to load (the
+    newest that passed verification) and the control plane's state saved with it
+    (control/resume.py); the complete checkpoints older than it (tried in turn should the
+    trainer fail to load it) and the newer ones skipped, each with why."""
 
     run_dir: Path
     checkpoint: Path
     state: dict[str, Any]
     changed: list[str]  # config keys that differ from the run's (all allowed ones)
+    older: list[Any] = field(default_factory=list)  # control.checkpoints.Checkpoint
+    skipped: list[str] = field(default_factory=list)  # "step-N: why", newest first
 
     @classmethod
     def prepare(cls, cfg: RunConfig, run_dir: str | Path, steps: int) -> ResumePoint:
-        """Check the run directory, its checkpoint and the config, before anything starts."""
-        from rollart_sdk.control.resume import check_config, check_run_dir, read_state
+        """Check the run directory, its checkpoints and the config, before anything
+        starts (and before anything is written)."""
+        from rollart_sdk.control import checkpoints
+        from rollart_sdk.control.resume import check_config, check_run_dir, find_loadable
 
-        path, ckpt = check_run_dir(run_dir)
+        path, _ = check_run_dir(run_dir)
         changed = check_config(cfg, path)
-        state = read_state(ckpt)
+        found = checkpoints.complete(path / "checkpoints")
+        skipped: list[str] = []
+        picked = find_loadable(found, skipped)
+        if picked is None:
+            raise RollartError(
+                f"--resume {run_dir}: no checkpoint passed verification ("
+                + "; ".join(skipped) + "); nothing was changed; start the run again "
+                "without --resume")
+        ckpt, state = picked
         if state["step"] >= steps:
             raise RollartError(
                 f"--resume {run_dir}: {ckpt.name} has {state['step']} steps done, and the run "
                 f"stops at {steps}; to train further, raise the step count (e.g. "
                 f"train.steps={state['step'] + steps} or --steps {state['step'] + steps})")
-        return cls(path, ckpt, state, changed)
+        older = found[found.index(ckpt) + 1:]
+        return cls(path, ckpt.path, state, changed, older, skipped)
 
 
 @dataclass
@@ -144,13 +164,10 @@ def build_job(cfg: RunConfig, lines: LineMap | None = None, run_name: str | None
     described, model, tokenizer = checked["described"], checked["model"], checked["tokenizer"]
     log(f"model: {model.path}")
     if resume is not None:
-        from rollart_sdk.control.resume import rollback_metrics
-
-        moved = rollback_metrics(resume.run_dir, resume.state["step"])
+        for line in resume.skipped:
+            log(f"checkpoint {line}: skipped")
         log(f"resuming from {resume.checkpoint} ({resume.state['step']} steps done)"
-            + (f"; changed: {', '.join(resume.changed)}" if resume.changed else "")
-            + (f"; {moved} metrics lines past it moved to metrics.rolledback.jsonl"
-               if moved else ""))
+            + (f"; changed: {', '.join(resume.changed)}" if resume.changed else ""))
     run_dir = RunDir(cfg.output_dir, cfg, run_name,
                      resume=resume.run_dir if resume is not None else None)
     log(f"run directory: {run_dir.path}")
@@ -184,6 +201,7 @@ def build_job(cfg: RunConfig, lines: LineMap | None = None, run_name: str | None
         run_dir.write_json("bindings.json", spawner.bindings())
 
     pipeline.recovery.rebind = rebind
+    pipeline.say = log
     run_dir.write_json("plan.json", {**plan.to_json(), "threads": threads})
     run_dir.write_json("bindings.json", spawner.bindings())
     return Job(cfg, run_dir, pipeline, workers.trainers, spawner, resume=resume)
@@ -370,15 +388,12 @@ def _wire_control_plane(cfg: RunConfig, workers: _Workers, tasks: dict[str, Task
 
 
 def newest_checkpoint(root: Path) -> str | None:
-    """The newest complete checkpoint: the one ``--resume`` would take (it has
-    run_state.json), else the newest with a trainer_state.json."""
-    from rollart_sdk.control.resume import newest_resumable
+    """The newest complete checkpoint under ``root`` (``RUN/checkpoints``): the one
+    ``--resume`` would try first."""
+    from rollart_sdk.control import checkpoints
 
-    resumable = newest_resumable(Path(root).parent)
-    if resumable is not None:
-        return str(resumable)
-    done = [p for p in Path(root).iterdir() if (p / "trainer_state.json").exists()]
-    return str(max(done, key=lambda p: (p / "trainer_state.json").stat().st_mtime)) if done else None
+    found = checkpoints.complete(root)
+    return str(found[0].path) if found else None
 
 
 def env_pool_sizes(cfg: RunConfig, max_running: int) -> dict[str, int]:
@@ -512,7 +527,7 @@ def run_job(job: Job, steps: int, progress: bool = True) -> list[StepRecord]:
         )
         _cancel_on_sigterm(signals)
         if job.resume is not None:
-            await job.pipeline.restore(str(job.resume.checkpoint), job.resume.state)
+            await _restore(job)
         await job.pipeline.run(steps)
 
     error: Exception | None = None
@@ -542,15 +557,20 @@ def run_job(job: Job, steps: int, progress: bool = True) -> list[StepRecord]:
             if in_main:
                 signal.signal(signal.SIGTERM, previous)
     job.signal = signals[0] if signals else ("SIGINT" if interrupted else None)
+    if job.resume is not None and not job.restored:
+        _end_unrestored(job, interrupted, error)
 
-    save_errors = _final_checkpoint(job)
+    save_errors = [*job.pipeline.checkpoint_errors, *_final_checkpoint(job)]
     p = job.pipeline
     summary: dict[str, Any] = {
-        "steps": p.first_step + len(p.records),  # steps done, sessions before a resume too
+        # Steps trained (each has its metrics line), sessions before a resume too; a batch
+        # formed whose train step the stop cut is not one.
+        "steps": p.steps_done,
         "interrupted": interrupted,
-        "error": f"{type(error).__name__}: {error}" if error else None,
+        # Ray's error texts carry terminal colour codes: plain text in the file.
+        "error": plain(f"{type(error).__name__}: {error}") if error else None,
         "signal": job.signal,
-        "checkpoint_errors": save_errors,
+        "checkpoint_errors": [plain(e) for e in save_errors],
         "newest_checkpoint": newest_checkpoint(job.run_dir.checkpoints),
         # Accounting: launched = trained + sum(dropped) (reason -> count).
         "launched": p.scheduler.launched,
@@ -578,8 +598,9 @@ def run_job(job: Job, steps: int, progress: bool = True) -> list[StepRecord]:
         "learning": learning_summary(p),
         "engines": _engine_stats(p),
     }
-    job.run_dir.write_json("summary.json", summary)
+    written = _write_summary(job, summary)
     job.run_dir.close()
+    error = error or (written if not interrupted else None)
     if interrupted:
         raise KeyboardInterrupt
     if error is not None:
@@ -587,30 +608,113 @@ def run_job(job: Job, steps: int, progress: bool = True) -> list[StepRecord]:
     return p.records
 
 
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+
+
+def plain(text: str) -> str:
+    """``text`` without terminal colour codes (Ray colours its error texts)."""
+    return _ANSI.sub("", text)
+
+
+def _end_unrestored(job: Job, interrupted: bool, error: Exception | None) -> None:
+    """The resume did not get to load a checkpoint: the run directory stays exactly as it
+    was (no checkpoint, final_model/, metrics or summary.json written). Raises."""
+    from rollart_sdk.control.resume import ResumeFailed
+
+    job.run_dir.close()
+    if interrupted:
+        raise KeyboardInterrupt
+    assert error is not None and job.resume is not None
+    if isinstance(error, ResumeFailed):
+        raise error
+    raise ResumeFailed(f"--resume {job.resume.run_dir}: {type(error).__name__}: {error}"
+                       "; nothing in the run directory was changed") from error
+
+
+def _write_summary(job: Job, summary: dict[str, Any]) -> OSError | None:
+    """summary.json, atomically (the old one or this one, never a torn file); a full disk
+    is said in one line and returned, so the run's own error stays the error shown."""
+    try:
+        job.run_dir.write_json("summary.json", summary)
+    except OSError as exc:
+        print(f"warning: summary.json not written ({type(exc).__name__}: {exc}); the "
+              "previous one, if any, is left as it was", file=sys.stderr)
+        return exc
+    return None
+
+
+async def _restore(job: Job) -> None:
+    """Load the resume point's checkpoint; when the trainer cannot load it (or its
+    version disagrees with its run state), the next older complete checkpoint that passes
+    verification, saying why. Only once one is loaded are the metrics lines past it moved
+    aside. Raises ResumeFailed when none loads (nothing written)."""
+    from rollart_sdk.control.resume import CheckpointUnusable, ResumeFailed, find_loadable
+
+    rp = job.resume
+    assert rp is not None
+    ckpt, state, older = rp.checkpoint, rp.state, list(rp.older)
+    failed: list[str] = []
+    while True:
+        try:
+            await job.pipeline.restore(str(ckpt), state)
+            break
+        except CheckpointUnusable as exc:
+            failed.append(f"{ckpt.name}: {exc.why}")
+            nxt = find_loadable(older, failed)
+            if nxt is None:
+                raise ResumeFailed(
+                    f"--resume {rp.run_dir}: no checkpoint could be loaded ("
+                    + "; ".join(failed) + "); nothing in the run directory was changed") from exc
+            older = older[older.index(nxt[0]) + 1:]
+            job.pipeline.say(f"checkpoint {failed[-1]}; trying {nxt[0].name}")
+            ckpt, state = nxt[0].path, nxt[1]
+    rp.checkpoint, rp.state = ckpt, state
+    job.restored = True
+    moved = job.run_dir.rollback_metrics(int(state["step"]))
+    job.pipeline.say(f"resumed from {ckpt} ({state['step']} steps done)"
+                     + (f"; {moved} metrics lines past it moved to metrics.rolledback.jsonl"
+                        if moved else ""))
+
+
 def _final_checkpoint(job: Job) -> list[str]:
-    """The final checkpoint (and model); the errors, if any, as lines for the summary."""
+    """The final checkpoint (``checkpoints/step-N``, unless this session already saved or
+    resumed from the one of that step) and model; the errors, if any, said and returned
+    as lines for the summary."""
+    errors = _final_saves(job)
+    for line in errors:
+        job.pipeline.say(f"warning: {line}")
+    return errors
+
+
+def _final_saves(job: Job) -> list[str]:
     # Whatever ended the run (done, Ctrl-C, a failed weight sync), keep what was trained.
     # Every trainer rank takes part (collective for a tensor-parallel trainer). A dead
     # trainer cannot save: that is recorded, and the original error stays the error.
-    def all_trainers(method: str, path: Path) -> str | None:
-        try:
-            asyncio.run(asyncio.wait_for(job.pipeline.all_trainers(method, str(path)), 600))
-        except Exception as exc:  # noqa: BLE001 - reported in summary.json, never masks
-            return f"{method} failed: {type(exc).__name__}: {exc}"[:1000]
-        return None
+    p = job.pipeline
+    try:
+        version = int(job.spawner.call(job.trainers[0], "version", timeout=60))
+        # First: a batch the trainer finished, its answer lost, counts as trained in the
+        # saved state too.
+        p.report_trained(version)  # trained, interrupted before its line
+        asyncio.run(asyncio.wait_for(p.save_checkpoint(version, version, "final"), 600))
+    except Exception as exc:  # noqa: BLE001 - reported in summary.json, never masks
+        newest = p.newest_checkpoint_name()
+        return [f"final checkpoint failed: {type(exc).__name__}: {exc}"[:1000]
+                + f"; {newest or 'no checkpoint'} stays the newest"]
+    if not job.config.train.save_final_model:
+        return []
+    from rollart_sdk import durable
 
-    final = job.run_dir.checkpoints / "final"
-    save_errors = [e for e in [all_trainers("save_checkpoint", final)] if e]
-    if not save_errors:  # complete: --resume may continue from it
-        try:
-            version = int(job.spawner.call(job.trainers[0], "version", timeout=60))
-            # First: a batch the trainer finished, its answer lost, counts as trained in
-            # the saved state too.
-            job.pipeline.report_trained(version)  # trained, interrupted before its line
-            job.pipeline.save_run_state(str(final), version, version)
-        except Exception as exc:  # noqa: BLE001 - reported in summary.json, never masks
-            save_errors.append(f"run_state failed: {type(exc).__name__}: {exc}"[:1000])
-    if job.config.train.save_final_model and not save_errors:
-        save_errors += [e for e in [all_trainers("save_pretrained",
-                                                 job.run_dir.path / "final_model")] if e]
-    return save_errors
+    # Written beside final_model/ and renamed over it once complete: a failed save leaves
+    # the previous final_model/ as it was.
+    final = job.run_dir.path / "final_model"
+    partial = final.with_name(f".final_model.{os.getpid()}.partial")
+    try:
+        shutil.rmtree(partial, ignore_errors=True)
+        asyncio.run(asyncio.wait_for(p.all_trainers("save_pretrained", str(partial)), 600))
+        durable.fsync_tree(partial)
+        durable.replace_dir(partial, final)
+    except Exception as exc:  # noqa: BLE001 - reported in summary.json, never masks
+        shutil.rmtree(partial, ignore_errors=True)
+        return [f"save_pretrained failed: {type(exc).__name__}: {exc}"[:1000]]
+    return []

@@ -97,7 +97,8 @@ def run_pipeline(transport: str, model: str, steps: int, options: dict[str, Any]
     root = _mkdir(Path(tempfile.gettempdir()) / "rollart-bench-weights")
     overrides = [f"output_dir={root}", f"transport.name={transport}",
                  f"train.steps={steps}", "train.save_final_model=false",
-                 "train.checkpoint_every=0", f"rollout.defer_weight_update={str(defer).lower()}"]
+                 "train.checkpoint_every=0", "train.checkpoint_every_s=0",
+                 f"rollout.defer_weight_update={str(defer).lower()}"]
     overrides += [f"transport.options.{k}={v}" for k, v in options.items()]
     cfg, lines = load_config(_examples() / MODELS[model], overrides=overrides)
     job = build_job(cfg, lines, in_process=True, log=lambda *a: None)

@@ -5,11 +5,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import sys
 from typing import Any
 
 from rollart_sdk.config import load_config
-from rollart_sdk.job import ResumePoint, build_job, run_job
+from rollart_sdk.job import ResumePoint, build_job, newest_checkpoint, run_job
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -31,15 +32,23 @@ def cmd_train(args: argparse.Namespace) -> int:
         job = build_job(cfg, lines, resume=resume)
     except ConfigError as exc:
         raise ConfigError(exc.problems, source=args.config) from None
+    from rollart_sdk.control.resume import ResumeFailed
+
     try:
         run_job(job, steps, progress=not args.no_progress)
     except KeyboardInterrupt:
-        print(f"interrupted ({job.signal}); final checkpoint in "
-              f"{job.run_dir.checkpoints / 'final'}")
-        print(_how_to_resume(args, job))
+        if resume is not None and not job.restored:
+            print(f"interrupted ({job.signal}) before the checkpoint was loaded; nothing "
+                  f"in {job.run_dir.path} was changed")
+        else:
+            print(f"interrupted ({job.signal}); newest checkpoint: "
+                  f"{newest_checkpoint(job.run_dir.checkpoints)}")
+        print(_how_to_resume(args, job, steps))
         return 143 if job.signal == "SIGTERM" else 130
+    except ResumeFailed:
+        raise  # it says which checkpoints failed and why; nothing was written
     except Exception:
-        print(_how_to_resume(args, job), file=sys.stderr)
+        print(_how_to_resume(args, job, steps), file=sys.stderr)
         raise
     finally:
         job.close()
@@ -57,16 +66,20 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
-def _how_to_resume(args: argparse.Namespace, job: Any) -> str:
+def _how_to_resume(args: argparse.Namespace, job: Any, steps: int) -> str:
+    """The command that finishes the run that was asked for: the same config, overrides,
+    ``--steps`` and ``--address``, each word shell-quoted, with ``--resume``."""
     from rollart_sdk.control.resume import newest_resumable
 
     ckpt = newest_resumable(job.run_dir.path)
     if ckpt is None:
-        return ("no complete checkpoint was saved (set train.checkpoint_every to keep "
-                "some); start the run again")
-    extra = " ".join(args.overrides)
-    return (f"newest checkpoint: {ckpt}; continue the run with: rollart train {args.config}"
-            f"{' ' + extra if extra else ''} --resume {job.run_dir.path}")
+        return ("no complete checkpoint was saved (periodic ones: train.checkpoint_every_s, "
+                "train.checkpoint_every); start the run again")
+    words = ["rollart", "train", args.config, *args.overrides, "--steps", str(steps)]
+    if args.address:
+        words += ["--address", args.address]
+    words += ["--resume", str(job.run_dir.path)]
+    return f"newest checkpoint: {ckpt}; continue the run with: {shlex.join(words)}"
 
 
 def _num(x: float | None) -> str:

@@ -45,7 +45,12 @@ CallerFactory = Callable[..., Callable[..., Any]]  # (url, timeout_s[, headers=]
 
 
 class ServerlessError(RollartError):
-    """A serverless endpoint could not be reached or returned an error."""
+    """A serverless endpoint could not be reached or returned an error (``status``: the
+    HTTP status it answered, if any)."""
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 class HttpJsonCaller:
@@ -77,7 +82,8 @@ class HttpJsonCaller:
                 raw = resp.read()
         except urllib.error.HTTPError as exc:
             detail = exc.read()[:500].decode(errors="replace")
-            raise ServerlessError(f"serverless endpoint {self.url} answered HTTP {exc.code}: {detail}") from None
+            raise ServerlessError(f"serverless endpoint {self.url} answered HTTP {exc.code}: "
+                                  f"{detail}", status=exc.code) from None
         except (urllib.error.URLError, TimeoutError, OSError) as exc:
             raise ServerlessError(f"serverless endpoint {self.url} unreachable: {exc}") from None
         except http.client.HTTPException as exc:  # e.g. the answer cut short (IncompleteRead)

@@ -242,6 +242,20 @@ class SampleBuffer:
             del self.dropped[reason]
         self.mark_trained(batch)
 
+    def ready_members(self) -> list[Trajectory]:
+        """The trajectories of the ready groups (finished, whole groups, not handed out)."""
+        return [t for g in self._ready.values() for t in g.members]
+
+    def carry_in(self, trajectories: list[Trajectory]) -> None:
+        """Resume: finished, untrained trajectories a checkpoint carried (whole groups) are
+        ready again, as they were at the checkpoint (control/resume.py)."""
+        for t in trajectories:
+            t.dropped = None  # a save at the run's end saw them counted run_end
+            group = self._ready.get(t.group_id)
+            if group is None:
+                group = self._ready[t.group_id] = Group(t.group_id, t.tag, self.group_size)
+            group.members.append(t)
+
     def discard_all(self, reason: str) -> int:
         """Drop every group not handed out yet, ready or still running (e.g. the surplus of
         a redundant rollout once the batch is full). Members that finish later are counted

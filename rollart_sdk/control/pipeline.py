@@ -64,6 +64,8 @@ from rollart_sdk.weights.sync import WeightSync
 # that every engine ends on one version); past it the engine is reported as not back.
 RECOVERY_WAIT_S = 120.0
 KEEP_BATCHES = 16  # steps whose trained trajectories stay in ``Pipeline.records``
+# Periodic checkpoint saves that may fail in a row before the run stops (docs/failures.md).
+MAX_CHECKPOINT_FAILURES = 3
 
 
 @dataclass
@@ -154,9 +156,20 @@ class Pipeline:
         self.carried: dict[str, Any] = {}
         self.session_start: StepRecord | None = None
         self._reported = 0  # steps whose metrics line is written
+        # Checkpoints (control/checkpoints.py): the one this session resumed from (never
+        # pruned), the steps it saved, failed saves in a row and their lines, the last
+        # save's time (monotonic); ``say`` prints a line for the user.
+        self.resumed_from: str | None = None
+        self.saved_steps: set[int] = set()
+        self.checkpoint_failures = 0
+        self.checkpoint_errors: list[str] = []
+        self._last_save = time.monotonic()
+        self.say: Callable[[str], None] = lambda line: None
+        self._ready_at_end: list[Trajectory] = []  # ready groups when the run stopped
         r0 = config.rollout
         self.watchdog = Watchdog([t.tag for t in config.tasks], r0.drop_window,
-                                 r0.max_drop_rate, r0.stall_timeout_s)
+                                 r0.max_drop_rate, r0.stall_timeout_s,
+                                 first_progress_s=first_episode_s(config))
         scheduler.on_finish.append(self.watchdog.record)
         r = config.rollout
         self.alpha = r.effective_alpha
@@ -223,17 +236,126 @@ class Pipeline:
         manifest.meta.setdefault("receivers", len(self.weight_sync.engines))
         await self.weights.on_publish(manifest)
         self._span("publish", self.trainers[0].name, t1, step)
-        every = self.cfg.train.checkpoint_every
-        if self.checkpoint_dir and every and (step + 1) % every == 0:
-            path = f"{self.checkpoint_dir}/step-{step + 1}"
-            await self._trainer_call(self.all_trainers("save_checkpoint", path),
-                                     "save_checkpoint")
-            self.save_run_state(path, step + 1)
         self.watchdog.progress()
         if self.cfg.rollout.mode != "sync":
             await self.weights.settle(rec)
             self._report(rec)  # the step ended: its metrics line now, not a step later
+            # After the line: a checkpoint of N steps always has N metrics lines before
+            # it (a kill between the two would otherwise leave a gap after a resume).
+            if self._checkpoint_due(step + 1):
+                await self._periodic_checkpoint(step + 1)
         return rec
+
+    def _checkpoint_due(self, done: int) -> bool:
+        """A periodic checkpoint after ``done`` steps: every ``train.checkpoint_every``
+        steps, or ``train.checkpoint_every_s`` seconds after the last save (or the run's
+        start)."""
+        t = self.cfg.train
+        if not self.checkpoint_dir:
+            return False
+        by_steps = bool(t.checkpoint_every) and done % t.checkpoint_every == 0
+        by_time = bool(t.checkpoint_every_s) and (
+            time.monotonic() - self._last_save >= t.checkpoint_every_s)
+        return by_steps or by_time
+
+    async def _periodic_checkpoint(self, done: int) -> None:
+        """Save; a failed save (disk full, permission) leaves the earlier checkpoints as
+        they were, is said in one line, and training goes on, unless
+        ``MAX_CHECKPOINT_FAILURES`` saves in a row failed: then the run stops (its
+        training since the newest checkpoint would be at risk)."""
+        try:
+            await self.save_checkpoint(done)
+        except Exception as exc:  # said, counted, and a rule decides
+            self._last_save = time.monotonic()  # try again one interval later
+            self.checkpoint_failures += 1
+            newest = self.newest_checkpoint_name()
+            line = (f"checkpoint step-{done} failed: {type(exc).__name__}: {exc}"[:600]
+                    + f"; {newest or 'no checkpoint'} stays the newest "
+                    f"({self.checkpoint_failures} in a row; the run stops at "
+                    f"{MAX_CHECKPOINT_FAILURES}): free space or fix the permissions of "
+                    f"{self.checkpoint_dir}")
+            self.checkpoint_errors.append(line)
+            self.say(f"warning: {line}")
+            if self.checkpoint_failures >= MAX_CHECKPOINT_FAILURES:
+                raise RunFailure(f"{MAX_CHECKPOINT_FAILURES} checkpoint saves in a row failed "
+                                 f"(last: {line})") from exc
+
+    async def save_checkpoint(self, done: int, version: int | None = None,
+                              reason: str = "periodic") -> str:
+        """Save the run at ``done`` steps as ``checkpoints/step-<done>``: the trainer
+        ranks write into a fresh hidden folder, then the run state and the manifest are
+        added, everything is fsynced and the folder renamed into place; older ones are
+        pruned (control/checkpoints.py). A checkpoint of ``done`` steps this session wrote
+        or resumed from is kept as it is. Returns its path; raises on a failed save, after
+        removing what it wrote."""
+        import shutil
+        from pathlib import Path
+
+        from rollart_sdk import durable
+        from rollart_sdk.control import checkpoints
+        from rollart_sdk.control.resume import CARRIED_FILE, capture_state
+
+        assert self.checkpoint_dir is not None
+        root = Path(self.checkpoint_dir)
+        target = root / checkpoints.step_name(done)
+        if done in self.saved_steps or (self.resumed_from is not None
+                                        and Path(self.resumed_from) == target):
+            return str(target)
+        partial = checkpoints.partial_dir(root, done)
+        t0 = time.perf_counter()
+        try:
+            await self._trainer_call(self.all_trainers("save_checkpoint", str(partial)),
+                                     "save_checkpoint")
+            state = capture_state(self, done, version)
+            carried = state.pop("_carried")  # pickled now: later changes are not saved
+            meta = {"version": state["version"], "reason": reason}
+            keep = self.cfg.train.keep_checkpoints
+            protect = {Path(self.resumed_from)} if self.resumed_from else set()
+
+            def publish() -> None:
+                partial.mkdir(parents=True, exist_ok=True)  # a trainer that wrote nothing
+                (partial / CARRIED_FILE).write_bytes(carried)
+                checkpoints.seal(partial, root, done, state, meta)
+                checkpoints.prune(root, keep, protect, upto_step=done)
+
+            # Checksums read every file: off the event loop, rollout goes on meanwhile.
+            await asyncio.to_thread(publish)
+        except BaseException:
+            # What it wrote, and the hidden folder of a trainer that wrote the durable way
+            # (rollart_sdk.durable.new_dir) and could not clean up: a full disk gets its
+            # space back.
+            for left in (partial, durable.partial_name(partial)):
+                shutil.rmtree(left, ignore_errors=True)
+            raise
+        self.saved_steps.add(done)
+        self.checkpoint_failures = 0
+        self._last_save = time.monotonic()
+        self._span("checkpoint", self.trainers[0].name, t0, done)
+        self.log.append(f"checkpoint:{done}")
+        return str(target)
+
+    @property
+    def steps_done(self) -> int:
+        """Steps trained and reported (a metrics line each), sessions before a resume too."""
+        return self._reported
+
+    def finished_untrained(self) -> tuple[list[Trajectory], int]:
+        """The finished, untrained trajectories a checkpoint saved now carries (ready groups
+        and batches handed out but not trained), and how many of them the run's end
+        already counted dropped (``run_end``: a save after the run stopped)."""
+        if self.ended is None:
+            return (self.buffer.ready_members()
+                    + [t for batch in self._untrained.values() for t in batch]), 0
+        out = self._ready_at_end + [t for b in self._dropped_untrained.values() for t in b]
+        return out, len(out)
+
+    def newest_checkpoint_name(self) -> str | None:
+        from rollart_sdk.control import checkpoints
+
+        if not self.checkpoint_dir:
+            return None
+        found = checkpoints.complete(self.checkpoint_dir)
+        return found[0].name if found else None
 
     def _count_trained(self, step: int, batch: list[Trajectory]) -> None:
         """Step ``step``'s train call returned: its batch counts as trained, once. If the
@@ -312,6 +434,10 @@ class Pipeline:
         mode = self.cfg.rollout.mode
         batch_size = self.cfg.rollout.batch_size
         self.started = time.time()
+        # The stall clock and the checkpoint interval start now, not when the pipeline
+        # was built (a resume's checkpoint load and weight push may take long).
+        self.watchdog.restart()
+        self._last_save = time.monotonic()
         self.scheduler.start(quota=self.launch_per_step if mode != "async" else None)
         pending: asyncio.Task[StepRecord] | None = None
         completed = False
@@ -355,6 +481,8 @@ class Pipeline:
                     await self._guarded(self.weights.update(done))
                     await self._guarded(self.weights.settle(done))
                     self._report(done)
+                    if self._checkpoint_due(step + 1):  # after its line, as in _train
+                        await self._guarded(self._periodic_checkpoint(step + 1))
             if pending is not None:
                 await self._guarded(pending)
             completed = True
@@ -370,6 +498,7 @@ class Pipeline:
                 self._dropped_untrained[step_] = batch
             self._untrained.clear()
             await self.scheduler.stop("run_end")
+            self._ready_at_end = self.buffer.ready_members()  # the final save carries them
             self.buffer.discard_all("run_end")
             await self.recovery.close(wait_s=RECOVERY_WAIT_S if completed else 0.0)
         return self.records
@@ -379,26 +508,25 @@ class Pipeline:
         """Seconds of pipeline run time, the sessions before a resume included."""
         return self.wall_offset + (self.ended or time.time()) - self.started
 
-    def save_run_state(self, path: str, step: int, version: int | None = None) -> None:
-        """Mark the trainer checkpoint at ``path`` complete with the control plane's
-        state at ``step`` steps done (control/resume.py)."""
-        from rollart_sdk.control.resume import capture_state, write_state
-
-        write_state(path, capture_state(self, step, version))
-
     async def restore(self, ckpt: str, state: dict[str, Any]) -> None:
         """Continue from checkpoint ``ckpt``: the trainer loads it (model, optimiser,
         RNG), every engine is given its weights (stage everywhere, then commit), and the
         counters, step numbering and scheduler RNG continue from ``state``."""
-        from rollart_sdk.control.resume import apply_state
-        from rollart_sdk.errors import RollartError
+        from rollart_sdk.control.resume import CheckpointUnusable, apply_state, read_carried
 
-        await self._trainer_call(self.all_trainers("load_checkpoint", ckpt), "load_checkpoint")
-        version = int(await self.trainers[0].call("version"))
+        try:
+            await self._trainer_call(self.all_trainers("load_checkpoint", ckpt),
+                                     "load_checkpoint")
+            version = int(await self.trainers[0].call("version"))
+        except Exception as exc:  # the caller tries the next checkpoint
+            raise CheckpointUnusable(ckpt, f"the trainer could not load it: "
+                                     f"{type(exc).__name__}: {exc}"[:800]) from exc
         if version != int(state["version"]):
-            raise RollartError(f"{ckpt}: the trainer loaded version {version} but the run "
-                               f"state says {state['version']}; the checkpoint is inconsistent")
-        apply_state(self, state)
+            raise CheckpointUnusable(ckpt, f"the trainer loaded version {version} but the run "
+                                     f"state says {state['version']} (inconsistent)")
+        carried = read_carried(ckpt)
+        apply_state(self, state, carried)
+        self.resumed_from = ckpt
         self.trainer_version = version
         manifests = await self._trainer_call(self.all_trainers(
             "publish_weights", int(self.cfg.train.bucket_mb * 2**20)), "publish_weights")
@@ -410,6 +538,7 @@ class Pipeline:
         self.weights.published = version
         self.engine_version = version
         self.log.append(f"restore:{version}")
+        self.watchdog.restart()
 
     # ------------------------------------------------------------------ metrics
     def _record(self, step: int, batch: list[Trajectory], wait_s: float) -> StepRecord:
@@ -471,6 +600,13 @@ class Pipeline:
         old = len(self.records) - 1 - KEEP_BATCHES
         if old >= 0:
             self.records[old].batch = []
+
+
+def first_episode_s(config: RunConfig) -> float:
+    """The longest a task's first episode may take by its timeouts: reset, each turn's
+    generate and env step, the reward (the watchdog's stall limit until first progress)."""
+    return max(t.reset_timeout_s + t.max_turns * (t.generate_timeout_s + t.step_timeout_s)
+               + t.reward_timeout_s for t in config.tasks)
 
 
 def task_stats(batch: list[Trajectory]) -> dict[str, dict[str, float | None]]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 import time
 from collections import Counter
 from pathlib import Path
@@ -16,7 +17,9 @@ from typing import Any
 
 import yaml
 
+from rollart_sdk import durable
 from rollart_sdk.config import RunConfig
+from rollart_sdk.errors import RollartError
 
 MAX_EVENT_BYTES = 200 * 2**20
 MAX_DROP_LINES = 20_000
@@ -37,9 +40,8 @@ class RunDir:
                 n += 1
                 self.path = Path(root) / f"{name or config.name}-{stamp}-{n}"
             self.path.mkdir(parents=True)
-            (self.path / "config.yaml").write_text(
-                yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)
-            )
+            durable.write_text(self.path / "config.yaml", yaml.safe_dump(
+                config.model_dump(mode="json"), sort_keys=False))
         self._metrics = open(self.path / "metrics.jsonl", "a", buffering=1)
         self._events = open(self.path / "events.jsonl", "a")
         self._pending_events = 0
@@ -58,7 +60,12 @@ class RunDir:
         return p
 
     def log_metrics(self, metrics: dict[str, Any]) -> None:
-        self._metrics.write(dumps(metrics) + "\n")
+        try:
+            self._metrics.write(dumps(metrics) + "\n")
+        except OSError as exc:  # a full disk: the run stops, saying where and what to do
+            raise RollartError(
+                f"cannot write {self.path / 'metrics.jsonl'}: {exc}; free space (or fix the "
+                "permissions) there, then continue the run with --resume") from exc
 
     def log_event(self, event: dict[str, Any]) -> None:
         """One span of the timeline: trajectory, tag, span, worker, t0, t1 (epoch s)."""
@@ -101,14 +108,30 @@ class RunDir:
         }) + "\n")
 
     def write_json(self, name: str, data: Any) -> Path:
+        """Replace ``name`` atomically: a crash or a full disk leaves the previous file."""
         p = self.path / name
-        p.write_text(dumps(data, indent=2))
+        durable.write_text(p, dumps(data, indent=2))
         return p
 
-    def close(self) -> None:
+    def rollback_metrics(self, step: int) -> int:
+        """``--resume`` loaded the checkpoint of ``step`` steps: the lines past it move to
+        metrics.rolledback.jsonl (control/resume.py); returns how many moved."""
+        from rollart_sdk.control.resume import rollback_metrics
+
         self._metrics.close()
-        self._events.close()
-        self._drops.close()
+        try:
+            return rollback_metrics(self.path, step)
+        finally:  # the file was replaced: append to the new one
+            self._metrics = open(self.path / "metrics.jsonl", "a", buffering=1)
+
+    def close(self) -> None:
+        """Close the logs; a full disk on the last flush is said in one line (the run's own
+        error, if any, stays the error)."""
+        for f in (self._metrics, self._events, self._drops):
+            try:
+                f.close()
+            except OSError as exc:
+                print(f"warning: the end of {f.name} was not written ({exc})", file=sys.stderr)
 
 
 def _count_lines(path: Path) -> int:

@@ -7,7 +7,11 @@ Two rules (``rollout`` keys, docs/failures.md):
   control plane such as stale or surplus aborts do not count), the run stops with
   :class:`RunFailure` naming the task and its most frequent drop reasons;
 - stall: when nothing progresses (no trajectory scored, no step trained) for
-  ``stall_timeout_s`` seconds, the run stops the same way.
+  ``stall_timeout_s`` seconds, the run stops the same way. The clock starts when the run
+  starts (and again after a restore: :meth:`Watchdog.restart`), not when the pipeline is
+  built; until the first progress the limit is at least ``first_progress_s``, the
+  longest a first episode may take by its task's timeouts (reset, each turn's generate
+  and step, reward), so a long first episode (an SWE-like task) is not a stall.
 """
 
 from __future__ import annotations
@@ -33,10 +37,13 @@ class RunFailure(RollartError):
 
 class Watchdog:
     def __init__(self, tags: list[str], window: int, max_drop_rate: float,
-                 stall_timeout_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+                 stall_timeout_s: float, clock: Callable[[], float] = time.monotonic,
+                 first_progress_s: float = 0.0) -> None:
         self.window = window
         self.max_drop_rate = max_drop_rate
         self.stall_timeout_s = stall_timeout_s
+        self.first_progress_s = first_progress_s
+        self._progressed = False  # since the start / the last restart
         self._clock = clock
         self._recent: dict[str, deque[str | None]] = {t: deque(maxlen=window) for t in tags}
         self._examples: dict[str, dict[str, str]] = {t: {} for t in tags}  # first text per reason
@@ -69,6 +76,19 @@ class Watchdog:
 
     def progress(self) -> None:
         self._last_progress = self._clock()
+        self._progressed = True
+
+    def restart(self) -> None:
+        """The run starts (or resumes after a restore): the stall clock starts now, and the
+        first episode's budget applies again."""
+        self._last_progress = self._clock()
+        self._progressed = False
+
+    @property
+    def stall_limit_s(self) -> float:
+        if self._progressed:
+            return self.stall_timeout_s
+        return max(self.stall_timeout_s, self.first_progress_s)
 
     def top_reasons(self, tag: str, k: int = 3) -> str:
         counts = Counter(r for r in self._recent.get(tag, ()) if r is not None)
@@ -80,11 +100,14 @@ class Watchdog:
 
     def check_stall(self) -> None:
         idle = self._clock() - self._last_progress
-        if self.failure is None and idle > self.stall_timeout_s:
+        limit = self.stall_limit_s
+        if self.failure is None and idle > limit:
             worst = max(self._recent, key=lambda t: sum(1 for r in self._recent[t] if r), default=None)
             detail = f"; most drops in task {worst!r}: {self.top_reasons(worst)}" if worst else ""
+            what = (f"rollout.stall_timeout_s {self.stall_timeout_s:g}" if limit == self.stall_timeout_s
+                    else f"the first episode's budget {limit:g}s from the tasks' timeouts")
             self.failure = RunFailure(
-                f"no progress for {idle:.0f}s (rollout.stall_timeout_s {self.stall_timeout_s:g}): "
+                f"no progress for {idle:.0f}s ({what}): "
                 f"no trajectory was scored and no step trained{detail}",
                 task=worst,
             )

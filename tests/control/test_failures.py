@@ -94,7 +94,7 @@ def test_always_failing_task_stops_the_run_naming_it(tmp_path):
     assert summary["trained"] == 0
     assert summary["error"].startswith("RunFailure: task 'Arithmetic'")
     assert summary["launched"] == summary["trained"] + sum(summary["dropped"].values())
-    assert (run_dir / "checkpoints" / "final" / "trainer_state.json").exists()
+    assert (run_dir / "checkpoints" / "step-0" / "trainer_state.json").exists()  # final
     drops = (run_dir / "drops.jsonl").read_text().splitlines()
     assert "injected reset error" in drops[0]
 
@@ -155,9 +155,12 @@ def test_sigterm_is_handled_like_ctrl_c(tmp_path):
     (run_dir,) = [p for p in out.iterdir() if p.is_dir() and not p.name.startswith(".")]
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["interrupted"] and summary["signal"] == "SIGTERM"
+    # Steps trained, each with its metrics line (a batch whose step the signal cut is not one).
+    assert summary["steps"] == len((run_dir / "metrics.jsonl").read_text().splitlines())
     assert summary["launched"] == summary["trained"] + sum(summary["dropped"].values())
-    assert (run_dir / "checkpoints" / "final" / "trainer_state.json").exists()
-    assert summary["newest_checkpoint"].endswith("final")
+    newest = Path(summary["newest_checkpoint"])  # the final save: step-<steps trained>
+    assert newest.parent == run_dir / "checkpoints" and newest.name.startswith("step-")
+    assert (newest / "trainer_state.json").exists() and (newest / "manifest.json").exists()
 
 
 def test_trajectories_landing_count_as_in_flight_at_every_step(tmp_path, monkeypatch):

@@ -17,6 +17,7 @@ import pytest
 import yaml
 from control_configs import two_tasks
 
+from rollart_sdk.control.resume import newest_resumable
 from rollart_sdk.ray_utils import actor_pids, descendants
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -155,7 +156,9 @@ def test_sigint_then_resume_continues_steps_and_metrics(tmp_path):
     path = run_dir(tmp_path, "resume")
     assert f"--resume {path}" in out  # it says how to continue
     first = [json.loads(x) for x in (path / "metrics.jsonl").read_text().splitlines()]
-    done = json.loads((path / "checkpoints" / "final" / "run_state.json").read_text())["step"]
+    final = newest_resumable(path)  # the final save: step-<steps trained>
+    done = json.loads((final / "run_state.json").read_text())["step"]
+    assert final.name == f"step-{done}"
     assert 2 <= done < 500 and [m["step"] for m in first] == list(range(1, len(first) + 1))
 
     total = done + 3  # train.steps may change on resume
@@ -163,7 +166,7 @@ def test_sigint_then_resume_continues_steps_and_metrics(tmp_path):
     proc = start(tmp_path, config, "--resume", str(path))
     out = finish(proc, 600)
     assert proc.returncode == 0, out[-4000:]
-    assert f"resuming from {path / 'checkpoints' / 'final'} ({done} steps done)" in out
+    assert f"resuming from {final} ({done} steps done)" in out
     metrics = [json.loads(x) for x in (path / "metrics.jsonl").read_text().splitlines()]
     kept = [m for m in first if m["step"] <= done]
     assert metrics[:len(kept)] == kept  # appended, not rewritten
@@ -196,3 +199,44 @@ def test_killing_the_trainer_stops_cleanly_and_says_how_to_resume(tmp_path):
     assert newest and (Path(newest) / "run_state.json").is_file()
     assert f"newest checkpoint: {newest}; continue the run with: rollart train" in out
     assert f"--resume {path}" in out
+
+
+def test_sigkill_of_rollart_train_during_a_save_then_resume(tmp_path):
+    """kill -9 of `rollart train` (the driver; its Ray actors die with it) while a
+    checkpoint is being written: the cut save left only a hidden folder, every complete
+    checkpoint passes its manifest, and `--resume` continues from the newest one and
+    completes the run, at most one interval (one step) redone."""
+    from rollart_sdk.control import checkpoints
+
+    config = two_tasks(name="kill9", transport={"name": "ray"},
+                       train={"steps": 8, "bucket_mb": 1, "checkpoint_every": 1,
+                              "save_final_model": False})
+    proc = start(tmp_path, config)
+    try:
+        wait_for_lines(tmp_path / "runs", 2, proc, timeout=400)
+        path = run_dir(tmp_path, "kill9")
+        deadline = time.monotonic() + 120  # a save is in progress about once a step
+        while time.monotonic() < deadline and proc.poll() is None:
+            if any(p.name.endswith(".partial") for p in (path / "checkpoints").iterdir()):
+                break
+            time.sleep(0.005)
+        lines = len((path / "metrics.jsonl").read_text().splitlines())
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == -signal.SIGKILL
+    found = checkpoints.complete(path / "checkpoints")
+    assert found and all(checkpoints.verify(c) is None for c in found), found
+    assert found[0].step >= lines - 1, (lines, [c.name for c in found])
+    proc = start(tmp_path, config, "--resume", str(path))
+    out = finish(proc, 600)
+    assert proc.returncode == 0, out[-4000:]
+    assert f"resuming from {found[0].path} ({found[0].step} steps done)" in out
+    assert "skipped" not in out
+    metrics = [json.loads(x) for x in (path / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in metrics] == list(range(1, 9))
+    summary = json.loads((path / "summary.json").read_text())
+    assert summary["steps"] == 8 and summary["resumes"] == 1 and accounted(summary), summary
+    assert all(checkpoints.verify(c) is None for c in checkpoints.complete(path / "checkpoints"))

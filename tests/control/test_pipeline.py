@@ -371,7 +371,8 @@ def test_failed_weight_sync_stops_with_the_reason_and_a_final_checkpoint(tmp_pat
     (run_dir,) = [p for p in tmp_path.iterdir() if p.name.startswith("t-")]
     summary = json.loads((run_dir / "summary.json").read_text())
     assert "WeightSyncError" in summary["error"] and summary["steps"] >= 1
-    assert (run_dir / "checkpoints" / "final" / "trainer_state.json").exists()
+    newest = summary["newest_checkpoint"]  # the final save
+    assert newest and (run_dir / "checkpoints" / newest.rsplit("/", 1)[1] / "trainer_state.json").exists()
 
 
 def test_batch_too_small_for_tasks_is_a_clear_error(tmp_path):

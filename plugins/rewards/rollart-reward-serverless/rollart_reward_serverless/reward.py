@@ -6,6 +6,12 @@ any installed reward backend that way). The URL's scheme picks the transport of 
 plane (``http``, ``https``, ``fc`` or a plugin's), as ``@register_serverless`` does.
 Calls run off the event loop, with a timeout and a bounded number of retries: a flaky
 endpoint costs time, never a hang, and a dead one fails only the trajectories it scores.
+
+An outage (HTTP 5xx, timeouts, a cold start) opens the endpoint's circuit: the calls that
+come meanwhile **wait** (up to ``outage_wait_s``) instead of failing at once, and go on
+when a trial call succeeds; so a short outage costs time, not trajectories, and does not
+trip the run's drop-rate rule. Refused credentials (HTTP 401 / 403) are not an outage: the
+call fails at once with the endpoint's answer, and the run stops within seconds naming it.
 """
 
 from __future__ import annotations
@@ -56,8 +62,12 @@ class ServerlessRewardOptions(BaseModel):
         5, ge=1, description="consecutive failed calls that open the endpoint's circuit"
     )
     breaker_cooldown_s: float = Field(
-        10.0, ge=0, description="an open circuit fails calls at once for this long, then "
+        10.0, ge=0, description="an open circuit holds calls back for this long, then "
         "lets one trial call through"
+    )
+    outage_wait_s: float = Field(
+        120.0, ge=0, description="how long a call waits in all for an open circuit to close "
+        "before it fails (CircuitOpenError, with the endpoint's last error); 0: fail at once"
     )
 
     @field_validator("url")
@@ -84,6 +94,10 @@ class CircuitOpenError(ServerlessError):
     """Calls to an endpoint are refused for a while after repeated failures."""
 
 
+class CredentialsRefused(ServerlessError):
+    """The endpoint answered HTTP 401 / 403: not an outage, a wrong or missing token."""
+
+
 class CircuitBreaker:
     """Per endpoint: after ``failures`` consecutive failed calls the circuit opens and calls
     fail at once for ``cooldown_s``; then one trial call goes through (half-open): success
@@ -97,6 +111,7 @@ class CircuitBreaker:
         self.opened_at: float | None = None
         self.trial_running = False
         self.opened = 0  # times the circuit opened
+        self.last_error = ""  # the last failure's text: the cause an open circuit names
 
     def admit(self, url: str) -> None:
         if self.opened_at is None:
@@ -105,9 +120,16 @@ class CircuitBreaker:
         if waited < self.cooldown_s or self.trial_running:
             raise CircuitOpenError(
                 f"circuit open for {url} after {self.consecutive} consecutive failures "
-                f"(retrying in {max(0.0, self.cooldown_s - waited):.1f} s)"
+                f"(retrying in {max(0.0, self.cooldown_s - waited):.1f} s); last error: "
+                f"{self.last_error[:500]}"
             )
         self.trial_running = True
+
+    def retry_in(self) -> float:
+        """Seconds until the cooldown ends (0 when it has; a trial may be running)."""
+        if self.opened_at is None:
+            return 0.0
+        return max(0.0, self.cooldown_s - (time.monotonic() - self.opened_at))
 
     def abandon(self) -> None:
         """A call ended without a verdict on the endpoint (its caller was cancelled, e.g.
@@ -115,8 +137,10 @@ class CircuitBreaker:
         call after the cooldown is the trial (otherwise the circuit stayed open for good)."""
         self.trial_running = False
 
-    def record(self, ok: bool) -> None:
+    def record(self, ok: bool, error: str = "") -> None:
         self.trial_running = False
+        if error:
+            self.last_error = error
         if ok:
             self.consecutive, self.opened_at = 0, None
             return
@@ -161,7 +185,7 @@ class ServerlessReward:
     def __init__(self, url: str | None = None, timeout_s: float = 30.0, retries: int = 2,
                  backoff_s: float = 0.2, token_env: str | None = None,
                  headers_env: dict[str, str] | None = None, breaker_failures: int = 5,
-                 breaker_cooldown_s: float = 10.0,
+                 breaker_cooldown_s: float = 10.0, outage_wait_s: float = 120.0,
                  deploy: DeployOptions | dict[str, Any] | None = None) -> None:
         headers = _credentials(token_env, headers_env or {})
         if deploy is not None:
@@ -176,19 +200,29 @@ class ServerlessReward:
         self.url = url
         self.retries = retries
         self.backoff_s = backoff_s
+        self.outage_wait_s = outage_wait_s
+        self.token_env = token_env
         self._proxy = ServerlessProxy(url, timeout_s, headers)
         self.breaker = breaker_for(url, breaker_failures, breaker_cooldown_s)
 
     async def score(self, request: RewardRequest) -> RewardResult:
         payload = dataclasses.asdict(request)
         last: Exception | None = None
+        deadline = time.monotonic() + self.outage_wait_s
         for attempt in range(self.retries + 1):
-            self.breaker.admit(self.url)  # an open circuit fails the trajectory at once
+            await self._admit(deadline)  # an open circuit: wait for it (bounded)
             try:
                 answer = await self._proxy.acall(payload)
                 result = _result(request.trajectory_id, answer, self.url, attempt)
             except ServerlessError as exc:
-                self.breaker.record(ok=False)
+                if exc.status in (401, 403):  # not an outage: say it now, do not wait
+                    self.breaker.abandon()
+                    raise CredentialsRefused(
+                        f"reward endpoint {self.url} refused the credentials: {exc}; check "
+                        + (f"the token in ${self.token_env}" if self.token_env else
+                           "tasks[].reward.options.token_env (no token was sent)"),
+                        status=exc.status) from None
+                self.breaker.record(ok=False, error=str(exc))
                 last = exc
                 if attempt < self.retries:
                     await asyncio.sleep(self.backoff_s * 2**attempt * random.uniform(0.5, 1.5))
@@ -202,6 +236,19 @@ class ServerlessReward:
             f"reward endpoint {self.url} failed {self.retries + 1} time(s) for trajectory "
             f"{request.trajectory_id}: {last}"
         )
+
+    async def _admit(self, deadline: float) -> None:
+        """Return when the circuit lets a call through; while it is open, wait (polling,
+        at most until ``deadline``), then raise the CircuitOpenError naming the last error."""
+        while True:
+            try:
+                self.breaker.admit(self.url)
+                return
+            except CircuitOpenError:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise
+                await asyncio.sleep(min(left, max(0.05, min(self.breaker.retry_in(), 0.5))))
 
 
 def _result(trajectory_id: str, answer: Any, url: str, attempt: int) -> RewardResult:

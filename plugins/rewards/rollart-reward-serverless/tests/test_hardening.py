@@ -59,13 +59,14 @@ def test_circuit_opens_after_repeated_failures_then_lets_a_trial_through():
 
     with serve_function(broken) as endpoint:
         backend = ServerlessReward(endpoint.url, timeout_s=10, retries=0,
-                                   breaker_failures=3, breaker_cooldown_s=0.5)
+                                   breaker_failures=3, breaker_cooldown_s=0.5,
+                                   outage_wait_s=0)  # fail at once (no waiting)
         for i in range(3):
             with pytest.raises(ServerlessError, match="HTTP 500"):
                 asyncio.run(backend.score(make_request(trajectory_id=f"t{i}")))
         assert endpoint.calls == 3
-        for i in range(5):  # open: fail at once, the endpoint sees nothing
-            with pytest.raises(CircuitOpenError, match="circuit open"):
+        for i in range(5):  # open: fail at once naming the cause; the endpoint sees nothing
+            with pytest.raises(CircuitOpenError, match="circuit open.*last error: .*HTTP 500"):
                 asyncio.run(backend.score(make_request(trajectory_id=f"f{i}")))
         assert endpoint.calls == 3 and backend.breaker.opened == 1
         deadline = time.monotonic() + 10
@@ -172,3 +173,49 @@ def test_a_hung_backend_call_is_cancelled_at_the_endpoints_timeout():
         time.sleep(0.01)
     assert ended == ["cancelled"]
     assert loop.run(asyncio.sleep(0, result=7), 5) == 7  # the loop still serves
+
+
+def test_calls_wait_out_an_outage_then_go_on():
+    """HTTP 500 for a second: the circuit opens, the calls that come meanwhile wait for it
+    instead of failing, and all succeed once a trial call does; the endpoint sees a few
+    trial calls, not one per waiting call."""
+    state = {"down_until": time.monotonic() + 1.0, "failed": 0}
+
+    def switchable(request):
+        if time.monotonic() < state["down_until"]:
+            state["failed"] += 1
+            raise RuntimeError("backend down")
+        return {"reward": 1.0, "details": {}}
+
+    async def many(backend):
+        return await asyncio.gather(*(backend.score(make_request(trajectory_id=f"t{i}"))
+                                      for i in range(20)))
+
+    with serve_function(switchable) as endpoint:
+        backend = ServerlessReward(endpoint.url, timeout_s=10, retries=2, backoff_s=0.01,
+                                   breaker_failures=2, breaker_cooldown_s=0.2,
+                                   outage_wait_s=30)
+        t0 = time.monotonic()
+        results = asyncio.run(many(backend))
+    assert [r.reward for r in results] == [1.0] * 20
+    assert time.monotonic() - t0 < 20
+    # Each call's first attempt may have hit the outage; after that, only trials did.
+    assert backend.breaker.opened >= 1 and state["failed"] <= 20 + 10, state
+
+
+def test_refused_credentials_fail_at_once_with_the_401(monkeypatch):
+    """A wrong token is not an outage: every call fails at once with the endpoint's 401
+    and the variable to fix, never hidden behind an open circuit, never waiting."""
+    from rollart_reward_serverless.reward import CredentialsRefused
+
+    monkeypatch.setenv("REWARD_TOKEN_W", "wrong")
+    with serve_reward("rule", {"mode": "success"}, token="right") as endpoint:
+        backend = ServerlessReward(endpoint.url, timeout_s=10, token_env="REWARD_TOKEN_W",
+                                   breaker_failures=1, outage_wait_s=60)
+        t0 = time.monotonic()
+        for i in range(4):
+            with pytest.raises(CredentialsRefused, match=r"refused the credentials.*HTTP 401"
+                               r".*check the token in \$REWARD_TOKEN_W"):
+                asyncio.run(backend.score(make_request(trajectory_id=f"t{i}")))
+        assert time.monotonic() - t0 < 5 and endpoint.rejected == 4
+        assert backend.breaker.opened == 0

@@ -149,3 +149,40 @@ def test_run_completes_through_an_outage_500s_and_slow_answers(tmp_path):
     assert sum(failed.values()) >= 2, summary["dropped"]
     trained_n = summary.get("trained", summary.get("trajectories_trained"))
     assert summary["launched"] == trained_n + sum(summary["dropped"].values())
+
+
+def test_a_run_rides_out_an_outage_of_its_reward_endpoint(tmp_path):
+    """HTTP 500 on every call for 4 s from the first call: the circuit opens, finished
+    trajectories wait for their reward instead of failing at once, so the drop-rate rule
+    (a small window here, so that a few dozen failures would trip it) does not stop the
+    run, and it completes."""
+    import json
+
+    from rollart_sdk.config import load_config
+    from rollart_sdk.job import build_job, run_job
+
+    state: dict = {"first": None, "failed": 0}
+
+    def switchable(request):
+        now = time.monotonic()
+        state["first"] = state["first"] or now
+        if now - state["first"] < 4.0:
+            state["failed"] += 1
+            raise RuntimeError("backend down")  # HTTP 500
+        return {"reward": 1.0 if request["info"].get("success") else 0.0, "details": {}}
+
+    with serve_function(switchable) as endpoint:
+        data = _run_config(endpoint.url, str(tmp_path), timeout_s=5, breaker_failures=3,
+                           breaker_cooldown_s=0.5, outage_wait_s=60)
+        data["rollout"].update(drop_window=16, max_drop_rate=0.5)
+        cfg, lines = load_config(data=data)
+        job = build_job(cfg, lines, in_process=True, log=lambda *a: None)
+        try:
+            records = run_job(job, 3, progress=False)
+        finally:
+            job.close()
+    assert len(records) == 3 and state["failed"] >= 3
+    summary = json.loads((job.run_dir.path / "summary.json").read_text())
+    assert summary["error"] is None
+    failed = sum(v for k, v in summary["dropped"].items() if k.startswith("reward_failed"))
+    assert failed < 8, summary["dropped"]  # the outage cost time, not trajectories

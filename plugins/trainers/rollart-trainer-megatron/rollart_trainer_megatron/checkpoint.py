@@ -14,6 +14,10 @@ Layout of a checkpoint folder ``path``::
                         state, options; written last by rank 0 (its presence marks a
                         complete checkpoint)
 
+Every rank writes into a hidden folder beside ``path``; rank 0 fsyncs it and renames it
+to ``path`` (:mod:`rollart_sdk.durable`): ``path`` is complete or absent, never torn, and
+a failed save leaves an earlier ``path`` as it was.
+
 Every rank calls save and load (the writes and reads are collective).
 """
 
@@ -28,6 +32,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from safetensors.torch import load_file, save_file
+
+from rollart_sdk import durable
 
 CHECKPOINT_FORMAT = 1
 _STATE_FILE = "trainer_state.json"
@@ -105,39 +111,61 @@ def save(trainer: Any, path: str) -> None:
     from megatron.core import dist_checkpointing
 
     out = Path(path)
+    # Every rank writes into one hidden folder beside ``out`` (the same name on every
+    # rank); rank 0 renames it to ``out`` once complete and fsynced, so ``out`` is never
+    # half-written and an earlier ``out`` stays as it was until then.
+    tmp = durable.partial_name(out)
     if trainer.rank == 0:
-        out.mkdir(parents=True, exist_ok=True)
-        (out / _STATE_FILE).unlink(missing_ok=True)  # incomplete until rewritten below
-        shutil.rmtree(out / _DIST_DIR, ignore_errors=True)
-        (out / _DIST_DIR).mkdir()
+        shutil.rmtree(tmp, ignore_errors=True)  # left by a save that was killed
+        (tmp / _DIST_DIR).mkdir(parents=True)
     dist.barrier()
-    dist_checkpointing.save(_sharded_state(trainer, _moments(trainer)),
-                            str(out / _DIST_DIR))
+    # An error is raised after the last barrier: the other ranks wait there.
+    failed: Exception | None = None
+    try:
+        dist_checkpointing.save(_sharded_state(trainer, _moments(trainer)),
+                                str(tmp / _DIST_DIR))
+    except Exception as exc:  # noqa: BLE001 - raised below, after the barriers
+        failed = exc
     dist.barrier()
     if trainer.rank == 0:
-        groups = [{k: v for k, v in g.items() if k != "params"}
-                  for g in trainer.optimizer.param_groups]
-        steps = _adam_steps(trainer)
-        state = {
-            "format": CHECKPOINT_FORMAT,
-            "version": trainer.version,
-            "step": trainer._step,
-            "tensor_parallel_size": trainer.tp,
-            "pipeline_parallel_size": trainer.pp,
-            "world_size": trainer.world_size,
-            "param_groups": groups,
-            "adam_steps": steps,
-            "master_weights": trainer.master_weights,
-            "moments_dtype": "float32" if trainer.master_weights else _dtype(trainer),
-            "loss_scale": trainer.optimizer.loss_scale,
-            "loss_scale_good_steps": (trainer.optimizer.scaler.good_steps
-                                      if trainer.optimizer.scaler is not None else 0),
-            "python_random": _jsonable(random.getstate()),
-            "torch_rng": torch.get_rng_state().tolist(),
-            "options": trainer.options.model_dump(mode="json"),
-        }
-        (out / _STATE_FILE).write_text(json.dumps(state, indent=1))
+        try:
+            if failed is None:
+                _write_state(trainer, tmp)
+                durable.fsync_tree(tmp)
+                durable.replace_dir(tmp, out)
+        except Exception as exc:  # noqa: BLE001 - raised below, after the barrier
+            failed = exc
+        if failed is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
     dist.barrier()
+    if failed is not None:
+        raise failed
+
+
+def _write_state(trainer: Any, out: Path) -> None:
+    """``trainer_state.json`` into ``out`` (rank 0)."""
+    groups = [{k: v for k, v in g.items() if k != "params"}
+              for g in trainer.optimizer.param_groups]
+    steps = _adam_steps(trainer)
+    state = {
+        "format": CHECKPOINT_FORMAT,
+        "version": trainer.version,
+        "step": trainer._step,
+        "tensor_parallel_size": trainer.tp,
+        "pipeline_parallel_size": trainer.pp,
+        "world_size": trainer.world_size,
+        "param_groups": groups,
+        "adam_steps": steps,
+        "master_weights": trainer.master_weights,
+        "moments_dtype": "float32" if trainer.master_weights else _dtype(trainer),
+        "loss_scale": trainer.optimizer.loss_scale,
+        "loss_scale_good_steps": (trainer.optimizer.scaler.good_steps
+                                  if trainer.optimizer.scaler is not None else 0),
+        "python_random": _jsonable(random.getstate()),
+        "torch_rng": torch.get_rng_state().tolist(),
+        "options": trainer.options.model_dump(mode="json"),
+    }
+    (out / _STATE_FILE).write_text(json.dumps(state, indent=1))
 
 
 def load(trainer: Any, path: str) -> None:

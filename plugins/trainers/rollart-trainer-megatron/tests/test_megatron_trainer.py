@@ -225,3 +225,39 @@ def test_lr_schedule_follows_the_torch_trainers(tmp_path: Path) -> None:
     before = [p.detach().clone() for p in lin.params]
     assert lin.train_step(copy.deepcopy(batch))["lr"] == 0.0
     assert all(torch.equal(a, b) for a, b in zip(before, lin.params, strict=True))
+
+
+def test_a_failed_save_leaves_the_earlier_checkpoint(tmp_path: Path, monkeypatch) -> None:
+    """The save writes beside the folder and renames it in when complete: a save that
+    fails part-way (a full disk) leaves the earlier checkpoint loadable and no leftover."""
+    import errno
+
+    from megatron.core import dist_checkpointing
+
+    ckpt = make_checkpoint(tmp_path / "m", kind="gqa")
+    batch = make_batch(ckpt, seed=1)
+    t = _trainer(ckpt)
+    t.train_step(copy.deepcopy(batch))
+    out = tmp_path / "ck"
+    t.save_checkpoint(str(out))
+    before = sorted(str(p.relative_to(out)) for p in out.rglob("*"))
+    t.train_step(copy.deepcopy(batch))
+    real = dist_checkpointing.save
+
+    def full_disk(state: object, path: str, *a: object, **kw: object) -> None:
+        (Path(path) / "torn").write_bytes(b"x")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(dist_checkpointing, "save", full_disk)
+    with pytest.raises(OSError, match="No space left"):
+        t.save_checkpoint(str(out))
+    monkeypatch.setattr(dist_checkpointing, "save", real)
+    assert sorted(str(p.relative_to(out)) for p in out.rglob("*")) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ck", "m"]  # no leftover
+    fresh = _trainer(ckpt)
+    fresh.load_checkpoint(str(out))
+    assert fresh.version == 1
+    t.save_checkpoint(str(out))  # a later save replaces it whole
+    again = _trainer(ckpt)
+    again.load_checkpoint(str(out))
+    assert again.version == 2

@@ -8,8 +8,10 @@ Files (safetensors for tensors, JSON for the rest)::
     optimizer.safetensors   AdamW's per-parameter tensors ("<param id>.<name>")
     rng.safetensors         torch's CPU (and CUDA) RNG states
     trainer_state.json      format, version, step, world size, AdamW's param groups and
-                            scalars, Python's RNG state, the trainer options; written
-                            LAST: its presence marks a complete checkpoint
+                            scalars, Python's RNG state, the trainer options
+
+The folder is written hidden beside its name, fsynced and renamed into place
+(:func:`rollart_sdk.durable.new_dir`): a folder under the name is always complete.
 """
 
 from __future__ import annotations
@@ -22,43 +24,64 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, load_model, save_file, save_model
 
+from rollart_sdk import durable
+
 FORMAT = 1
 MODEL_FILE = "model.safetensors"
 OPTIM_FILE = "optimizer.safetensors"
 RNG_FILE = "rng.safetensors"
 STATE_FILE = "trainer_state.json"
+_EXTRA = "extra"  # optimizer.safetensors keys of top-level state_dict entries
+_TENSOR = "__tensor__"
 
 
 def write(out: Path, model: torch.nn.Module, optimizer: Any,
           meta: dict[str, Any]) -> None:
     """Write ``model``, ``optimizer``, the RNG states and ``meta`` (version, step, ...)
-    into the folder ``out``."""
-    out.mkdir(parents=True, exist_ok=True)
-    (out / STATE_FILE).unlink(missing_ok=True)  # incomplete until rewritten below
-    save_model(model, str(out / MODEL_FILE))
+    into the folder ``out``: built in a hidden folder beside it, fsynced, then renamed to
+    ``out`` (:func:`rollart_sdk.durable.new_dir`), so ``out`` is never half-written: a
+    crash or a full disk during the save leaves an earlier ``out`` as it was.
+
+    Generic over what the optimiser's ``state_dict()`` holds: every tensor of its
+    per-parameter ``state`` goes to ``optimizer.safetensors`` (its device kind kept), every
+    other value to the JSON state, and top-level entries beyond ``state`` and
+    ``param_groups`` are kept the same way."""
     sd = optimizer.state_dict()
     tensors: dict[str, torch.Tensor] = {}
+    on_cpu: list[str] = []
+
+    def put(key: str, value: torch.Tensor) -> None:
+        tensors[key] = value.detach().cpu().contiguous()
+        if value.device.type == "cpu":
+            on_cpu.append(key)
+
     scalars: dict[str, dict[str, Any]] = {}
     for pid, state in sd["state"].items():
         for name, value in state.items():
             if isinstance(value, torch.Tensor):
-                tensors[f"{pid}.{name}"] = value.detach().cpu().contiguous()
+                put(f"{pid}.{name}", value)
             else:
                 scalars.setdefault(str(pid), {})[name] = value
-    save_file(tensors, str(out / OPTIM_FILE))
+    extra = {k: _split(v, f"{_EXTRA}.{k}", put) for k, v in sd.items()
+             if k not in ("state", "param_groups")}
     rng = {"torch_cpu": torch.get_rng_state()}
     if torch.cuda.is_available():
         for i, s in enumerate(torch.cuda.get_rng_state_all()):
             rng[f"torch_cuda_{i}"] = s
-    save_file(rng, str(out / RNG_FILE))
     state = {
         "format": FORMAT,
         **meta,
         "param_groups": sd["param_groups"],
         "optimizer_scalars": scalars,
+        "optimizer_extra": extra,
+        "optimizer_on_cpu": on_cpu,
         "python_random": _jsonable(random.getstate()),
     }
-    (out / STATE_FILE).write_text(json.dumps(state, indent=1))
+    with durable.new_dir(out) as tmp:
+        save_model(model, str(tmp / MODEL_FILE))
+        save_file(tensors, str(tmp / OPTIM_FILE))
+        save_file(rng, str(tmp / RNG_FILE))
+        (tmp / STATE_FILE).write_text(json.dumps(state, indent=1))
 
 
 def read(src: Path, model: torch.nn.Module, optimizer: Any, device: str,
@@ -86,14 +109,24 @@ def read(src: Path, model: torch.nn.Module, optimizer: Any, device: str,
             "(was it saved from a different architecture?)"
         )
     flat = load_file(str(src / OPTIM_FILE), device=device)
+    # Tensors saved from the CPU go back there (AdamW keeps 'step' on the CPU unless
+    # capturable/fused); checkpoints from before the list existed: 'step' only.
+    on_cpu = set(state.get("optimizer_on_cpu", ()))
+    for key in flat:
+        if key in on_cpu or ("optimizer_on_cpu" not in state and key.endswith(".step")):
+            flat[key] = flat[key].cpu()
     opt_state: dict[int, dict[str, Any]] = {}
     for key, value in flat.items():
         pid, name = key.split(".", 1)
-        # AdamW keeps 'step' on the CPU unless capturable/fused.
-        opt_state.setdefault(int(pid), {})[name] = value.cpu() if name == "step" else value
+        if pid == _EXTRA:
+            continue
+        opt_state.setdefault(int(pid), {})[name] = value
     for pid, values in state["optimizer_scalars"].items():
         opt_state.setdefault(int(pid), {}).update(values)
-    optimizer.load_state_dict({"state": opt_state, "param_groups": state["param_groups"]})
+    extra = {k: _join(v, flat) for k, v in state.get("optimizer_extra", {}).items()}
+    optimizer.load_state_dict({"state": opt_state, "param_groups": state["param_groups"],
+                               **extra})
+    _keep_saved_dtypes(optimizer, state["param_groups"], opt_state)
     rng = load_file(str(src / RNG_FILE))
     torch.set_rng_state(rng["torch_cpu"])
     if torch.cuda.is_available():
@@ -102,6 +135,48 @@ def read(src: Path, model: torch.nn.Module, optimizer: Any, device: str,
             torch.cuda.set_rng_state_all(cuda)
     random.setstate(_tuplify(state["python_random"]))
     return state
+
+
+def _keep_saved_dtypes(optimizer: Any, groups: list[dict[str, Any]],
+                       saved: dict[int, dict[str, Any]]) -> None:
+    """torch's ``Optimizer.load_state_dict`` casts floating state to its parameter's dtype;
+    state kept in another dtype on purpose (fp32 master weights and moments of bf16
+    parameters) is put back as saved."""
+    live = getattr(optimizer, "state", None)
+    if live is None:
+        return
+    params = [p for g in optimizer.param_groups for p in g["params"]]
+    ids = [pid for g in groups for pid in g.get("params", [])]
+    for pid, param in zip(ids, params, strict=False):
+        for name, value in saved.get(int(pid), {}).items():
+            current = live.get(param, {}).get(name)
+            if (isinstance(value, torch.Tensor) and isinstance(current, torch.Tensor)
+                    and current.dtype != value.dtype):
+                live[param][name] = value.to(current.device)
+
+
+def _split(obj: Any, key: str, put: Any) -> Any:
+    """``obj`` as JSON, each tensor inside replaced by ``{"__tensor__": its key}`` (the
+    tensor handed to ``put(key, tensor)``)."""
+    if isinstance(obj, torch.Tensor):
+        put(key, obj)
+        return {_TENSOR: key}
+    if isinstance(obj, dict):
+        return {str(k): _split(v, f"{key}.{k}", put) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [_split(v, f"{key}.{i}", put) for i, v in enumerate(obj)]
+    return obj
+
+
+def _join(obj: Any, tensors: dict[str, torch.Tensor]) -> Any:
+    """The inverse of :func:`_split`."""
+    if isinstance(obj, dict):
+        if set(obj) == {_TENSOR}:
+            return tensors[obj[_TENSOR]]
+        return {k: _join(v, tensors) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_join(v, tensors) for v in obj]
+    return obj
 
 
 def _jsonable(obj: Any) -> Any:
