@@ -499,22 +499,7 @@ def run_job(job: Job, steps: int, progress: bool = True) -> list[StepRecord]:
     from rollart_sdk.control.progress import ProgressDisplay
 
     display = ProgressDisplay(job.config, steps, enabled=progress)
-    # samples.jsonl (dropped trajectories seen as they finish) and console warnings.
-    from rollart_sdk.control.diagnostics import ActionWatch
-    from rollart_sdk.control.samples import sample_log
-
-    samples = sample_log(job.config, job.run_dir.path, job.pipeline.scheduler, steps)
-    job.pipeline.scheduler.on_finish.append(samples.finished)
-    watch = ActionWatch()
-
-    def on_step(rec: StepRecord, metrics: dict[str, Any]) -> None:
-        job.run_dir.log_metrics(metrics)
-        samples.step(rec)
-        for line in watch.check(metrics):
-            display.warn(line)
-        display.update(metrics)
-
-    job.pipeline.on_step = on_step
+    job.pipeline.on_step = _step_callback(job, display, steps)
     interrupted = False
 
     async def main() -> None:
@@ -606,6 +591,27 @@ def run_job(job: Job, steps: int, progress: bool = True) -> list[StepRecord]:
     if error is not None:
         raise error
     return p.records
+
+
+def _step_callback(job: Job, display: Any, steps: int) -> Any:
+    """What each trained step does in the driver: its metrics line, its samples
+    (samples.jsonl; dropped trajectories are seen as they finish), console warnings on
+    action diagnostics, the progress display."""
+    from rollart_sdk.control.diagnostics import ActionWatch
+    from rollart_sdk.control.samples import sample_log
+
+    samples = sample_log(job.config, job.run_dir.path, job.pipeline.scheduler, steps)
+    job.pipeline.scheduler.on_finish.append(samples.finished)
+    watch = ActionWatch()
+
+    def on_step(rec: StepRecord, metrics: dict[str, Any]) -> None:
+        job.run_dir.log_metrics(metrics)
+        samples.step(rec)
+        for line in watch.check(metrics):
+            display.warn(line)
+        display.update(metrics)
+
+    return on_step
 
 
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")

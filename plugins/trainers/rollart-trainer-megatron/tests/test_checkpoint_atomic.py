@@ -31,7 +31,11 @@ class _Trainer:
 
     def __init__(self, version: int) -> None:
         self.version = version
-        self.optimizer = types.SimpleNamespace(param_groups=[{"lr": 1e-3, "params": []}])
+        self.optimizer = types.SimpleNamespace(param_groups=[{"lr": 1e-3, "params": []}],
+                                               main_params=[], state={}, loss_scale=1.0,
+                                               scaler=None)
+        self.master_weights = False
+        self.params = [torch.zeros(1)]
         self.options = types.SimpleNamespace(use_distributed_optimizer=False)
         self.options.model_dump = _Opts().model_dump  # type: ignore[attr-defined]
         self.named_params: dict[str, torch.Tensor] = {}
