@@ -297,6 +297,13 @@ def preflight(cfg: RunConfig, resolved: Any, lines: Any = None, log: Any = print
             raise ConfigError([(_at(w, lines), m) for w, m in problems])
 
     fail((check_output_dir(cfg.output_dir) if output_dir else []) + check_model(cfg.model))
+    # A backend whose heavy stack is not installed: the config is right (validate warns),
+    # but a run would fail only after Ray and its workers started.
+    missing = list(getattr(resolved, "missing", []))
+    if build_model:
+        fail(missing)
+    for where, why in missing:
+        log(f"warning: {where}: {why}")
     for w in sampling_warnings(cfg) + check_precision(cfg, resolved.trainer):
         log(f"warning: {w}")
     described = {tag: describe_env(res) for tag, res in resolved.envs.items()}

@@ -131,6 +131,27 @@ class Descriptor:
     # Empty: it runs inside the process that uses it (a rule reward runs in the control
     # plane's process, with no reserved worker).
     resources: dict[str, float] = field(default_factory=dict, hash=False)
+    # Python modules the backend imports when it starts (a heavy stack the plugin does not
+    # pull in, e.g. vLLM), each with how to install it: checked before a run starts.
+    requires: dict[str, str] = field(default_factory=dict, hash=False)
+
+    def missing(self) -> list[str]:
+        """One line per module of ``requires`` that is not importable here, with its
+        install hint (located with ``importlib.util.find_spec``, nothing imported but a
+        dotted name's parents)."""
+        import importlib.util
+
+        out = []
+        for module, how in self.requires.items():
+            try:
+                found = importlib.util.find_spec(module) is not None
+            except (ImportError, ValueError):
+                found = False
+            if not found:
+                out.append(f"{self.kind} {self.name!r} needs the Python package that "
+                           f"provides {module!r}, which is not installed in this Python; "
+                           f"{how}")
+        return out
 
     @property
     def origin(self) -> str:
@@ -243,6 +264,7 @@ class Registrar:
         traits: dict[str, Any] | None = None,
         process_local: bool = False,
         resources: dict[str, float] | None = None,
+        requires: dict[str, str] | None = None,
     ) -> Descriptor:
         desc = Descriptor(
             kind=self.kind,
@@ -256,6 +278,7 @@ class Registrar:
             traits=dict(traits or {}),
             process_local=process_local,
             resources=dict(resources or {}),
+            requires=dict(requires or {}),
         )
         self.registry.add(desc)
         return desc

@@ -32,6 +32,10 @@ class ResolvedRun:
     placement: Resolved
     envs: dict[str, Resolved] = field(default_factory=dict)  # tag -> env
     rewards: dict[str, Resolved] = field(default_factory=dict)  # tag -> reward
+    # (config key, problem) per selected backend whose heavy stack is not importable here
+    # (Descriptor.requires): `validate` warns (the config itself is right), `train` stops
+    # before any worker starts.
+    missing: list[tuple[str, str]] = field(default_factory=list)
 
 
 def resolve_run(cfg: RunConfig, registry: Registry, lines: LineMap | None = None,
@@ -43,6 +47,7 @@ def resolve_run(cfg: RunConfig, registry: Registry, lines: LineMap | None = None
     ``in_process`` (every worker in this process; a Ray run puts them in separate ones).
     """
     problems: list[tuple[str, str]] = []
+    missing: list[tuple[str, str]] = []
     lines = lines or LineMap()
 
     def one(kind: str, backend: Backend, where: str) -> Resolved | None:
@@ -54,6 +59,7 @@ def resolve_run(cfg: RunConfig, registry: Registry, lines: LineMap | None = None
             problems.append((at, str(exc)))
             return None
         problems.extend((at, why) for why in desc.check_paths())
+        missing.extend((at, why) for why in desc.missing())
         if desc.process_local and not in_process:
             problems.append((at, f"{kind} {desc.name!r} works only inside one process, but "
                              "this run starts its workers as separate Ray processes; choose "
@@ -83,7 +89,7 @@ def resolve_run(cfg: RunConfig, registry: Registry, lines: LineMap | None = None
     if problems:
         raise ConfigError(problems)
     assert engine and trainer and transport and placement
-    return ResolvedRun(cfg, engine, trainer, transport, placement, envs, rewards)
+    return ResolvedRun(cfg, engine, trainer, transport, placement, envs, rewards, missing)
 
 
 def _cross_process(registry: Registry, kind: str) -> list[str]:

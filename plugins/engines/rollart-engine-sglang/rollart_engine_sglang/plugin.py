@@ -13,4 +13,6 @@ def rollart_register_engines(registry: Registrar) -> None:
         factory="rollart_engine_sglang.engine:SglangEngine",
         options="rollart_engine_sglang.options:SglangEngineOptions",
         summary="SGLang Engine 0.5.23 (GPU; CPU engine tested with a test-only kit); radix cache, in-place weight updates",
+        requires={"sglang": "on a CUDA machine: pip install 'rollart-engine-sglang[gpu]' "
+                            "(plugins/engines/rollart-engine-sglang/README.md)"},
     )

