@@ -47,9 +47,17 @@ def cmd_train(args: argparse.Namespace) -> int:
         return 143 if job.signal == "SIGTERM" else 130
     except ResumeFailed:
         raise  # it says which checkpoints failed and why; nothing was written
-    except Exception:
+    except Exception as exc:
         print(_how_to_resume(args, job, steps), file=sys.stderr)
-        raise
+        if not _worker_died(exc) or os.environ.get("ROLLART_TRACEBACK") == "1":
+            raise
+        # A worker process died (killed, OOM, a lost node): not a bug to trace in the SDK.
+        # summary.json holds the whole error; the console gets the cause in one line.
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        print(f"error: a worker died: {type(exc).__name__}: {first}"[:500]
+              + f" (the whole error: {job.run_dir.path / 'summary.json'}; "
+              "ROLLART_TRACEBACK=1 prints the traceback)", file=sys.stderr)
+        return 1
     finally:
         job.close()
     summary = json.loads((job.run_dir.path / "summary.json").read_text())
@@ -80,6 +88,17 @@ def _how_to_resume(args: argparse.Namespace, job: Any, steps: int) -> str:
         words += ["--address", args.address]
     words += ["--resume", str(job.run_dir.path)]
     return f"newest checkpoint: {ckpt}; continue the run with: {shlex.join(words)}"
+
+
+_WORKER_DEATHS = ("RayActorError", "ActorDiedError", "ActorUnavailableError",
+                  "WorkerCrashedError", "NodeDiedError", "OutOfMemoryError")
+
+
+def _worker_died(exc: BaseException) -> bool:
+    """Ray's word for a worker process that is gone (by class name, so that this module
+    does not import Ray)."""
+    return type(exc).__module__.startswith("ray.") and any(
+        c.__name__ in _WORKER_DEATHS for c in type(exc).__mro__)
 
 
 def _num(x: float | None) -> str:

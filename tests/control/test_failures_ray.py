@@ -199,6 +199,8 @@ def test_killing_the_trainer_stops_cleanly_and_says_how_to_resume(tmp_path):
     assert newest and (Path(newest) / "run_state.json").is_file()
     assert f"newest checkpoint: {newest}; continue the run with: rollart train" in out
     assert f"--resume {path}" in out
+    # the cause in one line, not a traceback (summary.json has the whole error)
+    assert "error: a worker died: " in out and "Traceback" not in out, out[-3000:]
 
 
 def test_sigkill_of_rollart_train_during_a_save_then_resume(tmp_path):
