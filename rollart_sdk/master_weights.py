@@ -74,6 +74,11 @@ class MasterWeightsOptimizer:
     ``params`` themselves without master weights.
     """
 
+    # load_state_dict puts every moment in the dtype it is stepped in (fp32 with masters,
+    # the model's without), whatever the checkpoint was saved with: a checkpoint reader
+    # must not restore the saved dtypes over it.
+    manages_state_dtypes = True
+
     def __init__(self, params: Iterable[torch.Tensor],
                  make_optimizer: Callable[[list[torch.Tensor]], Any], *,
                  master_weights: bool, scaler: LossScaler | None = None) -> None:
@@ -195,6 +200,9 @@ class MasterWeightsOptimizer:
             master = rest.pop("master", None)
             if master is not None:
                 masters[int(pid)] = master
+            if self.master_weights:  # moments saved by a run without masters (model dtype)
+                rest = {k: v.float() if (torch.is_tensor(v) and v.is_floating_point()
+                                         and k != "step") else v for k, v in rest.items()}
             if rest:
                 state[pid] = rest
         self.inner.load_state_dict({**state_dict, "state": state, "param_groups": groups})

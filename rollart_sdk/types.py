@@ -25,6 +25,10 @@ class SamplingParams:
     seed: int | None = None
     # Restrict sampling to these ids (an environment's action vocabulary); None = all.
     allowed_token_ids: list[int] | None = None
+    # Report log-probs of the raw distribution (temperature 1, no allowed-ids mask) instead
+    # of the sampled policy's: for scoring (a judge forcing a token through
+    # allowed_token_ids reads log p(token)), never for trajectories that are trained.
+    raw_logprobs: bool = False
 
 
 @dataclass

@@ -45,6 +45,7 @@ CLOCKED_MODULES = (
     "rollart_sdk.control.run_dir",
     "rollart_sdk.control.progress",
     "rollart_sdk.control.weight_updates",
+    "rollart_sdk.control.checkpoints",
 )
 
 

@@ -355,8 +355,9 @@ class SglangEngine(EngineAdapter[_Request]):
                         i = st.allowed.index(choose_allowed(lps, st.allowed, st.request.sampling,
                                                             st.generator))
                         st.out_ids.append(st.allowed[i])
-                        st.logprobs.append(allowed_policy_logprob(
-                            lps, i, st.request.sampling.temperature))
+                        st.logprobs.append(lps[i] if st.request.sampling.raw_logprobs
+                                           else allowed_policy_logprob(
+                                               lps, i, st.request.sampling.temperature))
                         st.versions.append(version)
                         self._tokens_generated += 1
                         seen = 1
@@ -375,6 +376,15 @@ class SglangEngine(EngineAdapter[_Request]):
                 "token_ids_logprob of its allowed ids; cannot sample the constrained token"
             )
         return reason
+
+    def _check(self, request: GenerationRequest) -> None:
+        super()._check(request)
+        sp = request.sampling
+        if sp.raw_logprobs and not sp.allowed_token_ids and sp.temperature not in (0.0, 1.0):
+            raise RollartError(
+                "engine 'sglang' reports tempered log-probs for an unconstrained request: "
+                "raw_logprobs needs temperature 0 or 1 there (or allowed_token_ids)"
+            )
 
     def _sampling(self, st: _Request) -> dict[str, Any]:
         sp = st.request.sampling

@@ -28,12 +28,15 @@ def choose_token(
     allowed: torch.Tensor | None = None,
 ) -> tuple[int, float]:
     """Pick the next token id from ``logits`` (1-D, fp32) under ``params``; returns it
-    with its log-prob under the sampled policy (mask and temperature)."""
+    with its log-prob under the sampled policy (mask and temperature), or under the raw
+    distribution with ``params.raw_logprobs``."""
     x = logits
     if allowed is not None:
         masked = torch.full_like(x, float("-inf"))
         masked[allowed] = x[allowed]
         x = masked
     tok = draw(x, params, generator)
+    if params.raw_logprobs:  # scoring: the raw distribution's log p(token)
+        return tok, float(logits[tok] - torch.logsumexp(logits, dim=-1))
     scores = policy_scores(x, params.temperature)
     return tok, float(scores[tok] - torch.logsumexp(scores, dim=-1))

@@ -281,6 +281,17 @@ class VllmEngine(EngineAdapter[AdapterRequest]):
                 continue
             return "abort"
 
+    def _check(self, request: GenerationRequest) -> None:
+        super()._check(request)
+        sp = request.sampling
+        if sp.raw_logprobs and (sp.allowed_token_ids or sp.temperature not in (0.0, 1.0)):
+            raise RollartError(
+                "engine 'vllm' reports the sampled policy's log-probs (processed_logprobs, "
+                "one mode per engine): raw_logprobs needs a request without "
+                "allowed_token_ids at temperature 0 or 1; serve a scoring model (e.g. the "
+                "judge's) on engine torch or sglang"
+            )
+
     def _sampling(self, st: AdapterRequest) -> Any:
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind

@@ -192,7 +192,7 @@ class JudgeReward:
             self._generate(served, request, prompt, served.yes_ids),
             self._generate(served, request, prompt, served.no_ids),
         )
-        # logprobs are of the unmodified distribution: log p(yes), log p(no)
+        # raw_logprobs: the unmodified distribution's log p(yes), log p(no)
         p_yes = 1.0 / (1.0 + math.exp(no.logprobs[0] - yes.logprobs[0]))
         verdict = "yes" if p_yes >= 0.5 else "no"
         return p_yes, verdict, f"p(yes)={p_yes:.4f}"
@@ -216,9 +216,9 @@ class JudgeReward:
     def _request(self, served: _Served, request: RewardRequest, prompt: list[int],
                  allowed: list[int] | None = None) -> GenerationRequest:
         opts = self.options
-        if allowed is not None:
+        if allowed is not None:  # a forced token: its log p under the raw distribution
             sampling = SamplingParams(temperature=0.0, max_new_tokens=1, seed=opts.seed,
-                                      allowed_token_ids=allowed)
+                                      allowed_token_ids=allowed, raw_logprobs=True)
         elif opts.parser == "yes_no":
             sampling = SamplingParams(temperature=0.0, max_new_tokens=1, seed=opts.seed,
                                       allowed_token_ids=served.yes_ids + served.no_ids)

@@ -141,9 +141,11 @@ def _keep_saved_dtypes(optimizer: Any, groups: list[dict[str, Any]],
                        saved: dict[int, dict[str, Any]]) -> None:
     """torch's ``Optimizer.load_state_dict`` casts floating state to its parameter's dtype;
     state kept in another dtype on purpose (fp32 master weights and moments of bf16
-    parameters) is put back as saved."""
+    parameters) is put back as saved. An optimizer that sets ``manages_state_dtypes``
+    (``rollart_sdk.master_weights.MasterWeights``: its moments follow whether masters are
+    on, whatever the checkpoint was saved with) is left as it loaded itself."""
     live = getattr(optimizer, "state", None)
-    if live is None:
+    if live is None or getattr(optimizer, "manages_state_dtypes", False):
         return
     params = [p for g in optimizer.param_groups for p in g["params"]]
     ids = [pid for g in groups for pid in g.get("params", [])]
