@@ -193,7 +193,7 @@ def _text(exc: BaseException) -> str:
 def _serve(conn: Any) -> None:
     """Child process body: wait for the env, build it, answer calls, close it exactly once."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when an env ends
-    from rollart_sdk.cluster.roles import _plain
+    from rollart_sdk.cluster.roles import _plain, text_observation
 
     env: Any = None
     error: str | None = None
@@ -225,10 +225,11 @@ def _serve(conn: Any) -> None:
             try:
                 if method == "reset":
                     obs, info = env.reset(seed=args[0])
-                    result: Any = (str(obs), _plain(info))
+                    result: Any = (text_observation(obs, "reset"), _plain(info))
                 elif method == "step":
                     obs, reward, term, trunc, info = env.step(args[0])
-                    result = (str(obs), float(reward), bool(term), bool(trunc), _plain(info))
+                    result = (text_observation(obs, "step"), float(reward), bool(term),
+                              bool(trunc), _plain(info))
                 else:
                     raise AttributeError(f"env hosts serve reset/step/close, not {method!r}")
             except Exception as exc:  # noqa: BLE001 - the env's error goes to the caller

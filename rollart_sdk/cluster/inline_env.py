@@ -92,7 +92,7 @@ class InlineEnvWorker:
     def reset(self, env_id: str, tag: str, seed: int,
               timeout_s: float = 30.0) -> tuple[str, dict[str, Any]]:
         """``timeout_s`` is not enforced inline (nothing can stop a call in this process)."""
-        from rollart_sdk.cluster.roles import _plain
+        from rollart_sdk.cluster.roles import _plain, text_observation
 
         env = self._envs.get(env_id)
         if env is None:
@@ -120,22 +120,24 @@ class InlineEnvWorker:
                     + (f" ({error})" if error else ""))
         try:
             obs, info = env.reset(seed=seed)
+            text = text_observation(obs, "reset")
         except Exception as exc:
             raise InlineEnvCallError(_text(exc)) from exc
-        return str(obs), _plain(info)
+        return text, _plain(info)
 
     def step(self, env_id: str, action: str,
              timeout_s: float = 30.0) -> tuple[str, float, bool, bool, dict[str, Any]]:
-        from rollart_sdk.cluster.roles import _plain
+        from rollart_sdk.cluster.roles import _plain, text_observation
 
         env = self._envs.get(env_id)
         if env is None:
             raise KeyError(f"no env {env_id!r} inline (never reset, or closed)")
         try:
             obs, reward, term, trunc, info = env.step(action)
+            text = text_observation(obs, "step")
         except Exception as exc:
             raise InlineEnvCallError(_text(exc)) from exc
-        return str(obs), float(reward), bool(term), bool(trunc), _plain(info)
+        return text, float(reward), bool(term), bool(trunc), _plain(info)
 
     def close(self, env_id: str) -> str | None:
         """Close the env; returns the close error's text, if any (never raises)."""

@@ -243,6 +243,23 @@ class SlowVarEnv(gym.Env):
         return "go on", float(done and action.strip().startswith("a")), done, False, {}
 
 
+class DictObsEnv(gym.Env):
+    '''Two turns; on odd seeds the second observation is a dict (an env bug).'''
+
+    action_vocabulary = None
+    system_prompt = None
+
+    def reset(self, *, seed=None, options=None):
+        self.t, self.bad = 0, (seed or 0) % 2 == 1
+        return "go", {}
+
+    def step(self, action):
+        self.t += 1
+        if self.t == 1:
+            return ({"pos": 3} if self.bad else "again"), 0.0, False, False, {}
+        return "done", 1.0, True, False, {}
+
+
 class NanEnv(gym.Env):
     '''One turn whose reward is NaN (a broken reward computation in an env).'''
 
@@ -270,7 +287,7 @@ def test_envs(tmp_path, monkeypatch):
 
     def rollart_register_envs(registry):
         for name, cls in (("flaky", "FlakyEnv"), ("slow", "SlowEnv"), ("slowvar", "SlowVarEnv"),
-                          ("nan", "NanEnv")):
+                          ("nan", "NanEnv"), ("dictobs", "DictObsEnv")):
             registry.register(name, factory=f"rollart_test_envs:{cls}",
                               options="rollart_test_envs:FlakyOptions")
 
@@ -359,6 +376,16 @@ def test_failing_env_does_not_stall_others(tmp_path, test_envs):
     assert dropped["env_reset_failed"] > 0 and dropped["env_step_timeout"] > 0, dict(dropped)
     assert all(t.reward == 1.0 for r in records for t in r.batch)
     assert time.time() - t0 < 120
+
+
+def test_a_non_text_observation_drops_its_episode_not_the_run(tmp_path, test_envs):
+    job, records = run(tmp_path, steps=2, registry=test_envs,
+                       data=single_task(env={"name": "dictobs"}, max_turns=3))
+    assert len(records) == 2 and all(t.reward == 1.0 for r in records for t in r.batch)
+    # each bad episode is dropped with the reason, the run goes on with the others
+    assert job.pipeline.buffer.dropped["env_step_failed"] > 0, dict(job.pipeline.buffer.dropped)
+    drops = (job.run_dir.path / "drops.jsonl").read_text()
+    assert "env step() returned an observation of type dict" in drops
 
 
 def test_failed_weight_sync_stops_with_the_reason_and_a_final_checkpoint(tmp_path, test_envs):
