@@ -50,15 +50,20 @@ def other_weights(other_model: ModelConfig) -> dict[str, torch.Tensor]:
     return {k: v.clone() for k, v in load_causal_lm(other_model.path).state_dict().items()}
 
 
-def make_reference(path: str) -> Callable[[list[int], list[int]], list[float]]:
-    """Teacher-forced logprobs of a checkpoint: what the trainer recomputes."""
+def make_reference(path: str) -> Callable[..., list[float]]:
+    """Teacher-forced logprobs of a checkpoint under the sampled policy (``allowed`` ids,
+    ``temperature``; the raw distribution by default): what the trainer recomputes."""
+    from rollart_sdk.algorithms import policy_logprob
+
     model = load_causal_lm(path)
 
-    def logprobs(prompt: list[int], tokens: list[int]) -> list[float]:
+    def logprobs(prompt: list[int], tokens: list[int], allowed: list[int] | None = None,
+                 temperature: float = 1.0) -> list[float]:
         with torch.no_grad():
             logits = model(torch.tensor([prompt + tokens])).logits[0].float()
-        lp = torch.log_softmax(logits, dim=-1)
-        return [float(lp[len(prompt) - 1 + i, t]) for i, t in enumerate(tokens)]
+        mask = torch.tensor(allowed) if allowed is not None else None
+        return [policy_logprob(logits[len(prompt) - 1 + i], t, temperature, mask)
+                for i, t in enumerate(tokens)]
 
     return logprobs
 

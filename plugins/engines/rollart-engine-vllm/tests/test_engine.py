@@ -72,8 +72,9 @@ def test_update_in_flight_continues_on_new_weights(
     split = res.versions.index(v0 + 1)
     assert 0 < split < 200 and set(res.versions[:split]) == {v0}
     assert set(res.versions[split:]) == {v0 + 1}
-    old = reference(PROMPT, res.token_ids[:split])
-    new = other_reference(PROMPT + res.token_ids[:split], res.token_ids[split:])
+    # the sampled policy: masked to NO_EOS (rollart_sdk.algorithms.policy)
+    old = reference(PROMPT, res.token_ids[:split], NO_EOS)
+    new = other_reference(PROMPT + res.token_ids[:split], res.token_ids[split:], NO_EOS)
     assert max(abs(a - b) for a, b in zip(res.logprobs[:split], old, strict=True)) < 1e-4
     assert max(abs(a - b) for a, b in zip(res.logprobs[split:], new, strict=True)) < 1e-4
 
