@@ -64,6 +64,17 @@ class LossScaler:
             self.good_steps = 0
 
 
+def scale_of(scaler: LossScaler | None) -> float:
+    """The scale the next backward uses: 1.0 without a scaler."""
+    return scaler.scale if scaler is not None else 1.0
+
+
+def scaled(loss: torch.Tensor, scaler: LossScaler | None) -> torch.Tensor:
+    """``loss`` x the loss scale, to call ``backward`` on (``loss`` itself at scale 1)."""
+    scale = scale_of(scaler)
+    return loss * scale if scale != 1.0 else loss
+
+
 class MasterWeightsOptimizer:
     """``make_optimizer(main_params)`` stepping fp32 copies of ``params`` (when
     ``master_weights``), with an optional loss scale; ``param_groups``, ``state``,
@@ -119,12 +130,11 @@ class MasterWeightsOptimizer:
     @property
     def loss_scale(self) -> float:
         """The scale the next backward should use (1.0 without scaling)."""
-        return self.scaler.scale if self.scaler is not None else 1.0
+        return scale_of(self.scaler)
 
     def scale_loss(self, loss: torch.Tensor) -> torch.Tensor:
         """``loss`` x the loss scale, to call ``backward`` on."""
-        scale = self.loss_scale
-        return loss * scale if scale != 1.0 else loss
+        return scaled(loss, self.scaler)
 
     def main_grads(self) -> list[torch.Tensor]:
         """After the backward passes: each parameter's gradient (zeros where it got none),

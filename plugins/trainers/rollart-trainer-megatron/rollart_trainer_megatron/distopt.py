@@ -37,7 +37,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from rollart_sdk.master_weights import LossScaler
+from rollart_sdk.master_weights import LossScaler, scale_of, scaled
 
 
 class DistributedAdamW:
@@ -87,11 +87,10 @@ class DistributedAdamW:
     @property
     def loss_scale(self) -> float:
         """The scale the next backward uses (1.0 without scaling)."""
-        return self.scaler.scale if self.scaler is not None else 1.0
+        return scale_of(self.scaler)
 
     def scale_loss(self, loss: torch.Tensor) -> torch.Tensor:
-        scale = self.loss_scale
-        return loss * scale if scale != 1.0 else loss
+        return scaled(loss, self.scaler)
 
     def state_numel(self) -> int:
         """Elements of AdamW state held on this rank (``exp_avg`` + ``exp_avg_sq``)."""
