@@ -209,11 +209,13 @@ class ServerlessReward:
         payload = dataclasses.asdict(request)
         last: Exception | None = None
         deadline = time.monotonic() + self.outage_wait_s
-        for attempt in range(self.retries + 1):
+        attempt = tries = 0
+        while attempt <= self.retries:
             await self._admit(deadline)  # an open circuit: wait for it (bounded)
+            tries += 1
             try:
                 answer = await self._proxy.acall(payload)
-                result = _result(request.trajectory_id, answer, self.url, attempt)
+                result = _result(request.trajectory_id, answer, self.url, tries - 1)
             except ServerlessError as exc:
                 if exc.status in (401, 403):  # not an outage: say it now, do not wait
                     self.breaker.abandon()
@@ -224,8 +226,13 @@ class ServerlessReward:
                         status=exc.status) from None
                 self.breaker.record(ok=False, error=str(exc))
                 last = exc
-                if attempt < self.retries:
-                    await asyncio.sleep(self.backoff_s * 2**attempt * random.uniform(0.5, 1.5))
+                # A failure while the circuit is open is the outage's, not this call's: it
+                # does not use up a retry; the call waits for the circuit (to the deadline).
+                if not self._in_outage(deadline):
+                    attempt += 1
+                    if attempt <= self.retries:
+                        await asyncio.sleep(
+                            self.backoff_s * 2 ** (attempt - 1) * random.uniform(0.5, 1.5))
                 continue
             except BaseException:  # cancelled (reward timeout, stop) or a bug: no verdict
                 self.breaker.abandon()
@@ -233,9 +240,12 @@ class ServerlessReward:
             self.breaker.record(ok=True)
             return result
         raise ServerlessError(
-            f"reward endpoint {self.url} failed {self.retries + 1} time(s) for trajectory "
+            f"reward endpoint {self.url} failed {tries} time(s) for trajectory "
             f"{request.trajectory_id}: {last}"
         )
+
+    def _in_outage(self, deadline: float) -> bool:
+        return self.breaker.opened_at is not None and time.monotonic() < deadline
 
     async def _admit(self, deadline: float) -> None:
         """Return when the circuit lets a call through; while it is open, wait (polling,
