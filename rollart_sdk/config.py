@@ -293,11 +293,25 @@ class RolloutConfig(_Strict):
     # Failures (docs/failures.md): a dropped member of a group is re-run from the group's
     # env seed up to this many times per group; past it the group is dropped whole.
     max_member_retries: int = Field(3, ge=0)
+    # Dynamic sampling (DAPO): a finished group whose rewards are all equal (GRPO gets no
+    # signal from it: every advantage is 0) is not trained; it is dropped as
+    # ``zero_variance`` and a new group replaces it. At most max_filtered_per_step groups
+    # are filtered between two batches (None: 4 batches' worth of groups); past it such
+    # groups are trained as they are and the console says the task gives no signal.
+    filter_zero_variance: bool = False
+    max_filtered_per_step: int | None = Field(None, ge=0)
     # Watchdog: a task whose last `drop_window` finished trajectories were dropped at a
     # rate above `max_drop_rate` stops the run; so does no progress for `stall_timeout_s`.
     max_drop_rate: float = Field(0.9, gt=0, le=1)
     drop_window: int = Field(64, ge=1)
     stall_timeout_s: float = Field(600.0, gt=0)
+
+    @property
+    def filter_cap(self) -> int:
+        """Groups filtered between two batches at most (``max_filtered_per_step``)."""
+        if self.max_filtered_per_step is not None:
+            return self.max_filtered_per_step
+        return 4 * (self.batch_size // self.group_size)
 
     @property
     def effective_alpha(self) -> int:
@@ -312,6 +326,12 @@ class RolloutConfig(_Strict):
                 "interaction: batched steps the environments of one iteration in lockstep, "
                 "and async has no iterations of rollout; use mode: sync (the paper's Sync) "
                 "or one_off, or interaction: trajectory"
+            )
+        if self.filter_zero_variance and self.group_size < 2:
+            raise ValueError(
+                "filter_zero_variance needs groups of at least 2 (a group of one has no "
+                "reward variance, so every group would be filtered); raise group_size or "
+                "set filter_zero_variance: false"
             )
         if self.batch_size % self.group_size:
             raise ValueError(
@@ -366,6 +386,10 @@ class RunConfig(_Strict):
     train: TrainConfig = Field(default_factory=TrainConfig)
     ray: RayConfig = Field(default_factory=RayConfig)
     output_dir: str = "runs"
+    # Metric sinks (plugins of kind "sink": tensorboard, mlflow, wandb), each receiving the
+    # config and every step's metrics beside metrics.jsonl; a failing sink never stops the
+    # run (docs/configuration.md, "Metric sinks").
+    logging: list[Backend] = Field(default_factory=list)
     # "simulated": `rollart train` runs the job on virtual time with the sim backends
     # (docs/simulation.md); `sim` holds the cost models' settings.
     clock: Literal["real", "simulated"] = "real"
@@ -381,6 +405,15 @@ class RunConfig(_Strict):
         if dup:
             raise ValueError(f"task tags must be unique; repeated: {', '.join(dup)}")
         return tasks
+
+    @field_validator("logging")
+    @classmethod
+    def _unique_sinks(cls, sinks: list[Backend]) -> list[Backend]:
+        names = [s.name for s in sinks]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise ValueError(f"each sink at most once; repeated: {', '.join(dup)}")
+        return sinks
 
     @field_validator("pools")
     @classmethod

@@ -113,6 +113,18 @@ def rollart_register_benchmarks(registry: Registrar) -> None:
     """
 
 
+@_kind("sink")
+def rollart_register_sinks(registry: Registrar) -> None:
+    """Register metric sinks (:class:`rollart_sdk.interfaces.MetricSink`), selected by
+    ``logging: [{name: ..., options: {...}}]``.
+
+    The factory is called as ``factory(run_dir: str, run_name: str, **options)`` in the
+    driver process when the run starts; the sink then receives the run config once and
+    every step's metrics (and, if it has ``log_samples``, the step's samples). A sink that
+    raises is warned about once and counted; the run goes on.
+    """
+
+
 @_kind("serverless_scheme")
 def rollart_register_serverless_schemes(registry: Registrar) -> None:
     """Register callers for serverless endpoint URL schemes (``myscheme://...``).

@@ -234,3 +234,24 @@ class PlacementPolicy(Protocol):
         free: dict[str, float],
         demand: float,
     ) -> tuple[str | None, str]: ...
+
+
+@runtime_checkable
+class MetricSink(Protocol):
+    """Receives a run's config and every step's metrics (TensorBoard, MLflow, W&B...).
+
+    Factory call: ``factory(run_dir: str, run_name: str, **options)``, in the driver
+    process once the run directory exists; ``run_dir`` is where a local store belongs.
+    ``log_config`` is called once with the resolved config (JSON-ready), ``log_metrics``
+    once per trained step with that step's numeric metrics (``metrics.jsonl``'s line,
+    flattened: ``staleness/hist/1``; ``step`` as the step), ``close`` at the run's end.
+    Optional: ``log_samples(step, rows)`` with the step's lines of ``samples.jsonl``
+    (decoded trajectories) for a sink with a text or table view. Every call is guarded:
+    a sink that raises is warned about once and counted, and the run goes on.
+    """
+
+    def log_config(self, config: dict[str, Any]) -> None: ...
+
+    def log_metrics(self, step: int, metrics: dict[str, float]) -> None: ...
+
+    def close(self) -> None: ...

@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from rollart_sdk.control.handles import WorkerHandle
     from rollart_sdk.control.pipeline import Pipeline, StepRecord
     from rollart_sdk.control.run_dir import RunDir
+    from rollart_sdk.control.sinks import SinkSet
     from rollart_sdk.registry import Registry
     from rollart_sdk.resolve import Resolved, ResolvedRun
     from rollart_sdk.resources.plan import ResourcePlan
@@ -51,8 +52,11 @@ class Job:
     signal: str | None = None  # SIGINT / SIGTERM that stopped the run
     resume: ResumePoint | None = None  # --resume: where this session continues from
     restored: bool = False  # --resume: a checkpoint was loaded (until then nothing is written)
+    sinks: SinkSet | None = None  # the metric sinks of ``logging:`` (control/sinks.py)
 
     def close(self) -> None:
+        if self.sinks is not None:
+            self.sinks.close()
         self.spawner.close()
 
 
@@ -204,7 +208,19 @@ def build_job(cfg: RunConfig, lines: LineMap | None = None, run_name: str | None
     pipeline.say = log
     run_dir.write_json("plan.json", {**plan.to_json(), "threads": threads})
     run_dir.write_json("bindings.json", spawner.bindings())
-    return Job(cfg, run_dir, pipeline, workers.trainers, spawner, resume=resume)
+    return Job(cfg, run_dir, pipeline, workers.trainers, spawner, resume=resume,
+               sinks=_start_sinks(cfg, resolved, run_dir, log))
+
+
+def _start_sinks(cfg: RunConfig, resolved: ResolvedRun, run_dir: RunDir, log: Any) -> SinkSet:
+    """The metric sinks of ``logging:``, started with the run's config (control/sinks.py)."""
+    from rollart_sdk.control.sinks import SinkSet
+
+    sinks = SinkSet.start(resolved.sinks, str(run_dir.path), run_dir.path.name,
+                          cfg.model_dump(mode="json"), warn=lambda m: log(f"warning: {m}"))
+    if sinks.sinks:
+        log(f"metric sinks: {', '.join(s.name for s in sinks.sinks)}")
+    return sinks
 
 
 def _max_running(cfg: RunConfig) -> int:
@@ -367,7 +383,7 @@ def _wire_control_plane(cfg: RunConfig, workers: _Workers, tasks: dict[str, Task
     from rollart_sdk.weights import WeightSync
 
     r = cfg.rollout
-    buffer = SampleBuffer(r.group_size)
+    buffer = SampleBuffer(r.group_size, r.filter_zero_variance, r.filter_cap)
     proxy = LLMProxy(workers.engines, workers.routes, prefill_workers=workers.prefill)
     # Trajectories are stamped with the version the engines serve.
     versions = PolicyVersions()
@@ -562,6 +578,9 @@ def run_job(job: Job, steps: int, progress: bool = True) -> list[StepRecord]:
         "trained": p.buffer.trained,
         "dropped": dict(p.buffer.dropped),
         "trajectories_trained": p.buffer.trained,
+        # Dynamic sampling: groups dropped as zero_variance, and kept past the cap.
+        "filtered_groups": p.buffer.filtered_groups,
+        "zero_variance_kept": p.buffer.zero_variance_kept,
         "retried": p.scheduler.retried,
         "drop_examples": job.run_dir.drop_examples,
         "engine_recovery": {**p.recovery.summary(), "rerouted_requests": p.proxy.rerouted,
@@ -582,6 +601,7 @@ def run_job(job: Job, steps: int, progress: bool = True) -> list[StepRecord]:
         "envs": env_summary(job),
         "learning": learning_summary(p),
         "engines": _engine_stats(p),
+        "sinks": _close_sinks(job),
     }
     written = _write_summary(job, summary)
     job.run_dir.close()
@@ -604,14 +624,50 @@ def _step_callback(job: Job, display: Any, steps: int) -> Any:
     job.pipeline.scheduler.on_finish.append(samples.finished)
     watch = ActionWatch()
 
+    if job.sinks is not None:
+        job.sinks.warn = display.warn
+
+    said_no_signal: set[str] = set()
+
     def on_step(rec: StepRecord, metrics: dict[str, Any]) -> None:
         job.run_dir.log_metrics(metrics)
+        for line in no_signal_warnings(rec, job.config, said_no_signal):
+            display.warn(line)
         samples.step(rec)
+        if job.sinks is not None:
+            job.sinks.step(metrics, samples.last)
         for line in watch.check(metrics):
             display.warn(line)
         display.update(metrics)
 
     return on_step
+
+
+def no_signal_warnings(rec: StepRecord, cfg: RunConfig, said: set[str]) -> list[str]:
+    """Dynamic sampling hit its cap: per task (the first time), that its groups keep
+    having equal rewards, so it gives no learning signal now."""
+    out = []
+    for tag, rewards in sorted(rec.zero_variance_kept.items()):
+        if tag in said:
+            continue
+        said.add(tag)
+        seen = ", ".join(sorted({str(r) for r in rewards}))
+        out.append(
+            f"task {tag!r} gives no learning signal: at step {rec.step + 1}, after "
+            f"{rec.filtered_groups} equal-reward groups were filtered "
+            f"(rollout.max_filtered_per_step {cfg.rollout.filter_cap}), {len(rewards)} more "
+            f"had every reward equal ({seen}) and are trained as they are (advantage 0). "
+            "The task is too hard or too easy for the model now: check its reward "
+            "(rollart samples RUN) or its difficulty; this is said once per task")
+    return out
+
+
+def _close_sinks(job: Job) -> dict[str, Any]:
+    """Close the metric sinks (their last writes); per sink, the failures counted."""
+    if job.sinks is None:
+        return {}
+    job.sinks.close()
+    return job.sinks.summary()
 
 
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")

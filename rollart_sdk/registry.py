@@ -31,6 +31,9 @@ FIRST_PARTY: dict[tuple[str, str], str] = {
     ("env", "sokoban"): "rollart-env-sokoban",
     ("env", "sandbox"): "rollart-env-sandbox",
     ("transport", "mooncake"): "rollart-transport-mooncake",
+    ("sink", "tensorboard"): "rollart-sink-tensorboard",
+    ("sink", "mlflow"): "rollart-sink-mlflow",
+    ("sink", "wandb"): "rollart-sink-wandb",
 }
 
 # Name prefixes a first-party plugin provides (e.g. every "gem/<id>").

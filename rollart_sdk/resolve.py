@@ -32,6 +32,7 @@ class ResolvedRun:
     placement: Resolved
     envs: dict[str, Resolved] = field(default_factory=dict)  # tag -> env
     rewards: dict[str, Resolved] = field(default_factory=dict)  # tag -> reward
+    sinks: list[Resolved] = field(default_factory=list)  # logging[i]
     # (config key, problem) per selected backend whose heavy stack is not importable here
     # (Descriptor.requires): `validate` warns (the config itself is right), `train` stops
     # before any worker starts.
@@ -86,10 +87,12 @@ def resolve_run(cfg: RunConfig, registry: Registry, lines: LineMap | None = None
             envs[task.tag] = env
         if rew:
             rewards[task.tag] = rew
+    sinks = [one("sink", b, f"logging.{i}") for i, b in enumerate(cfg.logging)]
     if problems:
         raise ConfigError(problems)
     assert engine and trainer and transport and placement
-    return ResolvedRun(cfg, engine, trainer, transport, placement, envs, rewards, missing)
+    return ResolvedRun(cfg, engine, trainer, transport, placement, envs, rewards,
+                       [s for s in sinks if s is not None], missing)
 
 
 def _cross_process(registry: Registry, kind: str) -> list[str]:

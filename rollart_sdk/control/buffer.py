@@ -12,6 +12,14 @@ member from the group's env seed (``count_drop`` counts the failed attempt); a g
 still completes with a dropped member (its retries used up, or aborted) is dropped whole
 as ``group_incomplete`` and ``on_group_dropped`` listeners (the scheduler, which launches
 a replacement group in quota modes) are told. See docs/failures.md.
+
+Dynamic sampling (``rollout.filter_zero_variance``, DAPO's): a whole group whose rewards
+are all equal gives GRPO no signal (every advantage is 0); it is dropped as
+``zero_variance`` and the ``on_group_dropped`` listeners replace it (the scheduler in
+quota modes; admission control gives async the room back). At most
+``max_filtered_per_step`` groups are filtered between two batches; past that cap such
+groups are kept (trained as they are) and counted, so a task that gives no signal cannot
+keep a step from filling.
 """
 
 from __future__ import annotations
@@ -48,8 +56,18 @@ class Group:
 class SampleBuffer:
     """Collects finished trajectories by group; ``get_batch`` blocks for whole groups."""
 
-    def __init__(self, group_size: int) -> None:
+    def __init__(self, group_size: int, filter_zero_variance: bool = False,
+                 max_filtered_per_step: int = 0) -> None:
         self.group_size = group_size
+        self.filter_zero_variance = filter_zero_variance
+        self.max_filtered_per_step = max_filtered_per_step
+        self.filtered_groups = 0  # run total of groups dropped as zero_variance
+        self.zero_variance_kept = 0  # run total of such groups kept past the cap
+        # Since the last batch: groups filtered, kept past the cap (per task, with the
+        # reward they all had); get_batch moves them to ``last_filter``.
+        self._filtered_now = 0
+        self._kept_now: dict[str, list[float | None]] = {}
+        self.last_filter: tuple[int, dict[str, list[float | None]]] = (0, {})
         self._open: dict[str, Group] = {}
         self._ready: OrderedDict[str, Group] = OrderedDict()
         self._cond = asyncio.Condition()
@@ -141,9 +159,33 @@ class SampleBuffer:
                 for fn in self.on_group_dropped:
                     fn(group.tag, group.group_id)
                 return
+            if self._filtered(group):
+                return
             self._ready[group.group_id] = group
             self.max_ready_trajectories = max(self.max_ready_trajectories, self.ready_trajectories)
             self._cond.notify_all()
+
+    def _filtered(self, group: Group) -> bool:
+        """Dynamic sampling: drop a group whose rewards are all equal (its members counted
+        as ``zero_variance``) and tell the listeners, unless this step's cap is reached
+        (then it is kept and counted). True when it was dropped."""
+        rewards = {t.reward for t in group.members}
+        if not self.filter_zero_variance or len(rewards) > 1:
+            return False
+        reward = next(iter(rewards))
+        if self._filtered_now >= self.max_filtered_per_step:
+            self.zero_variance_kept += 1
+            self._kept_now.setdefault(group.tag, []).append(reward)
+            return False
+        self._filtered_now += 1
+        self.filtered_groups += 1
+        for t in group.members:
+            self._drop(t, f"zero_variance: all {len(group.members)} rewards of the group "
+                          f"were {reward}")
+        for fn in self.on_group_dropped:
+            fn(group.tag, group.group_id)
+        self._notify_room()
+        return True
 
     # ------------------------------------------------------------------ consumer
     @property
@@ -216,6 +258,8 @@ class SampleBuffer:
                         batch.extend(self._ready.pop(gid).members)
             # Counted as trained once its train step returned (mark_trained), or as
             # dropped if the run stopped first (drop_untrained).
+            self.last_filter = (self._filtered_now, self._kept_now)
+            self._filtered_now, self._kept_now = 0, {}
             self._notify_room()
             return batch
 

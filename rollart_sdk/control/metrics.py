@@ -65,6 +65,11 @@ def step_metrics(rec: StepRecord, prev: StepRecord | None, buffer: SampleBuffer,
         "weight_sync/deferred": int(rec.weight_deferred is not None),
         "weight_sync/lag": rec.version - rec.engine_version,
     }
+    if rec.filtered_groups is not None:
+        # Dynamic sampling: groups filtered since the previous batch, and those kept past
+        # the cap (rollout.max_filtered_per_step); run totals in summary.json.
+        m["rollout/filtered_groups"] = rec.filtered_groups
+        m["rollout/zero_variance_kept"] = sum(map(len, rec.zero_variance_kept.values()))
     if rec.weight_sync_failed is not None:
         m["weight_sync/failed_version"] = rec.weight_sync_failed
     if rec.weight_sync_exposed_s > 0 and rec.weight_sync_baseline_s:

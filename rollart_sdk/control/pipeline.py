@@ -108,6 +108,11 @@ class StepRecord:
     staleness: dict[int, int] = field(default_factory=dict)
     trained_turns: dict[str, tuple[int, int]] = field(default_factory=dict)
     in_flight: int = 0  # launched, neither trained nor dropped yet (at the batch's formation)
+    # Dynamic sampling (rollout.filter_zero_variance), since the previous batch: groups
+    # filtered (dropped as zero_variance), and per task the rewards of the equal-reward
+    # groups kept past the cap (max_filtered_per_step). None: the filter is off.
+    filtered_groups: int | None = None
+    zero_variance_kept: dict[str, list[float | None]] = field(default_factory=dict)
 
 
 class Pipeline:
@@ -561,6 +566,8 @@ class Pipeline:
                                  sum(len(t.turns) for t in batch if t.tag == tag))
                            for tag in sorted({t.tag for t in batch})},
         )
+        if b.filter_zero_variance:
+            rec.filtered_groups, rec.zero_variance_kept = b.last_filter
         self.records.append(rec)
         self.trained_by_tag.update(t.tag for t in batch)
         self.trained_by_tag_at[step + 1] = Counter(self.trained_by_tag)

@@ -57,6 +57,7 @@ class SampleLog:
         self.error: str | None = None
         self._next_step = 0  # the first step (0-based) that may be written
         self._dropped: dict[str, list[Trajectory]] = {}
+        self.last: list[dict[str, Any]] = []  # the rows the last step wrote (metric sinks)
 
     # ------------------------------------------------------------------ inputs
     def finished(self, traj: Trajectory) -> None:
@@ -87,17 +88,19 @@ class SampleLog:
 
     def _step(self, rec: StepRecord) -> int:
         dropped, self._dropped = self._dropped, {}
+        self.last = []
         if not self.enabled or self.truncated or rec.step < self._next_step:
             return 0
-        lines = []
+        rows = []
         by_tag: dict[str, list[Trajectory]] = {}
         for t in rec.batch:
             by_tag.setdefault(t.tag, []).append(t)
         for tag in sorted(set(by_tag) | set(dropped)):
             for t in spread(by_tag.get(tag, []), self.per_task):
-                lines.append(dumps(self.record(t, rec.step + 1, rec)))
+                rows.append(self.record(t, rec.step + 1, rec))
             for t in dropped.get(tag, []):
-                lines.append(dumps(self.record(t, rec.step + 1, None)))
+                rows.append(self.record(t, rec.step + 1, None))
+        lines = [dumps(row) for row in rows]
         size = sum(len(line.encode()) + 1 for line in lines)
         if self.bytes + size > self.max_bytes:
             self.truncated = True
@@ -108,6 +111,7 @@ class SampleLog:
         with open(self.path, "a") as f:
             f.write("".join(line + "\n" for line in lines))
         self.bytes += size
+        self.last = rows
         self.lines += len(lines)
         self.steps_written += 1
         self._next_step = rec.step + self._stride(rec.step, size)

@@ -47,7 +47,8 @@ from rollart_sdk.types import Trajectory
 
 MAX_BACKOFF_S = 2.0
 # Drops that are decisions of the control plane, not failures: never re-run.
-NOT_FAILURES = ("aborted:", "surplus", "run_end", "stale", "group_incomplete", "internal_error")
+NOT_FAILURES = ("aborted:", "surplus", "run_end", "stale", "group_incomplete", "internal_error",
+                "zero_variance")
 # Failures not re-run: the request killed engines (re-running it would kill more).
 NOT_RERUN = ("kills_engines",)
 
