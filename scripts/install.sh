@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs rollart-sdk and its first-party plugins (editable) into the current Python.
 #   bash scripts/install.sh          # the SDK + embedded backends + example envs/rewards
-#   bash scripts/install.sh --dev    # ... plus test tools (pytest, ruff)
+#   bash scripts/install.sh --dev    # ... plus test tools (pytest, ruff) and the metric
+#                                    # sinks' libraries (tensorboard, mlflow-skinny, wandb)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-python3}"
@@ -16,7 +17,7 @@ fi
 # Ray: the release this project is tested with (constraints.txt; the package accepts a range).
 pip_install "ray[default]"
 extras="hf,report"
-[ "${1:-}" = "--dev" ] && extras="$extras,dev"
+[ "${1:-}" = "--dev" ] && extras="$extras,dev,sinks"
 pip_install -e ".[${extras}]"
 plugins=(
   plugins/envs/rollart-env-frozenlake
@@ -34,6 +35,9 @@ plugins=(
   plugins/trainers/rollart-trainer-torch
   plugins/transports/rollart-transport-ray
   plugins/transports/rollart-transport-nccl
+  plugins/sinks/rollart-sink-tensorboard
+  plugins/sinks/rollart-sink-mlflow
+  plugins/sinks/rollart-sink-wandb
 )
 args=()
 for p in "${plugins[@]}"; do args+=(-e "$p"); done

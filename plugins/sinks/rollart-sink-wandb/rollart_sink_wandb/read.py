@@ -59,9 +59,11 @@ def read_run(run_folder: str | Path) -> dict[str, Any]:
     for rec in read_records(files[0]):
         kind = rec.WhichOneof("record_type")
         if kind == "history":
-            row = history.setdefault(rec.history.step.num, {})
-            for item in rec.history.item:
-                row[item.key or "/".join(item.nested_key)] = json.loads(item.value_json)
+            items = {item.key or "/".join(item.nested_key): json.loads(item.value_json)
+                     for item in rec.history.item}
+            # The step: its `_step` item (the record's own `step` field is not always set).
+            step = int(items.get("_step", rec.history.step.num))
+            history.setdefault(step, {}).update(items)
         elif kind == "config":
             for item in rec.config.update:
                 config[item.key] = json.loads(item.value_json)
