@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import struct
+import time
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +40,8 @@ def read_records(path: str | Path) -> list[Any]:
             pos += left
             continue
         _crc, length, kind = struct.unpack("<IHB", data[pos:pos + HEADER])
+        if pos + HEADER + length > len(data):
+            break  # a record still being written: the file is read again later
         chunk = data[pos + HEADER:pos + HEADER + length]
         pos += HEADER + length
         if kind == 0:
@@ -49,14 +52,29 @@ def read_records(path: str | Path) -> list[Any]:
     return out
 
 
-def read_run(run_folder: str | Path) -> dict[str, Any]:
-    """An offline run's ``history`` (step -> {key: value}) and ``config``."""
+def finished_records(path: str | Path, wait_s: float = 30.0) -> list[Any]:
+    """The records of a finished run's ``.wandb`` file: ``run.finish()`` returns before
+    wandb's service process has written the file out, so it is read again (every 0.2 s,
+    up to ``wait_s``) until it holds the run's ``exit`` record."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        records = read_records(path)
+        if any(r.WhichOneof("record_type") == "exit" for r in records):
+            return records
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{path} has no exit record after {wait_s} s: the run was not "
+                               "finished (run.finish()), or wandb's service is still writing")
+        time.sleep(0.2)
+
+
+def read_run(run_folder: str | Path, wait_s: float = 30.0) -> dict[str, Any]:
+    """A finished offline run's ``history`` (step -> {key: value}) and ``config``."""
     files = sorted(Path(run_folder).glob("run-*.wandb"))
     if not files:
         raise FileNotFoundError(f"no run-*.wandb file in {run_folder}")
     history: dict[int, dict[str, Any]] = {}
     config: dict[str, Any] = {}
-    for rec in read_records(files[0]):
+    for rec in finished_records(files[0], wait_s):
         kind = rec.WhichOneof("record_type")
         if kind == "history":
             items = {item.key or "/".join(item.nested_key): json.loads(item.value_json)

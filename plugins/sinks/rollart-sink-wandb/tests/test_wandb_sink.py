@@ -18,7 +18,7 @@ def test_every_step_config_and_samples_table_read_back(tmp_path):
     run = read_run(folder)
     for key, rows in sent["metrics"].items():
         got = [(s, row[key]) for s, row in sorted(run["history"].items()) if key in row]
-        assert got == pytest.approx(rows), key
+        assert got == pytest.approx(rows), (key, run["history"])
     assert run["config"]["rollout"] == {"batch_size": 8, "mode": "async"}
     last = run["history"][3]
     assert last.get("samples/_type") == "table-file" and last.get("samples/nrows") == 2
