@@ -184,3 +184,37 @@ def test_a_failing_sink_is_said_once_and_counted_every_time():
     sinks.close()
     assert len(said) == 1 and "failed in log_metrics" in said[0]
     assert sinks.summary()["broken"]["errors"] == 3
+
+
+class _NoLib:
+    @staticmethod
+    @hookimpl
+    def rollart_register_sinks(registry):
+        registry.register("nolib", factory="rollart_sdk.control.sinks:SinkSet",
+                          requires={"rollart_no_such_module_xyz": "pip install xyz-lib"})
+
+
+def test_a_sink_without_its_library_warns_in_validate_and_stops_train(tmp_path):
+    from rollart_sdk.errors import ConfigError
+    from rollart_sdk.resolve import resolve_run
+
+    data = copy.deepcopy(TWO_TASKS)
+    data["logging"] = [{"name": "nolib"}]
+    cfg, lines = load_config(data=data, overrides=[f"output_dir={tmp_path / 'runs'}"])
+    registry = load_plugins(extra={"nolib": SimpleNamespace(
+        rollart_register_sinks=_NoLib.rollart_register_sinks)}).registry
+    resolved = resolve_run(cfg, registry, lines, in_process=True)  # validate: a warning
+    ((where, why),) = resolved.missing
+    assert where == "logging.0.name" and "sink 'nolib' needs" in why and "pip install xyz-lib" in why
+    with pytest.raises(ConfigError, match="pip install xyz-lib"):
+        build_job(cfg, lines, in_process=True, log=lambda *a: None, registry=registry)
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
+
+
+def test_logging_names_each_sink_once():
+    from rollart_sdk.errors import ConfigError
+
+    data = copy.deepcopy(TWO_TASKS)
+    data["logging"] = [{"name": "tensorboard"}, {"name": "tensorboard"}]
+    with pytest.raises(ConfigError, match="each sink at most once"):
+        load_config(data=data)
