@@ -231,8 +231,7 @@ class Descriptor:
 def _with_line(path: str, lines: Any) -> str:
     if lines is None:
         return path
-    line = lines.line_of(path)
-    return f"{path} (line {line})" if line else path
+    return str(lines.where(path))
 
 
 def _explain(err: Mapping[str, Any], model: type[BaseModel]) -> str:
