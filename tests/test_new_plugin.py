@@ -49,6 +49,9 @@ def test_env_plugin_installs_registers_and_passes_its_tests(tmp_path):
     assert "3 passed" in tests.stdout
     options = run_cli("plugins", "--options", "env:demo", python=python)
     assert "max_replies" in options.stdout and "max_turns" not in options.stdout
+    # The template registers traits: the turns and character columns of `rollart envs`.
+    envs = json.loads(run_cli("envs", "--json", "demo", python=python).stdout)
+    assert envs[0]["turns"] == "max_replies (default 3)" and "multi-turn" in envs[0]["character"]
 
 
 @pytest.mark.parametrize("kind", sorted(set(KIND_HOOK) - {"env"}))

@@ -30,6 +30,15 @@ KIND_HOOK = {
 }
 
 
+# Registration arguments beyond the common ones, per kind (Registrar.register's docstring).
+EXTRA = {
+    "transport": "\n        process_local=True,",
+    # The turns and character columns of `rollart envs`.
+    "env": ('\n        traits={"turns": "max_replies (default 3)",'
+            '\n                "character": "multi-turn, short replies"},'),
+}
+
+
 def _names(kind: str, name: str) -> dict[str, str]:
     if not re.fullmatch(r"[a-z][a-z0-9_]*", name) or keyword.iskeyword(name):
         raise RollartError(f"plugin name {name!r}: use lower-case letters, digits and _ "
@@ -41,7 +50,7 @@ def _names(kind: str, name: str) -> dict[str, str]:
         "kind": kind, "name": name, "dist": f"rollart-{slug}-{name.replace('_', '-')}",
         "package": f"rollart_{kind}_{name}", "hook": hook, "module": module[:-3],
         "cls": camel, "options": camel.removesuffix(suffix) + "Options",
-        "extra": "\n        process_local=True," if kind == "transport" else "",
+        "extra": EXTRA.get(kind, ""),
         "deps": {"trainer": ', "torch>=2.2", "transformers>=4.45"',
                  "engine": ', "torch>=2.2"'}.get(kind, ""),
     }
