@@ -470,6 +470,9 @@ class LineMap:
 
     def __init__(self, lines: dict[str, int] | None = None) -> None:
         self.lines = lines or {}
+        # Dotted key -> the command-line override that set it (``key=value``): an error
+        # at or under that key cites the override, not the YAML line of the key.
+        self.overrides: dict[str, str] = {}
 
     @classmethod
     def from_yaml(cls, text: str) -> LineMap:
@@ -495,6 +498,25 @@ class LineMap:
         if root is not None:
             walk(root, "")
         return cls(lines)
+
+    def override_of(self, path: str) -> str | None:
+        """The command-line override that set ``path`` or one of its ancestors, or None."""
+        parts = path.split(".")
+        while parts:
+            item = self.overrides.get(".".join(parts))
+            if item is not None:
+                return item
+            parts.pop()
+        return None
+
+    def where(self, path: str) -> str:
+        """``path`` with where its value came from: ``(from the command line: k=v)`` when an
+        override set it, else ``(line N)`` of the YAML file when known."""
+        item = self.override_of(path)
+        if item is not None:
+            return f"{path} (from the command line: {item})"
+        line = self.line_of(path)
+        return f"{path} (line {line})" if line else path
 
     def line_of(self, path: str) -> int | None:
         """The line of ``path`` or of its nearest ancestor present in the file."""
@@ -582,22 +604,18 @@ def load_config(
     for item in overrides or []:
         keys, value = parse_override(item)
         apply_override(data, keys, value)
+        lines.overrides[".".join(keys)] = item.strip()
     try:
         cfg = RunConfig.model_validate(data)
     except ValidationError as exc:
         problems = []
         for err in exc.errors():
             loc = ".".join(str(p) for p in err["loc"]) or "(top level)"
-            line = lines.line_of(loc)
-            where = f"{loc} (line {line})" if line else loc
-            problems.append((where, _describe(err)))
+            problems.append((lines.where(loc), _describe(err)))
         raise ConfigError(problems, source) from None
     cross = cfg.cross_check()
     if cross:
-        raise ConfigError(
-            [(f"{w} (line {lines.line_of(w)})" if lines.line_of(w) else w, m) for w, m in cross],
-            source,
-        )
+        raise ConfigError([(lines.where(w), m) for w, m in cross], source)
     return cfg, lines
 
 

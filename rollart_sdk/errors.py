@@ -22,20 +22,57 @@ class PluginError(RollartError):
     """A plugin failed to load, or two plugins conflict."""
 
 
+# An unknown name lists every installed name up to this many; past it the closest few and
+# a count, with the command that lists them all (a GEM install registers ~130 envs).
+LIST_ALL_UP_TO = 12
+CLOSEST = 5
+
+
+def closest(name: str, installed: list[str], n: int = 3, cutoff: float = 0.6) -> list[str]:
+    """The ``n`` installed names most like ``name``, best first, those scoring at least
+    ``cutoff``: difflib's ratio, case-folded, against the whole name and against its last
+    part (``Mastermind-v0-easy`` of ``gem/game:Mastermind-v0-easy``); a name that
+    contains what was typed scores at least 0.8."""
+    import difflib
+    import re
+
+    typed = name.casefold()
+
+    def score(candidate: str) -> float:
+        full = candidate.casefold()
+        tail = re.split(r"[/:]", full)[-1]
+        whole = difflib.SequenceMatcher(None, typed, full).ratio()
+        best = max(whole, difflib.SequenceMatcher(None, typed, tail).ratio())
+        best = max(best, 0.8) if typed and typed in full else best
+        return best + whole / 1000  # a tie goes to the name that is closer as a whole
+
+    ranked = sorted(((score(c), c) for c in installed), key=lambda sc: (-sc[0], sc[1]))
+    return [c for s, c in ranked[:n] if s >= cutoff]
+
+
+def name_list(kind: str, name: str, installed: list[str]) -> str:
+    """The installed names of ``kind`` for an error about ``name``: all of them when few,
+    else the closest few, how many more, and where to see them all."""
+    if not installed:
+        return "(none)"
+    if len(installed) <= LIST_ALL_UP_TO:
+        return ", ".join(sorted(installed))
+    near = closest(name, installed, n=CLOSEST, cutoff=0.0)
+    where = "rollart envs" if kind == "env" else f"rollart plugins --kind {kind}"
+    return f"{', '.join(near)} ... and {len(installed) - len(near)} more: `{where}`"
+
+
 class UnknownBackendError(RollartError):
     """A config names a backend no installed plugin registers."""
 
     def __init__(self, kind: str, name: str, installed: list[str], hint: str = "") -> None:
-        import difflib
-
         self.kind, self.name, self.installed = kind, name, installed
         self.hint = hint
-        self.suggestions = difflib.get_close_matches(name, installed, n=3)
-        names = ", ".join(sorted(installed)) or "(none)"
+        self.suggestions = closest(name, installed, n=3)
         msg = f"unknown {kind} {name!r}"
         if self.suggestions:
             msg += f"; did you mean {' or '.join(repr(s) for s in self.suggestions)}?"
-        msg += f"; installed {kind}s: {names}."
+        msg += f"; installed {kind}s: {name_list(kind, name, installed)}."
         if hint:
             msg += f" {hint}"
         super().__init__(msg)

@@ -30,15 +30,33 @@ KINDS: tuple[str, ...] = tuple(KIND_HOOKS)
 class TextEnv(Protocol):
     """An environment: a ``gymnasium.Env`` whose observations and actions are text.
 
-    Factory call: ``factory(**options)``. ``reset(seed=...)`` returns ``(obs: str, info)``;
-    ``step(action: str)`` returns ``(obs: str, reward: float, terminated, truncated, info)``.
+    Factory call: ``factory(**options)``. ``reset(seed=...)`` returns ``(obs: str, info)``
+    (deterministic for a seed: a GRPO group replays one seed). ``step(action: str)``
+    returns ``(obs, reward, terminated, truncated, info)``, what the control plane does
+    with each:
 
-    Optional attributes the control plane uses when present:
+    - ``obs: str`` - the next observation, appended to the model's context (not sent to
+      the reward: :class:`rollart_sdk.types.RewardRequest` has the first one only);
+    - ``reward: float`` - summed over the episode into ``RewardRequest.env_return``;
+    - ``terminated: bool`` - the episode is over (solved or failed);
+      ``RewardRequest.terminated``;
+    - ``truncated: bool`` - the env's own limit ended it (``tasks[].max_turns``, the
+      task's cap, ends it as well, with ``info["truncated_reason"] = "max_turns"``);
+    - ``info: dict`` - per-step facts; the last step's dict is ``RewardRequest.info``.
+      Keys the SDK reads: ``invalid_action`` (bool, this step's reply was not a valid
+      action: ``invalid_action/<task>`` in metrics.jsonl), ``success`` (bool, the episode
+      is solved: ``success/<task>``, reward ``rule`` mode ``success``), ``answer`` (ground
+      truth for reward ``rule`` mode ``exact_match``).
+
+    ``step`` never raises on a bad reply: it answers it (``invalid_action``); an exception
+    drops the trajectory. Optional attributes the control plane uses when present:
 
     - ``action_vocabulary: list[str]`` - the complete set of valid action strings; with
       ``tasks[].constrain_actions`` the engine samples only their tokens.
-    - ``system_prompt: str`` - instructions placed before the first observation.
-    - ``info["answer"]`` - ground truth a rule reward can compare against.
+    - ``system_prompt: str`` - instructions placed before the first observation
+      (``tasks[].system_prompt: env``).
+    - ``step_cost = "cheap"`` - steps take microseconds and cannot hang: ``env_host:
+      auto`` runs the env inline in the control plane's process.
     """
 
     def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[str, dict]: ...

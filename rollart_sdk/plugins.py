@@ -58,6 +58,8 @@ class PluginRecord:
     registered: dict[str, list[str]] = field(default_factory=dict)  # kind -> names
     summaries: dict[str, str] = field(default_factory=dict)  # "kind:name" -> summary
     unavailable: dict[str, str] = field(default_factory=dict)  # "kind:name" -> why not registered
+    # "kind:name" of backends that only model time for `rollart sim` (traits simulated).
+    simulated: list[str] = field(default_factory=list)
     hooks: list[str] = field(default_factory=list)
     error: str | None = None
     disabled: bool = False
@@ -85,6 +87,7 @@ class PluginRecord:
             "registered": self.registered,
             "summaries": self.summaries,
             "unavailable": self.unavailable,
+            "simulated": self.simulated,
             "error": self.error,
             "disabled": self.disabled,
             "conflicts": self.conflicts,
@@ -230,6 +233,8 @@ def _fill_records(registry: Registry, records: dict[str, PluginRecord]) -> None:
         rec = records[desc.plugin]
         rec.registered.setdefault(desc.kind, []).append(desc.name)
         rec.summaries[f"{desc.kind}:{desc.name}"] = desc.summary
+        if desc.traits.get("simulated"):
+            rec.simulated.append(f"{desc.kind}:{desc.name}")
     for (kind, name), claims in registry.conflicts.items():
         message = registry.conflict_message(kind, name) or ""
         for desc in claims:

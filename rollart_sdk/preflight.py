@@ -279,6 +279,28 @@ def sampling_warnings(cfg: RunConfig) -> list[str]:
     return out
 
 
+def option_clash_warnings(cfg: RunConfig, resolved: Any) -> list[str]:
+    """An env or reward option named like a task key (an env option ``max_turns`` next to
+    ``tasks[].max_turns``): two settings that read as one, so setting one and expecting
+    the other is an easy mistake. The plugin should rename its option."""
+    from rollart_sdk.config import TaskConfig
+
+    out = []
+    for i, task in enumerate(cfg.tasks):
+        for kind, chosen in (("env", resolved.envs), ("reward", resolved.rewards)):
+            res = chosen.get(task.tag)
+            if res is None:
+                continue
+            for key in sorted(set(type(res.options).model_fields) & set(TaskConfig.model_fields)):
+                out.append(
+                    f"tasks.{i}.{kind}.options: {kind} {res.descriptor.name!r} "
+                    f"({res.descriptor.origin}) has an option {key!r}, the name of the task "
+                    f"key tasks.{i}.{key}; they are two settings (the task's "
+                    f"{key}={getattr(task, key)!r} is not the {kind}'s). Set both as you mean "
+                    f"them; the plugin should rename its option")
+    return out
+
+
 def preflight(cfg: RunConfig, resolved: Any, lines: Any = None, log: Any = print,
               build_model: bool = True, output_dir: bool = True) -> dict[str, Any]:
     """Every check above, in order, as one ConfigError (with the config's lines).
@@ -304,7 +326,8 @@ def preflight(cfg: RunConfig, resolved: Any, lines: Any = None, log: Any = print
         fail(missing)
     for where, why in missing:
         log(f"warning: {where}: {why}")
-    for w in sampling_warnings(cfg) + check_precision(cfg, resolved.trainer):
+    for w in (sampling_warnings(cfg) + check_precision(cfg, resolved.trainer)
+              + option_clash_warnings(cfg, resolved)):
         log(f"warning: {w}")
     described = {tag: describe_env(res) for tag, res in resolved.envs.items()}
     extra = sorted({w for d in described.values() for w in (d["action_vocabulary"] or [])})
@@ -346,5 +369,4 @@ def sim_preflight(cfg: RunConfig, resolved: Any, plan: Any, lines: Any = None,
 
 
 def _at(where: str, lines: Any) -> str:
-    line = lines.line_of(where) if lines is not None else None
-    return f"{where} (line {line})" if line else where
+    return str(lines.where(where)) if lines is not None else where

@@ -234,8 +234,7 @@ class Descriptor:
 def _with_line(path: str, lines: Any) -> str:
     if lines is None:
         return path
-    line = lines.line_of(path)
-    return f"{path} (line {line})" if line else path
+    return str(lines.where(path))
 
 
 def _explain(err: Mapping[str, Any], model: type[BaseModel]) -> str:
@@ -269,6 +268,28 @@ class Registrar:
         resources: dict[str, float] | None = None,
         requires: dict[str, str] | None = None,
     ) -> Descriptor:
+        """Register backend ``name`` of this registrar's kind (docs/plugins.md, step 5).
+
+        - ``factory``: ``"module:attr"`` of a callable (imported only when a config selects
+          ``name``) or the callable; called with the validated options as keyword
+          arguments plus the kind's context arguments (an engine: ``model=``);
+        - ``options``: ``"module:Model"`` of a pydantic model (``extra="forbid"``; give each
+          field a ``Field(description=...)``: ``rollart plugins --options KIND:NAME`` shows
+          it), the model class, or None for a backend without options;
+        - ``summary``: one line for ``rollart plugins``;
+        - ``traits``: facts about the backend that listings show. Envs: ``"turns"`` (the
+          turn budget, e.g. ``"max_replies (default 4)"`` or an int) and ``"character"``
+          (e.g. ``"multi-turn, prefill-heavy"``): the turns and character columns of
+          ``rollart envs``; any kind: ``"simulated": True`` for a backend that only models
+          time for ``rollart sim`` (listed apart from the real ones);
+        - ``process_local``: works only when every party shares one process (the ``local``
+          transport); ``rollart validate`` refuses it for a Ray run;
+        - ``resources``: what one instance needs from the resource plane, e.g.
+          ``{"GPU": 1}`` for a reward model; empty: it runs in the process that uses it;
+        - ``requires``: Python modules the backend imports when it starts that the plugin
+          package does not pull in, each with how to install it (``{"vllm": "pip install
+          vllm"}``): validate warns and train stops before Ray starts when one is missing.
+        """
         desc = Descriptor(
             kind=self.kind,
             name=name,

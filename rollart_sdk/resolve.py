@@ -52,8 +52,7 @@ def resolve_run(cfg: RunConfig, registry: Registry, lines: LineMap | None = None
     lines = lines or LineMap()
 
     def one(kind: str, backend: Backend, where: str) -> Resolved | None:
-        line = lines.line_of(f"{where}.name")
-        at = f"{where}.name (line {line})" if line else f"{where}.name"
+        at = lines.where(f"{where}.name")
         try:
             desc = registry.get(kind, backend.name)
         except (UnknownBackendError, PluginError) as exc:

@@ -49,10 +49,16 @@ class LRScheduleOptions(BaseModel):
     ``lr_decay_steps`` (e.g. the run's ``train.steps``), after ``lr_warmup_steps`` of
     linear warm-up."""
 
-    lr_schedule: Literal["constant", "linear", "cosine"] = "constant"
-    lr_warmup_steps: int = Field(0, ge=0)
-    lr_decay_steps: int | None = Field(None, ge=1)
-    lr_min_ratio: float = Field(0.0, ge=0, le=1)
+    lr_schedule: Literal["constant", "linear", "cosine"] = Field("constant", description=(
+        "learning-rate schedule after warm-up: constant, or linear / cosine decay from lr "
+        "to lr * lr_min_ratio at step lr_decay_steps"))
+    lr_warmup_steps: int = Field(0, ge=0, description=(
+        "linear warm-up steps: lr * (step + 1) / lr_warmup_steps over the first steps"))
+    lr_decay_steps: int | None = Field(None, ge=1, description=(
+        "step where linear / cosine decay ends (above lr_warmup_steps); usually the run's "
+        "train.steps"))
+    lr_min_ratio: float = Field(0.0, ge=0, le=1, description=(
+        "where the decay ends, as a fraction of lr"))
 
     @model_validator(mode="after")
     def _decay_steps(self) -> LRScheduleOptions:

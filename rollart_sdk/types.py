@@ -216,19 +216,42 @@ class TrainSample:
 
 @dataclass
 class RewardRequest:
-    """What a reward backend scores: one finished trajectory, as text and numbers."""
+    """What a reward backend scores: one finished trajectory, as text and numbers.
+
+    - ``trajectory_id``: unique per trajectory; the result must carry it back;
+    - ``tag``: the task's ``tasks[].tag``;
+    - ``prompt``: the env's first observation (from ``reset``), before any chat template;
+    - ``responses``: the model's decoded reply of each turn, in order (one per ``step``);
+      the observations after the first are not included: put what the reward needs into
+      ``info``;
+    - ``env_return``: the sum of the rewards the env's ``step`` returned over the episode
+      (what reward ``rule`` mode ``env_return`` gives);
+    - ``terminated``: the last ``step`` returned ``terminated=True`` (solved or failed),
+      False when the episode was truncated (the env's own limit, ``tasks[].max_turns`` or
+      ``tasks[].max_context_tokens``);
+    - ``info``: a copy of the ``info`` dict of the **last** ``step`` (of ``reset`` when no
+      step ran), not merged over steps: an env reports episode-level facts (``success``,
+      ``answer``, a score) in every step's info, or at least in the final one. The control
+      plane adds ``truncated_reason`` (``"max_turns"`` or ``"max_context_tokens"``) when
+      it, not the env, ended the episode.
+    """
 
     trajectory_id: str
     tag: str
     prompt: str  # first observation
     responses: list[str]  # action text of each turn
-    env_return: float
+    env_return: float  # sum of the env's step rewards
     terminated: bool
-    info: dict[str, Any] = field(default_factory=dict)
+    info: dict[str, Any] = field(default_factory=dict)  # the last step's info
 
 
 @dataclass
 class RewardResult:
+    """A reward backend's answer: ``reward`` (a finite float: what GRPO/PPO train on;
+    anything else drops the trajectory with ``reward_invalid``) for the request's
+    ``trajectory_id``, and ``details``, a JSON-serialisable dict explaining it (logged
+    with each sampled trajectory in ``samples.jsonl``, shown by ``rollart samples``)."""
+
     trajectory_id: str
     reward: float
     details: dict[str, Any] = field(default_factory=dict)

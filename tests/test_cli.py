@@ -55,14 +55,23 @@ def test_validate_vllm_engine_without_vllm_installed(tmp_path):
 def test_validate_bad_options_and_override(tmp_path):
     cfg = write(tmp_path, CONFIG.replace("{engine}", "torch"))
     res = run_cli("validate", str(cfg), "rollout.alpha=-1")
-    assert res.returncode == 2 and "rollout.alpha (line 8)" in res.stderr
+    # The bad value came from the command line: the error says so, not the key's YAML line.
+    assert res.returncode == 2
+    assert "rollout.alpha (from the command line: rollout.alpha=-1)" in res.stderr
+    assert "line 8" not in res.stderr
     # Backend options are validated by the backend's own model, every problem at once.
     res = run_cli("validate", str(cfg), "engine.options.max_runing=3",
                   "engine.options.max_running=0")
     assert res.returncode == 2
     assert f"invalid configuration in {cfg}" in res.stderr
-    assert "engine.options.max_runing (line 6): unknown key; allowed keys:" in res.stderr
-    assert "engine.options.max_running" in res.stderr
+    assert ("engine.options.max_runing (from the command line: engine.options.max_runing=3): "
+            "unknown key; allowed keys:") in res.stderr
+    assert "engine.options.max_running (from the command line: engine.options.max_running=0)" in res.stderr
+    # A bad value in the file still cites its line.
+    bad = write(tmp_path, CONFIG.replace("{engine}", "torch").replace("group_size: 2", "group_size: 0"))
+    res = run_cli("validate", str(bad), "rollout.alpha=2")
+    assert res.returncode == 2 and "rollout.group_size (line 8)" in res.stderr
+    assert "command line" not in res.stderr
 
 
 def test_malformed_yaml_and_wrong_type_point_at_line(tmp_path):
@@ -165,7 +174,7 @@ def test_validate_refuses_local_transport_in_a_ray_run(tmp_path):
 def test_plugins_kind_and_options():
     res = run_cli("plugins", "--kind", "benchmark")
     assert res.returncode == 0
-    assert "benchmark: straggler" in res.stdout and "env: frozenlake" not in res.stdout
+    assert "benchmark: dispatch, straggler" in res.stdout and "env: frozenlake" not in res.stdout
     opts = run_cli("plugins", "--options", "frozenlake")
     assert opts.returncode == 0, opts.stderr
     assert "env 'frozenlake' options" in opts.stdout and "obs_format" in opts.stdout

@@ -39,6 +39,10 @@ def test_envs_unknown_name_is_a_clear_error():
 def test_plugins_says_why_gem_ids_are_missing():
     done = cli("plugins")
     assert done.returncode == 0, done.stderr
+    assert ("rollart-env-gem: 45 names known but not registered here (`rollart plugins "
+            "--details` says why)") in done.stdout
+    assert "Wordle" not in done.stdout  # one line per plugin; the reasons behind --details
+    done = cli("plugins", "--details")
     assert "rollart-env-gem does not register:" in done.stdout
     assert "env:gem/game:Wordle-v0-easy: needs NLTK data" in done.stdout
     records = {r["name"]: r for r in json.loads(cli("plugins", "--json").stdout)}

@@ -1,5 +1,6 @@
-"""`rollart new-plugin KIND NAME DIR` writes a package that installs and passes its own
-tests unchanged (the env one for real: pip install -e, entry point listed, pytest DIR)."""
+"""`rollart new-plugin KIND NAME DIR` writes a package into DIR (the package folder) that
+installs and passes its own tests unchanged (the env one for real: pip install -e, entry
+point listed, pytest DIR)."""
 
 from __future__ import annotations
 
@@ -26,11 +27,11 @@ def _pytest(target: Path, env: dict[str, str] | None = None,
 
 @pytest.mark.timeout(900)
 def test_env_plugin_installs_registers_and_passes_its_tests(tmp_path):
-    src = tmp_path / "src"
-    res = run_cli("new-plugin", "env", "demo", str(src))
+    pkg = tmp_path / "src"
+    res = run_cli("new-plugin", "env", "demo", str(pkg))
     assert res.returncode == 0, res.stderr
-    (pkg,) = src.iterdir()
-    assert pkg.name == "rollart-env-demo"
+    assert (pkg / "pyproject.toml").is_file() and (pkg / "rollart_env_demo" / "env.py").is_file()
+    assert f"wrote {pkg} (the package rollart-env-demo)" in res.stdout
     # Installed into a venv over this environment, never into it: other test processes
     # (xdist) load plugins strictly and would see its entry point without its module.
     python = overlay_venv(tmp_path / "venv")
@@ -43,27 +44,58 @@ def test_env_plugin_installs_registers_and_passes_its_tests(tmp_path):
     listed = run_cli("plugins", "--json", "--kind", "env", python=python)
     rec = {r["name"]: r for r in json.loads(listed.stdout)}["rollart-env-demo"]
     assert rec["status"] == "ok" and rec["registered"] == {"env": ["demo"]}
-    tests = _pytest(src, python=python)
+    tests = _pytest(pkg, python=python)
     assert tests.returncode == 0, tests.stdout[-3000:] + tests.stderr[-2000:]
     assert "3 passed" in tests.stdout
     options = run_cli("plugins", "--options", "env:demo", python=python)
-    assert "max_turns" in options.stdout
+    assert "max_replies" in options.stdout and "max_turns" not in options.stdout
+    # The template registers traits: the turns and character columns of `rollart envs`.
+    envs = json.loads(run_cli("envs", "--json", "demo", python=python).stdout)
+    assert envs[0]["turns"] == "max_replies (default 3)" and "multi-turn" in envs[0]["character"]
 
 
 @pytest.mark.parametrize("kind", sorted(set(KIND_HOOK) - {"env"}))
 def test_every_kind_template_passes_its_own_tests(tmp_path, kind):
-    res = run_cli("new-plugin", kind, "demo", str(tmp_path))
+    pkg = tmp_path / "pkg"
+    res = run_cli("new-plugin", kind, "demo", str(pkg))
     assert res.returncode == 0, res.stderr
-    (pkg,) = tmp_path.iterdir()
     # Not installed (keeps the test environment's plugin set intact): on sys.path instead.
     tests = _pytest(pkg, env={"PYTHONPATH": str(pkg)})
     assert tests.returncode == 0, tests.stdout[-3000:] + tests.stderr[-2000:]
     assert " passed" in tests.stdout and "failed" not in tests.stdout
 
 
+def test_dir_is_the_package_folder_default_named_after_the_package(tmp_path):
+    """DIR is the folder that becomes the package (as README and docs say); without DIR
+    it is ./rollart-KIND-NAME; an empty existing folder is used as it is."""
+    assert run_cli("new-plugin", "reward", "partial", cwd=tmp_path).returncode == 0
+    assert (tmp_path / "rollart-reward-partial" / "pyproject.toml").is_file()
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert run_cli("new-plugin", "env", "game", str(empty)).returncode == 0
+    assert sorted(p.name for p in empty.iterdir()) == [
+        "README.md", "pyproject.toml", "rollart_env_game", "tests"]
+    help_text = run_cli("new-plugin", "--help").stdout
+    assert "the package folder to create" in help_text
+
+
 def test_bad_input_is_refused(tmp_path):
-    res = run_cli("new-plugin", "env", "Bad-Name", str(tmp_path))
+    res = run_cli("new-plugin", "env", "Bad-Name", str(tmp_path / "x"))
     assert res.returncode == 2 and "lower-case letters" in res.stderr
-    assert run_cli("new-plugin", "env", "ok", str(tmp_path)).returncode == 0
-    again = run_cli("new-plugin", "env", "ok", str(tmp_path))
-    assert again.returncode == 2 and "not empty" in again.stderr
+    assert run_cli("new-plugin", "env", "ok", str(tmp_path / "ok")).returncode == 0
+    again = run_cli("new-plugin", "env", "ok", str(tmp_path / "ok"))
+    assert again.returncode == 2 and "not empty" in again.stderr and "package folder" in again.stderr
+    (tmp_path / "file").write_text("")
+    onto_file = run_cli("new-plugin", "env", "ok", str(tmp_path / "file"))
+    assert onto_file.returncode == 2 and "is a file" in onto_file.stderr
+
+
+def test_env_template_option_is_not_a_task_key():
+    """The env template's own turn limit is not named like tasks[].max_turns."""
+    from rollart_sdk.cli.new_plugin import render
+    from rollart_sdk.config import TaskConfig
+
+    env_py = render("env", "demo")["rollart_env_demo/env.py"]
+    fields = {line.split(":")[0].strip() for line in env_py.splitlines()
+              if line.startswith("    ") and ": " in line and "= Field(" in line}
+    assert fields == {"max_replies"} and not fields & set(TaskConfig.model_fields)

@@ -1,5 +1,6 @@
 """``rollart envs [NAME...]``: every environment with its options, turn budget and
-prefill/decode character (the traits its plugin declares)."""
+prefill/decode character (the traits its plugin declares); simulated workloads (``sim``,
+trait ``simulated``) are named apart below the table unless asked for by name."""
 
 from __future__ import annotations
 
@@ -20,6 +21,10 @@ def cmd_envs(args: argparse.Namespace) -> int:
     registry = ps.registry
     names = args.names or registry.names("env")
     descs = [registry.get("env", n) for n in names]  # an unknown name: the usual clear error
+    # Backends that only model time (rollart sim) are no environments to train on: listed
+    # apart unless named.
+    simulated = [d.name for d in descs if d.traits.get("simulated") and not args.names]
+    descs = [d for d in descs if d.name not in simulated]
     details = bool(args.names) or args.details
     records = [describe(d, details) for d in descs]
     if args.json:
@@ -47,10 +52,13 @@ def cmd_envs(args: argparse.Namespace) -> int:
                 console.print(f"  {opt['name']} = {opt['default']!r}  [dim]{opt['description']}[/dim]")
             if "options_error" in rec:
                 console.print(f"  [red]options: {rec['options_error']}[/red]")
+    if simulated:
+        console.print(f"\nSimulated workloads (rollart sim, clock: simulated; no text "
+                      f"environment): {', '.join(simulated)}")
     unavailable = sorted(n for (k, n) in registry.unavailable if k == "env")
     if unavailable:
         console.print(f"\n{len(unavailable)} env names known but not registered here "
-                      "(`rollart plugins` says why).")
+                      "(`rollart plugins --details` says why).")
     return 0
 
 

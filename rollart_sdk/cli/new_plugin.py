@@ -1,9 +1,10 @@
 """``rollart new-plugin KIND NAME [DIR]``: write a ready plugin package.
 
-The package (``DIR/rollart-<kind>-<name>/``) holds a pyproject with the entry point, an
-options model, a working backend to replace with yours, a README and a test running the
-kind's conformance kit; ``pip install -e DIR/rollart-<kind>-<name> && pytest DIR`` passes
-unchanged (tests/test_new_plugin.py checks that for every kind it offers).
+DIR is the package folder to create (default ``./rollart-<kind>-<name>``; it must not exist
+or be empty). It holds a pyproject with the entry point, an options model, a working
+backend to replace with yours, a README and a test running the kind's conformance kit;
+``pip install -e DIR && pytest DIR`` passes unchanged (tests/test_new_plugin.py checks that
+for every kind it offers).
 """
 
 from __future__ import annotations
@@ -29,6 +30,15 @@ KIND_HOOK = {
 }
 
 
+# Registration arguments beyond the common ones, per kind (Registrar.register's docstring).
+EXTRA = {
+    "transport": "\n        process_local=True,",
+    # The turns and character columns of `rollart envs`.
+    "env": ('\n        traits={"turns": "max_replies (default 3)",'
+            '\n                "character": "multi-turn, short replies"},'),
+}
+
+
 def _names(kind: str, name: str) -> dict[str, str]:
     if not re.fullmatch(r"[a-z][a-z0-9_]*", name) or keyword.iskeyword(name):
         raise RollartError(f"plugin name {name!r}: use lower-case letters, digits and _ "
@@ -40,7 +50,7 @@ def _names(kind: str, name: str) -> dict[str, str]:
         "kind": kind, "name": name, "dist": f"rollart-{slug}-{name.replace('_', '-')}",
         "package": f"rollart_{kind}_{name}", "hook": hook, "module": module[:-3],
         "cls": camel, "options": camel.removesuffix(suffix) + "Options",
-        "extra": "\n        process_local=True," if kind == "transport" else "",
+        "extra": EXTRA.get(kind, ""),
         "deps": {"trainer": ', "torch>=2.2", "transformers>=4.45"',
                  "engine": ', "torch>=2.2"'}.get(kind, ""),
     }
@@ -70,11 +80,16 @@ def _fill(text: str, names: dict[str, str]) -> str:
     return text
 
 
-def write(kind: str, name: str, directory: str | Path = ".") -> Path:
+def write(kind: str, name: str, directory: str | Path | None = None) -> Path:
+    """Write the package into ``directory`` (the package folder itself; default
+    ``./rollart-<kind>-<name>``) and return it."""
     files = render(kind, name)
-    root = Path(directory) / _names(kind, name)["dist"]
+    root = Path(directory if directory is not None else _names(kind, name)["dist"])
+    if root.exists() and not root.is_dir():
+        raise RollartError(f"{root} is a file; DIR is the package folder to create")
     if root.exists() and any(root.iterdir()):
-        raise RollartError(f"{root} exists and is not empty; choose another DIR or NAME")
+        raise RollartError(f"{root} exists and is not empty; DIR is the package folder to "
+                           "create: name a new or empty folder")
     for rel, text in files.items():
         path = root / rel
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -84,15 +99,21 @@ def write(kind: str, name: str, directory: str | Path = ".") -> Path:
 
 def cmd_new_plugin(args: argparse.Namespace) -> int:
     root = write(args.kind, args.name, args.dir)
-    print(f"wrote {root}")
+    dist = _names(args.kind, args.name)["dist"]
+    print(f"wrote {root} (the package {dist})")
     print(f"next: pip install -e {root}  &&  pytest {root}  &&  rollart plugins --kind {args.kind}")
     return 0
 
 
 def add_parser(sub: Any) -> None:
     p = sub.add_parser("new-plugin", help="write a ready plugin package (pyproject, options, "
-                       "README, a conformance test)")
+                       "README, a conformance test) into DIR",
+                       description="Write a ready plugin package into DIR, the package folder "
+                       "(created; default ./rollart-KIND-NAME): pyproject with the entry point, "
+                       "an options model, a working backend, README and a test running the "
+                       "kind's conformance kit.")
     p.add_argument("kind", choices=list(KIND_HOOK))
     p.add_argument("name", help="the name configs select, e.g. 'demo' (a-z, 0-9, _)")
-    p.add_argument("dir", nargs="?", default=".", help="where to create rollart-KIND-NAME/")
+    p.add_argument("dir", nargs="?", default=None, metavar="DIR",
+                   help="the package folder to create (new or empty; default ./rollart-KIND-NAME)")
     p.set_defaults(func=cmd_new_plugin)

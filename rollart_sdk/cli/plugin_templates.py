@@ -111,7 +111,9 @@ WORDS = ("apple", "river", "stone", "cloud", "tiger", "lemon")
 class {options}(BaseModel):
     model_config = ConfigDict(extra="forbid")  # a misspelt option is an error, not ignored
 
-    max_turns: int = Field(3, ge=1, description="replies before the episode is truncated")
+    # Not "max_turns": that is the task key (tasks[].max_turns) capping turns for every env;
+    # this is the env's own limit. Set the task's max_turns at least as high.
+    max_replies: int = Field(3, ge=1, description="replies before the episode is truncated")
 
 
 class {cls}(gymnasium.Env):
@@ -135,7 +137,7 @@ class {cls}(gymnasium.Env):
         self.turns += 1
         reply = action.strip().lower() if isinstance(action, str) else ""
         success = reply == self.word
-        truncated = not success and self.turns >= self.options.max_turns
+        truncated = not success and self.turns >= self.options.max_replies
         info = {"success": success, "invalid_action": not reply}
         obs = "Correct!" if success else "No. Repeat: " + self.word
         return obs, 1.0 if success else 0.0, success, truncated, info
@@ -161,8 +163,8 @@ def test_repeating_the_word_succeeds():
 
 
 def test_registers(register_plugin):
-    env = register_plugin(plugin).registry.get("env", "{name}").create({"max_turns": 2})
-    assert env.options.max_turns == 2
+    env = register_plugin(plugin).registry.get("env", "{name}").create({"max_replies": 2})
+    assert env.options.max_replies == 2
 """
 
 REWARD = """\

@@ -106,7 +106,7 @@ class SimRewardOptions(_Opts):
     warm_s: Dist = Field(default_factory=lambda: const(0.01), description="call on a warm instance")
     cold_s: Dist = Field(default_factory=lambda: const(1.0), description="extra cold start")
     keep_warm_s: float = Field(60.0, ge=0, description="idle time before scale to zero")
-    seed: int = 0
+    seed: int = Field(0, description="seed of the latency draws")
 
 
 class SimReward:

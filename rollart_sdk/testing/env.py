@@ -23,6 +23,8 @@ from typing import Any
 
 import numpy as np
 
+from rollart_sdk.errors import name_list
+
 __all__ = ["check_env"]
 
 ANSI_RE = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b")
@@ -289,7 +291,7 @@ def _gymnasium_factory(name: str) -> Callable[[], Any]:
         raise _fail(
             "gymnasium_make",
             f"no env {plain!r} is registered; installed envs: "
-            f"{', '.join(registry.names('env')) or '(none)'}. pip install the plugin, or pass "
+            f"{name_list('env', plain, registry.names('env'))}. pip install the plugin, or pass "
             "the env (or a factory) instead of a name.",
         )
 

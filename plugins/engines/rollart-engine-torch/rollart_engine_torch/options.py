@@ -21,7 +21,7 @@ class TorchEngineOptions(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    device: str = "cpu"
+    device: str = Field("cpu", description="where the model runs: cpu, cuda or cuda:N")
     max_running: int = Field(16, ge=1, description="sequences decoded together (KV slots)")
     max_seq_len: int = Field(
         2048, ge=2, description="prompt + generated tokens per sequence (capped by the model)"

@@ -12,7 +12,7 @@ as a JSON object anywhere in its reply::
 
 ``run_tests`` and ``submit`` run ``python -m unittest`` jailed in the sandbox; ``submit``
 ends the episode with reward 1.0 when every test passes (or the passing fraction, with
-``reward: fraction``). A reply with no valid tool call is a no-op step
+``scoring: fraction``). A reply with no valid tool call is a no-op step
 (``info["invalid_action"]``); running out of turns truncates with reward 0.
 """
 
@@ -52,8 +52,10 @@ class SandboxOptions(BaseModel):
 
     tasks_path: str | None = Field(None, description="a JSON task list; default: the shipped set")
     task_ids: list[str] | None = Field(None, description="only these task ids (default: all)")
-    max_turns: int = Field(12, ge=1, le=200, description="tool calls per episode before truncation")
-    reward: Literal["all_pass", "fraction"] = Field(
+    max_tool_calls: int = Field(12, ge=1, le=200, description=(
+        "replies (tool calls) per episode before truncation; set tasks[].max_turns at least "
+        "as high"))
+    scoring: Literal["all_pass", "fraction"] = Field(
         "all_pass", description="'all_pass': 1 when every test passes; 'fraction': passing share"
     )
     cpu_s: int = Field(5, ge=1, le=600, description="RLIMIT_CPU of a test run (seconds)")
@@ -187,7 +189,7 @@ class SandboxCodeEnv(gymnasium.Env):
             except PathRefused as exc:
                 info["refused"] = True
                 obs = f"refused: {exc}"
-        truncated = not terminated and self._turns >= self.options.max_turns
+        truncated = not terminated and self._turns >= self.options.max_tool_calls
         self._done = terminated or truncated
         if self._done:
             self._close_sandbox()
@@ -213,7 +215,7 @@ class SandboxCodeEnv(gymnasium.Env):
         if tool == "run_tests":
             return report, 0.0, False
         info["success"] = success = total > 0 and passed == total
-        if self.options.reward == "fraction":
+        if self.options.scoring == "fraction":
             reward = passed / total if total else 0.0
         else:
             reward = 1.0 if success else 0.0

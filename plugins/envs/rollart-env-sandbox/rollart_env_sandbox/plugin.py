@@ -13,7 +13,7 @@ def rollart_register_envs(registry):
         options="rollart_env_sandbox.env:SandboxOptions",
         summary="SWE-style: fix a tiny Python repo via tool calls; each episode jailed "
                 "(netns, rlimits, Landlock); reward = tests pass",
-        traits={"turns": "max_turns tool calls (default 12)",
+        traits={"turns": "max_tool_calls tool calls (default 12)",
                 "character": "multi-turn, prefill-heavy (files and test output pile up); "
                              "env-heavy (each test run is a jailed process)"},
     )

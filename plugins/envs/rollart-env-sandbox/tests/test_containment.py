@@ -33,7 +33,7 @@ def call(tool: str, **args) -> str:
 def env(open_dir):
     e = SandboxCodeEnv(base_dir=str(open_dir / "boxes"), task_ids=["add-utils"], cpu_s=3,
                        memory_mb=256, file_size_mb=1, max_procs=16, wall_timeout_s=8,
-                       max_turns=50)
+                       max_tool_calls=50)
     e.reset(seed=0)
     yield e
     e.close()

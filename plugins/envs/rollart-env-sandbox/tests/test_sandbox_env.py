@@ -28,7 +28,7 @@ def make(base, **options) -> SandboxCodeEnv:
 
 
 def test_conforms_to_check_env(open_dir):
-    check_env(lambda: make(open_dir, max_turns=4), seed=0)
+    check_env(lambda: make(open_dir, max_tool_calls=4), seed=0)
 
 
 def test_registered_through_the_hook(register_plugin, open_dir):
@@ -57,7 +57,7 @@ def test_every_task_fails_as_shipped_and_passes_with_its_fix(open_dir):
 
 
 def test_an_episode_read_fix_test_submit(open_dir):
-    env = make(open_dir, task_ids=["factorial-helpers"], reward="fraction")
+    env = make(open_dir, task_ids=["factorial-helpers"], scoring="fraction")
     obs, info = env.reset(seed=3)
     assert "factorial" in obs and "helpers.py" in obs and info["task_id"] == "factorial-helpers"
     obs, *_ = env.step(call("list_files"))
@@ -76,7 +76,7 @@ def test_an_episode_read_fix_test_submit(open_dir):
 
 
 def test_fraction_reward_and_truncation(open_dir):
-    env = make(open_dir, task_ids=["fizzbuzz-utils"], reward="fraction", max_turns=2)
+    env = make(open_dir, task_ids=["fizzbuzz-utils"], scoring="fraction", max_tool_calls=2)
     env.reset(seed=0)
     _, reward, term, trunc, info = env.step("I am thinking")
     assert info["invalid_action"] and (reward, term, trunc) == (0.0, False, False)

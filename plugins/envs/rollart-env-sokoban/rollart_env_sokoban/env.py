@@ -47,7 +47,7 @@ class SokobanOptions(BaseModel):
         40, ge=1, le=1000, description="generated mode: length of the reverse-play walk (difficulty)"
     )
     max_steps: int = Field(20, ge=1, description="truncate after this many moves")
-    reward: Literal["sparse", "shaped"] = Field(
+    reward_shape: Literal["sparse", "shaped"] = Field(
         "sparse", description="'sparse': 1 when solved; 'shaped': also +-0.1 per box on/off a target"
     )
     invalid_action_penalty: float = Field(
@@ -161,7 +161,7 @@ class SokobanTextEnv(gymnasium.Env):
             note = f"Invalid action {shown[:40]!r}: reply with one of {', '.join(ACTIONS)}."
         else:
             moved, delta = self.level.move(move)
-            if self.options.reward == "shaped":
+            if self.options.reward_shape == "shaped":
                 reward += 0.1 * delta
             if not moved:
                 note = f"{move} is blocked."

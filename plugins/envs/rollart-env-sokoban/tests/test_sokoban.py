@@ -24,7 +24,7 @@ from rollart_sdk.testing.env import check_env
     [
         {},
         {"mode": "fixed"},
-        {"mode": "fixed", "levels": ["two-boxes"], "reward": "shaped"},
+        {"mode": "fixed", "levels": ["two-boxes"], "reward_shape": "shaped"},
         {"mode": "fixed", "custom": ["#####", "#PXO#", "#####"], "max_steps": 3},
         {"height": 8, "width": 8, "num_boxes": 2, "invalid_action_penalty": 0.1},
     ],
@@ -73,7 +73,7 @@ def test_every_shipped_level_is_solvable_and_the_solution_wins(name):
 
 
 def test_push_moves_the_box_and_walls_block():
-    env = SokobanTextEnv(mode="fixed", custom=["######", "#P_XO#", "######"], reward="shaped")
+    env = SokobanTextEnv(mode="fixed", custom=["######", "#P_XO#", "######"], reward_shape="shaped")
     obs, info = env.reset(seed=0)
     assert obs == "######\n#P_XO#\n######" and info["level"] == "custom"
     obs, reward, *_ = env.step("Up")

@@ -66,17 +66,21 @@ class JudgeRewardOptions(BaseModel):
     template: str = Field(DEFAULT_TEMPLATE, description="the judge's prompt; placeholders: "
                           + ", ".join("{" + k + "}" for k in FIELDS))
     system: str | None = Field(None, description="system message (chat models only)")
-    parser: Literal["yes_prob", "likelihood", "yes_no", "score"] = "yes_prob"
-    yes_reward: float = 1.0
-    no_reward: float = 0.0
-    score_range: tuple[float, float] = (0.0, 10.0)
+    parser: Literal["yes_prob", "likelihood", "yes_no", "score"] = Field("yes_prob", description=(
+        "how the judge's answer becomes a reward: yes_prob (p(yes) / (p(yes) + p(no))), "
+        "likelihood (mean log-prob of the response under the template), yes_no (greedy "
+        "yes/no: yes_reward or no_reward), score (a number in score_range scaled to [0, 1])"))
+    yes_reward: float = Field(1.0, description="parser 'yes_no' only: the reward of a yes")
+    no_reward: float = Field(0.0, description="parser 'yes_no' only: the reward of a no")
+    score_range: tuple[float, float] = Field((0.0, 10.0), description=(
+        "parser 'score' only: the judge's scale (low, high), mapped to [0, 1]"))
     max_new_tokens: int = Field(8, ge=1, le=256, description="parser 'score' only")
     max_response_tokens: int = Field(16, ge=1, le=256, description="parser 'likelihood' only")
     max_prompt_tokens: int = Field(
         768, ge=16, description="longer judge prompts keep their last tokens (the verdict "
         "question stays)"
     )
-    seed: int = 0
+    seed: int = Field(0, description="seed of the judge's requests (greedy parsers ignore it)")
     cache_dir: str = Field("~/.cache/rollart/models",
                            description="where a gguf / tiny judge model is prepared once")
 

@@ -42,7 +42,11 @@ class RuleRewardOptions(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    mode: Mode = Field("env_return", description="where the score comes from (see module doc)")
+    mode: Mode = Field("env_return", description=(
+        "where the score comes from: env_return (sum of the env's step rewards), success "
+        "(1 when the last info['success'] is true), exact_match (final response vs "
+        "info['answer']: numbers by value, text case-folded), regex (1 when pattern is "
+        "found in the final response)"))
     pattern: str | None = Field(
         None, description="regex: in mode 'regex' the reward test, otherwise a format check"
     )

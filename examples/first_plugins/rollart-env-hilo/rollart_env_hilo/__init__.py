@@ -1,0 +1,1 @@
+"""rollart-env-hilo: a rollart env plugin."""

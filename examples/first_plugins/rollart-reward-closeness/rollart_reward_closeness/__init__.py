@@ -1,0 +1,1 @@
+"""rollart-reward-closeness: a rollart reward plugin."""
