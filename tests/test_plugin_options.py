@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib
 import re
+import sys
 import tomllib
 from pathlib import Path
 
@@ -29,10 +30,13 @@ def _entry_points(pyproject: Path) -> dict[str, str]:
 
 def _descriptors(pyproject: Path | None) -> list:
     """What one plugin package (None: the SDK's built-ins) registers, loaded from its
-    entry-point modules without installing it."""
+    entry-point modules without installing it (megatron and mooncake are not installed in
+    the test environment: their folder goes on sys.path for the import)."""
     if pyproject is None:
         ps = load_plugins(autoload=False, strict=True)
         return [d for d in ps.registry.all() if d.distribution in (None, "rollart-sdk")]
+    if str(pyproject.parent) not in sys.path:
+        sys.path.append(str(pyproject.parent))
     extra = {name: importlib.import_module(target.split(":")[0])
              for name, target in _entry_points(pyproject).items()}
     assert extra, f"{pyproject}: no [project.entry-points.rollart]"

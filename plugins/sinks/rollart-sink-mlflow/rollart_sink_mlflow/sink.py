@@ -27,12 +27,15 @@ MAX_PARAM_CHARS = 500
 class MlflowOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    # None: file:<run_dir>/mlruns. Else any MLflow tracking URI (sqlite:///..., http://...).
-    tracking_uri: str | None = None
-    experiment: str = "rollart"
-    # The MLflow run's name; None: the run directory's name.
-    name: str | None = None
-    tags: dict[str, str] = Field(default_factory=dict)
+    tracking_uri: str | None = Field(
+        None, description="MLflow tracking URI (sqlite:///..., http://...); unset: a file "
+        "store at file:<run dir>/mlruns")
+    experiment: str = Field("rollart", description="MLflow experiment the run is logged in "
+                            "(created if missing)")
+    name: str | None = Field(None, description="the MLflow run's name; unset: the run "
+                             "directory's name")
+    tags: dict[str, str] = Field(default_factory=dict,
+                                 description="tags set on the MLflow run (name: value)")
 
 
 class MlflowSink:

@@ -20,12 +20,12 @@ from rollart_sdk.control.sinks import sample_text
 class TensorBoardOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    # Where the event files go; relative paths are under the run directory.
-    log_dir: str = "tensorboard"
-    # The step's samples (samples.jsonl) as text entries, one per task.
-    samples: bool = True
-    # Seconds between flushes to disk (also flushed at the run's end).
-    flush_secs: float = Field(10.0, gt=0)
+    log_dir: str = Field("tensorboard", description="folder of the event files; a "
+                         "relative path is under the run directory")
+    samples: bool = Field(True, description="also write each step's samples "
+                          "(samples.jsonl) as text entries, one per task")
+    flush_secs: float = Field(10.0, gt=0, description="seconds between flushes to disk "
+                              "(also flushed at the run's end)")
 
 
 class TensorBoardSink:

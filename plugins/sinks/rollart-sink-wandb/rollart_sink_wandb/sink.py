@@ -21,16 +21,18 @@ COLUMNS = ["step", "tag", "outcome", "reward", "trajectory", "text"]
 class WandbOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    project: str = "rollart"
-    entity: str | None = None
-    mode: Literal["offline", "online", "disabled"] = "offline"
-    # Where wandb keeps its files (it adds wandb/); relative: under the run directory.
-    dir: str = "."
-    # The W&B run's name; None: the run directory's name.
-    name: str | None = None
-    tags: list[str] = Field(default_factory=list)
-    # The step's samples as a table.
-    samples: bool = True
+    project: str = Field("rollart", description="W&B project the run is logged in")
+    entity: str | None = Field(None, description="W&B entity (user or team); unset: "
+                               "wandb's default")
+    mode: Literal["offline", "online", "disabled"] = Field(
+        "offline", description="offline writes under the run directory (upload later with "
+        "`wandb sync`); online needs WANDB_API_KEY and network")
+    dir: str = Field(".", description="where wandb keeps its files (it adds wandb/); a "
+                     "relative path is under the run directory")
+    name: str | None = Field(None, description="the W&B run's name; unset: the run "
+                             "directory's name")
+    tags: list[str] = Field(default_factory=list, description="tags of the W&B run")
+    samples: bool = Field(True, description="also log each step's samples as a table")
 
 
 class WandbSink:
