@@ -542,8 +542,17 @@ def parse_override(item: str) -> tuple[list[str], Any]:
 
         value = parse_yaml(raw, f"override {key}")[0] if raw.strip() else ""
     except yaml.YAMLError as exc:
-        raise ConfigError([(key, f"override value {raw!r} is not valid YAML: {exc}")]) from None
+        raise ConfigError([(key, f"override value {raw!r} is not valid YAML: {_yaml_problem(exc)}; "
+                                 "write a YAML value, quoted for the shell: 'key=[1, 2]'")]) from None
     return key.split("."), value
+
+
+def _yaml_problem(exc: yaml.YAMLError) -> str:
+    """One line for a YAML error in a short text (an override): what is wrong and at
+    which column, without the parser's quoted source lines and carets."""
+    problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+    mark = getattr(exc, "problem_mark", None)
+    return f"{problem} at column {mark.column + 1}" if mark is not None else problem
 
 
 def apply_override(data: dict[str, Any], path: list[str], value: Any) -> None:
@@ -625,6 +634,13 @@ def _describe(err: Mapping[str, Any]) -> str:
         return "unknown key (check the spelling; see docs/configuration.md for the keys)"
     if err["type"] == "literal_error":
         return f"{msg} (got {err.get('input')!r})"
-    if err["type"] != "missing" and "input" in err and not isinstance(err["input"], dict):
-        return f"{msg} (got {err['input']!r})"
+    if err["type"] != "missing" and "input" in err and not isinstance(err["input"], dict | list):
+        return f"{msg} (got {_short(err['input'])})"
     return msg
+
+
+def _short(value: Any, limit: int = 120) -> str:
+    """``repr(value)``, cut to ``limit`` characters: an error names the value, it does not
+    dump a whole section of the config."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"

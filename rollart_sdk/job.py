@@ -177,12 +177,6 @@ def build_job(cfg: RunConfig, lines: LineMap | None = None, run_name: str | None
     log(f"run directory: {run_dir.path}")
     for warning in plan.warnings:
         log(f"warning: {warning}")
-    spawner: Spawner
-    if in_process:
-        spawner = LocalSpawner(plan)
-    else:
-        spawner = RaySpawner(cfg, plan, resolved.placement.create(), run_dir.path.name)
-
     from rollart_sdk.resources.threads import thread_plan
 
     # Threads per role (processes share the cores without oversubscription). In one
@@ -191,10 +185,15 @@ def build_job(cfg: RunConfig, lines: LineMap | None = None, run_name: str | None
     threads: dict[str, Any] = thread_plan(cfg)
     if in_process:
         threads.update(actor_gen=None, actor_train=None)
+    spawner: Spawner | None = None
     try:
+        spawner = (LocalSpawner(plan) if in_process else
+                   RaySpawner(cfg, plan, resolved.placement.create(), run_dir.path.name))
         workers = _spawn_workers(cfg, resolved, plan, model, spawner, described, threads)
     except BaseException:
-        spawner.close()  # the workers already started (all clusters start at once)
+        if spawner is not None:
+            spawner.close()  # the workers already started (all clusters start at once)
+        _abandon(run_dir, resumed=resume is not None)
         raise
     tasks = _task_runtimes(cfg, described, tokenizer)
     chat = tasks[cfg.tasks[0].tag].prompt_format  # the scheduler's default format
@@ -231,6 +230,16 @@ def _max_running(cfg: RunConfig) -> int:
     r = cfg.rollout
     max_running = r.max_envs or sum(launches_per_step(cfg).values())
     return max(r.group_size, (max_running // r.group_size) * r.group_size)
+
+
+def _abandon(run_dir: RunDir, resumed: bool) -> None:
+    """A run whose workers could not be started (no node provides a pool, a backend
+    failed to construct) trained nothing: its new run directory is removed, so that
+    output_dir is not littered with empty runs. A resumed run's directory is kept as is
+    (its logs were only opened for appending)."""
+    run_dir.close()
+    if not resumed:
+        shutil.rmtree(run_dir.path, ignore_errors=True)
 
 
 def _spawn_workers(cfg: RunConfig, resolved: ResolvedRun, plan: ResourcePlan,

@@ -57,18 +57,46 @@ def init_ray(
     if address:
         return ray.init(address=address, runtime_env=runtime_env, **kwargs)
     kwargs.setdefault("log_to_driver", True)
-    # "local": always start our own instance; with no address Ray would attach to any
-    # cluster another process started on this machine (/tmp/ray/ray_current_cluster).
-    return ray.init(
-        address="local",
-        num_cpus=num_cpus,
-        resources=resources or None,
-        labels=labels or None,
-        include_dashboard=False,
-        _node_ip_address="127.0.0.1",
-        runtime_env=runtime_env,
-        **kwargs,
-    )
+    return _start_local(dict(num_cpus=num_cpus, resources=resources or None,
+                             labels=labels or None, runtime_env=runtime_env, **kwargs))
+
+
+# Ray's own start-up gives its raylet 30 s to register (not configurable); on a loaded
+# machine that is sometimes not enough. One more try, after the first one's processes
+# are stopped.
+_STARTUP_TIMEOUT = "timed out during startup"
+
+
+def _start_local(kwargs: dict[str, Any]) -> Any:
+    """Start this process's own local Ray: first stop what is left of the local Rays of
+    earlier drivers that were killed (``rollart_sdk.ray_leftovers``), then record this
+    one's processes for the next start."""
+    import ray
+
+    from rollart_sdk import ray_leftovers
+
+    for attempt in (1, 2):
+        stopped = ray_leftovers.stop_leftovers()
+        if stopped:
+            print(f"note: stopped {len(stopped)} leftover process(es) of the local Ray of an "
+                  f"earlier run that was killed ({', '.join(stopped[:4])}"
+                  f"{', ...' if len(stopped) > 4 else ''})", file=sys.stderr, flush=True)
+        try:
+            # "local": always start our own instance; with no address Ray would attach to
+            # any cluster another process started here (/tmp/ray/ray_current_cluster).
+            ctx = ray.init(address="local", include_dashboard=False,
+                           _node_ip_address="127.0.0.1", **kwargs)
+        except Exception as exc:
+            if attempt == 2 or _STARTUP_TIMEOUT not in str(exc):
+                raise
+            print(f"note: Ray's local start-up timed out ({exc}); trying once more",
+                  file=sys.stderr, flush=True)
+            ray.shutdown()
+            ray_leftovers.stop_ray_below(os.getpid())  # what the failed start left
+            continue
+        ray_leftovers.record()
+        return ctx
+    raise AssertionError("unreachable")
 
 
 def descendants(pid: int) -> dict[int, str]:

@@ -195,3 +195,20 @@ def test_context_checks_skip_with_a_warning_a_task_whose_env_does_not_reset_here
         "(OSError: no map file)",
         "tasks.2: context budget not checked: the env's reset failed here "
         "(TimeoutError: reset took longer than 0.5s)"]
+
+
+def test_a_bad_value_or_override_is_named_in_one_line_not_dumped(tmp_path):
+    """Reliability review, probe 1: a repeated task tag dumped the whole ``tasks`` list,
+    and a malformed override printed the YAML parser's 9-line report."""
+    dup = BASE.replace("    max_turns: 2\n", "    max_turns: 2\n  - tag: FrozenLake\n"
+                       "    env: {name: arithmetic}\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(write(tmp_path, dup))
+    text = str(info.value)
+    assert "task tags must be unique; repeated: FrozenLake" in text
+    assert "arithmetic" not in text and len(text.splitlines()) <= 2, text
+    res = run_cli("validate", str(write(tmp_path, BASE)), "rollout.alpha=[1")
+    err = one_line_error(res)
+    assert len(err.strip().splitlines()) == 2, err  # "error: ...", then the one problem
+    assert "override value '[1' is not valid YAML: expected ',' or ']'" in err
+    assert "at column 3" in err
