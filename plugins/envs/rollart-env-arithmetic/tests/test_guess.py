@@ -86,6 +86,18 @@ def test_feedback_says_which_way_the_secret_lies():
         env.step("6")
 
 
+def test_show_range_names_the_numbers_still_possible():
+    env = GuessEnv(low=1, high=8, turns=4, show_range=True)
+    _with_secret(env, 6)
+    assert env.step("4")[0] == "4 is too low: 5 to 8."
+    assert env.step("2")[0] == "2 is too low: 5 to 8."  # a guess outside the range narrows nothing
+    obs, _, _, _, info = env.step("7")
+    assert (obs, info["possible"]) == ("7 is too high: 5 to 6.", [5, 6])
+    _with_secret(env, 8)
+    env.step("4")
+    assert env.step("7")[0] == "7 is too low: 8."
+
+
 def test_last_wrong_guess_gives_the_direction_and_the_secret():
     env = GuessEnv(low=1, high=8, turns=1)
     _with_secret(env, 2)
