@@ -15,3 +15,12 @@ def rollart_register_envs(registry):
         traits={"turns": "turns attempts (default 1)",
                 "character": "decode-heavy: a short prompt, a long worked answer (answer_style: steps)"},
     )
+    registry.register(
+        "guess",
+        factory="rollart_env_arithmetic.guess:GuessEnv",
+        options="rollart_env_arithmetic.guess:GuessOptions",
+        summary="guess a number in low..high; after a wrong guess the env says too low / too high",
+        traits={"turns": "turns guesses (default 3)",
+                "character": "multi-turn, one number token a turn; the best guess depends on "
+                             "the feedback"},
+    )
