@@ -121,7 +121,11 @@ def evaluate(cfg: RunConfig, lines: LineMap | None = None, checkpoint: str | Non
     plan = plan_resources(cfg, resolved, workers=ROLE_WORKERS)
     checked = preflight(cfg, resolved, lines, log, output_dir=False)
     log(f"model: {checked['model'].path}")
-    threads: dict[str, Any] = {**thread_plan(cfg), "actor_gen": None, "actor_train": None}
+    # One process, whose work is the engine's: torch gets the plan's in-process figure
+    # (every core but the control loop's; ROLLART_TORCH_THREADS overrides it).
+    plan_threads = thread_plan(cfg)
+    threads: dict[str, Any] = {**plan_threads, "actor_gen": plan_threads["process"],
+                               "actor_train": plan_threads["process"]}
     spawner = LocalSpawner(plan)
     t0 = time.perf_counter()
     try:
