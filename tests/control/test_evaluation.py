@@ -152,3 +152,10 @@ def test_rollart_eval_on_smollm2(tmp_path):
     assert 0.0 < r["success"] <= 1.0  # it starts above zero (docs/quickstart.md)
     assert 1.0 <= r["turns"] <= 3.0
     assert all(len(e["actions"]) == e["turns"] for e in r["per_episode"])
+
+
+def test_eval_tasks_must_name_tasks(tmp_path):
+    from rollart_sdk.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"eval\.tasks\.0.*no task tagged 'Nope'"):
+        config(tmp_path, eval={"tasks": ["Nope"]})
