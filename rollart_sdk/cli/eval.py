@@ -42,6 +42,26 @@ def default_out(output_dir: str, name: str, checkpoint: str | None) -> Path:
     return Path(output_dir) / "eval" / f"{name}-{label}-{time.strftime('%Y%m%d-%H%M%S')}.json"
 
 
+def compare(result: dict[str, Any], baseline: str) -> None:
+    """Add ``vs_baseline`` (episodes paired by seed with an earlier result) to each task
+    the earlier result ``baseline`` (a JSON file of ``rollart eval``) has."""
+    from rollart_sdk.control.evaluation import paired
+    from rollart_sdk.errors import RollartError
+
+    try:
+        base = json.loads(Path(baseline).read_text())
+        tasks = base["tasks"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise RollartError(f"--baseline {baseline}: not a result of rollart eval "
+                           f"({type(exc).__name__}: {exc})"[:400]) from None
+    if base.get("sampling") != result["sampling"]:
+        print(f"warning: --baseline {baseline} was sampled with {base.get('sampling')}, "
+              f"this evaluation with {result['sampling']}", file=sys.stderr)
+    for tag, r in result["tasks"].items():
+        if tag in tasks:
+            r["vs_baseline"] = paired(tasks[tag].get("per_episode", []), r["per_episode"])
+
+
 def cmd_eval(args: argparse.Namespace) -> int:
     from rollart_sdk.errors import ConfigError
     from rollart_sdk.evaluate import evaluate
@@ -52,6 +72,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
         result = evaluate(cfg, lines, args.checkpoint, args.episodes, args.seed_offset, log=log)
     except ConfigError as exc:
         raise ConfigError(exc.problems, source=args.config) from None
+    if args.baseline:
+        compare(result, args.baseline)
     out = Path(args.out) if args.out else default_out(cfg.output_dir, cfg.name, result["checkpoint"])
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1))
@@ -64,6 +86,12 @@ def cmd_eval(args: argparse.Namespace) -> int:
           f"{result['seeds'][1]}, temperature {s['temperature']:g}; {result['wall_s']:.1f} s")
     for line in table(result):
         print(line)
+    for tag, r in result["tasks"].items():
+        if "vs_baseline" in r:
+            v = r["vs_baseline"]
+            print(f"{tag} vs {args.baseline}: {v['paired']} episodes on the same seeds, "
+                  f"{v['gained']} solved now and not before, {v['lost']} the reverse "
+                  f"(sign test p = {v['sign_test_p']:.3g})")
     print(f"written: {out}")
     return 0
 
@@ -82,5 +110,8 @@ def add_parser(sub: Any) -> None:
                    help="first held-out seed is 2**31 + this (default: eval.seed_offset, 0)")
     p.add_argument("--out", metavar="FILE",
                    help="the JSON result (default: OUTPUT_DIR/eval/NAME-<checkpoint>-<time>.json)")
+    p.add_argument("--baseline", metavar="FILE",
+                   help="an earlier result (e.g. of the initial weights): episodes paired by "
+                        "seed, gained and lost, sign test")
     p.add_argument("--json", action="store_true", help="print the JSON result, not a table")
     p.set_defaults(func=cmd_eval)

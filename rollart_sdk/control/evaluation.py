@@ -99,6 +99,30 @@ def summarize(trajs: list[Trajectory]) -> dict[str, Any]:
     }
 
 
+def sign_test(gained: int, lost: int) -> float:
+    """Exact two-sided sign test: the chance of a split at least this uneven between
+    ``gained`` and ``lost`` episodes if either were equally likely."""
+    n = gained + lost
+    if n == 0:
+        return 1.0
+    tail = sum(math.comb(n, i) for i in range(min(gained, lost) + 1)) / 2**n
+    return min(1.0, 2 * tail)
+
+
+def paired(base: list[dict[str, Any]], new: list[dict[str, Any]]) -> dict[str, Any]:
+    """Two evaluations' episodes matched by env seed (``per_episode`` of each): how many
+    the new one solves that the baseline did not (``gained``) and the reverse (``lost``),
+    with the sign test's p. Same seeds, so the problems are the same: a far more
+    sensitive comparison than two overlapping intervals."""
+    before = {e["seed"]: e["success"] for e in base if e.get("success") is not None}
+    pairs = [(before[e["seed"]], e["success"]) for e in new
+             if e.get("success") is not None and e["seed"] in before]
+    gained = sum(1 for b, n in pairs if n and not b)
+    lost = sum(1 for b, n in pairs if b and not n)
+    return {"paired": len(pairs), "gained": gained, "lost": lost,
+            "sign_test_p": sign_test(gained, lost)}
+
+
 def episode_record(t: Trajectory, seed: int) -> dict[str, Any]:
     """One episode as the JSON result lists it: seed, outcome and the model's actions."""
     return {"seed": seed, "reward": t.reward, "success": t.info.get("success"),

@@ -18,7 +18,7 @@ from control_configs import two_tasks
 
 from rollart_sdk.cli import main
 from rollart_sdk.config import load_config
-from rollart_sdk.control.evaluation import EVAL_SEED_BASE, mean_ci, wilson
+from rollart_sdk.control.evaluation import EVAL_SEED_BASE, mean_ci, paired, sign_test, wilson
 from rollart_sdk.errors import RollartError
 from rollart_sdk.evaluate import evaluate
 from rollart_sdk.job import build_job, run_job
@@ -56,6 +56,11 @@ def test_intervals():
     assert mean_ci([1.0]) == (1.0, None)
     m, (lo, hi) = mean_ci([0.0, 1.0, 0.0, 1.0])
     assert m == 0.5 and lo < 0.5 < hi
+    assert sign_test(12, 3) == pytest.approx(0.03515625) and sign_test(0, 0) == 1.0
+    before = [{"seed": s, "success": s < 2} for s in range(4)]
+    after = [{"seed": s, "success": s != 1} for s in reversed(range(4))]  # order does not matter
+    assert paired(before, after) == {"paired": 4, "gained": 2, "lost": 1,
+                                     "sign_test_p": 1.0}
 
 
 def test_eval_is_deterministic_and_a_trained_checkpoint_changes_it(tmp_path):
@@ -78,8 +83,10 @@ def test_eval_is_deterministic_and_a_trained_checkpoint_changes_it(tmp_path):
     out = tmp_path / "trained.json"
     # The command line, given the run directory: its newest checkpoint, verified, loaded
     # by the trainer plugin and pushed to the engine.
+    baseline = tmp_path / "initial.json"
+    baseline.write_text(json.dumps(first))
     assert main(["eval", str(config_file), "--checkpoint", str(run_dir), "--episodes", "8",
-                 "--out", str(out)]) == 0
+                 "--out", str(out), "--baseline", str(baseline)]) == 0
     trained = json.loads(out.read_text())
     assert trained["version"] == 4 and trained["checkpoint"].endswith("step-4")
     assert all(r["versions"] == [4] for r in trained["tasks"].values())
@@ -88,6 +95,8 @@ def test_eval_is_deterministic_and_a_trained_checkpoint_changes_it(tmp_path):
     lake0, lake = first["tasks"]["FrozenLake"], trained["tasks"]["FrozenLake"]
     assert lake0["success"] == 0.0 and lake["success"] > lake0["success"]
     assert lake["turns"] < lake0["turns"]
+    vs = lake["vs_baseline"]  # paired by seed with the initial weights' episodes
+    assert vs["paired"] == 8 and vs["lost"] == 0 and vs["gained"] == round(8 * lake["success"])
 
 
 def test_a_corrupted_checkpoint_is_refused_before_anything_starts(tmp_path):
