@@ -57,7 +57,13 @@ def eval_config(cfg: RunConfig, episodes: int | None, seed_offset: int | None) -
         update["episodes"] = episodes
     if seed_offset is not None:
         update["seed_offset"] = seed_offset
-    return EvalConfig.model_validate({**base.model_dump(), **update})
+    from pydantic import ValidationError
+
+    try:
+        return EvalConfig.model_validate({**base.model_dump(), **update})
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+        raise RollartError(f"--episodes / --seed-offset: {problems}") from None
 
 
 def _model_mismatch(cfg: RunConfig, ckpt: Path) -> str | None:

@@ -17,6 +17,19 @@ from typing import Any
 from rollart_sdk.config import load_config
 
 
+def _count(minimum: int) -> Any:
+    def parse(text: str) -> int:
+        try:
+            n = int(text)
+        except ValueError:
+            n = minimum - 1
+        if n < minimum:
+            raise argparse.ArgumentTypeError(f"want a whole number >= {minimum}; got {text!r}")
+        return n
+
+    return parse
+
+
 def _fmt(value: float | None, ci: list[float] | None, digits: int = 3) -> str:
     if value is None:
         return "n/a"
@@ -105,8 +118,8 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--checkpoint", metavar="DIR",
                    help="RUN/checkpoints/step-N, or a run directory (its newest complete "
                         "checkpoint); default: the config's model as built")
-    p.add_argument("--episodes", type=int, help="episodes per task (default: eval.episodes, 32)")
-    p.add_argument("--seed-offset", type=int,
+    p.add_argument("--episodes", type=_count(1), help="episodes per task (default: eval.episodes, 32)")
+    p.add_argument("--seed-offset", type=_count(0),
                    help="first held-out seed is 2**31 + this (default: eval.seed_offset, 0)")
     p.add_argument("--out", metavar="FILE",
                    help="the JSON result (default: OUTPUT_DIR/eval/NAME-<checkpoint>-<time>.json)")
