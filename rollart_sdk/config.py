@@ -360,6 +360,31 @@ class TrainConfig(_Strict):
     samples_max_mb: float = Field(100.0, gt=0)
 
 
+class EvalSamplingConfig(_Strict):
+    """Sampling of held-out evaluation episodes: greedy (temperature 0) by default;
+    ``max_new_tokens`` None: each task's own."""
+
+    temperature: float = Field(0.0, ge=0)
+    top_p: float = Field(1.0, gt=0, le=1)
+    top_k: int = Field(0, ge=0)
+    max_new_tokens: int | None = Field(None, gt=0)
+
+
+class EvalConfig(_Strict):
+    """Held-out evaluation (control/evaluation.py): ``episodes`` per task on env seeds no
+    training run draws (``2**31 + seed_offset + i``), with ``sampling``, never trained.
+    ``every_steps`` > 0: during ``rollart train``, before step 1, every that many steps
+    and at the end (``eval/<tag>/...`` lines in metrics.jsonl); ``rollart eval`` reads
+    the rest of this section whatever ``every_steps`` is."""
+
+    every_steps: int = Field(0, ge=0)
+    episodes: int = Field(32, ge=1, le=2**20)
+    sampling: EvalSamplingConfig = Field(default_factory=EvalSamplingConfig)
+    tasks: list[str] | None = None  # task tags to evaluate; None: every task
+    seed_offset: int = Field(0, ge=0, le=2**30)
+    max_running: int = Field(32, ge=1)  # episodes in flight at once
+
+
 class RayConfig(_Strict):
     address: str | None = None  # None: start a local Ray on 127.0.0.1
     num_cpus: int | None = None
@@ -390,6 +415,7 @@ class RunConfig(_Strict):
     # config and every step's metrics beside metrics.jsonl; a failing sink never stops the
     # run (docs/configuration.md, "Metric sinks").
     logging: list[Backend] = Field(default_factory=list)
+    eval: EvalConfig | None = None  # held-out evaluation (None: none during training)
     # "simulated": `rollart train` runs the job on virtual time with the sim backends
     # (docs/simulation.md); `sim` holds the cost models' settings.
     clock: Literal["real", "simulated"] = "real"
@@ -459,6 +485,10 @@ class RunConfig(_Strict):
             for j, p in enumerate(rc.fallback or []):
                 if p not in names:
                     problems.append((f"roles.{role}.fallback.{j}", f"no pool named {p!r}; pools: {allowed}"))
+        for j, tag in enumerate((self.eval.tasks or []) if self.eval else []):
+            if tag not in [t.tag for t in self.tasks]:
+                problems.append((f"eval.tasks.{j}", f"no task tagged {tag!r}; tasks: "
+                                 + ", ".join(t.tag for t in self.tasks)))
         return problems
 
 

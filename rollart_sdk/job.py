@@ -244,9 +244,11 @@ def _abandon(run_dir: RunDir, resumed: bool) -> None:
 
 def _spawn_workers(cfg: RunConfig, resolved: ResolvedRun, plan: ResourcePlan,
                    model: ModelConfig, spawner: Spawner,
-                   described: dict[str, dict[str, Any]], threads: dict[str, int]) -> _Workers:
+                   described: dict[str, dict[str, Any]], threads: dict[str, int],
+                   trainer: bool = True) -> _Workers:
     """Bind in order of placement priority: the trainer gets its compute pool first, then
-    the engines their task pools, then reward and environments take what fits."""
+    the engines their task pools, then reward and environments take what fits.
+    ``trainer`` False: no trainer (``rollart eval`` of the initial weights)."""
     from rollart_sdk.cluster.roles import EngineWorker, TrainerWorker
 
     world = cfg.roles.actor_train.workers
@@ -257,7 +259,7 @@ def _spawn_workers(cfg: RunConfig, resolved: ResolvedRun, plan: ResourcePlan,
          resolved.transport.descriptor, resolved.transport.options, init_method,
          threads["actor_train"]),
         num_workers=world,
-    )
+    ) if trainer else []
     # ActorGen: roles.actor_gen.workers engines spread over the pools the tasks' generation
     # is bound to (the plan); the route table sends each task's requests to its pool's
     # engines, or to the recorded fallback when that pool had no room.
@@ -409,6 +411,13 @@ def _wire_control_plane(cfg: RunConfig, workers: _Workers, tasks: dict[str, Task
                         checkpoint_dir=str(run_dir.checkpoints), event_sink=run_dir.log_event,
                         weight_sync=WeightSync(workers.engines + workers.prefill), versions=versions)
     scheduler.on_finish.append(run_dir.log_finished)  # drops.jsonl, env close errors
+    if cfg.eval is not None and cfg.eval.every_steps:
+        from rollart_sdk.control.evaluation import Evaluator
+
+        # The same proxy (engines), env hosts and reward handle as training; episodes
+        # that no buffer or trainer ever sees (control/evaluation.py).
+        pipeline.evaluator = Evaluator.build(cfg, cfg.eval, tasks, chat, proxy, workers.envs,
+                                             workers.reward, versions.serving)
     return pipeline
 
 
@@ -525,6 +534,7 @@ def run_job(job: Job, steps: int, progress: bool = True) -> list[StepRecord]:
 
     display = ProgressDisplay(job.config, steps, enabled=progress)
     job.pipeline.on_step = _step_callback(job, display, steps)
+    job.pipeline.on_eval = _eval_callback(job, display)
     interrupted = False
 
     async def main() -> None:
@@ -609,6 +619,7 @@ def run_job(job: Job, steps: int, progress: bool = True) -> list[StepRecord]:
         "resumes": p.resumes,
         "envs": env_summary(job),
         "learning": learning_summary(p),
+        "eval": p.eval_lines[-1] if p.eval_lines else None,  # the last held-out evaluation
         "engines": _engine_stats(p),
         "sinks": _close_sinks(job),
     }
@@ -677,6 +688,26 @@ def _close_sinks(job: Job) -> dict[str, Any]:
         return {}
     job.sinks.close()
     return job.sinks.summary()
+
+
+def _eval_callback(job: Job, display: Any) -> Callable[[dict[str, Any]], None]:
+    """Each held-out evaluation: its line in metrics.jsonl (``"kind": "eval"``) and a
+    console line per task."""
+
+    def on_eval(line: dict[str, Any]) -> None:
+        job.run_dir.log_metrics(line)
+        if job.sinks is not None:  # the metric sinks get eval/<tag>/... too
+            job.sinks.step(line)
+        for tag in sorted({k.split("/")[1] for k in line if k.startswith("eval/") and
+                           k.count("/") == 2}):
+            succ, rew = line[f"eval/{tag}/success"], line[f"eval/{tag}/reward"]
+            job.pipeline.say(
+                f"eval after {line['step']} steps: {tag} success "
+                f"{'n/a' if succ is None else f'{succ:.3f}'}, reward "
+                f"{'n/a' if rew is None else f'{rew:.3f}'} "
+                f"({line[f'eval/{tag}/episodes']} episodes)")
+
+    return on_eval
 
 
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")

@@ -4,6 +4,8 @@
   reports one and it differs from the reward) per task, smoothed over a window with the raw
   values faint behind; rollout waste and length bias; trajectories launched and trained
   across a weight update per step; stage times;
+- ``eval.png`` (a run with ``eval:``): the held-out evaluations per task, success (or
+  reward) with its 95 % interval and mean turns, against the steps trained;
 - ``policy.png``: the sampled policy against the trained one, per step: the
   train/inference mismatch ``|engine log-prob - trainer log-prob|`` on fresh tokens (mean
   and max, per engine worker when there are several; log scale), the behaviour ratio
@@ -288,6 +290,44 @@ def plot_policy(metrics: list[dict[str, Any]], out: Path) -> Path | None:
     return path
 
 
+def plot_eval(evals: list[dict[str, Any]], out: Path) -> Path:
+    """``eval.png``: the held-out evaluations (``eval:``): per task, success rate (or the
+    mean reward where the env reports no success) with its 95 % interval, and mean turns,
+    against the steps trained when each ran."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    evals = sorted(evals, key=lambda m: m["step"])
+    steps = [m["step"] for m in evals]
+    tags = sorted({k.split("/")[1] for m in evals for k in m if k.startswith("eval/")
+                   and k.count("/") == 2})
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(13, 4.5))
+    for tag in tags:
+        key = "success" if any(m.get(f"eval/{tag}/success") is not None for m in evals) else "reward"
+        mid = [_num(m.get(f"eval/{tag}/{key}")) for m in evals]
+        lo = [_num(m.get(f"eval/{tag}/{key}_lo")) for m in evals]
+        hi = [_num(m.get(f"eval/{tag}/{key}_hi")) for m in evals]
+        line = ax.plot(steps, mid, marker="o", label=f"{tag} {key}")[0]
+        ax.fill_between(steps, lo, hi, color=line.get_color(), alpha=0.2)
+        ax2.plot(steps, [_num(m.get(f"eval/{tag}/turns")) for m in evals], marker="o",
+                 color=line.get_color(), label=f"{tag} turns")
+    n = max((m.get(f"eval/{t}/episodes") or 0 for m in evals for t in tags), default=0)
+    ax.set_title(f"held-out evaluation ({n} episodes per task; 95% interval shaded)")
+    ax.set_xlabel("steps trained")
+    ax.set_ylim(-0.05, 1.05)
+    ax.legend(fontsize=8)
+    ax2.set_title("mean turns per held-out episode")
+    ax2.set_xlabel("steps trained")
+    ax2.legend(fontsize=8)
+    fig.tight_layout()
+    path = out / "eval.png"
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
 def make_report(run_dir: str | Path, window: tuple[float, float] | None = None,
                 full: bool = False, smoothing: int | None = None) -> list[Path]:
     run = Path(run_dir)
@@ -295,13 +335,17 @@ def make_report(run_dir: str | Path, window: tuple[float, float] | None = None,
         raise FileNotFoundError(
             f"{run} has no metrics.jsonl: give the directory `rollart train` printed"
         )
-    metrics = read_jsonl(run / "metrics.jsonl")
+    lines = read_jsonl(run / "metrics.jsonl")
+    metrics = [m for m in lines if m.get("kind") != "eval"]
+    evals = [m for m in lines if m.get("kind") == "eval"]
     if not metrics:
         raise ValueError(f"{run / 'metrics.jsonl'} holds no step yet")
     paths = [plot_rewards(metrics, run, smoothing)]
     policy = plot_policy(metrics, run)
     if policy is not None:
         paths.append(policy)
+    if evals:
+        paths.append(plot_eval(evals, run))
     events_path = run / "events.jsonl"
     if events_path.exists() and events_path.stat().st_size:
         pools: dict[str, str] = {}

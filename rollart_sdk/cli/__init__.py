@@ -1,4 +1,4 @@
-"""The ``rollart`` command line: one module per command (plugins, envs, validate, train,
+"""The ``rollart`` command line: one module per command (plugins, envs, validate, train, eval,
 serve-reward, bench, report, samples, status, model, new-plugin); this module builds the parser and
 runs the command."""
 
@@ -10,6 +10,7 @@ import sys
 from rollart_sdk.cli import (
     bench,
     envs,
+    eval,
     model,
     new_plugin,
     plugins,
@@ -26,8 +27,8 @@ from rollart_sdk.errors import RollartError
 __all__ = ["build_parser", "main"]
 
 # The commands, in the order `rollart --help` lists them.
-COMMANDS = (plugins, envs, validate, train, sim, serve_reward, bench, report, samples, status,
-            model, new_plugin)
+COMMANDS = (plugins, envs, validate, train, eval, sim, serve_reward, bench, report, samples,
+            status, model, new_plugin)
 
 
 def build_parser() -> argparse.ArgumentParser:

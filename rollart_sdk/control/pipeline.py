@@ -195,6 +195,11 @@ class Pipeline:
         self.ended: float | None = None
         self.quota = task_quota(config)
         self.launch_per_step = launches_per_step(config)
+        # Held-out evaluation (config ``eval:``, control/evaluation.py): set by the job
+        # when ``eval.every_steps`` > 0; each evaluation's metrics line goes to ``on_eval``.
+        self.evaluator: Any = None
+        self.on_eval: Callable[[dict[str, Any]], None] | None = None
+        self.eval_lines: list[dict[str, Any]] = []
 
     @property
     def engine_version(self) -> int:
@@ -443,11 +448,13 @@ class Pipeline:
         # was built (a resume's checkpoint load and weight push may take long).
         self.watchdog.restart()
         self._last_save = time.monotonic()
+        await self._evaluate(self.first_step, steps, "start")
         self.scheduler.start(quota=self.launch_per_step if mode != "async" else None)
         pending: asyncio.Task[StepRecord] | None = None
         completed = False
         try:
             for step in range(self.first_step, steps):
+                await self._evaluate(step, steps, "beside")
                 if mode == "sync" and step > self.first_step:
                     self.scheduler.allow(self.launch_per_step)
                 self.log.append(f"get_batch:{step}")
@@ -486,10 +493,12 @@ class Pipeline:
                     await self._guarded(self.weights.update(done))
                     await self._guarded(self.weights.settle(done))
                     self._report(done)
+                    await self._evaluate(step + 1, steps, "sync")
                     if self._checkpoint_due(step + 1):  # after its line, as in _train
                         await self._guarded(self._periodic_checkpoint(step + 1))
             if pending is not None:
                 await self._guarded(pending)
+            await self._evaluate(steps, steps, "beside")
             completed = True
         finally:
             if pending is not None and not pending.done():
@@ -507,6 +516,38 @@ class Pipeline:
             self.buffer.discard_all("run_end")
             await self.recovery.close(wait_s=RECOVERY_WAIT_S if completed else 0.0)
         return self.records
+
+    # ------------------------------------------------------------------ evaluation
+    def _eval_due(self, done: int, steps: int, where: str) -> bool:
+        """Before step 1 (``where`` "start"; not in a resumed session), every
+        ``eval.every_steps`` steps and after the last one: in sync mode after the step's
+        line ("sync"), else at the top of the next iteration or after the loop ("beside")."""
+        every = self.cfg.eval.every_steps if self.cfg.eval is not None else 0
+        if self.evaluator is None or not every or (done % every and done != steps):
+            return False
+        if where == "start":
+            return done == 0
+        return (where == "sync") == (self.cfg.rollout.mode == "sync") and done > self.first_step
+
+    async def _evaluate(self, done: int, steps: int, where: str) -> None:
+        """The held-out evaluation after ``done`` steps, when it is due (``_eval_due``).
+        Sync mode runs it between steps, when no trajectory is in flight; one_off / async
+        beside the running rollout (no weight swap happens during it; the engines serve
+        the version each line's ``eval/<tag>/version`` says). Its episodes never reach the
+        buffer or the trainer; its time does not count as a stall."""
+        if not self._eval_due(done, steps, where):
+            return
+        from rollart_sdk.control.evaluation import metric_line
+
+        t0 = time.perf_counter()
+        results = await self.evaluator.run()
+        seconds = time.perf_counter() - t0
+        self.watchdog.pause(seconds)
+        line = metric_line(results, done, seconds)
+        self.eval_lines.append(line)
+        self.log.append(f"eval:{done}")
+        if self.on_eval is not None:
+            self.on_eval(line)
 
     # ------------------------------------------------------------------ resume
     def wall_s(self) -> float:

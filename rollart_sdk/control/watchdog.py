@@ -78,6 +78,11 @@ class Watchdog:
         self._last_progress = self._clock()
         self._progressed = True
 
+    def pause(self, seconds: float) -> None:
+        """``seconds`` of work that is not the rollout's (a held-out evaluation) do not
+        count as idle."""
+        self._last_progress += seconds
+
     def restart(self) -> None:
         """The run starts (or resumes after a restore): the stall clock starts now, and the
         first episode's budget applies again."""
