@@ -25,6 +25,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
 
 @dataclass
 class AgentResult:
@@ -102,3 +104,45 @@ class AgentEnv:
         async with openai.AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0,
                                       timeout=3600) as client:
             return await self.run(client, self._task)
+
+
+class ImportedAgentOptions(BaseModel):
+    """Options of the built-in env ``agent``: an agent function named by import string."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    run: str = Field(description="'module:function', async def run(client, task) -> result")
+    tasks: str | list[Any] = Field(
+        description="'module:function' (seed -> task), or a list of tasks (task seed % len)")
+    tool_parser: str = Field("hermes", description="hermes or none")
+
+    @field_validator("tasks")
+    @classmethod
+    def _some(cls, v: str | list[Any]) -> str | list[Any]:
+        if isinstance(v, list) and not v:
+            raise ValueError("tasks is empty; give at least one task")
+        return v
+
+
+class ImportedAgent(AgentEnv):
+    """The built-in env ``agent``: ``run`` and ``tasks`` imported by name (the module must
+    be importable where the task's envs live: the env workers share this machine's
+    PYTHONPATH)."""
+
+    def __init__(self, run: str, tasks: str | list[Any], tool_parser: str = "hermes") -> None:
+        from rollart_sdk.registry import import_string
+
+        self._fn = import_string(run)
+        if not callable(self._fn):
+            raise TypeError(f"run {run!r} is not a function; give 'module:function'")
+        self._tasks = import_string(tasks) if isinstance(tasks, str) else list(tasks)
+        self.tool_parser = tool_parser
+
+    def task(self, seed: int) -> Any:
+        if isinstance(self._tasks, list):
+            return self._tasks[seed % len(self._tasks)]
+        return self._tasks(seed)
+
+    async def run(self, client: Any, task: Any) -> AgentResult | float | str:
+        result: AgentResult | float | str = await self._fn(client, task)
+        return result
