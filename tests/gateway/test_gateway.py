@@ -246,3 +246,67 @@ def test_aborted_episode_answers_410_and_is_dropped(model: ModelConfig) -> None:
     assert traj.dropped == "aborted:stale"
     assert traj.reward is None and traj.info["agent_requests"] == 1
     assert traj.info["gateway_refused_410"] == 1, traj.info
+
+
+class SdkAgent(AgentEnv):
+    """The OpenAI Agents SDK itself (``pip install openai-agents``), unmodified: an Agent
+    with a function tool on an ``OpenAIChatCompletionsModel`` over the episode's client."""
+
+    def task(self, seed: int) -> Any:
+        return {"question": "What is 2 + 3? Use the add tool.", "answer": "5"}
+
+    async def run(self, client: Any, task: Any) -> AgentResult:
+        from agents import Agent, OpenAIChatCompletionsModel, RunConfig, Runner, function_tool
+
+        @function_tool
+        def add(a: int, b: int) -> int:
+            """Add two integers."""
+            return a + b
+
+        agent = Agent(name="calc", instructions="You add numbers with the add tool.",
+                      tools=[add], model=OpenAIChatCompletionsModel(model=self.model,
+                                                                   openai_client=client))
+        result = await Runner.run(agent, task["question"], max_turns=3,
+                                  run_config=RunConfig(tracing_disabled=True))
+        answer = str(result.final_output)
+        return AgentResult(reward=float(task["answer"] in answer), answer=answer)
+
+
+class KeepingGateway(Gateway):
+    """Keeps closed episodes, to compare the recorded prompts with the agent's messages."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.kept: list[Any] = []
+
+    def close(self, episode_id: str, reason: str = "closed") -> Any:
+        ep = super().close(episode_id, reason)
+        self.kept.append(ep)
+        return ep
+
+
+def test_openai_agents_sdk_agent_is_trained_on_the_engines_tokens(model: ModelConfig) -> None:
+    pytest.importorskip("agents")
+
+    async def main() -> Any:
+        gw = KeepingGateway()
+        parts = _parts(model, SdkAgent, gw)
+        traj = await _manager(parts).run()
+        await gw.stop()
+        return parts, traj, gw.kept[0]
+
+    (tok, engine, _, _, _), traj, ep = asyncio.run(main())
+    assert traj.dropped is None, traj.dropped
+    assert not [k for k in traj.info if k.startswith("gateway_refused")], traj.info
+    assert traj.info["agent_requests"] >= 1
+    seg = ep.record.segments[-1]
+    n = len(seg.turns)
+    assert traj.turns == seg.turns and n >= 1
+    # The trained sample is the engine's tokens on the engine's prompts.
+    for turn, result in zip(traj.turns, engine.results[-n:], strict=True):
+        assert turn.action_ids == result.token_ids and turn.logprobs == result.logprobs
+    assert traj.to_sample().input_ids[:len(engine.prompts[-1])] == engine.prompts[-1]
+    # The last prompt is the template's render of the messages (and tools) the SDK sent.
+    assert any(m["role"] == "system" for m in seg.messages)
+    rendered = tok.apply_chat_template(seg.messages, tokenize=False, add_generation_prompt=True)
+    assert tok.decode(engine.prompts[-1], skip_special_tokens=False) == rendered
