@@ -33,8 +33,7 @@ from rollart_sdk.types import GenerationResult, SamplingParams
 
 MAX_BODY_BYTES = 4 * 2**20  # a request body over this is refused (413)
 MODEL_NAME = "policy"  # the served model's id (the policy being trained)
-_UNSUPPORTED = {"n": "n > 1 (one completion per request)", "stream": "stream: true",
-                "stop": "stop sequences"}
+_UNSUPPORTED = {"n": "n > 1 (one completion per request)", "stop": "stop sequences"}
 
 
 class EpisodeEnded(Exception):
@@ -203,7 +202,11 @@ class Gateway:
         try:
             ep = self._episode(request)
             body = await self._body(request)
-            return JSONResponse(await self.complete(ep, body))
+            answer = await self.complete(ep, body)
+            if body.get("stream"):
+                return _stream(answer, bool((body.get("stream_options") or {})
+                                            .get("include_usage")))
+            return JSONResponse(answer)
         except GatewayError as exc:
             if ep is not None:
                 ep.counts[f"refused_{exc.status}"] += 1
@@ -271,7 +274,13 @@ class Gateway:
             reply, finish = self._reply(ep, result)
             # Kept as the agent will send it back (tool call arguments parsed).
             ep.record.record(prompt, messages, result, normalize_messages([reply])[0])
-        return self._response(result, reply, finish, len(prompt.ids))
+        answer = self._response(result, reply, finish, len(prompt.ids))
+        if body.get("logprobs"):
+            answer["choices"][0]["logprobs"] = {"content": [
+                {"token": t, "logprob": lp, "bytes": list(t.encode()), "top_logprobs": []}
+                for t, lp in zip((ep.record.decode([i]) for i in result.token_ids),
+                                 result.logprobs, strict=True)]}
+        return answer
 
     def _reply(self, ep: Episode, result: GenerationResult) -> tuple[dict[str, Any], str]:
         ids = list(result.token_ids)
@@ -301,3 +310,26 @@ class Gateway:
                              "logprobs": None}],
                 "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": n,
                           "total_tokens": prompt_tokens + n}}
+
+
+def _stream(answer: dict[str, Any], include_usage: bool) -> Any:
+    """A completed answer as server-sent ``chat.completion.chunk`` events: the whole
+    message in one delta, then the finish reason (and usage when asked). The gateway
+    answers once the turn is generated: streaming here is the protocol, not token pacing."""
+    from starlette.responses import StreamingResponse
+
+    choice = answer["choices"][0]
+    delta: dict[str, Any] = {"role": "assistant", "content": choice["message"]["content"]}
+    if "tool_calls" in choice["message"]:
+        delta["tool_calls"] = [{"index": i, **c}
+                               for i, c in enumerate(choice["message"]["tool_calls"])]
+    head = {k: answer[k] for k in ("id", "created", "model")}
+    head["object"] = "chat.completion.chunk"
+    chunks = [{**head, "choices": [{"index": 0, "delta": delta, "finish_reason": None,
+                                    "logprobs": choice["logprobs"]}]},
+              {**head, "choices": [{"index": 0, "delta": {},
+                                    "finish_reason": choice["finish_reason"]}]}]
+    if include_usage:
+        chunks.append({**head, "choices": [], "usage": answer["usage"]})
+    events = [f"data: {json.dumps(c)}\n\n" for c in chunks] + ["data: [DONE]\n\n"]
+    return StreamingResponse(iter(events), media_type="text/event-stream")

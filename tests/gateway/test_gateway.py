@@ -310,3 +310,39 @@ def test_openai_agents_sdk_agent_is_trained_on_the_engines_tokens(model: ModelCo
     assert any(m["role"] == "system" for m in seg.messages)
     rendered = tok.apply_chat_template(seg.messages, tokenize=False, add_generation_prompt=True)
     assert tok.decode(engine.prompts[-1], skip_special_tokens=False) == rendered
+
+
+def test_streaming_and_logprobs_carry_the_engines_answer(model: ModelConfig) -> None:
+    async def main() -> Any:
+        gw = Gateway()
+        await gw.start()
+        tok, engine, proxy, task, _ = _parts(model, ThreeTurns, gw)
+        mgr = _manager(_parts(model, ThreeTurns, gw))
+
+        async def generate(ids: list[int], sampling: Any) -> Any:
+            from rollart_sdk.types import GenerationRequest
+
+            return await engine.generate(GenerationRequest(f"r{len(engine.results)}", ids,
+                                                           sampling))
+
+        ep = gw.open("s", record=mgr._record(), generate=generate, sampling=task.sampling(1),
+                     max_turns=4, max_context_tokens=512, stop_ids={tok.eos_token_id},
+                     decode_text=task.prompt_format.decode)
+        client = openai.AsyncOpenAI(base_url=ep.base_url, api_key=ep.token, max_retries=0)
+        msgs = [{"role": "user", "content": "hi"}]
+        stream = await client.chat.completions.create(
+            model="policy", messages=msgs, stream=True, stream_options={"include_usage": True})
+        chunks = [c async for c in stream]
+        full = await client.chat.completions.create(model="policy", messages=msgs,
+                                                    logprobs=True)
+        await client.close()
+        await gw.stop()
+        return tok, engine, chunks, full
+
+    tok, engine, chunks, full = asyncio.run(main())
+    first, second = engine.results
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    ids = [i for i in first.token_ids if i != tok.eos_token_id]
+    assert text == tok.decode(ids, skip_special_tokens=True)
+    assert chunks[-1].usage.completion_tokens == len(first.token_ids)
+    assert [x.logprob for x in full.choices[0].logprobs.content] == second.logprobs
