@@ -73,6 +73,10 @@ class AgentManager(EnvManager):
     async def _rollout(self) -> None:
         traj, cfg = self.traj, self.task.config
         self._turn_results: list[GenerationResult] = []
+        if self.barrier is not None:
+            # Batched interaction cannot hold an agent's turns in lockstep (the agent, not
+            # this manager, decides when it calls): it leaves the wave at once.
+            self.barrier.leave(self.env_id)
         first = await self._reset()
         if first is None:
             return

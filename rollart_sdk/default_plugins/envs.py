@@ -13,4 +13,7 @@ def rollart_register_envs(registry):
         options="rollart_sdk.gateway.agent:ImportedAgentOptions",
         summary="an agent written against the OpenAI API: async def run(client, task), "
                 "served by the gateway (docs/gateway.md)",
+        traits={"turns": "the agent's requests (tasks[].max_turns at most)",
+                "character": "an agent program: it drives the model over HTTP; the last "
+                             "segment of its requests is trained"},
     )
