@@ -62,3 +62,17 @@ def test_appended_history_continues_and_a_rewrite_starts_a_segment() -> None:
     p3 = _turn(rec, m3, "k")
     assert not p3.continues and p3.ids == p3.new_ids
     assert len(rec.segments) == 2
+
+
+def test_an_agent_task_needs_a_chat_template_and_no_inline_host() -> None:
+    from types import SimpleNamespace
+
+    from rollart_sdk.config import TaskConfig
+    from rollart_sdk.control.chat import PlainFormat
+    from rollart_sdk.preflight import _agent_problems
+
+    task = TaskConfig(tag="a", env={"name": "agent"}, env_host="inline")
+    fmt = PlainFormat(SimpleNamespace(eos_token_id=0))
+    problems = dict(_agent_problems(0, task, fmt))
+    assert "chat template" in problems["tasks.0.prompt_format"]
+    assert "cannot run inline" in problems["tasks.0.env_host"]
