@@ -223,6 +223,12 @@ def _agent_problems(i: int, task: Any, fmt: Any) -> Problems:
             f"task {task.tag!r} is an agent: its requests are rendered with a chat template, "
             "and this model's tokenizer has none; use a model with a chat template, or give "
             "one (tasks[].chat_template: a .jinja file)")))
+    import importlib.util
+
+    if importlib.util.find_spec("openai") is None:
+        problems.append((f"tasks.{i}.env", (
+            f"task {task.tag!r} is an agent, and its client library is not installed: "
+            "pip install 'rollart-sdk[agents]' (or pip install openai)")))
     if task.env_host == "inline":
         problems.append((f"tasks.{i}.env_host", (
             f"task {task.tag!r} is an agent: it cannot run inline (it would block the loop "
