@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 from typing import Any
 
 import pytest
@@ -346,3 +347,51 @@ def test_streaming_and_logprobs_carry_the_engines_answer(model: ModelConfig) -> 
     assert text == tok.decode(ids, skip_special_tokens=True)
     assert chunks[-1].usage.completion_tokens == len(first.token_ids)
     assert [x.logprob for x in full.choices[0].logprobs.content] == second.logprobs
+
+
+_UPDATED = threading.Event()
+
+
+class AcrossUpdate(AgentEnv):
+    """Two turns with a weight update between them (the agent waits for it)."""
+
+    def task(self, seed: int) -> Any:
+        return "q"
+
+    async def run(self, client: Any, task: Any) -> float:
+        messages = [{"role": "user", "content": "one"}]
+        a = await client.chat.completions.create(model=self.model, messages=messages,
+                                                 max_tokens=4)
+        await asyncio.to_thread(_UPDATED.wait, 120)
+        messages += [{"role": "assistant", "content": a.choices[0].message.content},
+                     {"role": "user", "content": "two"}]
+        await client.chat.completions.create(model=self.model, messages=messages, max_tokens=4)
+        return 1.0
+
+
+def test_an_episode_within_the_bound_continues_across_a_weight_update(
+        model: ModelConfig) -> None:
+    from rollart_sdk.models import load_causal_lm
+    from rollart_sdk.types import WeightBucket
+
+    async def main() -> Any:
+        gw = Gateway()
+        parts = _parts(model, AcrossUpdate, gw)
+        engine = parts[1]
+        _UPDATED.clear()
+        run = asyncio.ensure_future(_manager(parts).run())
+        for _ in range(1200):
+            if engine.results:
+                break
+            await asyncio.sleep(0.05)
+        weights = load_causal_lm(model.path).state_dict()
+        await engine.engine.load_weights([WeightBucket(1, 0, dict(weights))], version=1)
+        _UPDATED.set()
+        traj = await asyncio.wait_for(run, 120)
+        await gw.stop()
+        return traj
+
+    traj = asyncio.run(main())
+    assert traj.dropped is None and traj.info["agent_segments"] == 1
+    assert set(traj.turns[0].versions) == {0} and set(traj.turns[1].versions) == {1}
+    assert traj.versions == {0, 1} and traj.reward == 1.0
