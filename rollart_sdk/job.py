@@ -135,6 +135,9 @@ def describe_env(resolved: Resolved) -> dict[str, Any]:
             "action_vocabulary": getattr(env, "action_vocabulary", None),
             "system_prompt": getattr(env, "system_prompt", None),
             "step_cost": getattr(env, "step_cost", None),
+            # An AgentEnv (rollart_sdk.gateway): the agent drives, through the gateway.
+            "agent": bool(getattr(env, "is_agent", False)),
+            "tool_parser": getattr(env, "tool_parser", None) or "hermes",
         }
     finally:
         close = getattr(env, "close", None)
@@ -365,6 +368,11 @@ def _task_runtimes(cfg: RunConfig, described: dict[str, dict[str, Any]],
     from rollart_sdk.errors import ConfigError
 
     tasks: dict[str, TaskRuntime] = {}
+    gateway = None
+    if any(described[t.tag].get("agent") for t in cfg.tasks):
+        from rollart_sdk.gateway import Gateway
+
+        gateway = Gateway()  # one per run, started on the control plane's loop
     for i, task in enumerate(cfg.tasks):
         d = described[task.tag]
         system = d["system_prompt"] if task.system_prompt == "env" else task.system_prompt
@@ -381,6 +389,9 @@ def _task_runtimes(cfg: RunConfig, described: dict[str, dict[str, Any]],
                 )
             allowed = fmt.action_token_ids(d["action_vocabulary"])
         tasks[task.tag] = TaskRuntime(task, system or None, allowed, fmt)
+        if d.get("agent"):
+            tasks[task.tag].gateway = gateway
+            tasks[task.tag].tool_parser = d["tool_parser"]
     return tasks
 
 

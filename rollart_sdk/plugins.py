@@ -43,6 +43,7 @@ DEFAULT_PLUGINS: dict[str, str] = {
     "rollart-builtins-benchmarks": "rollart_sdk.default_plugins.benchmarks",
     "rollart-builtins-serverless": "rollart_sdk.default_plugins.serverless",
     "rollart-builtins-sims": "rollart_sdk.default_plugins.sims",
+    "rollart-builtins-envs": "rollart_sdk.default_plugins.envs",
 }
 
 

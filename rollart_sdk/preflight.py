@@ -193,6 +193,8 @@ def check_context(cfg: RunConfig, envs: dict[str, Any], described: dict[str, dic
             problems.append((f"tasks.{i}.{where}", str(exc)))
             continue
         warnings += [f"tasks.{i} ({task.tag}): {note}" for note in formats[i].notes]
+        if described[task.tag].get("agent"):
+            problems += _agent_problems(i, task, formats.pop(i))
     for i, task, obs in _first_observations(cfg, envs, warnings):
         if i not in formats:
             continue
@@ -208,6 +210,30 @@ def check_context(cfg: RunConfig, envs: dict[str, Any], described: dict[str, dic
                 f"every trajectory would be dropped (no_turns); raise it to at least "
                 f"{n + task.sampling.max_new_tokens} (prompt + sampling.max_new_tokens)")))
     return problems, warnings
+
+
+def _agent_problems(i: int, task: Any, fmt: Any) -> Problems:
+    """An agent task (its env an ``AgentEnv``) renders OpenAI messages with a chat
+    template, and its agent waits on the gateway, which the control plane's loop serves."""
+    from rollart_sdk.control.chat import ChatFormat
+
+    problems: Problems = []
+    if not isinstance(fmt, ChatFormat):
+        problems.append((f"tasks.{i}.prompt_format", (
+            f"task {task.tag!r} is an agent: its requests are rendered with a chat template, "
+            "and this model's tokenizer has none; use a model with a chat template, or give "
+            "one (tasks[].chat_template: a .jinja file)")))
+    import importlib.util
+
+    if importlib.util.find_spec("openai") is None:
+        problems.append((f"tasks.{i}.env", (
+            f"task {task.tag!r} is an agent, and its client library is not installed: "
+            "pip install 'rollart-sdk[agents]' (or pip install openai)")))
+    if task.env_host == "inline":
+        problems.append((f"tasks.{i}.env_host", (
+            f"task {task.tag!r} is an agent: it cannot run inline (it would block the loop "
+            "that serves its requests); use env_host: worker (default) or thread")))
+    return problems
 
 
 def check_sim_context(cfg: RunConfig, resolved: Any, plan: Any) -> tuple[Problems, list[str]]:

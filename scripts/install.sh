@@ -16,7 +16,7 @@ if [ "${ROLLART_SKIP_TORCH:-0}" != "1" ]; then
 fi
 # Ray: the release this project is tested with (constraints.txt; the package accepts a range).
 pip_install "ray[default]"
-extras="hf,report"
+extras="hf,report,agents"
 [ "${1:-}" = "--dev" ] && extras="$extras,dev,sinks"
 pip_install -e ".[${extras}]"
 plugins=(

@@ -68,6 +68,10 @@ class TaskRuntime:
     system_prompt: str | None = None
     allowed_token_ids: list[int] | None = None
     prompt_format: Any = None  # ChatFormat / PlainFormat of this task; None: the shared one
+    # An agent task (its env an AgentEnv): the run's OpenAI-compatible gateway, and how
+    # the model's text becomes tool calls (rollart_sdk.gateway.tools).
+    gateway: Any = None
+    tool_parser: str = "hermes"
 
     def sampling(self, seed: int) -> SamplingParams:
         s = self.config.sampling

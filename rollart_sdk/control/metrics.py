@@ -92,6 +92,13 @@ def step_metrics(rec: StepRecord, prev: StepRecord | None, buffer: SampleBuffer,
         if judged:
             m[f"invalid_action/{tag}"] = sum(1 for j in judged if j) / len(judged)
         m[f"count/{tag}"] = len(trajs)
+        # Agent tasks (docs/gateway.md): segments per episode (1: the agent only appended
+        # to its history; more: it rewrote it, and only the last segment was trained).
+        segs = [t.info["agent_segments"] for t in trajs if "agent_segments" in t.info]
+        if segs:
+            m[f"agent/segments/{tag}"] = sum(segs) / len(segs)
+            m[f"agent/requests/{tag}"] = sum(t.info.get("agent_requests", 0)
+                                            for t in trajs) / len(trajs)
         # Turns of every episode that ended since the previous batch, trained or not:
         # turns/<tag> over it is the length bias of what gets trained (1: none).
         n, turns = rec.finished_turns.get(tag, (0, 0))

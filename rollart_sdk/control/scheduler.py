@@ -370,16 +370,21 @@ class RolloutScheduler:
         """The EnvManager for a new trajectory: its pooled environment's own (made once,
         reused episode after episode), or a fresh one for an unpooled task."""
         pool = self.pools.get(traj.tag)
+        manager = EnvManager
+        if self.tasks[traj.tag].gateway is not None:
+            from rollart_sdk.control.agent_manager import AgentManager
+
+            manager = AgentManager
         if pool is None:
-            return EnvManager(traj, env_seed, sample_seed, self.tasks[traj.tag], self.chat,
-                              self.proxy, self._pick_env_worker(traj.tag), self.reward_worker,
-                              self.version, self._emit, barrier=barrier)
+            return manager(traj, env_seed, sample_seed, self.tasks[traj.tag], self.chat,
+                           self.proxy, self._pick_env_worker(traj.tag), self.reward_worker,
+                           self.version, self._emit, barrier=barrier)
         slot = pool.acquire()
         self._slot_of[traj.trajectory_id] = slot
         if slot.manager is None:
-            slot.manager = EnvManager(traj, env_seed, sample_seed, self.tasks[traj.tag], self.chat,
-                                      self.proxy, slot.worker, self.reward_worker, self.version,
-                                      self._emit, barrier=barrier, env_id=slot.env_id)
+            slot.manager = manager(traj, env_seed, sample_seed, self.tasks[traj.tag], self.chat,
+                                   self.proxy, slot.worker, self.reward_worker, self.version,
+                                   self._emit, barrier=barrier, env_id=slot.env_id)
         else:
             slot.manager.next_episode(traj, env_seed, sample_seed, barrier=barrier,
                                       env_id=slot.env_id)

@@ -1,0 +1,188 @@
+"""One agent episode as tokens: what the gateway prompted and what the engine sampled.
+
+Every ``/v1/chat/completions`` request of an episode is rendered with the model's chat
+template (messages and tools). When its messages extend the previous request's messages
+plus the reply the gateway returned, and the template's render extends the previous
+prompt's text plus the generated text, the turn *continues the segment*: its context is
+the previous context, the generated ids exactly as sampled, and the ids of the new text
+only (never a re-tokenisation of earlier turns). Otherwise (the agent rewrote, trimmed or
+summarised its history, or the template renders the reply differently from what the model
+wrote) a new *segment* starts from the render of the whole request. A segment is a
+trajectory as the trainer knows it: ``Turn``\\ s whose ``obs_ids`` are template tokens
+(not trained) and whose ``action_ids`` are the engine's tokens (trained).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from rollart_sdk.types import GenerationResult, SamplingParams, Turn
+
+ROLES = ("system", "developer", "user", "assistant", "tool")
+
+
+class GatewayError(Exception):
+    """A request the gateway refuses: ``status`` (an HTTP 4xx) and a message saying what
+    is wrong and what to do (the ``openai`` client raises it as ``APIStatusError``)."""
+
+    def __init__(self, status: int, message: str, code: str = "invalid_request_error",
+                 param: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.code = code
+        self.param = param
+
+
+def _text(content: Any, where: str) -> str:
+    """A message's content as text: a string, None (an assistant turn of only tool calls)
+    or a list of ``{"type": "text", "text": ...}`` parts."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = []
+        for i, part in enumerate(content):
+            if not (isinstance(part, dict) and part.get("type") == "text"
+                    and isinstance(part.get("text"), str)):
+                raise GatewayError(400, f"{where}.content[{i}]: only text parts "
+                                   "({'type': 'text', 'text': ...}) are supported", param=where)
+            parts.append(part["text"])
+        return "".join(parts)
+    raise GatewayError(400, f"{where}.content must be a string, null or a list of text parts, "
+                       f"got {type(content).__name__}", param=where)
+
+
+def _tool_call(call: Any, where: str) -> dict[str, Any]:
+    fn = call.get("function") if isinstance(call, dict) else None
+    if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+        raise GatewayError(400, f"{where}: a tool call is {{'id', 'type': 'function', "
+                           "'function': {'name', 'arguments'}}", param=where)
+    args = fn.get("arguments", "{}")
+    try:  # templates render arguments as an object (Qwen's tojson, Llama's)
+        parsed = json.loads(args) if isinstance(args, str) else args
+    except ValueError:
+        parsed = args
+    return {"id": str(call.get("id", "")), "type": "function",
+            "function": {"name": fn["name"], "arguments": parsed}}
+
+
+def normalize_messages(messages: Any) -> list[dict[str, Any]]:
+    """The request's messages as the template gets them: role, text content, and tool
+    calls / tool call ids where present; ``developer`` is rendered as ``system``. Raises
+    :class:`GatewayError` (400) naming the bad message."""
+    if not isinstance(messages, list) or not messages:
+        raise GatewayError(400, "messages must be a non-empty list of {'role', 'content'} "
+                           "objects", param="messages")
+    out = []
+    for i, m in enumerate(messages):
+        where = f"messages[{i}]"
+        if not isinstance(m, dict) or m.get("role") not in ROLES:
+            raise GatewayError(400, f"{where}: needs a role, one of {', '.join(ROLES)}",
+                               param=where)
+        msg: dict[str, Any] = {"role": "system" if m["role"] == "developer" else m["role"],
+                               "content": _text(m.get("content"), where)}
+        calls = m.get("tool_calls")
+        if calls:
+            if not isinstance(calls, list):
+                raise GatewayError(400, f"{where}.tool_calls must be a list", param=where)
+            msg["tool_calls"] = [_tool_call(c, f"{where}.tool_calls[{j}]")
+                                 for j, c in enumerate(calls)]
+        for key in ("tool_call_id", "name"):
+            if isinstance(m.get(key), str):
+                msg[key] = m[key]
+        out.append(msg)
+    return out
+
+
+def _same_reply(sent: dict[str, Any], echoed: dict[str, Any]) -> bool:
+    """Whether the agent sent back the reply the gateway returned (tool call ids aside)."""
+    if echoed.get("role") != "assistant" or echoed.get("content", "") != sent["content"]:
+        return False
+
+    def calls(m: dict[str, Any]) -> list[Any]:
+        return [(c["function"]["name"], c["function"]["arguments"])
+                for c in m.get("tool_calls", [])]
+
+    return calls(sent) == calls(echoed)
+
+
+@dataclass
+class Segment:
+    """Turns that share one growing context (one trained sample)."""
+
+    turns: list[Turn] = field(default_factory=list)
+    context: list[int] = field(default_factory=list)  # prompt + sampled ids so far
+    messages: list[dict[str, Any]] = field(default_factory=list)  # last request's messages
+    reply: dict[str, Any] = field(default_factory=dict)  # the reply returned to them
+    text: str = ""  # the last prompt's render (text), then the generated text
+    generated_text: str = ""
+
+    @property
+    def generated_tokens(self) -> int:
+        return sum(len(t.action_ids) for t in self.turns)
+
+
+Render = Callable[[list[dict[str, Any]], list[dict[str, Any]] | None], str]
+Generate = Callable[[list[int], SamplingParams], Awaitable[GenerationResult]]
+
+
+@dataclass
+class Prompt:
+    """A request's context: the ids to send, and where they came from."""
+
+    ids: list[int]
+    new_ids: list[int]  # the tokens this request adds (the turn's obs_ids)
+    text: str  # the template's render of the request's messages
+    continues: bool  # extends the current segment
+
+
+class EpisodeRecord:
+    """The token record of one episode: segments of turns, built request by request.
+
+    ``render(messages, tools)`` is the chat template's text with the generation prompt;
+    ``encode(text)`` its ids (no special tokens added: templates write their own);
+    ``decode(ids)`` the text of ids, special tokens kept."""
+
+    def __init__(self, render: Render, encode: Callable[[str], list[int]],
+                 decode: Callable[[list[int]], str]) -> None:
+        self.render = render
+        self.encode = encode
+        self.decode = decode
+        self.segments: list[Segment] = []
+
+    def prompt(self, messages: list[dict[str, Any]], tools: list[Any] | None) -> Prompt:
+        """The context of a request with these (normalized) messages."""
+        text = self.render(messages, tools)
+        seg = self.segments[-1] if self.segments else None
+        if seg is not None and self._extends(seg, messages, text):
+            new = self.encode(text[len(seg.text):])
+            return Prompt(seg.context + new, new, text, True)
+        ids = self.encode(text)
+        return Prompt(ids, ids, text, False)
+
+    def _extends(self, seg: Segment, messages: list[dict[str, Any]], text: str) -> bool:
+        n = len(seg.messages)
+        return (len(messages) > n + 1 and messages[:n] == seg.messages
+                and _same_reply(seg.reply, messages[n]) and text.startswith(seg.text))
+
+    def record(self, prompt: Prompt, messages: list[dict[str, Any]], result: GenerationResult,
+               reply: dict[str, Any]) -> Segment:
+        """Add the turn the engine answered (``reply``: the message returned)."""
+        if not prompt.continues:
+            self.segments.append(Segment())
+        seg = self.segments[-1]
+        generated = self.decode(result.token_ids)
+        seg.turns.append(Turn(obs_ids=list(prompt.new_ids), action_ids=list(result.token_ids),
+                              logprobs=list(result.logprobs), versions=list(result.versions),
+                              action_text=reply.get("content") or ""))
+        seg.context = prompt.ids + list(result.token_ids)
+        seg.messages = messages
+        seg.reply = reply
+        seg.text = prompt.text + generated
+        seg.generated_text = generated
+        return seg

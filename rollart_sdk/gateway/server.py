@@ -1,0 +1,335 @@
+"""The OpenAI-compatible HTTP gateway: ``/v1/chat/completions`` and ``/v1/models``.
+
+Served by Starlette on uvicorn, on the control plane's event loop (where the LLMProxy
+lives), bound to 127.0.0.1. Each episode is opened by its EnvManager
+(:class:`~rollart_sdk.control.agent_manager.AgentManager`) with the function that sends a
+turn to the engines through the LLMProxy; the gateway hands the agent a base URL naming
+the episode and a bearer token that is the episode's alone. Every request is attributed to
+one episode, rendered with the chat template and recorded token by token
+(:mod:`rollart_sdk.gateway.episode`).
+
+Refusals are OpenAI-style error bodies with a 4xx status the ``openai`` client raises:
+401 (no or unknown token), 403 (another episode's token), 404 (unknown model or route),
+410 (the episode ended: aborted for staleness, a dead engine, its time), 413 (body over
+the limit), 400 (malformed JSON or fields, context full, too many turns).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import secrets
+import socket
+import time
+import uuid
+from collections import Counter
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from rollart_sdk.gateway.episode import EpisodeRecord, GatewayError, normalize_messages
+from rollart_sdk.gateway.tools import ToolParser, parse_hermes
+from rollart_sdk.types import GenerationResult, SamplingParams
+
+MAX_BODY_BYTES = 4 * 2**20  # a request body over this is refused (413)
+MODEL_NAME = "policy"  # the served model's id (the policy being trained)
+_UNSUPPORTED = {"n": "n > 1 (one completion per request)", "stop": "stop sequences"}
+
+
+class EpisodeEnded(Exception):
+    """The episode's trajectory ended (aborted, or closed): its requests get 410."""
+
+
+@dataclass
+class Episode:
+    """One agent episode the gateway serves."""
+
+    episode_id: str
+    token: str
+    record: EpisodeRecord
+    generate: Callable[[list[int], SamplingParams], Awaitable[GenerationResult]]
+    sampling: SamplingParams
+    max_turns: int
+    max_context_tokens: int
+    stop_ids: set[int]
+    decode_text: Callable[[list[int]], str]  # special tokens skipped
+    tool_parser: ToolParser = parse_hermes
+    base_url: str = ""
+    ended: str | None = None  # why it takes no more requests
+    requests: int = 0
+    counts: Counter[str] = field(default_factory=Counter)  # refusals, malformed tool calls
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+
+def _error(status: int, message: str, code: str = "invalid_request_error",
+           param: str | None = None) -> Any:
+    from starlette.responses import JSONResponse
+
+    return JSONResponse({"error": {"message": message, "type": code, "param": param,
+                                   "code": code}}, status_code=status)
+
+
+class Gateway:
+    """Episodes by token, and the HTTP server that serves them."""
+
+    def __init__(self, host: str = "127.0.0.1", port: int = 0,
+                 max_body_bytes: int = MAX_BODY_BYTES, model_name: str = MODEL_NAME) -> None:
+        self.host, self.port = host, port
+        self.max_body_bytes = max_body_bytes
+        self.model_name = model_name
+        self.episodes: dict[str, Episode] = {}
+        self._by_token: dict[str, Episode] = {}
+        self._server: Any = None
+        self._task: asyncio.Task[None] | None = None
+        self.refused: Counter[str] = Counter()  # HTTP refusals by status, all episodes
+
+    # ------------------------------------------------------------------ life
+    async def start(self) -> None:
+        """Serve on this event loop (idempotent; restarted on a new loop)."""
+        loop = asyncio.get_running_loop()
+        if self._task is not None and not self._task.done() and self._task.get_loop() is loop:
+            return
+        import uvicorn
+
+        sock = socket.socket()
+        sock.bind((self.host, self.port))
+        self.port = sock.getsockname()[1]
+        config = uvicorn.Config(self.app(), log_level="warning", access_log=False,
+                                lifespan="off", timeout_keep_alive=30)
+        self._server = uvicorn.Server(config)
+        self._server.install_signal_handlers = lambda: None  # the run owns its signals
+        self._task = asyncio.ensure_future(self._server.serve(sockets=[sock]))
+        while not self._server.started:
+            if self._task.done():
+                self._task.result()  # raises why it could not start
+            await asyncio.sleep(0.01)
+
+    async def stop(self) -> None:
+        if self._server is not None and self._task is not None and not self._task.done():
+            self._server.should_exit = True
+            await asyncio.wait_for(self._task, 10)
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    # ------------------------------------------------------------------ episodes
+    def open(self, episode_id: str, **kwargs: Any) -> Episode:
+        """Register an episode (``Episode``'s fields but id and token); its
+        ``base_url`` and ``token`` are what the agent is handed."""
+        if episode_id in self.episodes:
+            raise ValueError(f"episode {episode_id!r} is already open")
+        ep = Episode(episode_id=episode_id, token=f"rk-{secrets.token_urlsafe(24)}", **kwargs)
+        ep.base_url = f"{self.url}/e/{episode_id}/v1"
+        self.episodes[episode_id] = ep
+        self._by_token[ep.token] = ep
+        return ep
+
+    def close(self, episode_id: str, reason: str = "closed") -> Episode | None:
+        """Stop serving an episode; its later requests get 410 with ``reason``."""
+        ep = self.episodes.pop(episode_id, None)
+        if ep is not None:
+            ep.ended = ep.ended or reason
+            self._by_token.pop(ep.token, None)
+        return ep
+
+    # ------------------------------------------------------------------ HTTP
+    def app(self) -> Any:
+        from starlette.applications import Starlette
+        from starlette.routing import Route
+
+        return Starlette(routes=[
+            Route("/v1/models", self._models, methods=["GET"]),
+            Route("/e/{episode}/v1/models", self._models, methods=["GET"]),
+            Route("/v1/chat/completions", self._chat, methods=["POST"]),
+            Route("/e/{episode}/v1/chat/completions", self._chat, methods=["POST"]),
+        ])
+
+    def _episode(self, request: Any) -> Episode:
+        auth = request.headers.get("authorization", "")
+        token = auth[7:].strip() if auth.lower().startswith("bearer ") else ""
+        if not token:
+            raise GatewayError(401, "no API key: send the episode's token as the bearer "
+                               "token (openai.AsyncOpenAI(api_key=TOKEN))", "invalid_api_key")
+        ep = self._by_token.get(token)
+        named = request.path_params.get("episode")
+        if ep is None:
+            raise GatewayError(401, "unknown or expired API key: an episode's token is valid "
+                               "while its episode runs", "invalid_api_key")
+        if named is not None and named != ep.episode_id:
+            raise GatewayError(403, f"this token does not belong to episode {named!r}: use "
+                               "the base URL and token handed out together", "permission_denied")
+        return ep
+
+    async def _models(self, request: Any) -> Any:
+        from starlette.responses import JSONResponse
+
+        try:
+            self._episode(request)
+        except GatewayError as exc:
+            return self._refuse(exc)
+        return JSONResponse({"object": "list", "data": [
+            {"id": self.model_name, "object": "model", "created": 0, "owned_by": "rollart"}]})
+
+    def _refuse(self, exc: GatewayError) -> Any:
+        self.refused[str(exc.status)] += 1
+        return _error(exc.status, exc.message, exc.code, exc.param)
+
+    async def _body(self, request: Any) -> dict[str, Any]:
+        length = request.headers.get("content-length")
+        if length is not None and length.isdigit() and int(length) > self.max_body_bytes:
+            raise GatewayError(413, f"request body of {length} bytes is over the gateway's "
+                               f"limit of {self.max_body_bytes}", "request_too_large")
+        chunks, size = [], 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > self.max_body_bytes:
+                raise GatewayError(413, f"request body is over the gateway's limit of "
+                                   f"{self.max_body_bytes} bytes", "request_too_large")
+            chunks.append(chunk)
+        try:
+            body = json.loads(b"".join(chunks))
+        except ValueError as exc:
+            raise GatewayError(400, f"the body is not valid JSON ({exc})") from None
+        if not isinstance(body, dict):
+            raise GatewayError(400, "the body must be a JSON object")
+        return body
+
+    async def _chat(self, request: Any) -> Any:
+        from starlette.responses import JSONResponse
+
+        ep: Episode | None = None
+        try:
+            ep = self._episode(request)
+            body = await self._body(request)
+            answer = await self.complete(ep, body)
+            if body.get("stream"):
+                return _stream(answer, bool((body.get("stream_options") or {})
+                                            .get("include_usage")))
+            return JSONResponse(answer)
+        except GatewayError as exc:
+            if ep is not None:
+                ep.counts[f"refused_{exc.status}"] += 1
+            return self._refuse(exc)
+
+    # ------------------------------------------------------------------ completion
+    def _check(self, ep: Episode, body: dict[str, Any]) -> None:
+        if ep.ended is not None:
+            raise GatewayError(410, f"episode {ep.episode_id} has ended ({ep.ended}); its "
+                               "trajectory takes no more requests", "episode_ended")
+        if body.get("model") != self.model_name:
+            raise GatewayError(404, f"model {body.get('model')!r} is not served here; the "
+                               f"trained policy is {self.model_name!r}", "model_not_found",
+                               "model")
+        for key, what in _UNSUPPORTED.items():
+            value = body.get(key)
+            if value not in (None, False, 1, [], ""):
+                raise GatewayError(400, f"{what} is not supported by the rollart gateway; "
+                                   f"leave {key} unset", param=key)
+        tools = body.get("tools")
+        if tools is not None and not isinstance(tools, list):
+            raise GatewayError(400, "tools must be a list of tool definitions", param="tools")
+        if ep.requests >= ep.max_turns:
+            raise GatewayError(400, f"episode {ep.episode_id} made its {ep.max_turns} requests "
+                               "(tasks[].max_turns); raise max_turns for longer agents",
+                               "max_turns_exceeded")
+
+    def _sampling(self, ep: Episode, body: dict[str, Any]) -> SamplingParams:
+        """The task's sampling (the policy the trainer recomputes), with the request's
+        ``max_tokens`` when smaller; a request's own temperature/top_p is not used."""
+        limit = body.get("max_completion_tokens") or body.get("max_tokens")
+        s = ep.sampling
+        new = s.max_new_tokens
+        if limit is not None:
+            if not isinstance(limit, int) or limit < 1:
+                raise GatewayError(400, f"max_tokens must be a positive integer, got {limit!r}",
+                                   param="max_tokens")
+            new = min(new, limit)
+        for key, mine in (("temperature", s.temperature), ("top_p", s.top_p)):
+            if body.get(key) is not None and body[key] != mine:
+                ep.counts[f"ignored_{key}"] += 1
+        return SamplingParams(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k,
+                              max_new_tokens=new, seed=(s.seed or 0) * 1009 + ep.requests)
+
+    async def complete(self, ep: Episode, body: dict[str, Any]) -> dict[str, Any]:
+        """One chat completion of ``ep``: render, generate, record, answer."""
+        self._check(ep, body)
+        messages = normalize_messages(body.get("messages"))
+        tools = body.get("tools") or None
+        async with ep.lock:  # one turn at a time: each continues the one before
+            self._check(ep, body)
+            prompt = ep.record.prompt(messages, tools)
+            if len(prompt.ids) >= ep.max_context_tokens:
+                raise GatewayError(400, f"the prompt has {len(prompt.ids)} tokens, the task's "
+                                   f"context is {ep.max_context_tokens} (tasks[]."
+                                   "max_context_tokens)", "context_length_exceeded", "messages")
+            sampling = self._sampling(ep, body)
+            ep.requests += 1
+            try:
+                result = await ep.generate(prompt.ids, sampling)
+            except EpisodeEnded as exc:
+                ep.ended = ep.ended or str(exc)
+                raise GatewayError(410, f"episode {ep.episode_id} has ended ({exc}); this "
+                                   "request was not completed", "episode_ended") from None
+            reply, finish = self._reply(ep, result)
+            # Kept as the agent will send it back (tool call arguments parsed).
+            ep.record.record(prompt, messages, result, normalize_messages([reply])[0])
+        answer = self._response(result, reply, finish, len(prompt.ids))
+        if body.get("logprobs"):
+            answer["choices"][0]["logprobs"] = {"content": [
+                {"token": t, "logprob": lp, "bytes": list(t.encode()), "top_logprobs": []}
+                for t, lp in zip((ep.record.decode([i]) for i in result.token_ids),
+                                 result.logprobs, strict=True)]}
+        return answer
+
+    def _reply(self, ep: Episode, result: GenerationResult) -> tuple[dict[str, Any], str]:
+        ids = list(result.token_ids)
+        while ids and ids[-1] in ep.stop_ids:
+            ids.pop()
+        content, calls, bad = ep.tool_parser(ep.decode_text(ids))
+        if bad:
+            ep.counts["malformed_tool_calls"] += bad
+        reply: dict[str, Any] = {"role": "assistant", "content": content}
+        if calls:
+            reply["tool_calls"] = calls
+        finish = "tool_calls" if calls else ("length" if result.finish_reason == "length"
+                                             else "stop")
+        return reply, finish
+
+    def _response(self, result: GenerationResult, reply: dict[str, Any], finish: str,
+                  prompt_tokens: int) -> dict[str, Any]:
+        message = {"role": "assistant", "content": reply["content"] or None}
+        if "tool_calls" in reply:
+            message["tool_calls"] = reply["tool_calls"]
+        elif message["content"] is None:
+            message["content"] = ""
+        n = len(result.token_ids)
+        return {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion",
+                "created": int(time.time()), "model": self.model_name,
+                "choices": [{"index": 0, "message": message, "finish_reason": finish,
+                             "logprobs": None}],
+                "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": n,
+                          "total_tokens": prompt_tokens + n}}
+
+
+def _stream(answer: dict[str, Any], include_usage: bool) -> Any:
+    """A completed answer as server-sent ``chat.completion.chunk`` events: the whole
+    message in one delta, then the finish reason (and usage when asked). The gateway
+    answers once the turn is generated: streaming here is the protocol, not token pacing."""
+    from starlette.responses import StreamingResponse
+
+    choice = answer["choices"][0]
+    delta: dict[str, Any] = {"role": "assistant", "content": choice["message"]["content"]}
+    if "tool_calls" in choice["message"]:
+        delta["tool_calls"] = [{"index": i, **c}
+                               for i, c in enumerate(choice["message"]["tool_calls"])]
+    head = {k: answer[k] for k in ("id", "created", "model")}
+    head["object"] = "chat.completion.chunk"
+    chunks = [{**head, "choices": [{"index": 0, "delta": delta, "finish_reason": None,
+                                    "logprobs": choice["logprobs"]}]},
+              {**head, "choices": [{"index": 0, "delta": {},
+                                    "finish_reason": choice["finish_reason"]}]}]
+    if include_usage:
+        chunks.append({**head, "choices": [], "usage": answer["usage"]})
+    events = [f"data: {json.dumps(c)}\n\n" for c in chunks] + ["data: [DONE]\n\n"]
+    return StreamingResponse(iter(events), media_type="text/event-stream")

@@ -1,0 +1,397 @@
+"""The OpenAI-compatible gateway, driven by the real ``openai`` client, backed by the torch
+engine on a tiny model through the LLMProxy, with agents run by the AgentManager on a
+thread env host (the control plane's real path; no mocks but a spy on the engine's
+answers)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from typing import Any
+
+import pytest
+
+openai = pytest.importorskip("openai")
+aiohttp = pytest.importorskip("aiohttp")
+rollart_engine_torch = pytest.importorskip("rollart_engine_torch.engine")
+
+from rollart_sdk.cluster.inline_env import inline_handle  # noqa: E402
+from rollart_sdk.config import ModelConfig, TaskConfig, TinyModelConfig  # noqa: E402
+from rollart_sdk.control.agent_manager import AgentManager  # noqa: E402
+from rollart_sdk.control.chat import ChatFormat  # noqa: E402
+from rollart_sdk.control.env_manager import TaskRuntime  # noqa: E402
+from rollart_sdk.control.handles import WorkerHandle  # noqa: E402
+from rollart_sdk.control.proxy import LLMProxy  # noqa: E402
+from rollart_sdk.gateway import AgentEnv, AgentResult, Gateway  # noqa: E402
+from rollart_sdk.models import load_tokenizer, prepare_model  # noqa: E402
+from rollart_sdk.registry import Descriptor, NoOptions  # noqa: E402
+from rollart_sdk.types import RewardResult, Trajectory  # noqa: E402
+
+TINY = TinyModelConfig(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64, seed=0)
+pytestmark = pytest.mark.timeout(300)
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory: pytest.TempPathFactory) -> ModelConfig:
+    return prepare_model(ModelConfig(tiny=TINY), tmp_path_factory.mktemp("models"), [])
+
+
+class SpyEngine:
+    """The torch engine, keeping each result it returned (what the engine generated)."""
+
+    def __init__(self, model: ModelConfig) -> None:
+        self.engine = rollart_engine_torch.TorchEngine(model=model, max_running=8,
+                                                      max_seq_len=1024)
+        self.results: list[Any] = []
+        self.prompts: list[list[int]] = []
+
+    async def generate(self, request: Any, kv: Any = None) -> Any:
+        self.prompts.append(list(request.prompt_ids))
+        result = await self.engine.generate(request)
+        self.results.append(result)
+        return result
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.engine, name)
+
+
+class Rewards:
+    async def score(self, tag: str, request: Any) -> RewardResult:
+        return RewardResult(request.trajectory_id, request.env_return)
+
+
+class ThreeTurns(AgentEnv):
+    """Three turns, each appending the model's reply and a new user message."""
+
+    def task(self, seed: int) -> Any:
+        return {"question": f"count to {seed % 5}", "answer": "0"}
+
+    async def run(self, client: Any, task: Any) -> AgentResult:
+        messages = [{"role": "system", "content": "You count."},
+                    {"role": "user", "content": task["question"]}]
+        for i in range(3):
+            reply = await client.chat.completions.create(model=self.model, messages=messages,
+                                                         max_tokens=6)
+            messages.append({"role": "assistant", "content": reply.choices[0].message.content})
+            messages.append({"role": "user", "content": f"next {i}"})
+        return AgentResult(reward=0.5, answer=messages[-2]["content"],
+                           info={"messages": messages[:-1]})
+
+
+class Rewrites(AgentEnv):
+    """Turn 2 drops the history (a summarising agent): a second segment."""
+
+    def task(self, seed: int) -> Any:
+        return "q"
+
+    async def run(self, client: Any, task: Any) -> float:
+        first = [{"role": "user", "content": "start"}]
+        a = await client.chat.completions.create(model=self.model, messages=first, max_tokens=4)
+        again = [{"role": "user", "content": "summary: " + (a.choices[0].message.content or "")}]
+        await client.chat.completions.create(model=self.model, messages=again, max_tokens=4)
+        return 1.0
+
+
+def _descriptor(cls: type) -> Descriptor:
+    return Descriptor(kind="env", name=cls.__name__, factory=cls, options=NoOptions,
+                      summary="", plugin="test")
+
+
+def _parts(model: ModelConfig, env_cls: type, gateway: Gateway, max_turns: int = 5) -> Any:
+    tok = load_tokenizer(model.path, light=True)
+    chat = ChatFormat(tok)
+    engine = SpyEngine(model)
+    proxy = LLMProxy([WorkerHandle("gen0", engine, is_ray=False)], {"default": ["gen0"]})
+    cfg = TaskConfig(tag="agent", env={"name": env_cls.__name__}, max_turns=max_turns,
+                     step_timeout_s=120, sampling={"max_new_tokens": 8})
+    task = TaskRuntime(cfg, None, None, chat, gateway=gateway)
+    host = inline_handle({"agent": (_descriptor(env_cls), NoOptions())}, on_loop=False)
+    return tok, engine, proxy, task, host
+
+
+def _manager(parts: Any, tid: str = "traj-0") -> AgentManager:
+    tok, engine, proxy, task, host = parts
+    reward = WorkerHandle("reward", Rewards(), is_ray=False)
+    return AgentManager(Trajectory(tid, "agent", "g0", 0), 3, 7, task, task.prompt_format,
+                        proxy, host, reward, version=lambda: 0)
+
+
+def test_three_turn_agent_is_one_trajectory_of_the_engines_tokens(model: ModelConfig) -> None:
+    async def main() -> Any:
+        gw = Gateway()
+        parts = _parts(model, ThreeTurns, gw)
+        traj = await _manager(parts).run()
+        await gw.stop()
+        return parts, traj
+
+    (tok, engine, _, _, _), traj = asyncio.run(main())
+    assert traj.dropped is None, traj.dropped
+    assert traj.info["agent_segments"] == 1 and traj.info["agent_requests"] == 3
+    assert len(traj.turns) == 3 and traj.reward == 0.5
+    # Each turn's trained tokens are exactly what the engine generated, with its log-probs.
+    for turn, result in zip(traj.turns, engine.results, strict=True):
+        assert turn.action_ids == result.token_ids and turn.logprobs == result.logprobs
+    sample = traj.to_sample()
+    # The engine was prompted with the growing context itself: each prompt is the sample's
+    # prefix (no re-tokenisation of earlier turns).
+    for prompt in engine.prompts:
+        assert sample.input_ids[:len(prompt)] == prompt
+    # Loss mask: 1 exactly on the generated tokens.
+    expect = []
+    for turn in traj.turns:
+        expect += [0] * len(turn.obs_ids) + [1] * len(turn.action_ids)
+    assert sample.loss_mask == expect and sum(expect) == sum(len(r.token_ids)
+                                                             for r in engine.results)
+    # The context of the last turn is the template's render of the agent's messages.
+    messages = traj.info["messages"]
+    rendered = tok.apply_chat_template(messages[:-1], tokenize=False, add_generation_prompt=True)
+    last_prompt = engine.prompts[-1]
+    assert tok.decode(last_prompt, skip_special_tokens=False) == rendered
+
+
+def test_rewritten_history_starts_a_new_segment(model: ModelConfig) -> None:
+    async def main() -> Any:
+        gw = Gateway()
+        parts = _parts(model, Rewrites, gw)
+        traj = await _manager(parts).run()
+        await gw.stop()
+        return parts, traj
+
+    (tok, engine, _, _, _), traj = asyncio.run(main())
+    assert traj.dropped is None and traj.info["agent_segments"] == 2
+    # What is trained is the last segment: its prompt is the render of the second request.
+    assert len(traj.turns) == 1 and traj.turns[0].action_ids == engine.results[1].token_ids
+    assert traj.turns[0].obs_ids == engine.prompts[1]
+    assert traj.to_sample().input_ids == engine.prompts[1] + engine.results[1].token_ids
+
+
+async def _post(url: str, token: str | None, body: bytes) -> tuple[int, dict[str, Any]]:
+    headers = {"content-type": "application/json"}
+    if token is not None:
+        headers["authorization"] = f"Bearer {token}"
+    async with aiohttp.ClientSession() as s, s.post(url, data=body, headers=headers) as r:
+        return r.status, await r.json()
+
+
+def test_refusals_are_clear_4xx_and_record_nothing(model: ModelConfig) -> None:
+    async def never(ids: list[int], sampling: Any) -> Any:
+        raise AssertionError("a refused request reached the engine")
+
+    async def main() -> list[tuple[int, str]]:
+        gw = Gateway(max_body_bytes=1 << 20)
+        await gw.start()
+        tok = load_tokenizer(model.path, light=True)
+        parts = _parts(model, ThreeTurns, gw)
+        mgr = _manager(parts)
+        eps = [gw.open(f"e{i}", record=mgr._record(), generate=never,
+                       sampling=parts[3].sampling(0), max_turns=4, max_context_tokens=512,
+                       stop_ids={tok.eos_token_id}, decode_text=tok.decode) for i in range(2)]
+        a, b = eps
+        good = json.dumps({"model": "policy", "messages": [{"role": "user", "content": "hi"}]})
+        cases = [
+            (a.base_url, None, good.encode()),  # no token
+            (a.base_url, b.token, good.encode()),  # another episode's token
+            (a.base_url, a.token, b"{" + b" " * (10 * 2**20) + b"}"),  # a 10 MB body
+            (a.base_url, a.token, b"{not json"),  # malformed JSON
+            (a.base_url, a.token, good.replace("policy", "gpt-4o").encode()),  # unknown model
+            (a.base_url, a.token, json.dumps({"model": "policy", "messages": []}).encode()),
+        ]
+        out = []
+        for base, token, body in cases:
+            status, payload = await _post(base + "/chat/completions", token, body)
+            out.append((status, payload["error"]["message"]))
+        # The openai client raises them clearly (here: the unknown model).
+        client = openai.AsyncOpenAI(base_url=a.base_url, api_key=a.token, max_retries=0)
+        with pytest.raises(openai.NotFoundError, match="gpt-4o"):
+            await client.chat.completions.create(model="gpt-4o", messages=[
+                {"role": "user", "content": "hi"}])
+        models = await client.models.list()
+        assert [m.id for m in models.data] == ["policy"]
+        await client.close()
+        assert all(not ep.record.segments and ep.requests == 0 for ep in eps)
+        await gw.stop()
+        return out
+
+    out = asyncio.run(main())
+    assert [s for s, _ in out] == [401, 403, 413, 400, 404, 400]
+    assert "token" in out[0][1] and "does not belong" in out[1][1]
+    assert "limit" in out[2][1] and "JSON" in out[3][1] and "gpt-4o" in out[4][1]
+    assert "messages" in out[5][1]
+
+
+def test_aborted_episode_answers_410_and_is_dropped(model: ModelConfig) -> None:
+    """A trajectory aborted while its agent waits (here: the engines suspended, as at a
+    weight update, then the trajectory aborted for staleness) ends with a 410 the agent's
+    client raises, and the trajectory is dropped with the reason."""
+
+    async def main() -> Any:
+        gw = Gateway()
+        parts = _parts(model, ThreeTurns, gw)
+        proxy = parts[2]
+        await proxy.suspend()
+        mgr = _manager(parts)
+        run = asyncio.ensure_future(mgr.run())
+        for _ in range(600):  # until the agent's first request waits for admission
+            if proxy._admitting:
+                break
+            await asyncio.sleep(0.05)
+        assert proxy._admitting, "the agent's request never reached the proxy"
+        assert await mgr.abort("stale")
+        await proxy.resume()  # as the pipeline does after the update; the abort stands
+        traj = await asyncio.wait_for(run, 120)
+        await gw.stop()
+        return traj
+
+    traj = asyncio.run(main())
+    assert traj.dropped == "aborted:stale"
+    assert traj.reward is None and traj.info["agent_requests"] == 1
+    assert traj.info["gateway_refused_410"] == 1, traj.info
+
+
+class SdkAgent(AgentEnv):
+    """The OpenAI Agents SDK itself (``pip install openai-agents``), unmodified: an Agent
+    with a function tool on an ``OpenAIChatCompletionsModel`` over the episode's client."""
+
+    def task(self, seed: int) -> Any:
+        return {"question": "What is 2 + 3? Use the add tool.", "answer": "5"}
+
+    async def run(self, client: Any, task: Any) -> AgentResult:
+        from agents import Agent, OpenAIChatCompletionsModel, RunConfig, Runner, function_tool
+
+        @function_tool
+        def add(a: int, b: int) -> int:
+            """Add two integers."""
+            return a + b
+
+        agent = Agent(name="calc", instructions="You add numbers with the add tool.",
+                      tools=[add], model=OpenAIChatCompletionsModel(model=self.model,
+                                                                   openai_client=client))
+        result = await Runner.run(agent, task["question"], max_turns=3,
+                                  run_config=RunConfig(tracing_disabled=True))
+        answer = str(result.final_output)
+        return AgentResult(reward=float(task["answer"] in answer), answer=answer)
+
+
+class KeepingGateway(Gateway):
+    """Keeps closed episodes, to compare the recorded prompts with the agent's messages."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.kept: list[Any] = []
+
+    def close(self, episode_id: str, reason: str = "closed") -> Any:
+        ep = super().close(episode_id, reason)
+        self.kept.append(ep)
+        return ep
+
+
+def test_openai_agents_sdk_agent_is_trained_on_the_engines_tokens(model: ModelConfig) -> None:
+    pytest.importorskip("agents")
+
+    async def main() -> Any:
+        gw = KeepingGateway()
+        parts = _parts(model, SdkAgent, gw)
+        traj = await _manager(parts).run()
+        await gw.stop()
+        return parts, traj, gw.kept[0]
+
+    (tok, engine, _, _, _), traj, ep = asyncio.run(main())
+    assert traj.dropped is None, traj.dropped
+    assert not [k for k in traj.info if k.startswith("gateway_refused")], traj.info
+    assert traj.info["agent_requests"] >= 1
+    seg = ep.record.segments[-1]
+    n = len(seg.turns)
+    assert traj.turns == seg.turns and n >= 1
+    # The trained sample is the engine's tokens on the engine's prompts.
+    for turn, result in zip(traj.turns, engine.results[-n:], strict=True):
+        assert turn.action_ids == result.token_ids and turn.logprobs == result.logprobs
+    assert traj.to_sample().input_ids[:len(engine.prompts[-1])] == engine.prompts[-1]
+    # The last prompt is the template's render of the messages (and tools) the SDK sent.
+    assert any(m["role"] == "system" for m in seg.messages)
+    rendered = tok.apply_chat_template(seg.messages, tokenize=False, add_generation_prompt=True)
+    assert tok.decode(engine.prompts[-1], skip_special_tokens=False) == rendered
+
+
+def test_streaming_and_logprobs_carry_the_engines_answer(model: ModelConfig) -> None:
+    async def main() -> Any:
+        gw = Gateway()
+        await gw.start()
+        tok, engine, proxy, task, _ = _parts(model, ThreeTurns, gw)
+        mgr = _manager(_parts(model, ThreeTurns, gw))
+
+        async def generate(ids: list[int], sampling: Any) -> Any:
+            from rollart_sdk.types import GenerationRequest
+
+            return await engine.generate(GenerationRequest(f"r{len(engine.results)}", ids,
+                                                           sampling))
+
+        ep = gw.open("s", record=mgr._record(), generate=generate, sampling=task.sampling(1),
+                     max_turns=4, max_context_tokens=512, stop_ids={tok.eos_token_id},
+                     decode_text=task.prompt_format.decode)
+        client = openai.AsyncOpenAI(base_url=ep.base_url, api_key=ep.token, max_retries=0)
+        msgs = [{"role": "user", "content": "hi"}]
+        stream = await client.chat.completions.create(
+            model="policy", messages=msgs, stream=True, stream_options={"include_usage": True})
+        chunks = [c async for c in stream]
+        full = await client.chat.completions.create(model="policy", messages=msgs,
+                                                    logprobs=True)
+        await client.close()
+        await gw.stop()
+        return tok, engine, chunks, full
+
+    tok, engine, chunks, full = asyncio.run(main())
+    first, second = engine.results
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    ids = [i for i in first.token_ids if i != tok.eos_token_id]
+    assert text == tok.decode(ids, skip_special_tokens=True)
+    assert chunks[-1].usage.completion_tokens == len(first.token_ids)
+    assert [x.logprob for x in full.choices[0].logprobs.content] == second.logprobs
+
+
+_UPDATED = threading.Event()
+
+
+class AcrossUpdate(AgentEnv):
+    """Two turns with a weight update between them (the agent waits for it)."""
+
+    def task(self, seed: int) -> Any:
+        return "q"
+
+    async def run(self, client: Any, task: Any) -> float:
+        messages = [{"role": "user", "content": "one"}]
+        a = await client.chat.completions.create(model=self.model, messages=messages,
+                                                 max_tokens=4)
+        await asyncio.to_thread(_UPDATED.wait, 120)
+        messages += [{"role": "assistant", "content": a.choices[0].message.content},
+                     {"role": "user", "content": "two"}]
+        await client.chat.completions.create(model=self.model, messages=messages, max_tokens=4)
+        return 1.0
+
+
+def test_an_episode_within_the_bound_continues_across_a_weight_update(
+        model: ModelConfig) -> None:
+    from rollart_sdk.models import load_causal_lm
+    from rollart_sdk.types import WeightBucket
+
+    async def main() -> Any:
+        gw = Gateway()
+        parts = _parts(model, AcrossUpdate, gw)
+        engine = parts[1]
+        _UPDATED.clear()
+        run = asyncio.ensure_future(_manager(parts).run())
+        for _ in range(1200):
+            if engine.results:
+                break
+            await asyncio.sleep(0.05)
+        weights = load_causal_lm(model.path).state_dict()
+        await engine.engine.load_weights([WeightBucket(1, 0, dict(weights))], version=1)
+        _UPDATED.set()
+        traj = await asyncio.wait_for(run, 120)
+        await gw.stop()
+        return traj
+
+    traj = asyncio.run(main())
+    assert traj.dropped is None and traj.info["agent_segments"] == 1
+    assert set(traj.turns[0].versions) == {0} and set(traj.turns[1].versions) == {1}
+    assert traj.versions == {0, 1} and traj.reward == 1.0

@@ -1,0 +1,78 @@
+"""Tool-call parsing and the segment rule, on text (no model, no server)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from rollart_sdk.gateway.episode import EpisodeRecord, GatewayError, normalize_messages
+from rollart_sdk.gateway.tools import parse_hermes, tool_parser
+from rollart_sdk.types import GenerationResult
+
+
+def test_hermes_calls_are_parsed_and_malformed_ones_stay_text() -> None:
+    text = 'Let me add. <tool_call>{"name": "add", "arguments": {"a": 2, "b": 3}}</tool_call>'
+    content, calls, bad = parse_hermes(text)
+    assert content == "Let me add." and bad == 0 and calls is not None
+    assert calls[0]["function"]["name"] == "add"
+    assert json.loads(calls[0]["function"]["arguments"]) == {"a": 2, "b": 3}
+    broken = "<tool_call>{not json}</tool_call>"
+    assert parse_hermes(broken) == (broken, None, 1)
+    with pytest.raises(ValueError, match="hermes"):
+        tool_parser("llama9")
+
+
+def test_bad_messages_say_which_and_why() -> None:
+    with pytest.raises(GatewayError, match=r"messages\[1\]: needs a role"):
+        normalize_messages([{"role": "user", "content": "a"}, {"content": "b"}])
+    with pytest.raises(GatewayError, match="text parts"):
+        normalize_messages([{"role": "user", "content": [{"type": "image_url"}]}])
+    assert normalize_messages([{"role": "developer", "content": None}]) == [
+        {"role": "system", "content": ""}]
+
+
+def _record() -> EpisodeRecord:
+    def render(messages, tools):  # a ChatML-like template, one char per token below
+        body = "".join(f"<{m['role']}>{m['content']}|" for m in messages)
+        return body + "<assistant>"
+
+    return EpisodeRecord(render, lambda t: [ord(c) for c in t],
+                         lambda ids: "".join(chr(i) for i in ids))
+
+
+def _turn(record: EpisodeRecord, messages, reply: str):
+    prompt = record.prompt(messages, None)
+    ids = [ord(c) for c in reply + "|"]  # the model ends its turn with the template's "|"
+    result = GenerationResult("r", ids, [-0.5] * len(ids), [0] * len(ids), "stop")
+    record.record(prompt, messages, result, {"role": "assistant", "content": reply})
+    return prompt
+
+
+def test_appended_history_continues_and_a_rewrite_starts_a_segment() -> None:
+    rec = _record()
+    m1 = [{"role": "user", "content": "hi"}]
+    _turn(rec, m1, "yo")
+    m2 = [*m1, {"role": "assistant", "content": "yo"}, {"role": "user", "content": "more"}]
+    p2 = _turn(rec, m2, "ok")
+    assert p2.continues and "".join(map(chr, p2.new_ids)) == "<user>more|<assistant>"
+    assert len(rec.segments) == 1 and len(rec.segments[0].turns) == 2
+    # The agent edits the model's earlier reply: a new segment from the whole render.
+    m3 = [*m1, {"role": "assistant", "content": "YO"}, {"role": "user", "content": "more"}]
+    p3 = _turn(rec, m3, "k")
+    assert not p3.continues and p3.ids == p3.new_ids
+    assert len(rec.segments) == 2
+
+
+def test_an_agent_task_needs_a_chat_template_and_no_inline_host() -> None:
+    from types import SimpleNamespace
+
+    from rollart_sdk.config import TaskConfig
+    from rollart_sdk.control.chat import PlainFormat
+    from rollart_sdk.preflight import _agent_problems
+
+    task = TaskConfig(tag="a", env={"name": "agent"}, env_host="inline")
+    fmt = PlainFormat(SimpleNamespace(eos_token_id=0))
+    problems = dict(_agent_problems(0, task, fmt))
+    assert "chat template" in problems["tasks.0.prompt_format"]
+    assert "cannot run inline" in problems["tasks.0.env_host"]
