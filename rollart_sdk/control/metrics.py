@@ -81,36 +81,42 @@ def step_metrics(rec: StepRecord, prev: StepRecord | None, buffer: SampleBuffer,
     for reason, n in sorted(buffer.dropped.items()):
         m[f"dropped/{reason}"] = n
     for tag, trajs in sorted(by_tag.items()):
-        m[f"reward/{tag}"] = sum(t.reward or 0.0 for t in trajs) / len(trajs)
-        succ = [t.info.get("success") for t in trajs if "success" in t.info]
-        if succ:
-            m[f"success/{tag}"] = sum(1.0 for s in succ if s) / len(succ)
-        m[f"turns/{tag}"] = sum(len(t.turns) for t in trajs) / len(trajs)
-        # Share of the turns whose env judged the action invalid (envs that say so).
-        judged = [turn.invalid_action for t in trajs for turn in t.turns
-                  if turn.invalid_action is not None]
-        if judged:
-            m[f"invalid_action/{tag}"] = sum(1 for j in judged if j) / len(judged)
-        m[f"count/{tag}"] = len(trajs)
-        # Agent tasks (docs/gateway.md): segments per episode (1: the agent only appended
-        # to its history; more: it rewrote it, and only the last segment was trained).
-        segs = [t.info["agent_segments"] for t in trajs if "agent_segments" in t.info]
-        if segs:
-            m[f"agent/segments/{tag}"] = sum(segs) / len(segs)
-            m[f"agent/requests/{tag}"] = sum(t.info.get("agent_requests", 0)
-                                            for t in trajs) / len(trajs)
-        # Turns of every episode that ended since the previous batch, trained or not:
-        # turns/<tag> over it is the length bias of what gets trained (1: none).
-        n, turns = rec.finished_turns.get(tag, (0, 0))
-        if prev is not None:
-            n0, t0 = prev.finished_turns.get(tag, (0, 0))
-            n, turns = n - n0, turns - t0
-        if n:
-            m[f"turns_finished/{tag}"] = turns / n
-            m[f"length_bias/{tag}"] = round(m[f"turns/{tag}"] / (turns / n), 4)
+        _task_metrics(m, tag, trajs, rec, prev)
     for k, v in rec.train_metrics.items():
         m[k if "/" in k else f"train/{k}"] = v
     return m
+
+
+def _task_metrics(m: dict[str, Any], tag: str, trajs: list[Trajectory], rec: StepRecord,
+                  prev: StepRecord | None) -> None:
+    """The per-task entries of a step's metrics line (reward, success, turns...)."""
+    m[f"reward/{tag}"] = sum(t.reward or 0.0 for t in trajs) / len(trajs)
+    succ = [t.info.get("success") for t in trajs if "success" in t.info]
+    if succ:
+        m[f"success/{tag}"] = sum(1.0 for s in succ if s) / len(succ)
+    m[f"turns/{tag}"] = sum(len(t.turns) for t in trajs) / len(trajs)
+    # Share of the turns whose env judged the action invalid (envs that say so).
+    judged = [turn.invalid_action for t in trajs for turn in t.turns
+              if turn.invalid_action is not None]
+    if judged:
+        m[f"invalid_action/{tag}"] = sum(1 for j in judged if j) / len(judged)
+    m[f"count/{tag}"] = len(trajs)
+    # Agent tasks (docs/gateway.md): segments per episode (1: the agent only appended
+    # to its history; more: it rewrote it, and only the last segment was trained).
+    segs = [t.info["agent_segments"] for t in trajs if "agent_segments" in t.info]
+    if segs:
+        m[f"agent/segments/{tag}"] = sum(segs) / len(segs)
+        m[f"agent/requests/{tag}"] = sum(t.info.get("agent_requests", 0)
+                                        for t in trajs) / len(trajs)
+    # Turns of every episode that ended since the previous batch, trained or not:
+    # turns/<tag> over it is the length bias of what gets trained (1: none).
+    n, turns = rec.finished_turns.get(tag, (0, 0))
+    if prev is not None:
+        n0, t0 = prev.finished_turns.get(tag, (0, 0))
+        n, turns = n - n0, turns - t0
+    if n:
+        m[f"turns_finished/{tag}"] = turns / n
+        m[f"length_bias/{tag}"] = round(m[f"turns/{tag}"] / (turns / n), 4)
 
 
 def run_rollout_summary(pipeline: Pipeline) -> dict[str, Any]:
