@@ -365,6 +365,10 @@ class RunConfig(_Strict):
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
     train: TrainConfig = Field(default_factory=TrainConfig)
     ray: RayConfig = Field(default_factory=RayConfig)
+    # Where the workers run (docs/configuration.md#layout): "inprocess" (every worker in
+    # the `rollart train` process, the local transport), "ray" (one Ray actor per worker),
+    # "auto" (inprocess when the run needs no process of its own: rollart_sdk/layout.py).
+    layout: Literal["auto", "inprocess", "ray"] = "auto"
     output_dir: str = "runs"
     # "simulated": `rollart train` runs the job on virtual time with the sim backends
     # (docs/simulation.md); `sim` holds the cost models' settings.

@@ -49,7 +49,8 @@ RUN_STATE_FORMAT = 1
 CARRIED_FILE = "carried.pkl"
 # Keys a resumed run may change (everything else must equal the run's config.yaml).
 RESUME_MAY_CHANGE = ("train.steps", "train.call_timeout_s", "train.checkpoint_every",
-                     "train.checkpoint_every_s", "train.keep_checkpoints", "rollout.stall_timeout_s", "ray.address", "ray.num_cpus", "output_dir")
+                     "train.checkpoint_every_s", "train.keep_checkpoints", "rollout.stall_timeout_s", "ray.address", "ray.num_cpus", "output_dir",
+                     "layout")
 
 
 def capture_state(p: Pipeline, step: int, version: int | None = None) -> dict[str, Any]:
