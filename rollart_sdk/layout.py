@@ -13,15 +13,15 @@ The rules of ``auto``, in order (the first that applies is the reason given):
 1. a Ray address (``--address``, ``RAY_ADDRESS``, ``ray.address``): the run may span
    nodes -> ``ray``;
 2. a pool with ``labels``: it selects Ray nodes -> ``ray``;
-3. a data-parallel trainer (``roles.actor_train.workers`` > 1): each rank is a process
-   of its own (torch.distributed) -> ``ray``;
-4. an engine or trainer other than the first-party ``torch`` ones (vLLM, SGLang,
+3. an engine or trainer other than the first-party ``torch`` ones (vLLM, SGLang,
    Megatron and any third-party backend start their own processes and device pools)
    -> ``ray``;
-5. a backend whose registration declares resources (e.g. a judge reward model on a
-   GPU): it gets a worker on its pool -> ``ray``;
-6. a transport other than ``ray`` or ``local`` (``nccl``, ``mooncake`` move weights
+4. a data-parallel trainer (``roles.actor_train.workers`` > 1): each rank is a process
+   of its own (torch.distributed) -> ``ray``;
+5. a transport other than ``ray`` or ``local`` (``nccl``, ``mooncake`` move weights
    between processes and devices) -> ``ray``;
+6. a reward or env whose registration declares resources (e.g. a judge reward model on
+   a GPU): it gets a worker on its pool -> ``ray``;
 7. otherwise ``inprocess``.
 
 In ``inprocess`` the ``ray`` transport is replaced by ``local`` (there is no object
@@ -61,28 +61,37 @@ class Layout:
         return {"layout": self.name, "asked": self.asked, "why": self.why}
 
     def line(self) -> str:
-        """The console line: ``layout: inprocess (auto: ...)``."""
-        return f"layout: {self.name} ({self.asked}: {self.why})"
+        """The console line, e.g. ``layout: ray (auto: a Ray address is given (...))``."""
+        return f"layout: {self.name} ({'auto: ' if self.asked == 'auto' else ''}{self.why})"
 
 
 def choose_layout(cfg: RunConfig, registry: Registry | None = None) -> Layout:
     """The run's layout: ``cfg.layout`` when set, else by the rules of ``auto`` (module
-    docstring). An explicit ``inprocess`` that the run cannot use is a ConfigError
-    saying why."""
-    needs_ray = _needs_ray(cfg, registry)
+    docstring). An explicit ``inprocess`` that cannot work (a data-parallel trainer, a
+    transport between processes) is a ConfigError saying why; the other reasons of
+    ``auto`` are the user's to override (e.g. a judge reward model in this process)."""
     if cfg.layout == "ray":
-        return Layout("ray", "ray", "layout: ray in the config")
+        return Layout("ray", "ray", "set in the config")
     if cfg.layout == "inprocess":
-        if needs_ray is not None and not needs_ray.startswith("a Ray address"):
-            raise ConfigError([("layout", f"inprocess cannot run this config: {needs_ray}; "
+        impossible = _multiprocess_only(cfg)
+        if impossible is not None:
+            raise ConfigError([("layout", f"inprocess cannot run this config: {impossible}; "
                                 "use layout: ray (or auto)")])
-        if needs_ray is not None:  # an address given with an explicit inprocess layout
-            return Layout("inprocess", "inprocess",
-                          f"layout: inprocess in the config ({needs_ray}: not used)")
-        return Layout("inprocess", "inprocess", "layout: inprocess in the config")
-    if needs_ray is not None:
-        return Layout("ray", "auto", needs_ray)
+        return Layout("inprocess", "inprocess", "set in the config")
+    why = _needs_ray(cfg, registry)
+    if why is not None:
+        return Layout("ray", "auto", why)
     return Layout("inprocess", "auto", "one machine, every worker can share this process")
+
+
+def _multiprocess_only(cfg: RunConfig) -> str | None:
+    """Why this run's workers cannot share one process (rules 4 and 5), or None."""
+    if cfg.roles.actor_train.workers > 1:
+        return (f"the trainer has {cfg.roles.actor_train.workers} data-parallel ranks, each a "
+                "process of its own")
+    if cfg.transport.name not in IN_PROCESS_TRANSPORTS:
+        return f"transport {cfg.transport.name!r} moves weights between processes"
+    return None
 
 
 def _needs_ray(cfg: RunConfig, registry: Registry | None) -> str | None:
@@ -93,15 +102,13 @@ def _needs_ray(cfg: RunConfig, registry: Registry | None) -> str | None:
     labelled = [p.name for p in cfg.pools if p.labels]
     if labelled:
         return f"pool {labelled[0]!r} selects Ray nodes by labels"
-    if cfg.roles.actor_train.workers > 1:
-        return (f"the trainer has {cfg.roles.actor_train.workers} data-parallel ranks, each a "
-                "process of its own")
     for kind in ("engine", "trainer"):
         name = getattr(cfg, kind).name
         if name not in IN_PROCESS_BACKENDS[kind]:
             return f"{kind} {name!r} runs in processes of its own"
-    if cfg.transport.name not in IN_PROCESS_TRANSPORTS:
-        return f"transport {cfg.transport.name!r} moves weights between processes"
+    impossible = _multiprocess_only(cfg)
+    if impossible is not None:
+        return impossible
     declared = _resource_backends(cfg, registry)
     if declared:
         return f"{declared[0]} declares resources for a worker of its own"
