@@ -10,14 +10,19 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 from control_configs import two_tasks
 
 ROOT = Path(__file__).resolve().parents[2]
 
-# The quickstart's shape, small: two tasks, the ray transport (replaced by local in process).
+pytestmark = pytest.mark.timeout(1500)  # three runs; on Ray one took 4 min at load 25
+
+# Small: one task, one engine, the ray transport (replaced by local in process).
 CONFIG = two_tasks(
     name="layouts",
+    roles={"actor_gen": {"workers": 1}},
+    tasks=[two_tasks()["tasks"][0]],
     transport={"name": "ray"},
     train={"steps": 2, "bucket_mb": 1, "checkpoint_every": 1, "save_final_model": True},
 )

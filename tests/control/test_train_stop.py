@@ -22,6 +22,7 @@ import yaml
 from control_configs import two_tasks
 
 ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.timeout(1500)  # each case waits for a first step (minutes at load 25)
 STOP_GUARD_S = 10  # from the signal to the exit (issue 31)
 START_GUARD_S = 600  # from the command to the first step (a loaded 2-core CI machine)
 
