@@ -410,6 +410,10 @@ class RunConfig(_Strict):
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
     train: TrainConfig = Field(default_factory=TrainConfig)
     ray: RayConfig = Field(default_factory=RayConfig)
+    # Where the workers run (docs/configuration.md#layout): "inprocess" (every worker in
+    # the `rollart train` process, the local transport), "ray" (one Ray actor per worker),
+    # "auto" (inprocess when the run needs no process of its own: rollart_sdk/layout.py).
+    layout: Literal["auto", "inprocess", "ray"] = "auto"
     output_dir: str = "runs"
     # Metric sinks (plugins of kind "sink": tensorboard, mlflow, wandb), each receiving the
     # config and every step's metrics beside metrics.jsonl; a failing sink never stops the

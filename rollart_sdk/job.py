@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from rollart_sdk.control.pipeline import Pipeline, StepRecord
     from rollart_sdk.control.run_dir import RunDir
     from rollart_sdk.control.sinks import SinkSet
+    from rollart_sdk.layout import Layout
     from rollart_sdk.registry import Registry
     from rollart_sdk.resolve import Resolved, ResolvedRun
     from rollart_sdk.resources.plan import ResourcePlan
@@ -53,6 +54,7 @@ class Job:
     resume: ResumePoint | None = None  # --resume: where this session continues from
     restored: bool = False  # --resume: a checkpoint was loaded (until then nothing is written)
     sinks: SinkSet | None = None  # the metric sinks of ``logging:`` (control/sinks.py)
+    layout: Layout | None = None  # where the workers run and why (rollart_sdk/layout.py)
 
     def close(self) -> None:
         if self.sinks is not None:
@@ -147,23 +149,30 @@ def describe_env(resolved: Resolved) -> dict[str, Any]:
 
 def build_job(cfg: RunConfig, lines: LineMap | None = None, run_name: str | None = None,
               log: Any = print, in_process: bool = False, registry: Registry | None = None,
-              resume: ResumePoint | None = None) -> Job:
+              resume: ResumePoint | None = None, layout: Layout | None = None) -> Job:
     """Bind and spawn every worker and wire the control plane.
 
     ``in_process=True`` runs every worker in this process (no Ray): the control plane and
-    the backends are the same code; only placement and process boundaries are skipped.
+    the backends are the same code; only placement and process boundaries are skipped,
+    and the ``ray`` transport is replaced by ``local`` (rollart_sdk/layout.py).
+    ``layout``: the layout chosen for the run (``rollart train``); it sets ``in_process``
+    and is recorded in ``plan.json`` and ``summary.json``.
     ``registry``: resolve backends there instead of the installed plugins (tests).
     ``resume``: continue that run (its directory; ``run_job`` loads the checkpoint).
     """
     from rollart_sdk.cluster.roles import ROLE_WORKERS
     from rollart_sdk.cluster.spawn import LocalSpawner, RaySpawner
     from rollart_sdk.control.run_dir import RunDir
+    from rollart_sdk.layout import inprocess_config
     from rollart_sdk.plugins import get_plugins
     from rollart_sdk.preflight import preflight
     from rollart_sdk.resolve import resolve_run
     from rollart_sdk.resources.plan import plan_resources
 
-    resolved = resolve_run(cfg, registry or get_plugins().registry, lines, in_process=in_process)
+    if layout is not None:
+        in_process = layout.in_process
+    resolved = resolve_run(inprocess_config(cfg) if in_process else cfg,
+                           registry or get_plugins().registry, lines, in_process=in_process)
     plan = plan_resources(cfg, resolved, workers=ROLE_WORKERS)
     # Before any worker starts (and before the run directory exists): output dir, model,
     # each task's context budget. The env facts (action words) shape a tiny tokenizer.
@@ -208,9 +217,10 @@ def build_job(cfg: RunConfig, lines: LineMap | None = None, run_name: str | None
 
     pipeline.recovery.rebind = rebind
     pipeline.say = log
-    run_dir.write_json("plan.json", {**plan.to_json(), "threads": threads})
+    run_dir.write_json("plan.json", {**plan.to_json(), "threads": threads,
+                                     **({"layout": layout.to_json()} if layout else {})})
     run_dir.write_json("bindings.json", spawner.bindings())
-    return Job(cfg, run_dir, pipeline, workers.trainers, spawner, resume=resume,
+    return Job(cfg, run_dir, pipeline, workers.trainers, spawner, resume=resume, layout=layout,
                sinks=_start_sinks(cfg, resolved, run_dir, log))
 
 
@@ -538,6 +548,17 @@ def _cancel_on_sigterm(signals: list[str]) -> None:
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, on_sigterm)
 
 
+def _quiet_cancellations(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+    """The loop's error handler: a cancellation is how a stop ends the calls in flight,
+    not an error. When the run stops, the calls still running (a gather of worker calls
+    whose task is cancelled with them) end cancelled, and asyncio's default handler
+    would print each as "_GatheringFuture exception was never retrieved" with a
+    traceback. Everything else goes to the default handler."""
+    if isinstance(context.get("exception"), asyncio.CancelledError):
+        return
+    loop.default_exception_handler(context)
+
+
 def run_job(job: Job, steps: int, progress: bool = True) -> list[StepRecord]:
     """Run the pipeline with a live display; a final checkpoint even on Ctrl-C."""
     from rollart_sdk.control.metrics import learning_summary, run_rollout_summary
@@ -557,6 +578,7 @@ def run_job(job: Job, steps: int, progress: bool = True) -> list[StepRecord]:
             ThreadPoolExecutor(max_workers=job.pipeline.scheduler.max_running + 16)
         )
         _cancel_on_sigterm(signals)
+        asyncio.get_running_loop().set_exception_handler(_quiet_cancellations)
         if job.resume is not None:
             await _restore(job)
         await job.pipeline.run(steps)
@@ -628,6 +650,7 @@ def run_job(job: Job, steps: int, progress: bool = True) -> list[StepRecord]:
         "wall_time_s": time.time() - p.started,  # this session
         "resumed_from": str(job.resume.checkpoint) if job.resume else None,
         "resumes": p.resumes,
+        "layout": job.layout.to_json() if job.layout else None,
         "envs": env_summary(job),
         "learning": learning_summary(p),
         "eval": p.eval_lines[-1] if p.eval_lines else None,  # the last held-out evaluation

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -84,8 +86,9 @@ def _start_local(kwargs: dict[str, Any]) -> Any:
         try:
             # "local": always start our own instance; with no address Ray would attach to
             # any cluster another process started here (/tmp/ray/ray_current_cluster).
-            ctx = ray.init(address="local", include_dashboard=False,
-                           _node_ip_address="127.0.0.1", **kwargs)
+            with ray_daemons_in_own_session():
+                ctx = ray.init(address="local", include_dashboard=False,
+                               _node_ip_address="127.0.0.1", **kwargs)
         except Exception as exc:
             if attempt == 2 or _STARTUP_TIMEOUT not in str(exc):
                 raise
@@ -97,6 +100,42 @@ def _start_local(kwargs: dict[str, Any]) -> Any:
         ray_leftovers.record()
         return ctx
     raise AssertionError("unreachable")
+
+
+@contextmanager
+def ray_daemons_in_own_session() -> Iterator[None]:
+    """Start the processes of a local Ray (GCS, raylet, agents; the raylet's workers
+    inherit its group) in a session of their own, not in the driver's process group.
+
+    A stop signal sent to the driver's group (Ctrl-C in a terminal, ``kill -- -PGID``,
+    ``timeout``, a process supervisor) otherwise reaches the GCS and the raylet as well:
+    Ray blocks SIGINT in them but not SIGTERM, so they die while the driver still saves
+    its final checkpoint, and the driver's own Ray client then waits 60 s for the GCS
+    before it aborts ("Failed to connect to GCS within 60 seconds ... The program will
+    terminate."). Apart, the driver stops the run and tears Ray down in order
+    (``RaySpawner.close``). They still end with the driver should it die: Ray starts
+    them with the kernel's parent-death signal (fate sharing) on Linux.
+
+    Ray starts each such process with ``ray._private.services.ConsolePopen``; while
+    Ray is started, that name is a subclass that asks for a new session. (Not on
+    Windows, where Ray already gives each its own process group.)"""
+    if sys.platform == "win32":
+        yield
+        return
+    from ray._private import services
+
+    original = services.ConsolePopen
+
+    class _OwnSession(original):  # type: ignore[misc, valid-type]
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            kwargs.setdefault("start_new_session", True)
+            super().__init__(*args, **kwargs)
+
+    setattr(services, "ConsolePopen", _OwnSession)  # noqa: B010 - a class, typed as such
+    try:
+        yield
+    finally:
+        setattr(services, "ConsolePopen", original)  # noqa: B010
 
 
 def descendants(pid: int) -> dict[int, str]:

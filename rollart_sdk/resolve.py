@@ -64,7 +64,8 @@ def resolve_run(cfg: RunConfig, registry: Registry, lines: LineMap | None = None
             problems.append((at, f"{kind} {desc.name!r} works only inside one process, but "
                              "this run starts its workers as separate Ray processes; choose "
                              f"a cross-process {kind} (installed: "
-                             f"{', '.join(_cross_process(registry, kind))})"))
+                             f"{', '.join(_cross_process(registry, kind))}), or run "
+                             "every worker in one process (layout: inprocess)"))
         try:
             return Resolved(desc, desc.validate_options(backend.options, f"{where}.options", lines))
         except ConfigError as exc:

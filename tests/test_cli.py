@@ -165,10 +165,16 @@ def test_validate_resolves_registered_paths(fake_site, tmp_path):
 
 def test_validate_refuses_local_transport_in_a_ray_run(tmp_path):
     cfg = write(tmp_path, CONFIG.replace("{engine}", "torch"))
-    res = run_cli("validate", str(cfg), "transport.name=local")
+    res = run_cli("validate", str(cfg), "transport.name=local", "layout=ray")
     assert res.returncode == 2
     assert "transport 'local' works only inside one process" in res.stderr
     assert "choose a cross-process transport (installed: " in res.stderr and "ray" in res.stderr
+    assert "or run every worker in one process (layout: inprocess)" in res.stderr
+    # layout auto: this one-machine run is in process, where the local transport works
+    ok = run_cli("validate", str(cfg), "transport.name=local")
+    assert ok.returncode == 0, ok.stderr
+    assert "layout: inprocess (auto: one machine" in ok.stdout
+    assert "transport: local" in ok.stdout
 
 
 def test_plugins_kind_and_options():

@@ -13,6 +13,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     from rollart_sdk.cluster.roles import ROLE_WORKERS
     from rollart_sdk.config import load_config
     from rollart_sdk.errors import ConfigError
+    from rollart_sdk.layout import choose_layout, inprocess_config
     from rollart_sdk.plugins import get_plugins
     from rollart_sdk.preflight import preflight, sim_preflight
     from rollart_sdk.resolve import resolve_run
@@ -22,7 +23,10 @@ def cmd_validate(args: argparse.Namespace) -> int:
     try:
         plugins = get_plugins()
         simulated = cfg.clock == "simulated"  # sim workers run in one process
-        resolved = resolve_run(cfg, plugins.registry, lines, in_process=simulated)
+        layout = None if simulated else choose_layout(cfg, plugins.registry)
+        in_process = simulated or (layout is not None and layout.in_process)
+        resolved = resolve_run(inprocess_config(cfg) if layout and layout.in_process else cfg,
+                               plugins.registry, lines, in_process=in_process)
         workers = ROLE_WORKERS
         if simulated:
             from rollart_sdk.sim.workers import SIM_ROLE_WORKERS as workers
@@ -41,6 +45,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
     console.print(f"[green]ok[/green]: {args.config} is valid")
     for warning in plan.warnings:
         console.print(f"[yellow]warning[/yellow]: {warning}")
+    if layout is not None:
+        console.print(f"  {layout.line()}")
     for kind in ("engine", "trainer", "transport", "placement"):
         r = getattr(resolved, kind)
         console.print(f"  {kind}: {r.descriptor.name} ({r.descriptor.distribution or r.descriptor.plugin})")

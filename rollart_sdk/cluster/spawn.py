@@ -59,10 +59,15 @@ class RaySpawner:
     for every worker of every cluster (they start concurrently)."""
 
     def __init__(self, cfg: RunConfig, plan: Any, policy: Any, namespace: str) -> None:
+        import ray
+
         from rollart_sdk.ray_utils import init_ray
         from rollart_sdk.resources.manager import ResourceManager
 
         resources, labels = plan.local_node_resources()
+        # Ray started (or connected) here is shut down by close(); one started by the
+        # caller (a notebook, a test's fixture) is left as it was.
+        self.owns_ray = not ray.is_initialized()
         init_ray(address=cfg.ray.address, num_cpus=cfg.ray.num_cpus or max(4, os.cpu_count() or 2),
                  resources=resources, labels=labels)
         self.plan = plan
@@ -120,11 +125,21 @@ class RaySpawner:
         return [b.to_json() for b in self.rm.bindings()]
 
     def close(self) -> None:
+        """Tear down in order: every role's workers (each cluster's actors and placement
+        groups), then this driver's Ray (a local one: its GCS and raylet stop; a cluster
+        at ``--address``: this driver disconnects). Ray's own exit hook then has nothing
+        left to do."""
         for cl in self.clusters.values():
             try:
                 cl.shutdown()
             except Exception:  # noqa: BLE001 - best effort at shutdown
                 pass
+        self.clusters.clear()
+        if self.owns_ray:
+            import ray
+
+            self.owns_ray = False
+            ray.shutdown()
 
 
 class LocalSpawner:

@@ -50,7 +50,7 @@ CARRIED_FILE = "carried.pkl"
 # Keys a resumed run may change (everything else must equal the run's config.yaml).
 RESUME_MAY_CHANGE = ("train.steps", "train.call_timeout_s", "train.checkpoint_every",
                      "train.checkpoint_every_s", "train.keep_checkpoints", "rollout.stall_timeout_s", "ray.address", "ray.num_cpus", "output_dir",
-                     "eval")
+                     "eval", "layout")
 
 
 def capture_state(p: Pipeline, step: int, version: int | None = None) -> dict[str, Any]:

@@ -37,7 +37,7 @@ def start(tmp_path, config, *args):
     env.pop("RAY_ADDRESS", None)
     return subprocess.Popen(
         [sys.executable, "-m", "rollart_sdk.cli", "train", str(cfg), "--no-progress",
-         f"output_dir={tmp_path / 'runs'}", *args],
+         f"output_dir={tmp_path / 'runs'}", "layout=ray", *args],  # worker processes
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=ROOT,
         # A background job of a non-interactive shell (a CI runner's `cmd &`) inherits
         # SIGINT ignored, and Python then keeps ignoring it: the tests send one.

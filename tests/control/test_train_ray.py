@@ -22,6 +22,7 @@ CONFIG = two_tasks(
     ],
     transport={"name": "ray"},
     train={"steps": 3, "bucket_mb": 1, "checkpoint_every": 2},
+    layout="ray",  # auto would run this one-machine config in process
 )
 
 REQUIRED = ["step", "wall_time", "reward/FrozenLake", "reward/Arithmetic", "staleness/max",

@@ -101,6 +101,7 @@ def test_pd_trains_on_ray(tmp_path):
     data["roles"]["actor_gen"]["decode"]["workers"] = 1
     data["train"] = {"steps": 2, "bucket_mb": 1, "save_final_model": False}
     data["transport"] = {"name": "ray"}
+    data["layout"] = "ray"  # one process per engine (auto would run it in process)
     cfg = tmp_path / "pd.yaml"
     cfg.write_text(yaml.safe_dump(data))
     env = dict(os.environ, OMP_NUM_THREADS="1", RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0")
