@@ -70,7 +70,12 @@ R = TypeVar("R", bound=AdapterRequest)
 
 
 def checkpoint_shapes(path: str) -> dict[str, tuple[list[int], str]]:
-    """Name -> (shape, dtype) of every tensor in a checkpoint folder's safetensors files."""
+    """Name -> (shape, dtype) of every tensor in a checkpoint folder's safetensors files.
+
+    A model with tied word embeddings (``tie_word_embeddings`` in its ``config.json``,
+    SmolLM2's) stores no ``lm_head.weight``, but a trainer's ``state_dict`` has it: it is
+    listed with the embedding's shape, so such a bucket passes the check (the engines'
+    loaders skip it, the embedding carries the values)."""
     shapes: dict[str, tuple[list[int], str]] = {}
     for f in sorted(Path(path).glob("*.safetensors")):
         with open(f, "rb") as fh:
@@ -79,7 +84,18 @@ def checkpoint_shapes(path: str) -> dict[str, tuple[list[int], str]]:
         for name, meta in header.items():
             if name != "__metadata__":
                 shapes[name] = (list(meta["shape"]), str(meta["dtype"]))
+    embed = shapes.get("model.embed_tokens.weight")
+    if embed is not None and "lm_head.weight" not in shapes and _tied(Path(path)):
+        shapes["lm_head.weight"] = embed
     return shapes
+
+
+def _tied(folder: Path) -> bool:
+    try:
+        config = json.loads((folder / "config.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return bool(config.get("tie_word_embeddings", False))
 
 
 def convert_buckets(buckets: Iterable[WeightBucket], shapes: Mapping[str, tuple[list[int], str]],

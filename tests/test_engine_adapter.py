@@ -308,3 +308,18 @@ def test_seeds_and_eos() -> None:
     assert eos_ids(Hf(), None) == [2] and eos_ids(Hf(), [7, 8]) == [7, 8]
     Hf.eos_token_id = [3, 4]
     assert eos_ids(Hf(), None) == [3, 4]
+
+
+def test_checkpoint_shapes_lists_the_tied_lm_head(tmp_path: Any) -> None:
+    """A tied model (SmolLM2) stores no lm_head.weight; a trainer's state_dict sends it."""
+    header = {"model.embed_tokens.weight": {"dtype": "F32", "shape": [10, 4], "data_offsets": [0, 160]}}
+    raw = json.dumps(header).encode()
+    (tmp_path / "model.safetensors").write_bytes(struct.pack("<Q", len(raw)) + raw)
+    assert "lm_head.weight" not in checkpoint_shapes(str(tmp_path))  # no config: not tied
+    (tmp_path / "config.json").write_text(json.dumps({"tie_word_embeddings": False}))
+    assert "lm_head.weight" not in checkpoint_shapes(str(tmp_path))
+    (tmp_path / "config.json").write_text(json.dumps({"tie_word_embeddings": True}))
+    shapes = checkpoint_shapes(str(tmp_path))
+    assert shapes["lm_head.weight"] == ([10, 4], "F32")
+    bucket = WeightBucket(index=0, version=1, tensors={"lm_head.weight": torch.zeros(10, 4)})
+    assert convert_buckets([bucket], shapes, lambda b: b.index) == [0]

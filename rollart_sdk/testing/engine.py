@@ -57,6 +57,8 @@ ReferenceLogprobs = Callable[[list[int], list[int]], list[float]]
 ReferenceLogits = Callable[[list[int], list[int]], torch.Tensor]
 EngineFactory = Callable[[], "InferenceEngine | Awaitable[InferenceEngine]"]
 STATS_KEYS = ("running", "waiting", "version", "tokens_generated", "steps")
+CHECKS = ("stats", "generate", "logprobs", "sampled_policy", "seeded_determinism",
+          "stop_and_allowed", "abort", "suspend_resume", "update")
 
 
 def check_engine(
@@ -92,6 +94,7 @@ async def check_engine_async(
     timeout_s: float = 60.0,
     seeded_determinism: bool = True,
     reference_logits: ReferenceLogits | None = None,
+    only: Iterable[str] | None = None,
 ) -> dict[str, Any]:
     """Run every check on one engine; return ``{"passed": [...], "skipped": [...]}``.
 
@@ -108,8 +111,14 @@ async def check_engine_async(
     prompt + ``long_tokens`` tokens; they exclude ``eos_token_ids`` (via
     ``allowed_token_ids``) so they cannot stop early. ``timeout_s`` bounds each check.
     ``seeded_determinism=False`` skips (and reports as skipped) the same-seed check, for
-    an engine that documents that it cannot honour per-request seeds.
+    an engine that documents that it cannot honour per-request seeds. ``only`` runs just
+    the named checks (the rest are reported as skipped), e.g. ``("sampled_policy",)`` on a
+    model too large for the whole kit.
     """
+    wanted = set(CHECKS if only is None else only)
+    if wanted - set(CHECKS):
+        raise ValueError(f"check_engine(only=...): unknown checks {sorted(wanted - set(CHECKS))}; "
+                         f"the kit has {list(CHECKS)}")
     engine = make_engine()
     if inspect.isawaitable(engine):
         engine = await engine
@@ -132,9 +141,10 @@ async def check_engine_async(
         ("suspend_resume", kit.check_suspend_resume, True),
         ("update", lambda: kit.check_update(update_buckets), update_buckets is not None),
     ]
+    assert [name for name, _, _ in checks] == list(CHECKS)
     try:
         for name, check, enabled in checks:
-            if not enabled:
+            if not enabled or name not in wanted:
                 report["skipped"].append(name)
                 continue
             try:

