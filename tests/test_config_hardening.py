@@ -94,7 +94,7 @@ def test_validate_checks_what_train_would_find(tmp_path):
         "model={path: /nonexistent/model}": "'/nonexistent/model' does not exist; give a Hugging Face checkpoint folder",
         "model.tiny.num_heads=5": "hidden_size 32 is not divisible by num_heads 5",
         "tasks.0.max_context_tokens=4": (
-            "tasks.0.max_context_tokens (line 4): 4 tokens cannot hold task 'FrozenLake''s "
+            "tasks.0.max_context_tokens (from the command line: tasks.0.max_context_tokens=4): 4 tokens cannot hold task 'FrozenLake''s "
             "first prompt"),
     }
     for override, message in cases.items():
@@ -134,7 +134,7 @@ def test_validate_checks_a_gguf_model_with_its_own_tokenizer(tmp_path):
     junk = tmp_path / "junk.gguf"
     junk.write_bytes(b"not a gguf file at all")
     err = one_line_error(run_cli("validate", str(cfg), f"model={{gguf: {junk}}}"))
-    assert f"model.gguf (line 2): {junk}: its config or tokenizer cannot be read" in err, err
+    assert f"model.gguf (from the command line: model={{gguf: {junk}}}): {junk}: its config or tokenizer cannot be read" in err, err
 
 
 SIM = Path(__file__).resolve().parents[1] / "examples" / "paper-128gpu.yaml"
@@ -145,14 +145,17 @@ def test_validate_checks_a_simulated_runs_context_budget(tmp_path):
     assert run_cli("validate", str(SIM), out).returncode == 0
     # sim.token_block 32: the first prompt of FrozenLake (1024 tokens) is 32 ids.
     err = one_line_error(run_cli("validate", str(SIM), out, "tasks.0.max_context_tokens=1000"))
-    assert ("tasks.0.max_context_tokens (line 47): 1000 tokens (31 ids of sim.token_block=32) "
+    assert ("tasks.0.max_context_tokens (from the command line: tasks.0.max_context_tokens=1000): "
+            "1000 tokens (31 ids of sim.token_block=32) "
             "cannot hold task 'FrozenLake''s first prompt (1024 tokens, 32 ids") in err, err
     assert run_cli("validate", str(SIM), out, "tasks.0.max_context_tokens=1100").returncode == 0
     # A first prompt larger than the KV cache of every engine serving the task.
     err = one_line_error(run_cli(
         "validate", str(SIM), out, "tasks.0.max_context_tokens=100000000",
         "tasks.0.env.options.first_obs_tokens={kind: const, mean: 50000000}"))
-    assert ("tasks.0.env.options.first_obs_tokens (line 40): task 'FrozenLake''s first prompt "
+    assert ("tasks.0.env.options.first_obs_tokens (from the command line: "
+            "tasks.0.env.options.first_obs_tokens={kind: const, mean: 50000000}): "
+            "task 'FrozenLake''s first prompt "
             "(50000000 tokens) does not fit the KV cache of any engine serving it") in err, err
     # `rollart sim` (what train runs for a simulated config) refuses it the same way.
     err = one_line_error(run_cli("sim", str(SIM), out, "tasks.0.max_context_tokens=1000"))

@@ -46,6 +46,7 @@ CLOCKED_MODULES = (
     "rollart_sdk.control.progress",
     "rollart_sdk.control.weight_updates",
     "rollart_sdk.control.checkpoints",
+    "rollart_sdk.control.evaluation",
 )
 
 
