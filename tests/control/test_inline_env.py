@@ -388,3 +388,74 @@ def test_a_thread_hosted_env_that_keeps_hanging_stops_the_run_naming_the_fix(tmp
     drops = [json.loads(x) for x in (run_dir / "drops.jsonl").read_text().splitlines()]
     assert any("refused: " in json.dumps(d) and "use env_host: worker" in json.dumps(d)
                for d in drops)
+
+
+BIG_OBS_ENVS = """
+import gymnasium as gym
+from pydantic import BaseModel, ConfigDict
+
+
+class BigOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class BigObsEnv(gym.Env):
+    '''Reliability probe 2e, per step: the first step answers a 1 MB observation.'''
+
+    action_vocabulary = None
+    system_prompt = None
+
+    def reset(self, *, seed=None, options=None):
+        return "say something", {}
+
+    def step(self, action):
+        return "x" * 1_000_000, 0.5, False, False, {}
+"""
+
+
+@pytest.mark.timeout(300)
+def test_a_1mb_observation_at_a_step_ends_the_episode_at_the_context_budget(tmp_path,
+                                                                           monkeypatch):
+    """An env that answers 1 MB at its first step: the episode ends there, truncated at
+    tasks[].max_context_tokens (said in its info), and what is trained is the turn the
+    model took, not the megabyte; the run goes on and its accounting balances."""
+    from rollart_sdk import hookimpl
+    from rollart_sdk.plugins import load_plugins
+
+    mods = tmp_path / "mods"
+    mods.mkdir()
+    (mods / "rollart_test_big_envs.py").write_text(BIG_OBS_ENVS)
+    monkeypatch.syspath_prepend(str(mods))
+
+    def rollart_register_envs(registry):
+        registry.register("bigobs", factory="rollart_test_big_envs:BigObsEnv",
+                          options="rollart_test_big_envs:BigOptions")
+
+    registry = load_plugins(strict=True, extra={"test-big": SimpleNamespace(
+        rollart_register_envs=hookimpl(rollart_register_envs))}).registry
+    data = copy.deepcopy(TWO_TASKS)
+    data["roles"] = {"actor_gen": {"workers": 1}}
+    data["tasks"] = [{"tag": "T", "env": {"name": "bigobs"}, "env_host": "inline",
+                      "reward": {"name": "rule", "options": {"mode": "env_return"}},
+                      "max_turns": 3, "system_prompt": None, "sampling": {"max_new_tokens": 2},
+                      "max_context_tokens": 256}]
+    out = tmp_path / "out"
+    cfg, lines = load_config(data=data, overrides=[f"output_dir={out}", "rollout.mode=sync"])
+    job = build_job(cfg, lines, in_process=True, log=lambda *a: None, registry=registry)
+    try:
+        run_job(job, 2, progress=False)
+        records = list(job.pipeline.records)
+    finally:
+        job.close()
+        sys.modules.pop("rollart_test_big_envs", None)
+    batch = [t for rec in records for t in rec.batch]
+    assert batch, "nothing was trained"
+    for t in batch:
+        assert t.truncated and t.info["truncated_reason"] == "max_context_tokens", t.info
+        assert len(t.turns) == 1
+        # the trained tokens: the prompt and the model's reply, never the 1 MB answer
+        assert sum(len(turn.obs_ids) + len(turn.action_ids) for turn in t.turns) < 256
+    (run_dir,) = [p for p in out.iterdir() if p.is_dir() and not p.name.startswith(".")]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["steps"] == 2
+    assert summary["launched"] == summary["trained"] + sum(summary["dropped"].values())
