@@ -186,3 +186,50 @@ def test_a_run_rides_out_an_outage_of_its_reward_endpoint(tmp_path):
     assert summary["error"] is None
     failed = sum(v for k, v in summary["dropped"].items() if k.startswith("reward_failed"))
     assert failed < 8, summary["dropped"]  # the outage cost time, not trajectories
+
+
+@pytest.mark.timeout(300)
+def test_a_run_whose_reward_endpoint_dies_stops_with_the_reason_and_its_checkpoint(tmp_path):
+    """Reliability probe 3c at run level: the endpoint goes away for good mid-run (closed:
+    what a SIGKILLed server looks like to its clients, connection refused). Finished
+    trajectories wait out ``outage_wait_s``, then fail with the endpoint named; the
+    drop-rate rule stops the run with that reason, and the run leaves its final
+    checkpoint and summary with balanced accounting."""
+    import json
+    import threading
+
+    from rollart_sdk.config import load_config
+    from rollart_sdk.control.watchdog import RunFailure
+    from rollart_sdk.job import build_job, run_job
+
+    started: dict = {}
+
+    def reward(request):
+        if "timer" not in started:  # the first call: the server dies 3 s later
+            started["timer"] = threading.Timer(3.0, endpoint.close)
+            started["timer"].start()
+        return {"reward": 1.0 if request["info"].get("success") else 0.0, "details": {}}
+
+    endpoint = serve_function(reward)
+    try:
+        data = _run_config(endpoint.url, str(tmp_path), timeout_s=2, retries=1,
+                           breaker_failures=2, breaker_cooldown_s=0.5, outage_wait_s=3)
+        data["rollout"].update(drop_window=16, max_drop_rate=0.5)
+        cfg, lines = load_config(data=data)
+        job = build_job(cfg, lines, in_process=True, log=lambda *a: None)
+        try:
+            with pytest.raises(RunFailure) as err:
+                run_job(job, 200, progress=False)
+        finally:
+            job.close()
+    finally:
+        started.get("timer") and started["timer"].cancel()
+        endpoint.close()
+    assert endpoint.url in str(err.value) and "reward" in str(err.value), str(err.value)
+    summary = json.loads((job.run_dir.path / "summary.json").read_text())
+    assert summary["error"] and endpoint.url in summary["error"]
+    assert summary["launched"] == summary["trained"] + sum(summary["dropped"].values())
+    assert any(k.startswith("reward_failed") for k in summary["dropped"]), summary["dropped"]
+    if summary["steps"]:  # a step was trained before the endpoint died: it is saved
+        ckpts = sorted((job.run_dir.path / "checkpoints").glob("step-*"))
+        assert ckpts and ckpts[-1].name == f"step-{summary['steps']}", ckpts
