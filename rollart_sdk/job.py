@@ -431,7 +431,9 @@ def _wire_control_plane(cfg: RunConfig, workers: _Workers, tasks: dict[str, Task
     pipeline = Pipeline(cfg, proxy, scheduler, buffer, workers.trainers,
                         checkpoint_dir=str(run_dir.checkpoints), event_sink=run_dir.log_event,
                         weight_sync=WeightSync(workers.engines + workers.prefill), versions=versions)
-    scheduler.on_finish.append(run_dir.log_finished)  # drops.jsonl, env close errors
+    scheduler.on_finish.append(run_dir.log_finished)  # env close errors
+    buffer.on_drop.append(run_dir.log_drop)  # drops.jsonl: every trajectory counted dropped
+    buffer.on_side_error = scheduler.side_error
     if cfg.eval is not None and cfg.eval.every_steps:
         from rollart_sdk.control.evaluation import Evaluator
 

@@ -82,6 +82,12 @@ class SampleBuffer:
         self._discarded: dict[str, list[Any]] = {}
         # Called with (tag, group_id) when a group is dropped for a failure or as stale.
         self.on_group_dropped: list[Callable[[str, str], None]] = []
+        # Called with every trajectory as it is counted dropped, whatever decided it (its
+        # own failure, its group's, dynamic sampling, staleness, the run's end): the run
+        # directory writes drops.jsonl from it. A listener's error goes to ``on_side_error``
+        # (what, trajectory, exception); the count stands.
+        self.on_drop: list[Callable[[Trajectory], None]] = []
+        self.on_side_error: Callable[[str, Trajectory, BaseException], None] | None = None
         self.dropped_by_tag: Counter[str] = Counter()  # admission control counts on it
         self.tokens_dropped = 0  # generated tokens of dropped trajectories
         self.tokens_trained = 0  # generated tokens of trajectories handed out in batches
@@ -96,6 +102,13 @@ class SampleBuffer:
         self.dropped[t.dropped.split(": ", 1)[0]] += 1
         self.dropped_by_tag[t.tag] += 1
         self.tokens_dropped += t.generated_tokens
+        for fn in self.on_drop:
+            try:
+                fn(t)
+            except Exception as exc:
+                if self.on_side_error is None:
+                    raise
+                self.on_side_error(f"on_drop {getattr(fn, '__qualname__', fn)}", t, exc)
 
     def count_drop(self, traj: Trajectory) -> None:
         """Count a dropped member that the scheduler re-runs (it never joins its group)."""

@@ -80,6 +80,8 @@ def capture_state(p: Pipeline, step: int, version: int | None = None) -> dict[st
         "dropped": dict(dropped),
         "tokens_trained": b.tokens_trained,
         "tokens_dropped": tokens_dropped,
+        "filtered_groups": b.filtered_groups,  # dynamic sampling's run totals
+        "zero_variance_kept": b.zero_variance_kept,
         "retried": s.retried,
         "rng": _jsonable_state(s._rng.getstate()),
         "group_counter": s._group_counter,
@@ -131,6 +133,8 @@ def apply_state(p: Pipeline, state: dict[str, Any], carried: list[Any] | None = 
     b.carry_in(carried)
     b.tokens_trained = int(state.get("tokens_trained", 0))
     b.tokens_dropped = int(state.get("tokens_dropped", 0))
+    b.filtered_groups = int(state.get("filtered_groups", 0))
+    b.zero_variance_kept = int(state.get("zero_variance_kept", 0))
     s._rng.setstate(_tuplify(state["rng"]))
     s._group_counter = int(state["group_counter"])
     s._traj_counter = int(state["traj_counter"])

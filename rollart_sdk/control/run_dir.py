@@ -89,21 +89,31 @@ class RunDir:
             self._last_flush = now
 
     def log_finished(self, traj: Any) -> None:
-        """A finished trajectory: a dropped one goes to drops.jsonl with its reason (the
-        exception text included, bounded); an env close error is counted."""
+        """A finished trajectory: an env close error is counted (drops are written by
+        :meth:`log_drop`, when the buffer counts them)."""
         close_err = traj.info.get("env_close_error") if traj.info else None
         if close_err:
             self.close_errors[str(close_err).split(":", 1)[0]] += 1
-        if traj.dropped is None and not close_err:
-            return
-        key = traj.dropped.split(": ", 1)[0] if traj.dropped else "env_close_error"
-        self.drop_examples.setdefault(key, (traj.dropped or str(close_err))[:1000])
+            if traj.dropped is None:
+                self._write_drop_line(traj, "env_close_error", "", close_err)
+
+    def log_drop(self, traj: Any) -> None:
+        """A trajectory counted dropped (the buffer's ``on_drop``, whatever decided it:
+        its failure, its group's, dynamic sampling, staleness, the run's end): one line of
+        drops.jsonl with its reason (the exception text included, bounded)."""
+        assert traj.dropped is not None
+        key = traj.dropped.split(": ", 1)[0]
+        self.drop_examples.setdefault(key, traj.dropped[:1000])
+        close_err = traj.info.get("env_close_error") if traj.info else None
+        self._write_drop_line(traj, key, traj.dropped, close_err)
+
+    def _write_drop_line(self, traj: Any, key: str, text: str, close_err: Any) -> None:
         if self._drops.closed or self._drop_lines >= MAX_DROP_LINES:
             return
         self._drop_lines += 1
         self._drops.write(json.dumps({
             "t": round(time.time(), 3), "trajectory": traj.trajectory_id, "tag": traj.tag,
-            "group": traj.group_id, "reason": key, "text": (traj.dropped or "")[:1000],
+            "group": traj.group_id, "reason": key, "text": text[:1000],
             **({"env_close_error": str(close_err)[:1000]} if close_err else {}),
         }) + "\n")
 

@@ -142,7 +142,7 @@ class RolloutScheduler:
         # Called with every finished trajectory (the watchdog, the run dir's drop log).
         self.on_finish: list[Callable[[Trajectory], None]] = []
         self._abandoned: set[str] = set()  # counted by stop() while still running
-        self.side_error_count = 0  # errors beside an outcome (logging, env slots): _side_error
+        self.side_error_count = 0  # errors beside an outcome (logging, env slots): side_error
         self.side_errors: list[str] = []
         buffer.on_group_dropped.append(self._group_dropped)
 
@@ -406,7 +406,7 @@ class RolloutScheduler:
                             "span": "env_replaced", "worker": slot.worker.name,
                             "reason": traj.dropped, "close_error": err})
 
-    def _side_error(self, what: str, traj: Trajectory, exc: BaseException) -> None:
+    def side_error(self, what: str, traj: Trajectory, exc: BaseException) -> None:
         """An error beside a trajectory's outcome (not of it): counted, the first few kept
         (summary.json ``side_errors``) and printed once."""
         self.side_error_count += 1
@@ -460,13 +460,13 @@ class RolloutScheduler:
         try:
             await self._return_slot(traj)
         except Exception as exc:  # noqa: BLE001 - counted in side_errors
-            self._side_error("returning its env slot", traj, exc)
+            self.side_error("returning its env slot", traj, exc)
         self._note_outcome(traj)
         for fn in self.on_finish:
             try:
                 fn(traj)
             except Exception as exc:  # noqa: BLE001 - counted in side_errors
-                self._side_error(f"on_finish {getattr(fn, '__qualname__', fn)}", traj, exc)
+                self.side_error(f"on_finish {getattr(fn, '__qualname__', fn)}", traj, exc)
         if traj.trajectory_id in self._abandoned:
             pass  # counted by stop()
         elif traj.dropped is not None and self._should_rerun(traj):
