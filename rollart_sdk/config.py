@@ -247,6 +247,10 @@ class TaskConfig(_Strict):
     # templates in multi-turn tasks" in docs/configuration.md.
     chat_template: str | None = None
     chat_template_kwargs: dict[str, Any] = Field(default_factory=dict)
+    # The chat role of the observations after the first (the first, the task, is always a
+    # user turn): "tool" for envs whose feedback is a tool's result, rendered as the
+    # model's template renders tool messages (Qwen's <tool_response>, Llama's ipython).
+    observation_role: Literal["user", "tool"] = "user"
     # Where the task's environments live. "worker": the environment role's workers, each
     # env in its own killable process (heavy, slow or unsafe envs; a hung env is killed).
     # "inline": in the EnvManagers' process, stepped directly on its event loop (no Ray

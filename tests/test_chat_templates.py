@@ -432,3 +432,41 @@ def test_preflight_reports_a_bad_template_and_a_non_text_observation_per_task() 
     assert "observation of type dict" in problems[1][1]
     assert len(warnings) == 1 and warnings[0].startswith("tasks.0 (ok): the chat template "
                                                          "opens a past assistant turn")
+
+
+# Tool results as the template renders tool messages (task observation_role: tool): the
+# families whose templates take a tool message after a plain assistant reply, and how
+# each wraps it. The others refuse at build time, naming observation_role: user.
+TOOL_WRAPS = {"qwen2.5": "<tool_response>\n", "qwen3": "<tool_response>\n",
+              "llama-3.1": "ipython<|end_header_id|>", "llama-3.2": "ipython<|end_header_id|>",
+              "smollm2": None}
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
+def test_tool_observations_match_the_templates_tool_turns_or_refuse(case: Case) -> None:
+    tok = _tokenizer(case)
+    kwargs = case.kwargs or {}
+    try:
+        fmt = prompt_format(tok, "chat", None, template_kwargs=kwargs, observation_role="tool")
+    except TemplateError as exc:
+        assert case.template not in TOOL_WRAPS, exc
+        assert "observation_role: user" in str(exc) and "tool messages" in str(exc)
+        return
+    assert case.template in TOOL_WRAPS, f"{case.id} renders tool turns: add it to TOOL_WRAPS"
+    end_id = tok.convert_tokens_to_ids(case.end)
+    ours = _episode(fmt, tok, None, end_id)
+    messages = [dict(m, role="tool") if m["role"] == "user" and i else m
+                for i, m in enumerate(_messages(None, False))]
+    text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
+                                   **kwargs)
+    for action in ACTIONS if case.past_opener != case.generation else []:
+        text = text.replace(case.past_opener + action, case.generation + action)
+    assert ours == tok(text, add_special_tokens=False)["input_ids"]
+    # Not the user turns' rendering: each later observation sits in a tool turn.
+    as_user = _episode(prompt_format(tok, "chat", None, template_kwargs=kwargs), tok, None,
+                       end_id)
+    wrap = TOOL_WRAPS[case.template]
+    if wrap is None:  # SmolLM2's template renders any role as <|im_start|>ROLE
+        wrap = "<|im_start|>tool\n"
+    decoded = tok.decode(ours)
+    assert ours != as_user and decoded.count(wrap) == len(OBSERVATIONS) - 1, decoded

@@ -41,10 +41,11 @@ class TemplateError(ValueError):
     ``train`` and ``validate`` stop before any worker starts. ``reason``: the template's
     behaviour in a few words."""
 
-    def __init__(self, reason: str, detail: str | None = None) -> None:
+    def __init__(self, reason: str, detail: str | None = None, fix: str = _FIX) -> None:
         self.reason = reason
+        self.detail = detail
         super().__init__(f"the chat template cannot be rendered turn by turn: "
-                         f"{detail or reason}\nFix: {_FIX}")
+                         f"{detail or reason}\nFix: {fix}")
 
 
 def _check_observation(observation: Any) -> str:
@@ -120,12 +121,15 @@ class PlainFormat(_Tokens):
 
 def prompt_format(tokenizer: Any, kind: str = "auto", system: str | None = None,
                   template: str | None = None,
-                  template_kwargs: dict[str, Any] | None = None) -> ChatFormat | PlainFormat:
+                  template_kwargs: dict[str, Any] | None = None,
+                  observation_role: str = "user") -> ChatFormat | PlainFormat:
     """``chat`` (the tokenizer's template; an error without one), ``plain``, or ``auto``.
 
     ``system``: the task's system prompt (the chat format is checked with it);
     ``template``: a chat template's text to use instead of the tokenizer's;
-    ``template_kwargs``: extra template variables (``enable_thinking: false``)."""
+    ``template_kwargs``: extra template variables (``enable_thinking: false``);
+    ``observation_role``: the chat role of observations after the first (``user`` or
+    ``tool``; plain text has no roles)."""
     has_template = bool(template or getattr(tokenizer, "chat_template", None))
     if kind == "plain" or (kind == "auto" and not has_template):
         return PlainFormat(tokenizer)
@@ -135,7 +139,7 @@ def prompt_format(tokenizer: Any, kind: str = "auto", system: str | None = None,
             "task's prompt_format to plain (or auto), or use a model with a template"
         )
     return ChatFormat(tokenizer, system=system, template=template,
-                      template_kwargs=template_kwargs)
+                      template_kwargs=template_kwargs, observation_role=observation_role)
 
 
 def task_prompt_format(tokenizer: Any, task: Any, system: str | None) -> ChatFormat | PlainFormat:
@@ -151,7 +155,8 @@ def task_prompt_format(tokenizer: Any, task: Any, system: str | None) -> ChatFor
             raise ValueError(f"chat_template {path!r} cannot be read ({exc.strerror or exc}); "
                              "give the path of a .jinja file") from None
     return prompt_format(tokenizer, task.prompt_format, system, template,
-                         getattr(task, "chat_template_kwargs", None))
+                         getattr(task, "chat_template_kwargs", None),
+                         getattr(task, "observation_role", "user"))
 
 
 class ChatFormat(_Tokens):
@@ -182,7 +187,11 @@ class ChatFormat(_Tokens):
     """
 
     def __init__(self, tokenizer: Any, system: str | None = None, template: str | None = None,
-                 template_kwargs: dict[str, Any] | None = None) -> None:
+                 template_kwargs: dict[str, Any] | None = None,
+                 observation_role: str = "user") -> None:
+        if observation_role not in ("user", "tool"):
+            raise ValueError(f"observation_role must be 'user' or 'tool', got {observation_role!r}")
+        self.observation_role = observation_role
         self.tok = tokenizer
         self.eos_id: int | None = tokenizer.eos_token_id
         self.template = template
@@ -191,7 +200,15 @@ class ChatFormat(_Tokens):
         self._rest: dict[str, str] = {}
         self._layouts: dict[bool, _Layout] = {}
         self._has_system = system is not None
-        layout = self._layout(self._has_system)
+        try:
+            layout = self._layout(self._has_system)
+        except TemplateError as exc:
+            if observation_role == "user":
+                raise
+            raise TemplateError(exc.reason, f"with observations as tool messages: "
+                                f"{exc.detail or exc.reason}",
+                                fix="set the task's observation_role: user (observations as "
+                                "user turns), or " + _FIX) from None
         # What the default case (the task's system prompt) looks like, for callers.
         self.system_folded = layout.folded
         self.history_opener = layout.opener
@@ -206,6 +223,10 @@ class ChatFormat(_Tokens):
             kwargs["chat_template"] = self.template
         return str(self.tok.apply_chat_template(
             messages, tokenize=False, add_generation_prompt=add_generation_prompt, **kwargs))
+
+    def _obs(self, observation: str) -> dict[str, str]:
+        """An observation after the first, in the task's ``observation_role``."""
+        return {"role": self.observation_role, "content": observation}
 
     def _head(self, system: str | None, folded: bool) -> list[dict[str, str]]:
         return [] if system is None or folded else [{"role": "system", "content": system}]
@@ -241,11 +262,11 @@ class ChatFormat(_Tokens):
                _PROBE_OBS.format(2)]
         act = [_PROBE_ACTION.format(0), _PROBE_ACTION.format(1)]
         head = self._head(system, folded)
-        history = head + [_user(obs[0]), _assistant(act[0]), _user(obs[1])]
+        history = head + [_user(obs[0]), _assistant(act[0]), self._obs(obs[1])]
         with_gen = self._try_render(history, True, "a conversation ending in a user turn")
         if system is not None and not folded and system not in with_gen:
             raise TemplateError("it leaves the system message out of the prompt")
-        longer = self._try_render(history + [_assistant(act[1]), _user(obs[2])], True,
+        longer = self._try_render(history + [_assistant(act[1]), self._obs(obs[2])], True,
                                   "a conversation one turn longer")
         layout = _Layout(folded=folded, history=history + [_assistant(act[1])])
         if longer.startswith(with_gen + act[1]):
@@ -272,6 +293,9 @@ class ChatFormat(_Tokens):
                     "model was given at every turn")
         layout.prefix = longer[:layout.cut]
         rest = self._rest_text(layout, obs[2])
+        if obs[2] not in rest:  # a template that ignores a role drops the message whole
+            raise TemplateError(f"it leaves a {self.observation_role} message out of the "
+                                "prompt")
         ids = self._ids(rest)
         if ids and self._is_special(ids[0]):
             layout.end_ids = [ids[0]]
@@ -285,7 +309,7 @@ class ChatFormat(_Tokens):
             raise TemplateError(f"it raises on {what}: {type(exc).__name__}: {exc}") from None
 
     def _rest_text(self, layout: _Layout, observation: str) -> str:
-        rendered = self._try_render(layout.history + [_user(observation)], True,
+        rendered = self._try_render(layout.history + [self._obs(observation)], True,
                                     "a new observation")
         if not rendered.startswith(layout.prefix):
             reason = "an observation changes how the earlier turns are rendered"
@@ -309,7 +333,7 @@ class ChatFormat(_Tokens):
         messages = head + [_user(obs[0])]
         for action, observation in zip(acts, obs[1:], strict=True):
             built += action + self._rest_text(layout, observation)
-            messages += [_assistant(action), _user(observation)]
+            messages += [_assistant(action), self._obs(observation)]
         whole = self._try_render(messages, True, "a whole episode")
         if layout.opener != layout.generation:
             for action in acts:
