@@ -27,11 +27,24 @@ What is held equal, so that differences come from the protocol alone:
   machine load hits all alike), the median reported, the first step (cold) excluded.
 
 Rows: sync with ``interaction: batched`` (the paper's Sync: every turn waits for the
-slowest env), sync (Sync+), one_off, async at alpha 0, 1, 2. ``bound_speedup`` is the overlap
-bound computed from the sync row's own stage times: sync step = rollout + train + weight
-sync, async ideal = max(rollout, train). It says what overlapping training with rollout can
-give on this workload; async can also exceed it a little, because continuous rollout never
-waits for a straggler at the end of an iteration.
+slowest env), sync (Sync+), one_off, async at alpha 0, 1, 2.
+
+The bound (``bound_trajectories_per_s``, per run; ``bound_speedup`` against the sync row):
+no protocol can train trajectories faster than either stage can take them, over the whole
+run (``run_trajectories_per_s``: trajectories trained / the run's wall time, its first
+step included):
+
+- the environments: ``max_envs`` of them, each trajectory holding one for at least the sum
+  of its own drawn latencies (the env reports them: ``env_sleep_s``), so the trained
+  trajectories' sleeps fit in ``max_envs x wall``: at most ``max_envs / mean(sleep)``
+  trajectories per second (generation, rewards and the env's own work only add to it);
+- the trainer: one batch per step, none faster than the fastest training step measured in
+  any run of any configuration: at most ``batch / min(train_s)``.
+
+The bound is the smaller of the two. It comes from the latency draws and the stages'
+capacities, not from sync's stage times (the old ``sync step / max(rollout, train)`` was
+exceeded by async, which never waits for a straggler); a run above it would mean the bound
+is wrong, and ``within_bound`` says so per row.
 """
 
 from __future__ import annotations
@@ -59,10 +72,16 @@ TRAIN_MICRO_BATCH = 8
 TINY_MODEL = {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "intermediate_size": 64}
 
 
-async def _drive(job: Any, steps: int, threads: int) -> tuple[list[Any], list[dict[str, Any]], float]:
+async def _drive(job: Any, steps: int, threads: int,
+                 sleeps: list[float]) -> tuple[list[Any], list[dict[str, Any]], float]:
     pool = wide_executor(asyncio.get_running_loop(), threads)  # in-process workers' calls
     metrics: list[dict[str, Any]] = []
-    job.pipeline.on_step = lambda rec, m: metrics.append(m)
+
+    def on_step(rec: Any, m: dict[str, Any]) -> None:
+        metrics.append(m)
+        sleeps.extend(float(t.info.get("env_sleep_s", 0.0)) for t in rec.batch)
+
+    job.pipeline.on_step = on_step
     t0 = time.perf_counter()
     try:
         records = await job.pipeline.run(steps)
@@ -90,8 +109,9 @@ def run_config(mode: str, interaction: str, alpha: int, steps: int, env_options:
             data["transport"] = {"name": "ray"}  # the object store, across processes
         cfg, lines = load_config(data=data)
         job = build_job(cfg, lines, in_process=in_process, log=lambda *a: None, registry=registry)
+        sleeps: list[float] = []  # drawn env latency of every trained trajectory
         try:
-            records, metrics, wall = asyncio.run(_drive(job, steps, 2 * max_envs + 16))
+            records, metrics, wall = asyncio.run(_drive(job, steps, 2 * max_envs + 16, sleeps))
         finally:
             job.run_dir.close()
             job.close()
@@ -117,7 +137,28 @@ def run_config(mode: str, interaction: str, alpha: int, steps: int, env_options:
         "train_s": statistics.mean(r.train_s for r in warm),
         "weight_sync_s": statistics.mean(r.weight_sync_exposed_s for r in warm),
         "wall_s": wall,
+        # For the bound: the whole run's throughput, the trained trajectories' drawn env
+        # latency, every step's train time.
+        "run_trajectories_per_s": sum(per_step) / wall if wall > 0 else 0.0,
+        "env_sleep_mean_s": statistics.mean(sleeps) if sleeps else 0.0,
+        "train_s_steps": [r.train_s for r in records],
+        "max_envs": max_envs, "batch_size": batch,
     }
+
+
+def apply_bounds(runs: list[dict[str, Any]]) -> float:
+    """Each run's throughput bound (module docstring) in place; returns the trainer's
+    fastest step, the same for every run."""
+    min_train = min(t for r in runs for t in r["train_s_steps"] if t > 0)
+    for r in runs:
+        env = (r["max_envs"] / r["env_sleep_mean_s"] if r["env_sleep_mean_s"] > 0
+               else float("inf"))
+        trainer = r["batch_size"] / min_train
+        r["env_bound_trajectories_per_s"] = env
+        r["trainer_bound_trajectories_per_s"] = trainer
+        r["bound_trajectories_per_s"] = min(env, trainer)
+        r["within_bound"] = r["run_trajectories_per_s"] <= r["bound_trajectories_per_s"]
+    return min_train
 
 
 def _median_row(runs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -127,6 +168,13 @@ def _median_row(runs: list[dict[str, Any]]) -> dict[str, Any]:
     row["step_time_s"] = statistics.median(r["step_time_s"] for r in runs)
     row["trajectories_per_s"] = statistics.median(r["trajectories_per_s"] for r in runs)
     row["step_time_runs_s"] = [round(r["step_time_s"], 4) for r in runs]
+    row["run_trajectories_per_s"] = statistics.median(r["run_trajectories_per_s"] for r in runs)
+    row["bound_trajectories_per_s"] = statistics.median(r["bound_trajectories_per_s"]
+                                                        for r in runs)
+    # Every repeat against its own bound (a bound is not a median).
+    row["within_bound_runs"] = [r["within_bound"] for r in runs]
+    row["run_trajectories_per_s_runs"] = [round(r["run_trajectories_per_s"], 3) for r in runs]
+    row["bound_trajectories_per_s_runs"] = [round(r["bound_trajectories_per_s"], 3) for r in runs]
     row["repeats"] = len(runs)
     return row
 
@@ -162,16 +210,19 @@ def run(steps: int = 8, turns: int = 4, mu: float = 0.1, sigma_over_mu: float = 
             import ray
 
             ray.shutdown()
+    min_train = apply_bounds([r for rs in runs.values() for r in rs])
     rows = [_median_row(runs[i]) for i in range(len(configs))]
     base = next((r for r in rows if r["mode"] == "sync" and r["interaction"] == "trajectory"), rows[0])
-    bound = base["step_time_s"] / max(base["rollout_s"], base["train_s"], 1e-9)
     for r in rows:
         r["speedup_vs_sync"] = base["step_time_s"] / r["step_time_s"]
-        r["bound_speedup"] = bound
+        r["run_speedup_vs_sync"] = r["run_trajectories_per_s"] / base["run_trajectories_per_s"]
+        r["bound_speedup"] = r["bound_trajectories_per_s"] / base["run_trajectories_per_s"]
     return {"benchmark": "async", "steps": steps, "turns": turns, "mu": mu,
             "sigma_over_mu": sigma_over_mu, "batch_size": batch, "group_size": group,
             "max_envs": envs, "seed": seed, "repeats": repeats, "in_process": in_process,
-            "model": TINY_MODEL if tiny else BENCH_MODEL,
+            "model": TINY_MODEL if tiny else BENCH_MODEL, "min_train_s": min_train,
+            "bound_exceeded": [f"{r['mode']} {r['interaction']} alpha={r['alpha']}"
+                               for r in rows if not all(r["within_bound_runs"])],
             "rows": rows}
 
 
@@ -217,20 +268,27 @@ def main(argv: list[str] | None = None) -> int:
         f"{res['batch_size']} (groups of {res['group_size']}), {res['max_envs']} envs in every "
         f"row, episodes of {max(1, res['turns'] // 2)}-{res['turns']} turns, env latency "
         f"N({res['mu']}, {res['sigma_over_mu']}*mu)"))
-    for col in ("mode", "alpha", "interaction", "step s", "traj/s", "vs sync", "waste",
-                "length bias", "staleness", "rollout / train s"):
+    for col in ("mode", "alpha", "interaction", "step s", "traj/s", "vs sync", "run traj/s",
+                "bound", "waste", "length bias", "staleness", "rollout / train s"):
         table.add_column(col, justify="left" if col in ("mode", "interaction", "staleness") else "right")
     for r in res["rows"]:
         hist = " ".join(f"{k}:{v}" for k, v in r["staleness_hist"].items())
         table.add_row(r["mode"], str(r["alpha"]), r["interaction"], f"{r['step_time_s']:.2f}",
                       f"{r['trajectories_per_s']:.1f}", f"{r['speedup_vs_sync']:.2f}x",
+                      f"{r['run_trajectories_per_s']:.1f}",
+                      f"{r['bound_trajectories_per_s']:.1f} ({r['bound_speedup']:.2f}x)",
                       f"{r['waste']:.0%}", f"{r['length_bias']:.2f}", hist,
                       f"{r['rollout_s']:.2f} / {r['train_s']:.2f}")
     console.print(table)
-    console.print(f"bound_speedup (sync step / max(rollout, train), from the sync row): "
-                  f"{res['rows'][0]['bound_speedup']:.2f}x. staleness: 'engine version at "
-                  "get_batch - start version: trajectories'; waste: dropped / decided "
-                  "(run-end aborts not counted)")
+    console.print("run traj/s: trajectories trained / the run's wall time; bound: "
+                  "min(max_envs / mean drawn env latency of the trained trajectories, batch / "
+                  f"fastest train step = {res['min_train_s']:.3f} s), median over repeats "
+                  "(x: over sync's run traj/s). staleness: 'engine version at get_batch - "
+                  "start version: trajectories'; waste: dropped / decided (run-end aborts "
+                  "not counted)")
+    if res["bound_exceeded"]:
+        console.print(f"[red]a run exceeded its bound (the bound is wrong): "
+                      f"{', '.join(res['bound_exceeded'])}[/red]")
     if args.json:
         Path(args.json).write_text(json.dumps(res, indent=2))
         console.print(f"wrote {args.json}")

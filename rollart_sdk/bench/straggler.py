@@ -110,7 +110,9 @@ class LatencyEnv(gymnasium.Env):
         time.sleep(self._row[self._t])
         self._t += 1
         done = self._t >= self._n
-        return f"t{self._t}", float(action.strip() == "left"), done, False, {"success": done}
+        # env_sleep_s: the episode's drawn latency so far (the async bench's env bound)
+        return f"t{self._t}", float(action.strip() == "left"), done, False, {
+            "success": done, "env_sleep_s": sum(self._row[:self._t])}
 
 
 def latency_registry() -> Any:

@@ -80,7 +80,13 @@ def test_async_bench_equal_capacity_and_bounds(tmp_path):
         assert max(int(k) for k in r["staleness_hist"]) <= r["alpha"]
         # Every launch is trained or counted as dropped.
         assert r["launched"] == r["trajectories_trained"] + sum(r["dropped"].values())
-        assert r["bound_speedup"] == rows[0]["bound_speedup"] >= 1.0
+        # The bound: every repeat at most its own bound, from the drawn env latency of
+        # its trained trajectories and the trainer's fastest step.
+        assert r["within_bound_runs"] == [True]
+        assert 0 < r["run_trajectories_per_s"] <= r["bound_trajectories_per_s"]
+        env_bound = r["max_envs"] / r["env_sleep_mean_s"]
+        assert r["bound_trajectories_per_s"] == min(env_bound, 4 / res["min_train_s"])
+        assert 0 < r["env_sleep_mean_s"] < 0.03  # 1-2 turns of N(5 ms, 2.5 ms)
         if r["mode"] != "async":
             # Equal capacity: sync and one_off fill all 8 envs every iteration (redundancy),
             # twice the batch; the surplus is aborted or dropped, never trained.
@@ -88,6 +94,27 @@ def test_async_bench_equal_capacity_and_bounds(tmp_path):
             assert r["dropped"].get("aborted:surplus", 0) + r["dropped"].get("surplus", 0) > 0
     for r in rows[:2]:
         assert r["staleness_hist"] == {"0": 8}
+    assert res["bound_exceeded"] == []
+
+
+def test_the_async_bound_is_the_tighter_of_env_and_trainer_capacity():
+    from rollart_sdk.bench.async_modes import apply_bounds
+
+    def run(tps, sleep, train):
+        return {"max_envs": 16, "batch_size": 8, "env_sleep_mean_s": sleep,
+                "train_s_steps": train, "run_trajectories_per_s": tps}
+
+    # Env-bound: 16 envs / 0.4 s each = 40/s; trainer 8 / 0.1 s (the fastest step of any
+    # run, here the second run's) = 80/s.
+    a, b = run(30.0, 0.4, [0.5, 0.2]), run(45.0, 0.1, [0.1, 0.3])
+    assert apply_bounds([a, b]) == 0.1
+    assert (a["env_bound_trajectories_per_s"], a["trainer_bound_trajectories_per_s"]) == (40, 80)
+    assert a["bound_trajectories_per_s"] == 40 and a["within_bound"]
+    # Trainer-bound (env 160/s): 45 trajectories/s is within 80.
+    assert b["bound_trajectories_per_s"] == 80 and b["within_bound"]
+    c = run(50.0, 0.4, [0.2])  # faster than 16 envs can serve episodes of 0.4 s
+    apply_bounds([c])
+    assert c["bound_trajectories_per_s"] == 40 and not c["within_bound"]
 
 
 def test_soak_memory_figures_measure_growth_after_warm_up():
