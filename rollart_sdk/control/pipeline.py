@@ -242,8 +242,10 @@ class Pipeline:
             "publish_weights", int(self.cfg.train.bucket_mb * 2**20)), "publish_weights")
         manifest = manifests[0]
         self.log.append(f"publish:{manifest.version}")
-        # Push transports (nccl) size each round by how many engines receive the version.
-        manifest.meta.setdefault("receivers", len(self.weight_sync.engines))
+        # Push transports (nccl) size each round by how many engines receive the version:
+        # the live ones (a down engine would make the round wait for it and fail; it
+        # loads the current version when it is back: control/recovery.py).
+        manifest.meta["receivers"] = len(self.weight_sync.live())
         await self.weights.on_publish(manifest)
         self._span("publish", self.trainers[0].name, t1, step)
         self.watchdog.progress()
@@ -577,7 +579,7 @@ class Pipeline:
         manifests = await self._trainer_call(self.all_trainers(
             "publish_weights", int(self.cfg.train.bucket_mb * 2**20)), "publish_weights")
         manifest = manifests[0]
-        manifest.meta.setdefault("receivers", len(self.weight_sync.engines))
+        manifest.meta["receivers"] = len(self.weight_sync.live())
         await self.weight_sync.stage(manifest)
         await self.weight_sync.commit()
         self.weights.manifests[version] = manifest  # served: a restarted engine reloads it
