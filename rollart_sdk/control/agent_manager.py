@@ -121,10 +121,13 @@ class AgentManager(EnvManager):
         answer, reward, terminated, truncated, info = step
         notes = {k: v for k, v in traj.info.items() if k.startswith(("agent_", "gateway_"))}
         traj.info = {**(info if isinstance(info, dict) else {}), **notes}
-        if not ep.record.segments:
+        trained, guessed = ep.record.trained(str(answer))
+        if trained is None:
             traj.dropped = "no_turns: the agent made no model call"
             return
-        traj.turns = list(ep.record.segments[-1].turns)
+        if guessed:  # the last request had n > 1 and the answer is none of its choices
+            traj.info["agent_branch_guessed"] = 1
+        traj.turns = list(trained.turns)
         traj.env_return = float(reward)
         traj.terminated, traj.truncated = bool(terminated), bool(truncated)
         self._reward_request = RewardRequest(

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from rollart_sdk.gateway.episode import EpisodeRecord, GatewayError, normalize_messages
+from rollart_sdk.gateway.episode import Choice, EpisodeRecord, GatewayError, normalize_messages
 from rollart_sdk.gateway.tools import parse_hermes, tool_parser
 from rollart_sdk.types import GenerationResult
 
@@ -45,7 +45,7 @@ def _turn(record: EpisodeRecord, messages, reply: str):
     prompt = record.prompt(messages, None)
     ids = [ord(c) for c in reply + "|"]  # the model ends its turn with the template's "|"
     result = GenerationResult("r", ids, [-0.5] * len(ids), [0] * len(ids), "stop")
-    record.record(prompt, messages, result, {"role": "assistant", "content": reply})
+    record.record(prompt, messages, [Choice(result, {"role": "assistant", "content": reply})])
     return prompt
 
 
