@@ -99,6 +99,32 @@ def normalize_messages(messages: Any) -> list[dict[str, Any]]:
     return out
 
 
+def takes_string_arguments(template: str | None) -> bool:
+    """Whether a chat template renders a tool call's ``arguments`` given as a JSON string
+    itself (Mistral v0.3, Qwen 3 test ``arguments is string``). Others (Qwen 2.5, Llama
+    3.x) ``tojson`` them, and get an object; Mistral v0.3's template HTML-escapes the
+    quotes around an object, so it must get the string."""
+    t = template or ""
+    return "arguments is string" in t or "arguments is not string" in t
+
+
+def for_template(messages: list[dict[str, Any]], string_arguments: bool) -> list[dict[str, Any]]:
+    """Normalized messages as a template takes them: tool call arguments as JSON text when
+    ``string_arguments``, else as the parsed object."""
+    if not string_arguments:
+        return messages
+    out = []
+    for m in messages:
+        if m.get("tool_calls"):
+            m = {**m, "tool_calls": [
+                {**c, "function": {**c["function"], "arguments": c["function"]["arguments"]
+                                   if isinstance(c["function"]["arguments"], str)
+                                   else json.dumps(c["function"]["arguments"])}}
+                for c in m["tool_calls"]]}
+        out.append(m)
+    return out
+
+
 def _same_reply(sent: dict[str, Any], echoed: dict[str, Any]) -> bool:
     """Whether the agent sent back the reply the gateway returned (tool call ids aside)."""
     if echoed.get("role") != "assistant" or echoed.get("content", "") != sent["content"]:
@@ -177,7 +203,11 @@ class EpisodeRecord:
 
     def prompt(self, messages: list[dict[str, Any]], tools: list[Any] | None) -> Prompt:
         """The context of a chat request with these (normalized) messages."""
-        text = self.render(messages, tools)
+        try:
+            text = self.render(messages, tools)
+        except Exception as exc:  # noqa: BLE001 - a template's raise_exception, a bad tool
+            raise GatewayError(400, f"the model's chat template cannot render these messages "
+                               f"and tools: {type(exc).__name__}: {exc}", param="messages") from None
         for i in range(len(self.segments) - 1, -1, -1):
             seg = self.segments[i]
             if self._extends(seg, messages, text):
