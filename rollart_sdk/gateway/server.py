@@ -42,6 +42,18 @@ MAX_BODY_BYTES = 4 * 2**20  # a request body over this is refused (413)
 MODEL_NAME = "policy"  # the served model's id (the policy being trained)
 
 
+# What an episode's end means, for the agent's error message.
+_WHY = {"aborted:stale": "its trajectory fell behind the run's staleness bound "
+                         "(rollout.alpha) and is dropped",
+        "aborted:run_end": "the run is ending", "aborted:engine": "its engine failed",
+        "aborted:surplus": "its batch was already full"}
+
+
+def _ended(episode_id: str, reason: str) -> str:
+    why = _WHY.get(reason)
+    return f"episode {episode_id} has ended ({reason}{': ' + why if why else ''})"
+
+
 class EpisodeEnded(Exception):
     """The episode's trajectory ended (aborted, or closed): its requests get 410."""
 
@@ -230,8 +242,8 @@ class Gateway:
     # ------------------------------------------------------------------ completion
     def _check(self, ep: Episode, body: dict[str, Any]) -> None:
         if ep.ended is not None:
-            raise GatewayError(410, f"episode {ep.episode_id} has ended ({ep.ended}); its "
-                               "trajectory takes no more requests", "episode_ended")
+            raise GatewayError(410, f"{_ended(ep.episode_id, ep.ended)}; its trajectory "
+                               "takes no more requests", "episode_ended")
         if body.get("model") != self.model_name:
             raise GatewayError(404, f"model {body.get('model')!r} is not served here; the "
                                f"trained policy is {self.model_name!r}", "model_not_found",
@@ -294,8 +306,8 @@ class Gateway:
                 result = await ep.generate(prompt.ids, choice_sampling(params, i))
             except EpisodeEnded as exc:
                 ep.ended = ep.ended or str(exc)
-                raise GatewayError(410, f"episode {ep.episode_id} has ended ({exc}); this "
-                                   "request was not completed", "episode_ended") from None
+                raise GatewayError(410, f"{_ended(ep.episode_id, str(exc))}; this request "
+                                   "was not completed", "episode_ended") from None
             cut, before = cut_at_stop(result, ep.decode_text, params.stop)
             if before is not None:
                 ep.counts["stopped_at_stop_sequence"] += 1
