@@ -110,6 +110,9 @@ class Gateway:
         import uvicorn
 
         sock = socket.socket()
+        # Accepted connections inherit it: without, a response written in two parts
+        # (head, body) waits ~40 ms for the client's delayed ACK (Nagle).
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         sock.bind((self.host, self.port))
         self.port = sock.getsockname()[1]
         config = uvicorn.Config(self.app(), log_level="warning", access_log=False,
