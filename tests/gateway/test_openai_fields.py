@@ -92,16 +92,22 @@ def test_completions_text_then_ids_continue_one_segment_of_the_engines_tokens(
             ids = s.prompts[0] + s.results[0].token_ids + more
             second = await s.client.completions.create(model="policy", prompt=ids,
                                                        max_tokens=6)
+            stream = await s.client.completions.create(model="policy", prompt="Once", n=2,
+                                                       max_tokens=3, stream=True)
+            chunks = [c async for c in stream]
+            texts = {c.choices[0].index: c.choices[0].text for c in chunks}
+            assert texts == {i: s.chat.decode(s.results[2 + i].token_ids) for i in (0, 1)}
             return s, first, second, more
 
     s, first, second, more = asyncio.run(main())
-    r0, r1 = s.results
+    r0, r1 = s.results[:2]
     assert s.prompts[0] == s.tok("Once upon a", add_special_tokens=False)["input_ids"]
     assert first.choices[0].text == s.chat.decode(r0.token_ids)
     assert first.choices[0].logprobs.token_logprobs == r0.logprobs
     assert second.usage.completion_tokens == len(r1.token_ids)
     # The ids prompt extended the first turn's tokens: one segment, nothing re-tokenised.
-    (seg,) = s.ep.record.segments
+    seg = s.ep.record.segments[0]  # (then the streamed request's two branches)
+    assert len(s.ep.record.segments) == 3
     assert [t.action_ids for t in seg.turns] == [r0.token_ids, r1.token_ids]
     assert seg.turns[1].obs_ids == more
     sample = s.sample(0)
