@@ -1,4 +1,5 @@
-"""The OpenAI-compatible HTTP gateway: ``/v1/chat/completions`` and ``/v1/models``.
+"""The OpenAI-compatible HTTP gateway: ``/v1/chat/completions``, ``/v1/completions`` and
+``/v1/models``.
 
 Served by Starlette on uvicorn, on the control plane's event loop (where the LLMProxy
 lives), bound to 127.0.0.1. Each episode is opened by its EnvManager
@@ -11,7 +12,9 @@ one episode, rendered with the chat template and recorded token by token
 Refusals are OpenAI-style error bodies with a 4xx status the ``openai`` client raises:
 401 (no or unknown token), 403 (another episode's token), 404 (unknown model or route),
 410 (the episode ended: aborted for staleness, a dead engine, its time), 413 (body over
-the limit), 400 (malformed JSON or fields, context full, too many turns).
+the limit), 400 (malformed JSON or fields, a sampling field that would change the
+trained policy (:mod:`~rollart_sdk.gateway.params`), context full, too many turns).
+Response bodies: :mod:`~rollart_sdk.gateway.responses`.
 """
 
 from __future__ import annotations
