@@ -20,7 +20,7 @@ import json
 from typing import Any
 
 from rollart_sdk.control.env_manager import _BACKSTOP_S, EnvManager, _env_reason, bounded
-from rollart_sdk.gateway.episode import EpisodeRecord
+from rollart_sdk.gateway.episode import EpisodeRecord, for_template, takes_string_arguments
 from rollart_sdk.gateway.server import EpisodeEnded, Gateway
 from rollart_sdk.gateway.tools import tool_parser
 from rollart_sdk.types import GenerationRequest, GenerationResult, RewardRequest, SamplingParams
@@ -34,6 +34,12 @@ class AgentManager(EnvManager):
         gw: Gateway = self.task.gateway
         return gw
 
+    def _template(self) -> str | None:
+        """The chat template's text (``tool_parser: auto`` reads its tool-call format)."""
+        template = getattr(self.chat, "template", None) or getattr(self.chat.tok,
+                                                                    "chat_template", None)
+        return template if isinstance(template, str) else None
+
     def _record(self) -> EpisodeRecord:
         tok = self.chat.tok
         fmt = self.chat
@@ -41,9 +47,11 @@ class AgentManager(EnvManager):
         if getattr(fmt, "template", None) is not None:
             kwargs["chat_template"] = fmt.template
 
+        strings = takes_string_arguments(self._template())
+
         def render(messages: list[dict[str, Any]], tools: list[Any] | None) -> str:
             extra = {"tools": tools} if tools else {}
-            return str(tok.apply_chat_template(messages, tokenize=False,
+            return str(tok.apply_chat_template(for_template(messages, strings), tokenize=False,
                                                add_generation_prompt=True, **kwargs, **extra))
 
         return EpisodeRecord(render,
@@ -90,7 +98,7 @@ class AgentManager(EnvManager):
                      max_context_tokens=cfg.max_context_tokens,
                      stop_ids={self.chat.eos_id} if self.chat.eos_id is not None else set(),
                      decode_text=self.chat.decode,
-                     tool_parser=tool_parser(self.task.tool_parser))
+                     tool_parser=tool_parser(self.task.tool_parser, self._template()))
         handle = json.dumps({"base_url": ep.base_url, "api_key": ep.token,
                              "model": gw.model_name})
         try:
@@ -121,10 +129,13 @@ class AgentManager(EnvManager):
         answer, reward, terminated, truncated, info = step
         notes = {k: v for k, v in traj.info.items() if k.startswith(("agent_", "gateway_"))}
         traj.info = {**(info if isinstance(info, dict) else {}), **notes}
-        if not ep.record.segments:
+        trained, guessed = ep.record.trained(str(answer))
+        if trained is None:
             traj.dropped = "no_turns: the agent made no model call"
             return
-        traj.turns = list(ep.record.segments[-1].turns)
+        if guessed:  # the last request had n > 1 and the answer is none of its choices
+            traj.info["agent_branch_guessed"] = 1
+        traj.turns = list(trained.turns)
         traj.env_return = float(reward)
         traj.terminated, traj.truncated = bool(terminated), bool(truncated)
         self._reward_request = RewardRequest(

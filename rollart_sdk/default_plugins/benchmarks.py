@@ -46,3 +46,9 @@ def rollart_register_benchmarks(registry):
         summary="issue 12 workload: multi-turn FrozenLake GRPO to success 0.7, sync and "
                 "async, with and without env latency, vs the synchronous reference",
     )
+    registry.register(
+        "gateway",
+        factory="rollart_sdk.bench.gateway:main",
+        summary="the OpenAI-compatible gateway vs direct LLMProxy calls, same engine and "
+                "prompts: added latency per call (p50, p99) and requests/s",
+    )

@@ -57,10 +57,12 @@ class AgentEnv:
 
     ``self.model`` is the served model's name to pass as ``model=`` (set before ``run``).
     Class attributes: ``system_prompt`` (unused by the gateway: an agent sends its own),
-    ``tool_parser`` (how generated text becomes ``tool_calls``: ``hermes`` or ``none``)."""
+    ``tool_parser`` (how generated text becomes ``tool_calls``: ``auto``, the default,
+    chooses from the model's chat template; or ``hermes``, ``llama3_json``, ``mistral``,
+    ``none``)."""
 
     is_agent = True  # what the control plane looks for
-    tool_parser = "hermes"
+    tool_parser = "auto"
     system_prompt: str | None = None
     model = "policy"
 
@@ -114,7 +116,16 @@ class ImportedAgentOptions(BaseModel):
     run: str = Field(description="'module:function', async def run(client, task) -> result")
     tasks: str | list[Any] = Field(
         description="'module:function' (seed -> task), or a list of tasks (task seed % len)")
-    tool_parser: str = Field("hermes", description="hermes or none")
+    tool_parser: str = Field("auto", description="auto (from the chat template), hermes, "
+                             "llama3_json, mistral or none")
+
+    @field_validator("tool_parser")
+    @classmethod
+    def _known(cls, v: str) -> str:
+        from rollart_sdk.gateway.tools import tool_parser
+
+        tool_parser(v)  # ValueError naming the choices
+        return v
 
     @field_validator("tasks")
     @classmethod
@@ -129,7 +140,7 @@ class ImportedAgent(AgentEnv):
     be importable where the task's envs live: the env workers share this machine's
     PYTHONPATH)."""
 
-    def __init__(self, run: str, tasks: str | list[Any], tool_parser: str = "hermes") -> None:
+    def __init__(self, run: str, tasks: str | list[Any], tool_parser: str = "auto") -> None:
         from rollart_sdk.registry import import_string
 
         self._fn = import_string(run)

@@ -99,6 +99,32 @@ def normalize_messages(messages: Any) -> list[dict[str, Any]]:
     return out
 
 
+def takes_string_arguments(template: str | None) -> bool:
+    """Whether a chat template renders a tool call's ``arguments`` given as a JSON string
+    itself (Mistral v0.3, Qwen 3 test ``arguments is string``). Others (Qwen 2.5, Llama
+    3.x) ``tojson`` them, and get an object; Mistral v0.3's template HTML-escapes the
+    quotes around an object, so it must get the string."""
+    t = template or ""
+    return "arguments is string" in t or "arguments is not string" in t
+
+
+def for_template(messages: list[dict[str, Any]], string_arguments: bool) -> list[dict[str, Any]]:
+    """Normalized messages as a template takes them: tool call arguments as JSON text when
+    ``string_arguments``, else as the parsed object."""
+    if not string_arguments:
+        return messages
+    out = []
+    for m in messages:
+        if m.get("tool_calls"):
+            m = {**m, "tool_calls": [
+                {**c, "function": {**c["function"], "arguments": c["function"]["arguments"]
+                                   if isinstance(c["function"]["arguments"], str)
+                                   else json.dumps(c["function"]["arguments"])}}
+                for c in m["tool_calls"]]}
+        out.append(m)
+    return out
+
+
 def _same_reply(sent: dict[str, Any], echoed: dict[str, Any]) -> bool:
     """Whether the agent sent back the reply the gateway returned (tool call ids aside)."""
     if echoed.get("role") != "assistant" or echoed.get("content", "") != sent["content"]:
@@ -117,7 +143,8 @@ class Segment:
 
     turns: list[Turn] = field(default_factory=list)
     context: list[int] = field(default_factory=list)  # prompt + sampled ids so far
-    messages: list[dict[str, Any]] = field(default_factory=list)  # last request's messages
+    # The last request's messages (None: a raw /v1/completions prompt).
+    messages: list[dict[str, Any]] | None = field(default_factory=list)
     reply: dict[str, Any] = field(default_factory=dict)  # the reply returned to them
     text: str = ""  # the last prompt's render (text), then the generated text
     generated_text: str = ""
@@ -137,8 +164,22 @@ class Prompt:
 
     ids: list[int]
     new_ids: list[int]  # the tokens this request adds (the turn's obs_ids)
-    text: str  # the template's render of the request's messages
-    continues: bool  # extends the current segment
+    text: str  # the template's render of the request's messages (or the raw prompt)
+    segment: int | None = None  # the segment it extends (None: a new one)
+
+    @property
+    def continues(self) -> bool:
+        return self.segment is not None
+
+
+@dataclass
+class Choice:
+    """One sampled answer to a request: the engine's result (cut at a stop sequence) and
+    the message returned for it (None on ``/v1/completions``)."""
+
+    result: GenerationResult
+    reply: dict[str, Any] | None = None
+    stopped: str | None = None  # the text before the stop sequence that ended it
 
 
 class EpisodeRecord:
@@ -146,7 +187,11 @@ class EpisodeRecord:
 
     ``render(messages, tools)`` is the chat template's text with the generation prompt;
     ``encode(text)`` its ids (no special tokens added: templates write their own);
-    ``decode(ids)`` the text of ids, special tokens kept."""
+    ``decode(ids)`` the text of ids, special tokens kept.
+
+    A request with ``n > 1`` records each choice on its own branch: choice 0 extends the
+    segment, choice ``i`` a copy of it (the earlier turns, then its own). A later request
+    extends whichever branch it sends back."""
 
     def __init__(self, render: Render, encode: Callable[[str], list[int]],
                  decode: Callable[[list[int]], str]) -> None:
@@ -154,35 +199,91 @@ class EpisodeRecord:
         self.encode = encode
         self.decode = decode
         self.segments: list[Segment] = []
+        self.last: list[int] = []  # the segments of the last request's choices
 
     def prompt(self, messages: list[dict[str, Any]], tools: list[Any] | None) -> Prompt:
-        """The context of a request with these (normalized) messages."""
-        text = self.render(messages, tools)
-        seg = self.segments[-1] if self.segments else None
-        if seg is not None and self._extends(seg, messages, text):
-            new = self.encode(text[len(seg.text):])
-            return Prompt(seg.context + new, new, text, True)
+        """The context of a chat request with these (normalized) messages."""
+        try:
+            text = self.render(messages, tools)
+        except Exception as exc:  # noqa: BLE001 - a template's raise_exception, a bad tool
+            raise GatewayError(400, f"the model's chat template cannot render these messages "
+                               f"and tools: {type(exc).__name__}: {exc}", param="messages") from None
+        for i in range(len(self.segments) - 1, -1, -1):
+            seg = self.segments[i]
+            if self._extends(seg, messages, text):
+                new = self.encode(text[len(seg.text):])
+                return Prompt(seg.context + new, new, text, i)
         ids = self.encode(text)
-        return Prompt(ids, ids, text, False)
+        return Prompt(ids, ids, text)
+
+    def prompt_raw(self, text: str | None, ids: list[int] | None) -> Prompt:
+        """The context of a ``/v1/completions`` prompt, given as text or as ids. It extends
+        a segment when it starts with that segment's prompt and generated tokens (ids), or
+        their text; only the rest is tokenised."""
+        for i in range(len(self.segments) - 1, -1, -1):
+            seg = self.segments[i]
+            if seg.messages is not None or not seg.context:
+                continue  # a chat segment continues with chat requests
+            if ids is not None and len(ids) > len(seg.context) \
+                    and ids[:len(seg.context)] == seg.context:
+                new = ids[len(seg.context):]
+                return Prompt(list(ids), new, seg.text + self.decode(new), i)
+            if text is not None and len(text) > len(seg.text) and text.startswith(seg.text):
+                new = self.encode(text[len(seg.text):])
+                return Prompt(seg.context + new, new, text, i)
+        if ids is None:
+            ids = self.encode(text or "")
+        return Prompt(list(ids), list(ids), text if text is not None else self.decode(ids))
 
     def _extends(self, seg: Segment, messages: list[dict[str, Any]], text: str) -> bool:
+        if seg.messages is None:
+            return False
         n = len(seg.messages)
         return (len(messages) > n + 1 and messages[:n] == seg.messages
                 and _same_reply(seg.reply, messages[n]) and text.startswith(seg.text))
 
-    def record(self, prompt: Prompt, messages: list[dict[str, Any]], result: GenerationResult,
-               reply: dict[str, Any]) -> Segment:
-        """Add the turn the engine answered (``reply``: the message returned)."""
-        if not prompt.continues:
-            self.segments.append(Segment())
-        seg = self.segments[-1]
+    def record(self, prompt: Prompt, messages: list[dict[str, Any]] | None,
+               choices: list[Choice]) -> list[Segment]:
+        """Add the turn(s) the engine answered, one branch per choice; ``messages`` is None
+        for a raw prompt."""
+        base = self.segments[prompt.segment].turns if prompt.segment is not None else []
+        out: list[Segment] = []
+        self.last = []
+        for i, choice in enumerate(choices):
+            if i == 0 and prompt.segment is not None:
+                seg, index = self.segments[prompt.segment], prompt.segment
+            else:
+                seg, index = Segment(turns=list(base)), len(self.segments)
+                self.segments.append(seg)
+            self._add(seg, prompt, messages, choice)
+            self.last.append(index)
+            out.append(seg)
+        return out
+
+    def _add(self, seg: Segment, prompt: Prompt, messages: list[dict[str, Any]] | None,
+             choice: Choice) -> None:
+        result, reply = choice.result, choice.reply or {}
         generated = self.decode(result.token_ids)
+        text = reply.get("content") if choice.reply is not None else generated
         seg.turns.append(Turn(obs_ids=list(prompt.new_ids), action_ids=list(result.token_ids),
                               logprobs=list(result.logprobs), versions=list(result.versions),
-                              action_text=reply.get("content") or ""))
+                              action_text=text or ""))
         seg.context = prompt.ids + list(result.token_ids)
         seg.messages = messages
         seg.reply = reply
         seg.text = prompt.text + generated
         seg.generated_text = generated
-        return seg
+
+    def trained(self, answer: str | None = None) -> tuple[Segment | None, bool]:
+        """The segment to train: the one the last request extended or started. When that
+        request had several choices, the branch whose returned text is ``answer`` (the
+        agent's final answer), else choice 0; the flag says the choice was a guess."""
+        if not self.last:
+            return None, False
+        if len(self.last) == 1:
+            return self.segments[self.last[0]], False
+        for index in self.last:
+            seg = self.segments[index]
+            if answer is not None and seg.turns[-1].action_text.strip() == answer.strip():
+                return seg, False
+        return self.segments[self.last[0]], True

@@ -1,4 +1,5 @@
-"""The OpenAI-compatible HTTP gateway: ``/v1/chat/completions`` and ``/v1/models``.
+"""The OpenAI-compatible HTTP gateway: ``/v1/chat/completions``, ``/v1/completions`` and
+``/v1/models``.
 
 Served by Starlette on uvicorn, on the control plane's event loop (where the LLMProxy
 lives), bound to 127.0.0.1. Each episode is opened by its EnvManager
@@ -11,7 +12,9 @@ one episode, rendered with the chat template and recorded token by token
 Refusals are OpenAI-style error bodies with a 4xx status the ``openai`` client raises:
 401 (no or unknown token), 403 (another episode's token), 404 (unknown model or route),
 410 (the episode ended: aborted for staleness, a dead engine, its time), 413 (body over
-the limit), 400 (malformed JSON or fields, context full, too many turns).
+the limit), 400 (malformed JSON or fields, a sampling field that would change the
+trained policy (:mod:`~rollart_sdk.gateway.params`), context full, too many turns).
+Response bodies: :mod:`~rollart_sdk.gateway.responses`.
 """
 
 from __future__ import annotations
@@ -20,20 +23,38 @@ import asyncio
 import json
 import secrets
 import socket
-import time
-import uuid
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from rollart_sdk.gateway.episode import EpisodeRecord, GatewayError, normalize_messages
+from rollart_sdk.gateway.episode import Choice, EpisodeRecord, GatewayError, normalize_messages
+from rollart_sdk.gateway.params import choice_sampling, cut_at_stop, request_params
+from rollart_sdk.gateway.responses import (
+    chat_chunks,
+    chat_response,
+    completion_prompt,
+    sse,
+    text_chunks,
+    text_response,
+)
 from rollart_sdk.gateway.tools import ToolParser, parse_hermes
 from rollart_sdk.types import GenerationResult, SamplingParams
 
 MAX_BODY_BYTES = 4 * 2**20  # a request body over this is refused (413)
 MODEL_NAME = "policy"  # the served model's id (the policy being trained)
-_UNSUPPORTED = {"n": "n > 1 (one completion per request)", "stop": "stop sequences"}
+
+
+# What an episode's end means, for the agent's error message.
+_WHY = {"aborted:stale": "its trajectory fell behind the run's staleness bound "
+                         "(rollout.alpha) and is dropped",
+        "aborted:run_end": "the run is ending", "aborted:engine": "its engine failed",
+        "aborted:surplus": "its batch was already full"}
+
+
+def _ended(episode_id: str, reason: str) -> str:
+    why = _WHY.get(reason)
+    return f"episode {episode_id} has ended ({reason}{': ' + why if why else ''})"
 
 
 class EpisodeEnded(Exception):
@@ -92,6 +113,9 @@ class Gateway:
         import uvicorn
 
         sock = socket.socket()
+        # Accepted connections inherit it: without, a response written in two parts
+        # (head, body) waits ~40 ms for the client's delayed ACK (Nagle).
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         sock.bind((self.host, self.port))
         self.port = sock.getsockname()[1]
         config = uvicorn.Config(self.app(), log_level="warning", access_log=False,
@@ -143,6 +167,8 @@ class Gateway:
             Route("/e/{episode}/v1/models", self._models, methods=["GET"]),
             Route("/v1/chat/completions", self._chat, methods=["POST"]),
             Route("/e/{episode}/v1/chat/completions", self._chat, methods=["POST"]),
+            Route("/v1/completions", self._completions, methods=["POST"]),
+            Route("/e/{episode}/v1/completions", self._completions, methods=["POST"]),
         ])
 
     def _episode(self, request: Any) -> Episode:
@@ -196,16 +222,23 @@ class Gateway:
         return body
 
     async def _chat(self, request: Any) -> Any:
+        return await self._serve(request, self.complete, chat_chunks)
+
+    async def _completions(self, request: Any) -> Any:
+        return await self._serve(request, self.complete_text, text_chunks)
+
+    async def _serve(self, request: Any, complete: Callable[..., Awaitable[dict[str, Any]]],
+                     chunks: Callable[[dict[str, Any], bool], list[dict[str, Any]]]) -> Any:
         from starlette.responses import JSONResponse
 
         ep: Episode | None = None
         try:
             ep = self._episode(request)
             body = await self._body(request)
-            answer = await self.complete(ep, body)
+            answer = await complete(ep, body)
             if body.get("stream"):
-                return _stream(answer, bool((body.get("stream_options") or {})
-                                            .get("include_usage")))
+                usage = bool((body.get("stream_options") or {}).get("include_usage"))
+                return sse(chunks(answer, usage))
             return JSONResponse(answer)
         except GatewayError as exc:
             if ep is not None:
@@ -215,17 +248,12 @@ class Gateway:
     # ------------------------------------------------------------------ completion
     def _check(self, ep: Episode, body: dict[str, Any]) -> None:
         if ep.ended is not None:
-            raise GatewayError(410, f"episode {ep.episode_id} has ended ({ep.ended}); its "
-                               "trajectory takes no more requests", "episode_ended")
+            raise GatewayError(410, f"{_ended(ep.episode_id, ep.ended)}; its trajectory "
+                               "takes no more requests", "episode_ended")
         if body.get("model") != self.model_name:
             raise GatewayError(404, f"model {body.get('model')!r} is not served here; the "
                                f"trained policy is {self.model_name!r}", "model_not_found",
                                "model")
-        for key, what in _UNSUPPORTED.items():
-            value = body.get(key)
-            if value not in (None, False, 1, [], ""):
-                raise GatewayError(400, f"{what} is not supported by the rollart gateway; "
-                                   f"leave {key} unset", param=key)
         tools = body.get("tools")
         if tools is not None and not isinstance(tools, list):
             raise GatewayError(400, "tools must be a list of tool definitions", param="tools")
@@ -234,102 +262,82 @@ class Gateway:
                                "(tasks[].max_turns); raise max_turns for longer agents",
                                "max_turns_exceeded")
 
-    def _sampling(self, ep: Episode, body: dict[str, Any]) -> SamplingParams:
-        """The task's sampling (the policy the trainer recomputes), with the request's
-        ``max_tokens`` when smaller; a request's own temperature/top_p is not used."""
-        limit = body.get("max_completion_tokens") or body.get("max_tokens")
-        s = ep.sampling
-        new = s.max_new_tokens
-        if limit is not None:
-            if not isinstance(limit, int) or limit < 1:
-                raise GatewayError(400, f"max_tokens must be a positive integer, got {limit!r}",
-                                   param="max_tokens")
-            new = min(new, limit)
-        for key, mine in (("temperature", s.temperature), ("top_p", s.top_p)):
-            if body.get(key) is not None and body[key] != mine:
-                ep.counts[f"ignored_{key}"] += 1
-        return SamplingParams(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k,
-                              max_new_tokens=new, seed=(s.seed or 0) * 1009 + ep.requests)
-
     async def complete(self, ep: Episode, body: dict[str, Any]) -> dict[str, Any]:
-        """One chat completion of ``ep``: render, generate, record, answer."""
+        """One chat completion of ``ep``: render, generate (``n`` choices), record, answer."""
         self._check(ep, body)
         messages = normalize_messages(body.get("messages"))
         tools = body.get("tools") or None
         async with ep.lock:  # one turn at a time: each continues the one before
             self._check(ep, body)
             prompt = ep.record.prompt(messages, tools)
-            if len(prompt.ids) >= ep.max_context_tokens:
-                raise GatewayError(400, f"the prompt has {len(prompt.ids)} tokens, the task's "
-                                   f"context is {ep.max_context_tokens} (tasks[]."
-                                   "max_context_tokens)", "context_length_exceeded", "messages")
-            sampling = self._sampling(ep, body)
-            ep.requests += 1
+            choices = await self._generate(ep, body, prompt)
+            for c in choices:
+                c.reply = self._reply(ep, c)
+            # Kept as the agent will send it back (tool call arguments parsed).
+            ep.record.record(prompt, messages, [
+                Choice(c.result, normalize_messages([c.reply])[0]) for c in choices])
+        return chat_response(self.model_name, prompt, choices, ep.decode_text,
+                             ep.record.decode, bool(body.get("logprobs")))
+
+    async def complete_text(self, ep: Episode, body: dict[str, Any]) -> dict[str, Any]:
+        """One ``/v1/completions`` request: the prompt as text or token ids, recorded like
+        a chat turn (it continues a segment when it extends that segment's tokens)."""
+        self._check(ep, body)
+        text, ids = completion_prompt(body.get("prompt"))
+        logprobs = body.get("logprobs")
+        if logprobs is not None and (isinstance(logprobs, bool) or not isinstance(logprobs, int)
+                                     or not 0 <= logprobs <= 5):
+            raise GatewayError(400, f"logprobs must be an integer 0..5, got {logprobs!r}",
+                               param="logprobs")
+        async with ep.lock:
+            self._check(ep, body)
+            prompt = ep.record.prompt_raw(text, ids)
+            choices = await self._generate(ep, body, prompt)
+            ep.record.record(prompt, None, choices)
+        return text_response(self.model_name, prompt, choices, ep.decode_text,
+                             ep.record.decode, logprobs is not None)
+
+    async def _generate(self, ep: Episode, body: dict[str, Any], prompt: Any) -> list[Choice]:
+        """The request's ``n`` choices from the engine (one after another: each is a turn
+        of the trajectory, prefix-cached on its engine), cut at the stop sequences."""
+        if len(prompt.ids) >= ep.max_context_tokens:
+            raise GatewayError(400, f"the prompt has {len(prompt.ids)} tokens, the task's "
+                               f"context is {ep.max_context_tokens} (tasks[]."
+                               "max_context_tokens)", "context_length_exceeded", "messages")
+        params = request_params(body, ep.sampling, ep.sampling.seed or 0, ep.requests)
+        ep.requests += 1
+        choices = []
+        for i in range(params.n):
             try:
-                result = await ep.generate(prompt.ids, sampling)
+                result = await ep.generate(prompt.ids, choice_sampling(params, i))
             except EpisodeEnded as exc:
                 ep.ended = ep.ended or str(exc)
-                raise GatewayError(410, f"episode {ep.episode_id} has ended ({exc}); this "
-                                   "request was not completed", "episode_ended") from None
-            reply, finish = self._reply(ep, result)
-            # Kept as the agent will send it back (tool call arguments parsed).
-            ep.record.record(prompt, messages, result, normalize_messages([reply])[0])
-        answer = self._response(result, reply, finish, len(prompt.ids))
-        if body.get("logprobs"):
-            answer["choices"][0]["logprobs"] = {"content": [
-                {"token": t, "logprob": lp, "bytes": list(t.encode()), "top_logprobs": []}
-                for t, lp in zip((ep.record.decode([i]) for i in result.token_ids),
-                                 result.logprobs, strict=True)]}
-        return answer
+                raise GatewayError(410, f"{_ended(ep.episode_id, str(exc))}; this request "
+                                   "was not completed", "episode_ended") from None
+            cut, before = cut_at_stop(result, ep.decode_text, params.stop)
+            if before is not None:
+                ep.counts["stopped_at_stop_sequence"] += 1
+            choices.append(Choice(cut, None, before))
+        if params.n > 1:
+            ep.counts["choices_n_gt_1"] += params.n
+        return choices
 
-    def _reply(self, ep: Episode, result: GenerationResult) -> tuple[dict[str, Any], str]:
-        ids = list(result.token_ids)
+    def _reply(self, ep: Episode, choice: Choice) -> dict[str, Any]:
+        """The assistant message of a choice: the tool parser reads the generated text
+        with special tokens kept (Llama's ``<|python_tag|>``, Mistral's ``[TOOL_CALLS]``);
+        without a call the content is the text with special tokens skipped."""
+        ids = list(choice.result.token_ids)
         while ids and ids[-1] in ep.stop_ids:
             ids.pop()
-        content, calls, bad = ep.tool_parser(ep.decode_text(ids))
+        if choice.stopped is not None:
+            content, calls, bad = ep.tool_parser(choice.stopped)
+        else:
+            content, calls, bad = ep.tool_parser(ep.record.decode(ids))
+            if calls is None:
+                content = ep.decode_text(ids)
         if bad:
             ep.counts["malformed_tool_calls"] += bad
         reply: dict[str, Any] = {"role": "assistant", "content": content}
         if calls:
             reply["tool_calls"] = calls
-        finish = "tool_calls" if calls else ("length" if result.finish_reason == "length"
-                                             else "stop")
-        return reply, finish
-
-    def _response(self, result: GenerationResult, reply: dict[str, Any], finish: str,
-                  prompt_tokens: int) -> dict[str, Any]:
-        message = {"role": "assistant", "content": reply["content"] or None}
-        if "tool_calls" in reply:
-            message["tool_calls"] = reply["tool_calls"]
-        elif message["content"] is None:
-            message["content"] = ""
-        n = len(result.token_ids)
-        return {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion",
-                "created": int(time.time()), "model": self.model_name,
-                "choices": [{"index": 0, "message": message, "finish_reason": finish,
-                             "logprobs": None}],
-                "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": n,
-                          "total_tokens": prompt_tokens + n}}
-
-
-def _stream(answer: dict[str, Any], include_usage: bool) -> Any:
-    """A completed answer as server-sent ``chat.completion.chunk`` events: the whole
-    message in one delta, then the finish reason (and usage when asked). The gateway
-    answers once the turn is generated: streaming here is the protocol, not token pacing."""
-    from starlette.responses import StreamingResponse
-
-    choice = answer["choices"][0]
-    delta: dict[str, Any] = {"role": "assistant", "content": choice["message"]["content"]}
-    if "tool_calls" in choice["message"]:
-        delta["tool_calls"] = [{"index": i, **c}
-                               for i, c in enumerate(choice["message"]["tool_calls"])]
-    head = {k: answer[k] for k in ("id", "created", "model")}
-    head["object"] = "chat.completion.chunk"
-    chunks = [{**head, "choices": [{"index": 0, "delta": delta, "finish_reason": None,
-                                    "logprobs": choice["logprobs"]}]},
-              {**head, "choices": [{"index": 0, "delta": {},
-                                    "finish_reason": choice["finish_reason"]}]}]
-    if include_usage:
-        chunks.append({**head, "choices": [], "usage": answer["usage"]})
-    events = [f"data: {json.dumps(c)}\n\n" for c in chunks] + ["data: [DONE]\n\n"]
-    return StreamingResponse(iter(events), media_type="text/event-stream")
+        return reply

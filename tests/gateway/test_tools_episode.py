@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from rollart_sdk.gateway.episode import EpisodeRecord, GatewayError, normalize_messages
+from rollart_sdk.gateway.episode import Choice, EpisodeRecord, GatewayError, normalize_messages
 from rollart_sdk.gateway.tools import parse_hermes, tool_parser
 from rollart_sdk.types import GenerationResult
 
@@ -45,7 +45,7 @@ def _turn(record: EpisodeRecord, messages, reply: str):
     prompt = record.prompt(messages, None)
     ids = [ord(c) for c in reply + "|"]  # the model ends its turn with the template's "|"
     result = GenerationResult("r", ids, [-0.5] * len(ids), [0] * len(ids), "stop")
-    record.record(prompt, messages, result, {"role": "assistant", "content": reply})
+    record.record(prompt, messages, [Choice(result, {"role": "assistant", "content": reply})])
     return prompt
 
 
@@ -76,3 +76,20 @@ def test_an_agent_task_needs_a_chat_template_and_no_inline_host() -> None:
     problems = dict(_agent_problems(0, task, fmt))
     assert "chat template" in problems["tasks.0.prompt_format"]
     assert "cannot run inline" in problems["tasks.0.env_host"]
+
+
+def test_an_episode_ending_on_n_choices_trains_the_branch_holding_the_answer() -> None:
+    rec = _record()
+    m1 = [{"role": "user", "content": "hi"}]
+    prompt = rec.prompt(m1, None)
+    choices = []
+    for reply in ("a", "b", "c"):
+        ids = [ord(ch) for ch in reply + "|"]
+        result = GenerationResult("r", ids, [-0.5] * len(ids), [0] * len(ids), "stop")
+        choices.append(Choice(result, {"role": "assistant", "content": reply}))
+    rec.record(prompt, m1, choices)
+    assert len(rec.segments) == 3 and rec.last == [0, 1, 2]
+    seg, guessed = rec.trained("b")
+    assert seg is rec.segments[1] and not guessed
+    seg, guessed = rec.trained("none of them")  # choice 0, flagged as a guess
+    assert seg is rec.segments[0] and guessed
