@@ -16,6 +16,14 @@ from rollart_sdk.algorithms import fill_advantages
 from rollart_sdk.types import TrainSample
 
 
+def check_rank(rank: int, world_size: int) -> tuple[int, int]:
+    """``(rank, world_size)`` as ints, checked: a trainer's rank is in ``[0, world_size)``."""
+    rank, world_size = int(rank), int(world_size)
+    if not 0 <= rank < world_size:
+        raise ValueError(f"trainer rank {rank} is outside world_size {world_size}")
+    return rank, world_size
+
+
 def init_process_group(rank: int, world_size: int, init_method: str | None, backend: str,
                        cuda: bool, *, timeout: timedelta | None = None,
                        what: str = "data parallelism") -> None:

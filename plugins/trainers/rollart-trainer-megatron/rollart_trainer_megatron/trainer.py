@@ -42,6 +42,7 @@ import torch.distributed as dist
 from rollart_sdk.backends.distributed import (
     all_reduce_flat,
     all_reduce_small,
+    check_rank,
     fill_advantages_across,
     init_process_group,
 )
@@ -79,20 +80,12 @@ class MegatronTrainer:
 
     export_needs_all_ranks = True  # TrainerWorker drains export_weights on ranks != 0
 
-    def __init__(
-        self,
-        model: ModelConfig | str,
-        rank: int = 0,
-        world_size: int = 1,
-        init_method: str | None = None,
-        **options: Any,
-    ) -> None:
+    def __init__(self, model: ModelConfig | str, rank: int = 0, world_size: int = 1,
+                 init_method: str | None = None, **options: Any) -> None:
         from transformers import AutoConfig
 
         self.options = o = MegatronTrainerOptions.model_validate(options)
-        self.rank, self.world_size = int(rank), int(world_size)
-        if not 0 <= self.rank < self.world_size:
-            raise ValueError(f"trainer rank {rank} is outside world_size {world_size}")
+        self.rank, self.world_size = check_rank(rank, world_size)
         self.tp, self.pp = o.tensor_parallel_size, o.pipeline_parallel_size
         if self.world_size % (self.tp * self.pp):
             raise ValueError(

@@ -44,6 +44,7 @@ from rollart_sdk.algorithms import (
 from rollart_sdk.backends.distributed import (
     all_reduce_flat,
     all_reduce_small,
+    check_rank,
     fill_advantages_across,
     init_process_group,
 )
@@ -95,9 +96,7 @@ class TorchTrainer:
     ) -> None:
         self.options = TorchTrainerOptions.model_validate(options)
         o = self.options
-        self.rank, self.world_size = int(rank), int(world_size)
-        if not 0 <= self.rank < self.world_size:
-            raise ValueError(f"trainer rank {rank} is outside world_size {world_size}")
+        self.rank, self.world_size = check_rank(rank, world_size)
         self.model_path = hf_checkpoint_path(model, 'torch', ". When constructing TorchTrainer directly, pass ModelConfig(path=...)")
         dtype = getattr(torch, model.dtype) if isinstance(model, ModelConfig) else torch.float32
         if o.num_threads:
