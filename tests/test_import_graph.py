@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ast
 from collections import defaultdict
+from itertools import pairwise
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1] / "rollart_sdk"
@@ -147,7 +148,7 @@ def _cycle_in(graph: dict[str, dict[str, list[str]]], scc: set[str]) -> list[str
 
 
 def _describe(graph: dict[str, dict[str, list[str]]], cycle: list[str]) -> str:
-    steps = [f"  {a} -> {b}: {', '.join(graph[a][b][:3])}" for a, b in zip(cycle, cycle[1:])]
+    steps = [f"  {a} -> {b}: {', '.join(graph[a][b][:3])}" for a, b in pairwise(cycle)]
     return " -> ".join(cycle) + "\n" + "\n".join(steps)
 
 
