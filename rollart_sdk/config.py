@@ -16,6 +16,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from rollart_sdk.config_file import LineMap  # re-exported: defined beside the file reader
 from rollart_sdk.errors import ConfigError
 from rollart_sdk.sim.config import SimConfig
 
@@ -501,70 +502,6 @@ class RunConfig(_Strict):
 
 
 # --------------------------------------------------------------------------- YAML + lines
-
-
-class LineMap:
-    """Dotted key path -> 1-based YAML line, built from the YAML node tree."""
-
-    def __init__(self, lines: dict[str, int] | None = None) -> None:
-        self.lines = lines or {}
-        # Dotted key -> the command-line override that set it (``key=value``): an error
-        # at or under that key cites the override, not the YAML line of the key.
-        self.overrides: dict[str, str] = {}
-
-    @classmethod
-    def from_yaml(cls, text: str) -> LineMap:
-        return cls.from_node(yaml.compose(text))
-
-    @classmethod
-    def from_node(cls, root: yaml.Node | None) -> LineMap:
-        """From a node tree already checked to be bounded (config_file.read_config_file)."""
-        lines: dict[str, int] = {}
-
-        def walk(node: yaml.Node, path: str) -> None:
-            if isinstance(node, yaml.MappingNode):
-                for k, v in node.value:
-                    p = f"{path}.{k.value}" if path else str(k.value)
-                    lines[p] = k.start_mark.line + 1
-                    walk(v, p)
-            elif isinstance(node, yaml.SequenceNode):
-                for i, v in enumerate(node.value):
-                    p = f"{path}.{i}" if path else str(i)
-                    lines[p] = v.start_mark.line + 1
-                    walk(v, p)
-
-        if root is not None:
-            walk(root, "")
-        return cls(lines)
-
-    def override_of(self, path: str) -> str | None:
-        """The command-line override that set ``path`` or one of its ancestors, or None."""
-        parts = path.split(".")
-        while parts:
-            item = self.overrides.get(".".join(parts))
-            if item is not None:
-                return item
-            parts.pop()
-        return None
-
-    def where(self, path: str) -> str:
-        """``path`` with where its value came from: ``(from the command line: k=v)`` when an
-        override set it, else ``(line N)`` of the YAML file when known."""
-        item = self.override_of(path)
-        if item is not None:
-            return f"{path} (from the command line: {item})"
-        line = self.line_of(path)
-        return f"{path} (line {line})" if line else path
-
-    def line_of(self, path: str) -> int | None:
-        """The line of ``path`` or of its nearest ancestor present in the file."""
-        parts = path.split(".")
-        while parts:
-            line = self.lines.get(".".join(parts))
-            if line:
-                return line
-            parts.pop()
-        return None
 
 
 def parse_override(item: str) -> tuple[list[str], Any]:

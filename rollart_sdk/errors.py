@@ -85,3 +85,12 @@ class BackendStartError(RollartError):
 
 class PlacementError(RollartError):
     """No pool can host a worker."""
+
+
+def is_worker_death(exc: BaseException) -> bool:
+    """True for Ray's errors that mean the worker's process is gone (or restarting), and
+    for an engine restarted but not reloaded yet (``EngineRestartedError``: Ray raises it
+    as a ``RayTaskError`` subclass of it)."""
+    names = {c.__name__ for c in type(exc).__mro__}
+    return bool(names & {"RayActorError", "ActorDiedError", "ActorUnavailableError",
+                         "EngineRestartedError"})

@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from rollart_sdk.control.sinks import SinkSet
     from rollart_sdk.layout import Layout
     from rollart_sdk.registry import Registry
-    from rollart_sdk.resolve import Resolved, ResolvedRun
+    from rollart_sdk.resolve import ResolvedRun
     from rollart_sdk.resources.plan import ResourcePlan
 
 
@@ -127,24 +127,6 @@ def _free_port() -> int:
         s.bind(("127.0.0.1", 0))
         port: int = s.getsockname()[1]
         return port
-
-
-def describe_env(resolved: Resolved) -> dict[str, Any]:
-    """Build one env in this process to read its action vocabulary and instructions."""
-    env = resolved.descriptor.load()(**resolved.options.model_dump())
-    try:
-        return {
-            "action_vocabulary": getattr(env, "action_vocabulary", None),
-            "system_prompt": getattr(env, "system_prompt", None),
-            "step_cost": getattr(env, "step_cost", None),
-            # An AgentEnv (rollart_sdk.gateway): the agent drives, through the gateway.
-            "agent": bool(getattr(env, "is_agent", False)),
-            "tool_parser": getattr(env, "tool_parser", None) or "hermes",
-        }
-    finally:
-        close = getattr(env, "close", None)
-        if callable(close):
-            close()
 
 
 def build_job(cfg: RunConfig, lines: LineMap | None = None, run_name: str | None = None,

@@ -13,10 +13,8 @@ What a run would otherwise find only after Ray started (or never, spinning on dr
   context), and its ``max_context_tokens`` holds its first prompt (system prompt + the
   env's first observation, env seed 0, through the task's prompt format): a budget that
   cannot hold it drops every trajectory (``no_turns``);
-- ``check_sim_context``: the same for a simulated run (``clock: simulated``): the sim
-  env's first observation (seed 0) in the sim's token ids (``sim.token_block``) against
-  the task's budget in those ids, and against the KV cache of the engines that serve
-  the task (the sim engine finishes a prompt that does not fit with no tokens);
+- for a simulated run (``clock: simulated``) the same checks against the sim's token
+  ids and KV cache are :mod:`rollart_sdk.sim.preflight` (``check_sim_context``);
 - ``check_precision`` (warnings only): a bfloat16 / float16 ``model.dtype`` trained
   without fp32 master weights (AdamW's small updates round away, silently), or float16
   without loss scaling.
@@ -31,9 +29,12 @@ import tempfile
 import threading
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rollart_sdk.config import ModelConfig, RunConfig
+
+if TYPE_CHECKING:
+    from rollart_sdk.resolve import Resolved
 
 Problems = list[tuple[str, str]]
 
@@ -236,58 +237,6 @@ def _agent_problems(i: int, task: Any, fmt: Any) -> Problems:
     return problems
 
 
-def check_sim_context(cfg: RunConfig, resolved: Any, plan: Any) -> tuple[Problems, list[str]]:
-    """``(problems, warnings)`` of a simulated run's context budgets: each task's first
-    prompt (the sim env's first observation, seed 0, in the sim's token ids: one id per
-    ``sim.token_block`` tokens) against ``max_context_tokens`` in those ids (what the
-    EnvManager compares), and against the KV cache of the engines that serve the task
-    (a sim engine finishes a prompt larger than its KV cache with no tokens)."""
-    from rollart_sdk.sim.backends import SimFormat
-    from rollart_sdk.sim.costs import resolve_hardware
-
-    block = cfg.sim.token_block
-    fmt = SimFormat(block)
-    try:
-        spec = cfg.sim.model_spec()
-    except ValueError as exc:
-        return [("sim", str(exc))], []
-    engine_pools = list(plan.role("actor_gen").workers_per_pool)
-    problems: Problems = []
-    warnings: list[str] = []
-    capacity: dict[str, int] = {}  # engine pool -> KV tokens of an engine there
-    for pool in engine_pools:
-        hw = cfg.pool(pool).hardware
-        try:
-            engine = resolved.engine.descriptor.create(
-                resolved.engine.options, hardware=resolve_hardware(hw, cfg.sim.hardware),
-                model_spec=spec, hardware_name=hw, response_tokens={}, token_block=block)
-        except ValueError as exc:  # the model does not fit the pool's devices
-            problems.append((f"pools ({pool})", str(exc)))
-            continue
-        capacity[pool] = int(engine.capacity)
-    for i, task, obs in _first_observations(cfg, resolved.envs, warnings):
-        ids = len(fmt.first_prompt(str(obs)))
-        budget = max(1, task.max_context_tokens // block)
-        if ids >= budget:
-            problems.append((f"tasks.{i}.max_context_tokens", (
-                f"{task.max_context_tokens} tokens ({budget} ids of sim.token_block={block}) "
-                f"cannot hold task {task.tag!r}'s first prompt ({ids * block} tokens, {ids} "
-                "ids: the sim env's first observation, seed 0), so every trajectory would be "
-                "dropped (no_turns); raise it to at least "
-                f"{max((ids + 1) * block, ids * block + task.sampling.max_new_tokens)} "
-                "(prompt + sampling.max_new_tokens)")))
-        pools = [p for p in engine_pools if task.affinity in (p, cfg.pool(p).hardware)]
-        caps = [capacity[p] for p in (pools or engine_pools) if p in capacity]
-        if caps and ids * block >= max(caps):
-            problems.append((f"tasks.{i}.env.options.first_obs_tokens", (
-                f"task {task.tag!r}'s first prompt ({ids * block} tokens) does not fit the "
-                f"KV cache of any engine serving it ({max(caps)} tokens on "
-                f"{', '.join(pools or engine_pools)}), so every request would end with no "
-                "tokens; give the engines more devices (engine.options.devices) or memory "
-                "(sim.hardware), or a smaller first_obs_tokens")))
-    return problems, warnings
-
-
 def sampling_warnings(cfg: RunConfig) -> list[str]:
     """Tasks that sample with top-k or top-p: the tokens come from a truncated
     distribution, while engines report and trainers optimise the untruncated policy
@@ -327,6 +276,24 @@ def option_clash_warnings(cfg: RunConfig, resolved: Any) -> list[str]:
     return out
 
 
+def describe_env(resolved: Resolved) -> dict[str, Any]:
+    """Build one env in this process to read its action vocabulary and instructions."""
+    env = resolved.descriptor.load()(**resolved.options.model_dump())
+    try:
+        return {
+            "action_vocabulary": getattr(env, "action_vocabulary", None),
+            "system_prompt": getattr(env, "system_prompt", None),
+            "step_cost": getattr(env, "step_cost", None),
+            # An AgentEnv (rollart_sdk.gateway): the agent drives, through the gateway.
+            "agent": bool(getattr(env, "is_agent", False)),
+            "tool_parser": getattr(env, "tool_parser", None) or "hermes",
+        }
+    finally:
+        close = getattr(env, "close", None)
+        if callable(close):
+            close()
+
+
 def preflight(cfg: RunConfig, resolved: Any, lines: Any = None, log: Any = print,
               build_model: bool = True, output_dir: bool = True) -> dict[str, Any]:
     """Every check above, in order, as one ConfigError (with the config's lines).
@@ -337,7 +304,6 @@ def preflight(cfg: RunConfig, resolved: Any, lines: Any = None, log: Any = print
     task's env facts), ``model`` (with ``path`` set when built) and ``tokenizer``.
     """
     from rollart_sdk.errors import ConfigError
-    from rollart_sdk.job import describe_env
     from rollart_sdk.models import build_tokenizer, load_tokenizer, prepare_model
 
     def fail(problems: Problems) -> None:
@@ -378,20 +344,6 @@ def preflight(cfg: RunConfig, resolved: Any, lines: Any = None, log: Any = print
             log(f"warning: {w}")
         fail(problems)
     return {"described": described, "model": model, "tokenizer": tokenizer}
-
-
-def sim_preflight(cfg: RunConfig, resolved: Any, plan: Any, lines: Any = None,
-                  log: Any = print) -> None:
-    """``check_output_dir`` and ``check_sim_context`` for a simulated run, as one
-    ConfigError (with the config's lines)."""
-    from rollart_sdk.errors import ConfigError
-
-    problems, warnings = check_sim_context(cfg, resolved, plan)
-    for w in warnings:
-        log(f"warning: {w}")
-    problems = check_output_dir(cfg.output_dir) + problems
-    if problems:
-        raise ConfigError([(_at(w, lines), m) for w, m in problems])
 
 
 def _at(where: str, lines: Any) -> str:

@@ -29,8 +29,6 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from rollart_sdk.ray_utils import descendants
-
 RECORDS_ENV = "ROLLART_RAY_RECORDS"  # where the records live (tests point it elsewhere)
 
 
@@ -122,3 +120,29 @@ def stop_ray_below(pid: int) -> list[str]:
             except (ProcessLookupError, PermissionError):
                 pass
     return stopped
+
+
+def descendants(pid: int) -> dict[int, str]:
+    """Every process below ``pid`` with its command line (arguments joined by spaces), read
+    from /proc (Linux); a process that ends while it is read is left out, with its own
+    descendants."""
+    children: dict[int, list[int]] = {}
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue  # ended between the listing and the read
+        children.setdefault(ppid, []).append(int(d.name))
+    out: dict[int, str] = {}
+    todo = [pid]
+    while todo:
+        for c in children.get(todo.pop(), []):
+            try:
+                cmdline = Path(f"/proc/{c}/cmdline").read_bytes().rstrip(b"\0")
+            except OSError:
+                continue
+            out[c] = cmdline.replace(b"\0", b" ").decode(errors="replace")
+            todo.append(c)
+    return out

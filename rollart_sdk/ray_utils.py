@@ -6,8 +6,9 @@ import os
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any
+
+from rollart_sdk.ray_leftovers import descendants  # re-exported: its old home
 
 # Worker output is quiet unless ROLLART_VERBOSE=1: no Hugging Face progress bars or
 # advisory warnings in every worker's log lines.
@@ -136,32 +137,6 @@ def ray_daemons_in_own_session() -> Iterator[None]:
         yield
     finally:
         setattr(services, "ConsolePopen", original)  # noqa: B010
-
-
-def descendants(pid: int) -> dict[int, str]:
-    """Every process below ``pid`` with its command line (arguments joined by spaces), read
-    from /proc (Linux); a process that ends while it is read is left out, with its own
-    descendants."""
-    children: dict[int, list[int]] = {}
-    for d in Path("/proc").iterdir():
-        if not d.name.isdigit():
-            continue
-        try:
-            ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            continue  # ended between the listing and the read
-        children.setdefault(ppid, []).append(int(d.name))
-    out: dict[int, str] = {}
-    todo = [pid]
-    while todo:
-        for c in children.get(todo.pop(), []):
-            try:
-                cmdline = Path(f"/proc/{c}/cmdline").read_bytes().rstrip(b"\0")
-            except OSError:
-                continue
-            out[c] = cmdline.replace(b"\0", b" ").decode(errors="replace")
-            todo.append(c)
-    return out
 
 
 def actor_pids(actor_class: str, root: int | None = None) -> list[int]:

@@ -30,13 +30,11 @@ from rollart_sdk.algorithms.policy import (
     policy_token_logprobs,
 )
 from rollart_sdk.algorithms.sampling import draw, filter_scores
-from rollart_sdk.schedules import SCHEDULES, lr_factor
 
 __all__ = [
     "AGGREGATIONS",
     "AllowedMassMeter",
     "MismatchMeter",
-    "SCHEDULES",
     "aggregate",
     "allowed_groups",
     "decoupled_anchor",
@@ -45,7 +43,6 @@ __all__ = [
     "fill_advantages",
     "grpo_advantages",
     "kl_penalty",
-    "lr_factor",
     "policy_logprob",
     "policy_scores",
     "policy_temperature",

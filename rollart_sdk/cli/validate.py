@@ -15,7 +15,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     from rollart_sdk.errors import ConfigError
     from rollart_sdk.layout import choose_layout, inprocess_config
     from rollart_sdk.plugins import get_plugins
-    from rollart_sdk.preflight import preflight, sim_preflight
+    from rollart_sdk.preflight import preflight
     from rollart_sdk.resolve import resolve_run
     from rollart_sdk.resources.plan import plan_resources
 
@@ -29,6 +29,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
                                plugins.registry, lines, in_process=in_process)
         workers = ROLE_WORKERS
         if simulated:
+            from rollart_sdk.sim.preflight import sim_preflight
             from rollart_sdk.sim.workers import SIM_ROLE_WORKERS as workers
         # Pools, affinities and the role workers' decorators, checked against each other.
         plan = plan_resources(cfg, resolved, workers=workers)

@@ -4,14 +4,6 @@ Importing this package does not import Ray; the Cluster does when it is built.
 """
 
 from rollart_sdk.cluster.cluster import Cluster, ClusterMember, ClusterMethod
-from rollart_sdk.cluster.decorators import (
-    DispatchSpec,
-    check_worker_class,
-    dispatch_specs,
-    hw_mapping,
-    register,
-    register_serverless,
-)
 from rollart_sdk.cluster.serverless import (
     ServerlessError,
     ServerlessProxy,
@@ -29,6 +21,14 @@ from rollart_sdk.cluster.worker import (
     RewardWorker,
     Worker,
     WorkerContext,
+)
+from rollart_sdk.resources.decorators import (
+    DispatchSpec,
+    check_worker_class,
+    dispatch_specs,
+    hw_mapping,
+    register,
+    register_serverless,
 )
 
 __all__ = [

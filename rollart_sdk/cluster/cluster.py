@@ -22,15 +22,15 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from rollart_sdk.cluster.decorators import (
+from rollart_sdk.cluster.routing import workers_for_tag
+from rollart_sdk.cluster.worker import WorkerContext, bound_worker_class
+from rollart_sdk.errors import PlacementError, RollartError
+from rollart_sdk.resources.decorators import (
     DispatchSpec,
     check_worker_class,
     dispatch_specs,
     dp_shards,
 )
-from rollart_sdk.cluster.routing import workers_for_tag
-from rollart_sdk.cluster.worker import WorkerContext, bound_worker_class
-from rollart_sdk.errors import PlacementError, RollartError
 from rollart_sdk.resources.manager import Binding, ResourceManager
 
 
@@ -38,7 +38,7 @@ from rollart_sdk.resources.manager import Binding, ResourceManager
 class ClusterMember:
     """One worker of a Cluster: its actor, its binding record and its rank.
 
-    (The control plane calls workers through :class:`rollart_sdk.control.handles.WorkerHandle`.)"""
+    (The control plane calls workers through :class:`rollart_sdk.cluster.handles.WorkerHandle`.)"""
 
     actor: Any
     binding: Binding

@@ -5,7 +5,7 @@ more in transport than in work when every call is a Ray round trip or a pipe to 
 process (issue 12 measured 89 ms per reset and 15 ms per step through Ray against
 microseconds of work). ``tasks[].env_host: inline`` (or ``auto`` with an env class that
 declares ``step_cost = "cheap"``) builds such a task's envs here, and the
-:class:`~rollart_sdk.control.handles.WorkerHandle` calls them directly on the event loop.
+:class:`~rollart_sdk.cluster.handles.WorkerHandle` calls them directly on the event loop.
 ``env_host: thread`` builds them here too but runs each call on a thread of its own
 (:class:`ThreadEnvWorker`): for envs that wait (a remote API, a sleep) rather than compute -
 no process per env, no Ray hop, and the event loop keeps running while they wait.
@@ -385,7 +385,7 @@ def thread_tasks(cfg: Any) -> set[str]:
 def inline_handle(envs: dict[str, tuple[Any, ...]], on_loop: bool = True) -> Any:
     """A handle on envs built in this process: called directly on the caller's event loop
     (``on_loop``), or each call on a thread of the host's own (:class:`ThreadEnvWorker`)."""
-    from rollart_sdk.control.handles import WorkerHandle
+    from rollart_sdk.cluster.handles import WorkerHandle
 
     if on_loop:
         return WorkerHandle(INLINE_NAME, InlineEnvWorker(envs, INLINE_NAME), pool="control",

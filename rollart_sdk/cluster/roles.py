@@ -18,7 +18,6 @@ import sys
 import time
 from typing import Any
 
-from rollart_sdk.cluster.decorators import hw_mapping, register
 from rollart_sdk.cluster.worker import (
     ActorGenWorker,
     ActorTrainWorker,
@@ -27,6 +26,7 @@ from rollart_sdk.cluster.worker import (
 )
 from rollart_sdk.config import ModelConfig
 from rollart_sdk.registry import Descriptor
+from rollart_sdk.resources.decorators import hw_mapping, register
 from rollart_sdk.types import (
     GenerationRequest,
     GenerationResult,
@@ -126,7 +126,7 @@ class EngineWorker(ActorGenWorker):
             self._started.discard(rid)
         result.worker = self.name
         if failed is not None:
-            from rollart_sdk.control.proxy import is_worker_death
+            from rollart_sdk.errors import is_worker_death
 
             result.handoff_error = f"{type(failed).__name__}: {failed}"[:500]
             result.handoff_worker_died = is_worker_death(failed)

@@ -36,6 +36,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 from rollart_sdk.errors import RollartError
+from rollart_sdk.resources.decorators import known_schemes as known_schemes  # its old home
 
 MAX_BODY_BYTES = 1 << 20  # a request body larger than this is refused (413)
 
@@ -107,13 +108,6 @@ def fc_caller(url: str, timeout_s: float = 60.0,
               headers: dict[str, str] | None = None) -> HttpJsonCaller:
     p = urlparse(url)
     return HttpJsonCaller(p._replace(scheme="https").geturl(), timeout_s, headers)
-
-
-def known_schemes() -> set[str]:
-    """Every URL scheme an installed plugin registers a caller for."""
-    from rollart_sdk.plugins import get_registry
-
-    return set(get_registry().names("serverless_scheme"))
 
 
 def caller_for(url: str, timeout_s: float = 60.0,

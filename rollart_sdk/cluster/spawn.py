@@ -4,7 +4,7 @@
   to their pools by the ResourceManager and started there as Ray actors;
 - :class:`LocalSpawner`: every worker as an object in this process (tests, notebooks).
 
-Both return :class:`rollart_sdk.control.handles.WorkerHandle` objects and build the
+Both return :class:`rollart_sdk.cluster.handles.WorkerHandle` objects and build the
 LLMProxy's route table with the one routing rule (:mod:`rollart_sdk.cluster.routing`).
 """
 
@@ -79,7 +79,7 @@ class RaySpawner:
                 concurrency: int | None = None, hw_affinity: dict[str, str] | None = None,
                 max_restarts: int = 0) -> list[Any]:
         from rollart_sdk.cluster import Cluster
-        from rollart_sdk.control.handles import WorkerHandle
+        from rollart_sdk.cluster.handles import WorkerHandle
 
         opts: dict[str, Any] = {"max_concurrency": concurrency} if concurrency else {}
         if max_restarts:
@@ -155,8 +155,8 @@ class LocalSpawner:
                 workers_per_pool: dict[str, int] | None = None, num_workers: int = 1,
                 concurrency: int | None = None, hw_affinity: dict[str, str] | None = None,
                 max_restarts: int = 0) -> list[Any]:
+        from rollart_sdk.cluster.handles import WorkerHandle
         from rollart_sdk.cluster.worker import WorkerContext, bound_worker_class
-        from rollart_sdk.control.handles import WorkerHandle
 
         pools = ([p for p, n in workers_per_pool.items() for _ in range(n)] if workers_per_pool
                  else [self.plan.role(cls.role).preferred] * num_workers)

@@ -15,8 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from rollart_sdk.cluster.decorators import dispatch_specs
 from rollart_sdk.cluster.serverless import ServerlessProxy
+from rollart_sdk.resources.decorators import dispatch_specs
 
 
 @dataclass(frozen=True)

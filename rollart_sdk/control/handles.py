@@ -1,51 +1,6 @@
-"""One way for the control plane to call a role worker, in-process or as a Ray actor.
+"""Moved to :mod:`rollart_sdk.cluster.handles` (the cluster builds handles, the control
+plane calls them); this path re-exports it for one release (CHANGELOG.md)."""
 
-The control plane is asyncio code; it awaits ``handle.call("generate", request)`` and does
-not care whether the worker is a Ray actor on another node (production) or an object in
-this process (unit tests of the protocol). Ray ObjectRefs are awaitable; in-process
-blocking methods run in a thread so they never stall the event loop.
-"""
+from rollart_sdk.cluster.handles import WorkerHandle
 
-from __future__ import annotations
-
-import asyncio
-import inspect
-from typing import Any
-
-
-class WorkerHandle:
-    """A named worker on a pool: ``await handle.call(method, *args)``."""
-
-    def __init__(self, name: str, target: Any, pool: str = "local", hardware: str = "cpu",
-                 is_ray: bool | None = None, inline: bool = False) -> None:
-        """``inline``: call an in-process target's blocking methods directly on the event
-        loop (for methods that take microseconds: a thread hop would cost more)."""
-        self.name = name
-        self.inline = inline
-        self.target = target
-        self.pool = pool
-        self.hardware = hardware
-        if is_ray is None:
-            is_ray = type(target).__name__ == "ActorHandle"
-        self.is_ray = is_ray
-
-    async def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
-        if self.is_ray:
-            return await getattr(self.target, method).remote(*args, **kwargs)
-        fn = getattr(self.target, method)
-        if inspect.iscoroutinefunction(fn):
-            return await fn(*args, **kwargs)
-        if self.inline:
-            return fn(*args, **kwargs)
-        return await asyncio.to_thread(fn, *args, **kwargs)
-
-    def submit(self, method: str, *args: Any) -> Any:
-        """Start a call without waiting for it: a Ray ObjectRef (pass it as an argument to
-        another actor and the result goes through the object store, never through this
-        process) or, in-process, an asyncio Task."""
-        if self.is_ray:
-            return getattr(self.target, method).remote(*args)
-        return asyncio.ensure_future(self.call(method, *args))
-
-    def __repr__(self) -> str:
-        return f"WorkerHandle({self.name!r}, pool={self.pool!r}, ray={self.is_ray})"
+__all__ = ["WorkerHandle"]

@@ -45,7 +45,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from rollart_sdk.cluster.decorators import dp_shards
 from rollart_sdk.config import RunConfig
 from rollart_sdk.control.aio import wait_for
 from rollart_sdk.control.buffer import SampleBuffer
@@ -57,6 +56,7 @@ from rollart_sdk.control.scheduler import RolloutScheduler
 from rollart_sdk.control.versions import PolicyVersions
 from rollart_sdk.control.watchdog import RunFailure, Watchdog
 from rollart_sdk.control.weight_updates import WeightUpdates
+from rollart_sdk.resources.decorators import dp_shards
 from rollart_sdk.types import TrainSample, Trajectory, WeightUpdateReport
 from rollart_sdk.weights.sync import WeightSync
 

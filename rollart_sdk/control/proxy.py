@@ -31,7 +31,7 @@ from collections import Counter
 from typing import Any
 
 from rollart_sdk.control.handles import WorkerHandle
-from rollart_sdk.errors import RollartError
+from rollart_sdk.errors import RollartError, is_worker_death  # is_worker_death: its old home
 from rollart_sdk.types import GenerationRequest, GenerationResult
 
 # Times a request whose engine died is re-sent. A request during which its engine died
@@ -269,11 +269,3 @@ class LLMProxy:
             out.append(r)
         return out
 
-
-def is_worker_death(exc: BaseException) -> bool:
-    """True for Ray's errors that mean the worker's process is gone (or restarting), and
-    for an engine restarted but not reloaded yet (``EngineRestartedError``: Ray raises it
-    as a ``RayTaskError`` subclass of it)."""
-    names = {c.__name__ for c in type(exc).__mro__}
-    return bool(names & {"RayActorError", "ActorDiedError", "ActorUnavailableError",
-                         "EngineRestartedError"})

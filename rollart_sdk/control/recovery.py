@@ -61,7 +61,7 @@ class EngineRecovery:
             self._tasks[name] = asyncio.ensure_future(self._recover(name))
 
     async def _recover(self, name: str) -> None:
-        from rollart_sdk.control.proxy import is_worker_death
+        from rollart_sdk.errors import is_worker_death
 
         deadline = time.monotonic() + self.restart_timeout_s
         rebound = False

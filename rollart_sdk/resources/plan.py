@@ -110,7 +110,7 @@ class ResourcePlan:
 
     def check_worker_class(self, worker_cls: type, where: str | None = None) -> None:
         """Reject decorator misuse on a Worker class against these pools (ConfigError)."""
-        from rollart_sdk.cluster.decorators import check_worker_class
+        from rollart_sdk.resources.decorators import check_worker_class
 
         check_worker_class(worker_cls, self.pools, where=where)
 
@@ -186,7 +186,7 @@ def plan_resources(
     warnings += _disaggregate(cfg, roles["actor_gen"], by_name, problems)
     problems += _check_capacity(pools, roles, by_name)
     for role, cls in (workers or {}).items():
-        from rollart_sdk.cluster.decorators import check_worker_class
+        from rollart_sdk.resources.decorators import check_worker_class
 
         try:
             check_worker_class(cls, pools, where=f"roles.{role}")
@@ -198,7 +198,7 @@ def plan_resources(
 
 
 def _check_serverless_urls(pools: list[PoolConfig]) -> list[tuple[str, str]]:
-    from rollart_sdk.cluster.serverless import known_schemes
+    from rollart_sdk.resources.decorators import known_schemes
 
     schemes = known_schemes()
     problems = []

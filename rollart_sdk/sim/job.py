@@ -99,7 +99,7 @@ def build_sim_job(cfg: RunConfig, lines: LineMap | None = None, run_name: str | 
     except ValueError as exc:
         raise ConfigError([("sim", str(exc))]) from None
     _check_devices(cfg, plan, resolved)
-    from rollart_sdk.preflight import sim_preflight
+    from rollart_sdk.sim.preflight import sim_preflight
 
     sim_preflight(cfg, resolved, plan, lines, log=log)  # what `rollart validate` checks
     transport = resolved.transport.descriptor.create(resolved.transport.options)

@@ -45,7 +45,7 @@ class WeightSync:
     async def _each(self, method: str, *args: Any) -> list[Any]:
         """Call every live engine; one that dies meanwhile is marked down and left out of
         the answers; any other error is raised (the first one)."""
-        from rollart_sdk.control.proxy import is_worker_death
+        from rollart_sdk.errors import is_worker_death
 
         live = self.live()
         results = await asyncio.gather(*(e.call(method, *args) for e in live),

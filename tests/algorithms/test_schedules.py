@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from rollart_sdk.algorithms import lr_factor
+from rollart_sdk.backends.schedules import lr_factor
 
 
 def test_constant_with_warmup():

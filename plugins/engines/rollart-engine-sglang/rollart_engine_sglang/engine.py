@@ -31,7 +31,7 @@ The weights go in between ``begin_weight_update`` and ``end_weight_update`` (SGL
 bucket, then ``flush_cache``.
 
 The engine-independent bookkeeping (request states, ABORT, suspend / resume, stats,
-shutdown, bucket checks) is :mod:`rollart_sdk.engine_adapter`, shared with engine
+shutdown, bucket checks) is :mod:`rollart_sdk.backends.engine_adapter`, shared with engine
 ``vllm``; this module holds the SGLang calls.
 """
 
@@ -51,8 +51,7 @@ from rollart_engine_sglang.constrained import (
     allowed_policy_logprob,
     choose_allowed,
 )
-from rollart_sdk.config import ModelConfig
-from rollart_sdk.engine_adapter import (
+from rollart_sdk.backends.engine_adapter import (
     AdapterRequest,
     EngineAdapter,
     checkpoint_shapes,
@@ -60,6 +59,7 @@ from rollart_sdk.engine_adapter import (
     eos_ids,
     submission_seed,
 )
+from rollart_sdk.config import ModelConfig
 from rollart_sdk.errors import RollartError
 from rollart_sdk.types import FinishReason, GenerationRequest, WeightBucket
 
@@ -70,7 +70,7 @@ SETTLE_MAX_S = 2.0
 
 @dataclass(eq=False)
 class _Request(AdapterRequest):
-    """An :class:`~rollart_sdk.engine_adapter.AdapterRequest` (``sub_id``: the SGLang rid
+    """An :class:`~rollart_sdk.backends.engine_adapter.AdapterRequest` (``sub_id``: the SGLang rid
     in flight) that may be constrained to ``allowed_token_ids``."""
 
     allowed: list[int] | None = None  # sorted allowed ids: sampled here (constrained.py)

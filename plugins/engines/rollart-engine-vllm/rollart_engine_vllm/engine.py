@@ -27,7 +27,7 @@ extension (``rollart_engine_vllm.worker.RollartWorkerExtension``) via
 ``collective_rpc``; see that module for how each bucket reaches the model.
 
 The engine-independent bookkeeping (request states, ABORT, suspend / resume, stats,
-shutdown, bucket checks) is :mod:`rollart_sdk.engine_adapter`, shared with engine
+shutdown, bucket checks) is :mod:`rollart_sdk.backends.engine_adapter`, shared with engine
 ``sglang``; this module holds the vLLM calls.
 """
 
@@ -38,8 +38,7 @@ import os
 from collections.abc import Iterable
 from typing import Any
 
-from rollart_sdk.config import ModelConfig
-from rollart_sdk.engine_adapter import (
+from rollart_sdk.backends.engine_adapter import (
     AdapterRequest,
     EngineAdapter,
     checkpoint_shapes,
@@ -47,6 +46,7 @@ from rollart_sdk.engine_adapter import (
     eos_ids,
     submission_seed,
 )
+from rollart_sdk.config import ModelConfig
 from rollart_sdk.errors import RollartError
 from rollart_sdk.types import FinishReason, GenerationRequest, WeightBucket
 

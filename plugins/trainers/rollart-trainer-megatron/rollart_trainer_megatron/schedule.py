@@ -24,30 +24,27 @@ from typing import Any
 
 import torch
 
-from rollart_sdk.algorithms import (
-    aggregate,
-    decoupled_anchor,
-    kl_penalty,
-    policy_token_logprobs,
-    ppo_clip_loss,
-)
+from rollart_sdk.algorithms import policy_token_logprobs
+from rollart_sdk.backends.objective import MAXIMA, SUMS, LossStats, decoupled_ppo_objective
 from rollart_trainer_megatron.packing import pack
 from rollart_trainer_megatron.pipeline import device_mode
 
-METRIC_SUMS = ("loss", "pg_loss", "kl", "clip", "approx_kl", "ratio", "entropy", "stale",
-               "tis_w", "tokens", "beh_ratio", "mismatch", "fresh", "allowed_mass",
-               "allowed_rows")
-# allowed_gap: 1 - the smallest allowed mass of a constrained position (a max reduces it)
-METRIC_MAXES = ("ratio", "beh_ratio", "mismatch", "allowed_gap")
+# Beside the objective's (rollart_sdk.backends.objective.LossStats): constrained tasks'
+# mass on the allowed ids; allowed_gap: 1 - the smallest allowed mass of a constrained
+# position (a max reduces it).
+EXTRA_SUMS = ("allowed_mass", "allowed_rows")
+EXTRA_MAXES = ("allowed_gap",)
+METRIC_SUMS = (*SUMS, *EXTRA_SUMS)
+METRIC_MAXES = (*MAXIMA, *EXTRA_MAXES)
 _KEYS = ("ids", "positions", "mask", "loss_mask", "behaviour", "versions", "advantages",
          "seq_weight")
 
 
 def forward_backward(trainer: Any, batch: list[Any], plan: list[list[list[int]]],
-                     normalizer: float) -> tuple[dict[str, float], dict[str, float]]:
+                     normalizer: float) -> LossStats:
     """Forward and backward over every micro-batch of ``plan``; gradients accumulate in
-    the parameters. Returns this stage's metric sums and maxima (``METRIC_MAXES``: the
-    ratio pi / pi_prox and the behaviour ratio pi / mu; zeros except on the last stage)."""
+    the parameters. Returns this stage's metric sums and maxima (zeros except on the last
+    stage)."""
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
     micro = []
@@ -59,10 +56,9 @@ def forward_backward(trainer: Any, batch: list[Any], plan: list[list[list[int]]]
             mb[k] = None if v is None else v.to(trainer.device)
         mb["allowed"] = [a.to(trainer.device) for a in p.allowed]
         micro.append(mb)
-    sums = dict.fromkeys(METRIC_SUMS, 0.0)
-    maxes = dict.fromkeys(METRIC_MAXES, 0.0)
+    stats = LossStats(EXTRA_SUMS, EXTRA_MAXES)
     if not micro:  # this replica got no trajectories (DP > 1): zero gradients, no schedule
-        return sums, maxes
+        return stats
     run = get_forward_backward_func()
     common = {"num_microbatches": len(micro), "seq_length": 0, "micro_batch_size": 0}
     ref_logprobs: list[torch.Tensor] = []
@@ -72,11 +68,11 @@ def forward_backward(trainer: Any, batch: list[Any], plan: list[list[list[int]]]
                 run(forward_step_func=partial(_forward, trainer, _ref_loss, ref_logprobs),
                     data_iterator=iter(micro), model=[trainer.ref_model], forward_only=True,
                     **common)
-        state = {"ref": iter(ref_logprobs), "sums": sums, "maxes": maxes,
-                 "normalizer": normalizer}
+        state = {"ref": iter(ref_logprobs), "stats": stats, "sums": stats.sums,
+                 "maxes": stats.maxima, "normalizer": normalizer}
         run(forward_step_func=partial(_forward, trainer, _loss, state),
             data_iterator=iter(micro), model=[trainer.model], forward_only=False, **common)
-    return sums, maxes
+    return stats
 
 
 def _forward(trainer: Any, loss_fn: Any, state: Any, data_iterator: Any,
@@ -95,57 +91,21 @@ def _ref_loss(trainer: Any, store: list[torch.Tensor], t: dict[str, torch.Tensor
 
 def _loss(trainer: Any, state: dict[str, Any], t: dict[str, torch.Tensor],
           output: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, dict]:
-    """The step's loss on one micro-batch (last stage), exactly as trainer ``torch``
-    computes it; accumulates the metric sums."""
+    """The step's loss on one micro-batch (last stage): the objective trainer ``torch``
+    computes too (:func:`rollart_sdk.backends.objective.decoupled_ppo_objective`), its
+    statistics added to the step's."""
     o = trainer.options
-    sums = state["sums"]
     logits = output[..., : trainer.arch.vocab]  # drop the TP vocabulary padding
     logp, entropy = _policy_logprobs(logits, t, o.compute_entropy, state)
-    mask = t["loss_mask"][:, 1:]
-    beh = t["behaviour"][:, 1:]
-    adv = t["advantages"][:, 1:]
-    m = mask.bool()
-    stale = (t["versions"][:, 1:] < trainer.version) & m
-    old, w, beh_ratio = decoupled_anchor(logp, beh, stale, m, o.tis_cap, o.tis_on_fresh)
     # seq-mean over packed rows: weight each token by 1 / (its trajectory's masked
     # tokens) and divide by the number of trajectories (token sums).
     seq_w = t["seq_weight"][:, 1:] if o.loss_agg == "seq-mean" else None
-    normalizer = state["normalizer"]
-    pg_loss, st = ppo_clip_loss(
-        logp, old, adv, mask, o.clip_eps, o.clip_eps_high, "token-mean",
-        is_weights=w if seq_w is None else w * seq_w, normalizer=normalizer,
-    )
-    loss = pg_loss
-    if trainer.ref_model is not None:
-        ref_lp = next(state["ref"])
-        kl = kl_penalty(logp, ref_lp, o.kl_kind)
-        kl_tok = kl if seq_w is None else kl * seq_w
-        loss = loss + o.kl_coef * aggregate(kl_tok, mask, "token-mean", normalizer)
-        sums["kl"] += float((kl.detach() * mask).sum())
-    ntok = float(st["tokens"])
-    sums["loss"] += float(loss.detach())
-    sums["pg_loss"] += float(pg_loss.detach())
-    sums["clip"] += float(st["clip_frac"]) * ntok
-    sums["approx_kl"] += float(st["approx_kl"]) * ntok
-    sums["ratio"] += float(st["ratio_mean"]) * ntok
-    sums["stale"] += float(stale.sum())
-    sums["tis_w"] += float((w * stale).sum())
-    sums["tokens"] += ntok
-    sums["beh_ratio"] += float(beh_ratio.sum())
-    # train/inference mismatch: engine vs trainer log-prob on fresh tokens (same weights)
-    fresh = (m & ~stale).float()
-    gap = (logp.detach() - beh).abs() * fresh
-    sums["mismatch"] += float(gap.sum())
-    sums["fresh"] += float(fresh.sum())
-    maxes = state["maxes"]
-    if bool(fresh.any()):
-        maxes["mismatch"] = max(maxes["mismatch"], float(gap.max()))
-    maxes["ratio"] = max(maxes["ratio"], float(st["ratio_max"]))
-    if bool(m.any()):
-        maxes["beh_ratio"] = max(maxes["beh_ratio"], float(beh_ratio.max()))
-    if o.compute_entropy:
-        sums["entropy"] += entropy
-    return loss, torch.tensor(1, dtype=torch.int), {}
+    ref_lp = next(state["ref"]) if trainer.ref_model is not None else None
+    obj = decoupled_ppo_objective(logp, t["behaviour"][:, 1:], t["advantages"][:, 1:],
+                                  t["loss_mask"][:, 1:], t["versions"][:, 1:], trainer.version,
+                                  o, state["normalizer"], token_weights=seq_w, ref_logp=ref_lp)
+    state["stats"].add(obj, entropy)
+    return obj.loss, torch.tensor(1, dtype=torch.int), {}
 
 
 def _policy_logprobs(logits: torch.Tensor, t: dict[str, Any], entropy: bool,

@@ -10,9 +10,10 @@ Layout: ``world_size = tensor_parallel_size * data_parallel_size`` ranks; ranks
 2. trajectories are packed into rows of at most ``pack_length`` tokens, rows stacked into
    micro-batches of at most ``max_tokens_per_micro_batch`` tokens (packing.py), one
    forward/backward each;
-3. per token, the losses of :mod:`rollart_sdk.algorithms` exactly as trainer ``torch``
-   uses them (decoupled PPO-clip, truncated IS on stale tokens, optional KL), each row's
-   loss divided by the whole-batch token (or sequence) count over all replicas;
+3. per token, the objective trainer ``torch`` computes too
+   (:func:`rollart_sdk.backends.objective.decoupled_ppo_objective`: decoupled PPO-clip,
+   truncated IS on stale tokens, optional KL), each row's loss divided by the whole-batch
+   token (or sequence) count over all replicas;
 4. gradients summed over the DP group; Qwen3's q/k-norm gradients summed over the TP
    group (they see only the local heads); global norm over TP shards, clip, AdamW
    (with ``use_distributed_optimizer``: gradients reduce-scattered over the DP group and
@@ -31,7 +32,6 @@ from __future__ import annotations
 
 import math
 import random
-import tempfile
 from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
@@ -39,7 +39,13 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from rollart_sdk.algorithms import fill_advantages
+from rollart_sdk.backends.distributed import (
+    all_reduce_flat,
+    all_reduce_small,
+    check_rank,
+    fill_advantages_across,
+    init_process_group,
+)
 from rollart_sdk.config import ModelConfig
 from rollart_sdk.interfaces import check_train_sample
 from rollart_sdk.master_weights import LossScaler, MasterWeightsOptimizer
@@ -59,7 +65,7 @@ from rollart_trainer_megatron.options import MegatronTrainerOptions
 from rollart_trainer_megatron.packing import plan_micro_batches
 from rollart_trainer_megatron.pipeline import Stage, device_mode, gather_stages, localize
 from rollart_trainer_megatron.runtime import build_gpt, init_parallel, patch_for_cpu
-from rollart_trainer_megatron.schedule import METRIC_MAXES, forward_backward
+from rollart_trainer_megatron.schedule import forward_backward
 
 
 class MegatronTrainer:
@@ -74,20 +80,12 @@ class MegatronTrainer:
 
     export_needs_all_ranks = True  # TrainerWorker drains export_weights on ranks != 0
 
-    def __init__(
-        self,
-        model: ModelConfig | str,
-        rank: int = 0,
-        world_size: int = 1,
-        init_method: str | None = None,
-        **options: Any,
-    ) -> None:
+    def __init__(self, model: ModelConfig | str, rank: int = 0, world_size: int = 1,
+                 init_method: str | None = None, **options: Any) -> None:
         from transformers import AutoConfig
 
         self.options = o = MegatronTrainerOptions.model_validate(options)
-        self.rank, self.world_size = int(rank), int(world_size)
-        if not 0 <= self.rank < self.world_size:
-            raise ValueError(f"trainer rank {rank} is outside world_size {world_size}")
+        self.rank, self.world_size = check_rank(rank, world_size)
         self.tp, self.pp = o.tensor_parallel_size, o.pipeline_parallel_size
         if self.world_size % (self.tp * self.pp):
             raise ValueError(
@@ -189,18 +187,11 @@ class MegatronTrainer:
         lengths = [len(s.input_ids) for s in batch]
         plan = plan_micro_batches(lengths, o.pack_length or max(lengths, default=2),
                                   o.max_tokens_per_micro_batch, o.micro_batch_size)
-        sums, maxes = forward_backward(self, batch, plan, normalizer)
+        stats = forward_backward(self, batch, plan, normalizer)
 
         self._reduce_grads()
-        keys = list(sums)
-        reduced = torch.tensor([sums[k] for k in keys], dtype=torch.float64)
-        for group in (self.pp_group, self.dp_group):  # only the last stage has losses
-            reduced = self._reduce(reduced, group)
-        sums = dict(zip(keys, reduced.tolist(), strict=True))
-        top = torch.tensor([maxes[k] for k in METRIC_MAXES])
-        for group in (self.pp_group, self.dp_group):
-            top = self._reduce(top, group, "max")
-        maxes = dict(zip(METRIC_MAXES, top.tolist(), strict=True))
+        stats.reduce(self._reduce_stages_and_replicas)  # only the last stage has losses
+        sums, maxes = stats.sums, stats.maxima
 
         max_norm = o.grad_clip if o.grad_clip > 0 else math.inf
         for group in self.optimizer.param_groups:
@@ -220,27 +211,10 @@ class MegatronTrainer:
         self._version += 1
         self._step += 1
 
-        ntok = max(sums["tokens"], 1.0)
         advs = [float(s.advantage or 0.0) for s in batch]
         return {
-            "loss": sums["loss"],
-            "pg_loss": sums["pg_loss"],
-            "kl": sums["kl"] / ntok,
+            **stats.metrics(o.compute_entropy),
             "grad_norm": grad_norm,
-            "clip_frac": sums["clip"] / ntok,
-            "approx_kl": sums["approx_kl"] / ntok,
-            "ratio_mean": sums["ratio"] / ntok,
-            "ratio_max": maxes["ratio"],
-            "entropy": sums["entropy"] / ntok if o.compute_entropy else float("nan"),
-            "stale_frac": sums["stale"] / ntok,
-            "tis_weight_mean": sums["tis_w"] / max(sums["stale"], 1.0),
-            "behaviour_ratio_mean": sums["beh_ratio"] / ntok,
-            "behaviour_ratio_max": maxes["beh_ratio"],
-            # |engine - trainer| log-prob on fresh tokens (rollart_sdk.algorithms.policy)
-            "mismatch_mean": (sums["mismatch"] / sums["fresh"] if sums["fresh"]
-                              else float("nan")),
-            "mismatch_max": maxes["mismatch"] if sums["fresh"] else float("nan"),
-            "mismatch_tokens": sums["fresh"],
             # constrained tasks: mass the unmasked policy puts on the allowed ids
             **({"allowed_mass_mean": sums["allowed_mass"] / sums["allowed_rows"],
                 "allowed_mass_min": 1.0 - maxes["allowed_gap"]}
@@ -333,34 +307,17 @@ class MegatronTrainer:
         return model.to(self.device).train()
 
     def _init_distributed(self, init_method: str | None) -> None:
-        if dist.is_initialized():
-            if dist.get_world_size() != self.world_size or dist.get_rank() != self.rank:
-                raise RuntimeError(
-                    f"torch.distributed is already initialised as rank {dist.get_rank()} of "
-                    f"{dist.get_world_size()}, but this trainer is rank {self.rank} of "
-                    f"{self.world_size}"
-                )
-            return
-        if self.world_size > 1 and not init_method:
-            raise ValueError(
-                f"trainer rank {self.rank} of {self.world_size}: parallelism needs "
-                "init_method (tcp://HOST:PORT reachable by every rank, or file:///shared/path)"
-            )
-        if init_method is None:  # megatron-core needs a process group even for one rank
-            init_method = f"file://{tempfile.mkdtemp(prefix='rollart-megatron-')}/init"
-        backend = self.options.dist_backend
-        if backend == "auto":
-            backend = "gloo" if self.cpu else "nccl"
-        dist.init_process_group(backend, init_method=init_method, rank=self.rank,
-                                world_size=self.world_size, timeout=timedelta(minutes=10))
+        # megatron-core needs a process group even for one rank
+        init_process_group(self.rank, self.world_size, init_method, self.options.dist_backend,
+                           not self.cpu, timeout=timedelta(minutes=10), what="parallelism")
 
     def _reduce(self, t: torch.Tensor, group: Any, op: str = "sum") -> torch.Tensor:
-        if dist.get_world_size(group) == 1:
-            return t
-        x = t.to(self.device)
-        dist.all_reduce(x, op=dist.ReduceOp.MAX if op == "max" else dist.ReduceOp.SUM,
-                        group=group)
-        return x.cpu()
+        return all_reduce_small(t, self.device, group, op)
+
+    def _reduce_stages_and_replicas(self, t: torch.Tensor, op: str) -> torch.Tensor:
+        for group in (self.pp_group, self.dp_group):
+            t = self._reduce(t, group, op)
+        return t
 
     def _pool_tp(self, batch: list[TrainSample]) -> list[TrainSample]:
         """The union of the shards given to the ranks of this replica (its TP x PP group),
@@ -374,22 +331,9 @@ class MegatronTrainer:
 
     def _fill_advantages(self, batch: list[TrainSample]) -> None:
         """GRPO advantages for samples without one, over the batch of *all* replicas."""
-        o = self.options
-        if self.dp == 1:
-            fill_advantages(batch, o.adv_eps, o.adv_normalize_std)
-            return
-        need = any(s.advantage is None for s in batch)
-        if not self._reduce(torch.tensor([float(need)]), self.dp_group, "max")[0]:
-            return
-        mine = [(s.reward, s.group_id, s.advantage) for s in batch]
-        gathered: list[Any] = [None] * self.dp
-        dist.all_gather_object(gathered, mine, group=self.dp_group)
-        full = [TrainSample([], [], [], [], reward=r, group_id=g, advantage=a)
-                for part in gathered for r, g, a in part]
-        fill_advantages(full, o.adv_eps, o.adv_normalize_std)
-        offset = sum(len(part) for part in gathered[: self.dp_rank])
-        for s, f in zip(batch, full[offset : offset + len(batch)], strict=True):
-            s.advantage = f.advantage
+        fill_advantages_across(batch, self.options.adv_eps, self.options.adv_normalize_std,
+                               self.device, size=self.dp, rank=self.dp_rank,
+                               group=self.dp_group)
 
     def _reduce_grads(self) -> None:
         """Sum gradients over the DP group (flat, one collective); sum the q/k-norm
@@ -408,14 +352,14 @@ class MegatronTrainer:
         if self.tp > 1 and self.arch.qk_norm:
             qk = [g for n, g in grads.items()
                   if n.endswith(("q_layernorm.weight", "k_layernorm.weight"))]
-            _all_reduce_flat(qk, self.tp_group)
+            all_reduce_flat(qk, self.tp_group)
         if self.embedding_group is not None and self.arch.tied:
             # the tied embedding's two copies (first and last stage): one gradient, summed
             shared = grads["embedding.word_embeddings.weight" if self.stage.first
                            else "output_layer.weight"]
-            _all_reduce_flat([shared], self.embedding_group)
+            all_reduce_flat([shared], self.embedding_group)
         if self.dp > 1 and not self.options.use_distributed_optimizer:
-            _all_reduce_flat(list(grads.values()), self.dp_group)
+            all_reduce_flat(list(grads.values()), self.dp_group)
 
     def _counted(self, name: str) -> bool:
         """Whether parameter ``name`` enters the global grad norm on this rank (a
@@ -437,14 +381,3 @@ class MegatronTrainer:
                 g.mul_(coef)
         return total
 
-
-def _all_reduce_flat(tensors: list[torch.Tensor], group: Any) -> None:
-    if not tensors:
-        return
-    flat = torch.cat([t.reshape(-1) for t in tensors])
-    dist.all_reduce(flat, group=group)
-    offset = 0
-    for t in tensors:
-        n = t.numel()
-        t.copy_(flat[offset : offset + n].view_as(t))
-        offset += n

@@ -7,29 +7,16 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import ConfigDict, Field, model_validator
+from pydantic import Field
 
-from rollart_sdk.precision import PrecisionOptions
-from rollart_sdk.schedules import LRScheduleOptions
+from rollart_sdk.backends.trainer_options import TrainerOptionsBase
 
 
-class TorchTrainerOptions(PrecisionOptions, LRScheduleOptions):
-    """Optimiser, loss and parallelism settings; see the package README for formulas.
-    The learning-rate schedule (``lr_schedule``, ``lr_warmup_steps``, ``lr_decay_steps``,
-    ``lr_min_ratio``): :class:`rollart_sdk.schedules.LRScheduleOptions`; fp32 master
-    weights and loss scaling for a bfloat16 / float16 model (``master_weights``,
-    ``loss_scale``, ``loss_scale_init``, ``loss_scale_growth_interval``):
-    :class:`rollart_sdk.precision.PrecisionOptions`."""
+class TorchTrainerOptions(TrainerOptionsBase):
+    """Batching and data-parallel settings; see the package README for formulas. AdamW,
+    loss, advantages, runtime, the learning-rate schedule and mixed precision are every
+    trainer's: :class:`rollart_sdk.backends.trainer_options.TrainerOptionsBase`."""
 
-    model_config = ConfigDict(extra="forbid")
-
-    # AdamW
-    lr: float = Field(1e-5, gt=0, description="AdamW learning rate (the base of lr_schedule)")
-    betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW betas, each in [0, 1)")
-    eps: float = Field(1e-8, gt=0, description="AdamW epsilon")
-    weight_decay: float = Field(0.0, ge=0, description="AdamW decoupled weight decay")
-    grad_clip: float = Field(1.0, ge=0, description="max global gradient norm; 0 = no "
-                             "clipping (the norm is still reported as train/grad_norm)")
     # AdamW steps per batch (TRL's num_iterations, verl's ppo_epochs, GRPO's mu): the
     # later passes reuse the first pass's anchors, so PPO's clip bounds how far they move.
     # The policy version still advances by one per batch.
@@ -53,46 +40,11 @@ class TorchTrainerOptions(PrecisionOptions, LRScheduleOptions):
     prefix_sharing_max_ratio: float = Field(0.8, gt=0, le=1, description=(
         "auto uses prefix sharing when the distinct tokens are at most this fraction of "
         "the batch's tokens"))
-    # Loss
-    clip_eps: float = Field(0.2, gt=0, lt=1, description=(
-        "PPO clip range, lower side (and upper unless clip_eps_high is set)"))
-    clip_eps_high: float | None = Field(None, gt=0, description=(
-        "upper PPO clip (DAPO clip-higher); null = clip_eps"))
-    tis_cap: float = Field(2.0, gt=0, description=(
-        "truncation of the importance weight of stale tokens (truncated IS)"))
     # Samples with advantage 0 add nothing to the loss (without a KL term): not run.
     skip_zero_advantage: bool = Field(True, description=(
         "do not run samples whose advantage is 0 through the model when kl_coef is 0 "
         "(same update, less compute)"))
-    tis_on_fresh: bool = Field(False, description=(
-        "also importance-weight fresh tokens (engine/trainer numeric mismatch)"))
-    loss_agg: Literal["token-mean", "seq-mean"] = Field("token-mean", description=(
-        "how token losses are averaged: over all tokens of the batch, or per sequence "
-        "then over sequences"))
-    kl_coef: float = Field(0.0, ge=0, description=(
-        "weight of the KL penalty to the initial model; 0 = no reference model is loaded"))
-    kl_kind: Literal["k1", "k2", "k3"] = Field("k3", description="KL estimator (Schulman's k1/k2/k3)")
-    # Advantages (when samples arrive without one): GRPO over the whole batch.
-    adv_eps: float = Field(1e-6, ge=0, description="epsilon in the GRPO std normalisation")
-    adv_normalize_std: bool = Field(True, description=(
-        "divide advantages by the group std (GRPO); false = centre only (Dr. GRPO)"))
-    # Runtime
-    seed: int = Field(0, description="torch / python RNG seed of the trainer")
-    device: str = Field("auto", description="auto (CUDA if present), cpu, cuda or cuda:N")
-    dist_backend: Literal["auto", "gloo", "nccl"] = Field("auto", description=(
-        "torch.distributed backend of data-parallel ranks; auto: gloo on CPU, nccl on CUDA"))
-    num_threads: int | None = Field(None, ge=1, description=(
-        "torch intra-op threads on the CPU (set 1 when ranks share a small CPU); null = "
-        "torch's default"))
     gradient_checkpointing: bool = Field(False, description=(
         "recompute activations in backward: less memory, more compute (transformers' model)"))
-    compute_entropy: bool = Field(True, description=(
-        "report train/entropy, the mean next-token entropy (one softmax per token)"))
     grad_bucket_mb: float = Field(64.0, gt=0, description=(
         "all-reduce gradients in buckets of this many MiB (data parallel)"))
-
-    @model_validator(mode="after")
-    def _betas(self) -> TorchTrainerOptions:
-        if not all(0.0 <= b < 1.0 for b in self.betas):
-            raise ValueError(f"betas must each be in [0, 1), got {list(self.betas)}")
-        return self

@@ -37,15 +37,18 @@ import torch.distributed as dist
 from rollart_sdk.algorithms import (
     AllowedMassMeter,
     MismatchMeter,
-    aggregate,
     allowed_groups,
-    decoupled_anchor,
-    fill_advantages,
-    kl_penalty,
     policy_temperature,
     policy_token_logprobs,
-    ppo_clip_loss,
 )
+from rollart_sdk.backends.distributed import (
+    all_reduce_flat,
+    all_reduce_small,
+    check_rank,
+    fill_advantages_across,
+    init_process_group,
+)
+from rollart_sdk.backends.objective import LossStats, decoupled_ppo_objective
 from rollart_sdk.config import ModelConfig
 from rollart_sdk.interfaces import check_train_sample
 from rollart_sdk.master_weights import LossScaler, MasterWeightsOptimizer
@@ -93,9 +96,7 @@ class TorchTrainer:
     ) -> None:
         self.options = TorchTrainerOptions.model_validate(options)
         o = self.options
-        self.rank, self.world_size = int(rank), int(world_size)
-        if not 0 <= self.rank < self.world_size:
-            raise ValueError(f"trainer rank {rank} is outside world_size {world_size}")
+        self.rank, self.world_size = check_rank(rank, world_size)
         self.model_path = hf_checkpoint_path(model, 'torch', ". When constructing TorchTrainer directly, pass ModelConfig(path=...)")
         dtype = getattr(torch, model.dtype) if isinstance(model, ModelConfig) else torch.float32
         if o.num_threads:
@@ -163,12 +164,7 @@ class TorchTrainer:
         normalizer = float(counts[0] if o.loss_agg == "token-mean" else counts[1])
         normalizer = max(normalizer, 1.0)
 
-        # Metric sums over tokens, and maxima (reduced over ranks at the end).
-        sums = dict.fromkeys(
-            ("loss", "pg_loss", "kl", "clip", "approx_kl", "ratio", "entropy", "stale",
-             "tis_w", "tokens", "beh_ratio", "last_clip"), 0.0
-        )
-        maxima = {"ratio": 0.0, "beh_ratio": 0.0}
+        stats = LossStats()  # metric sums over tokens and maxima, reduced over ranks at the end
         self._mismatch = MismatchMeter()  # engine vs trainer log-probs, fresh tokens
         self._mass = AllowedMassMeter()  # constrained tasks: mass on the allowed ids
         # A sample whose advantage is 0 (a group that all failed or all succeeded) adds
@@ -193,12 +189,12 @@ class TorchTrainer:
                 if update == 0:
                     t, tree = self._pad(mb), (PrefixTree.build(mb) if shared else None)
                     forward_tokens += tree.computed if tree is not None else t["ids"].numel()
-                    anchor = self._micro_step(t, tree, None, normalizer, sums, maxima, False)
+                    anchor = self._micro_step(t, tree, None, normalizer, stats, False)
                     if o.updates_per_batch > 1:
                         kept.append((t, tree, anchor))
                 else:
                     t, tree, anchor = kept[i]
-                    self._micro_step(t, tree, anchor, normalizer, sums, maxima,
+                    self._micro_step(t, tree, anchor, normalizer, stats,
                                      update == o.updates_per_batch - 1)
             loss_scale = self.optimizer.loss_scale  # the one this pass's backward used
             self._all_reduce_grads()
@@ -221,39 +217,16 @@ class TorchTrainer:
                 break
         self._version += 1
         self._step += 1
-        ratio_max, beh_ratio_max = maxima["ratio"], maxima["beh_ratio"]
-
-        keys = list(sums)
-        reduced = self._all_reduce(torch.tensor([sums[k] for k in keys], dtype=torch.float64))
-        sums = dict(zip(keys, reduced.tolist(), strict=True))
-        ratio_max, beh_ratio_max = (
-            float(x) for x in self._all_reduce(torch.tensor([ratio_max, beh_ratio_max]), op="max")
-        )
+        stats.reduce(self._all_reduce)
         grad_norm = grad_norms[0]  # the first pass's (the batch's gradient)
-
-        ntok = max(sums["tokens"], 1.0)  # loss tokens run through the model (all ranks)
-
-        def mean(key: str) -> float:  # per token run; a mean over no token is no number
-            return sums[key] / sums["tokens"] if sums["tokens"] else float("nan")
-
+        ntok = max(stats.sums["tokens"], 1.0)  # loss tokens run through the model (all ranks)
         forward_samples = self._all_reduce(torch.tensor([float(len(run))], dtype=torch.float64))
         rewards = [s.reward for s in batch]
         advs = [float(s.advantage or 0.0) for s in batch]
         return {
-            "loss": sums["loss"],
-            "pg_loss": sums["pg_loss"],
-            "kl": sums["kl"] / ntok,
+            **stats.metrics(o.compute_entropy),
             "grad_norm": grad_norm,
-            "clip_frac": sums["clip"] / ntok,
-            "approx_kl": sums["approx_kl"] / ntok,
-            "ratio_mean": mean("ratio"),
-            "ratio_max": ratio_max,
-            "entropy": mean("entropy") if o.compute_entropy else float("nan"),
-            "stale_frac": sums["stale"] / ntok,
-            "tis_weight_mean": sums["tis_w"] / max(sums["stale"], 1.0),
-            "behaviour_ratio_mean": mean("beh_ratio"),
-            "behaviour_ratio_max": beh_ratio_max,
-            **self._mismatch_metrics(),
+            **self._mismatch_metrics(),  # per engine worker too
             **self._allowed_mass_metrics(),
             "tokens": float(counts[0]),  # loss tokens of the whole batch (all ranks)
             "sequences": float(counts[1]),
@@ -273,13 +246,12 @@ class TorchTrainer:
             # AdamW steps this batch took (updates_per_batch, fewer after a skipped one)
             "updates": float(len(grad_norms) - int(skipped)),
             # the last pass's clip fraction (updates_per_batch > 1): how far the passes moved
-            "clip_frac_last": (sums["last_clip"] / ntok if len(grad_norms) > 1
+            "clip_frac_last": (stats.sums["last_clip"] / ntok if len(grad_norms) > 1
                                else float("nan")),
         }
 
-    def _micro_step(self, t: dict[str, Any], tree: Any, anchor: Any,
-                    normalizer: float, sums: dict[str, float], maxima: dict[str, float],
-                    last: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    def _micro_step(self, t: dict[str, Any], tree: Any, anchor: Any, normalizer: float,
+                    stats: LossStats, last: bool) -> tuple[torch.Tensor, torch.Tensor]:
         """Forward and backward of one micro-batch; returns its anchors ``(old, w)``.
 
         ``anchor`` None: the batch's first pass. Decoupled PPO: a token sampled by an older
@@ -288,53 +260,29 @@ class TorchTrainer:
         (same weights as ours); the batch's metrics are this pass's. A later pass
         (``updates_per_batch`` > 1) keeps the first pass's anchors: its ratio is to the
         policy before the batch's first update, which PPO's clip bounds; ``last`` adds its
-        clip fraction to ``last_clip``."""
+        clip fraction to ``last_clip``. The loss and its statistics:
+        :mod:`rollart_sdk.backends.objective`."""
         o = self.options
         first = anchor is None
         mask = t["mask"][:, 1:]
         m = mask.bool()
         logp, entropy = self._logprobs(self.model, t, m, o.compute_entropy and first, tree,
                                        mass=first)
-        stale = (t["vers"][:, 1:] < self._version) & m
-        if first:
-            old, w, beh_ratio = decoupled_anchor(logp, t["beh"][:, 1:], stale, m, o.tis_cap,
-                                                 o.tis_on_fresh)
-            old, w = old.detach(), w.detach()
-            sums["beh_ratio"] += float(beh_ratio.sum())
-            self._mismatch.add(logp, t["beh"][:, 1:], (m & ~stale).float(), t["engine"])
-            if bool(m.any()):
-                maxima["beh_ratio"] = max(maxima["beh_ratio"], float(beh_ratio.max()))
-        else:
-            old, w = anchor
-        pg_loss, st = ppo_clip_loss(
-            logp, old, t["adv"], mask, o.clip_eps, o.clip_eps_high, o.loss_agg,
-            is_weights=w, normalizer=normalizer,
-        )
-        loss = pg_loss
-        kl = None
+        ref_lp = None
         if self.ref_model is not None:
             with torch.no_grad():
                 ref_lp, _ = self._logprobs(self.ref_model, t, m, False, tree)
-            kl = kl_penalty(logp, ref_lp, o.kl_kind)
-            loss = loss + o.kl_coef * aggregate(kl, mask, o.loss_agg, normalizer)
-        self.optimizer.scale_loss(loss).backward()
-        ntok = float(st["tokens"])
+        obj = decoupled_ppo_objective(logp, t["beh"][:, 1:], t["adv"], mask, t["vers"][:, 1:],
+                                      self._version, o, normalizer, agg=o.loss_agg,
+                                      ref_logp=ref_lp, anchor=anchor)
         if first:
-            sums["loss"] += float(loss.detach())
-            sums["pg_loss"] += float(pg_loss.detach())
-            if kl is not None:
-                sums["kl"] += float((kl.detach() * mask).sum())
-            sums["clip"] += float(st["clip_frac"]) * ntok
-            sums["approx_kl"] += float(st["approx_kl"]) * ntok
-            sums["ratio"] += float(st["ratio_mean"]) * ntok
-            sums["stale"] += float(stale.sum())
-            sums["tis_w"] += float((w * stale).sum())
-            sums["tokens"] += ntok
-            maxima["ratio"] = max(maxima["ratio"], float(st["ratio_max"]))
-            sums["entropy"] += entropy
+            self._mismatch.add(logp, t["beh"][:, 1:], (m & ~obj.stale).float(), t["engine"])
+        self.optimizer.scale_loss(obj.loss).backward()
+        if first:
+            stats.add(obj, entropy)
         elif last:
-            sums["last_clip"] += float(st["clip_frac"]) * ntok
-        return old, w
+            stats.add_last(obj)
+        return obj.old, obj.weights
 
     def export_weights(self, bucket_bytes: int) -> Iterator[WeightBucket]:
         """This version's weights as checksummed buckets (CPU copies, taken lazily bucket
@@ -392,24 +340,8 @@ class TorchTrainer:
     # ------------------------------------------------------------------ internals
 
     def _init_distributed(self, init_method: str | None) -> None:
-        if dist.is_initialized():
-            if dist.get_world_size() != self.world_size or dist.get_rank() != self.rank:
-                raise RuntimeError(
-                    f"torch.distributed is already initialised as rank {dist.get_rank()} of "
-                    f"{dist.get_world_size()}, but this trainer is rank {self.rank} of "
-                    f"{self.world_size}"
-                )
-            return
-        if not init_method:
-            raise ValueError(
-                f"trainer rank {self.rank} of {self.world_size}: data parallelism needs "
-                "init_method (tcp://HOST:PORT reachable by every rank, or file:///shared/path)"
-            )
-        backend = self.options.dist_backend
-        if backend == "auto":
-            backend = "nccl" if self.device.type == "cuda" else "gloo"
-        dist.init_process_group(backend, init_method=init_method, rank=self.rank,
-                                world_size=self.world_size)
+        init_process_group(self.rank, self.world_size, init_method, self.options.dist_backend,
+                           self.device.type == "cuda")
 
     def _mismatch_metrics(self) -> dict[str, float]:
         """The step's train/inference mismatch over every rank's tokens."""
@@ -445,11 +377,7 @@ class TorchTrainer:
 
     def _all_reduce(self, t: torch.Tensor, op: str = "sum") -> torch.Tensor:
         """Reduce a small CPU tensor over ranks (identity with one rank)."""
-        if self.world_size == 1:
-            return t
-        x = t.to(self.device)
-        dist.all_reduce(x, op=dist.ReduceOp.MAX if op == "max" else dist.ReduceOp.SUM)
-        return x.cpu()
+        return t if self.world_size == 1 else all_reduce_small(t, self.device, op=op)
 
     def _make_optimizer(self, dtype: str) -> MasterWeightsOptimizer:
         """AdamW over the trainable parameters, through fp32 master weights for a
@@ -489,33 +417,15 @@ class TorchTrainer:
             bucket.append(g)
             size += g.numel() * g.element_size()
             if size >= limit:
-                _all_reduce_flat(bucket)
+                all_reduce_flat(bucket)
                 bucket, size = [], 0
         if bucket:
-            _all_reduce_flat(bucket)
+            all_reduce_flat(bucket)
 
     def _fill_advantages(self, batch: list[TrainSample]) -> None:
         """GRPO advantages for samples without one, over the batch on *all* ranks."""
-        o = self.options
-        if self.world_size == 1:
-            fill_advantages(batch, o.adv_eps, o.adv_normalize_std)
-            return
-        # Every rank takes part in the same collectives, needed or not (lockstep).
-        need = any(s.advantage is None for s in batch)
-        if not self._all_reduce(torch.tensor([float(need)]), op="max")[0]:
-            return
-        mine = [(s.reward, s.group_id, s.advantage) for s in batch]
-        gathered: list[Any] = [None] * self.world_size
-        dist.all_gather_object(gathered, mine)
-        full = [
-            TrainSample([], [], [], [], reward=r, group_id=g, advantage=a)
-            for part in gathered
-            for r, g, a in part
-        ]
-        fill_advantages(full, o.adv_eps, o.adv_normalize_std)
-        offset = sum(len(part) for part in gathered[: self.rank])
-        for s, f in zip(batch, full[offset : offset + len(batch)], strict=True):
-            s.advantage = f.advantage
+        fill_advantages_across(batch, self.options.adv_eps, self.options.adv_normalize_std,
+                               self.device, size=self.world_size, rank=self.rank)
 
     def _micro_batches(self, batch: list[TrainSample]) -> tuple[list[list[TrainSample]], bool]:
         """The micro-batches, and whether they run as prefix trees.
@@ -626,12 +536,3 @@ class TorchTrainer:
         moved["tag"] = [s.tag for s in mb]
         return moved
 
-
-def _all_reduce_flat(tensors: list[torch.Tensor]) -> None:
-    flat = torch.cat([t.reshape(-1) for t in tensors])
-    dist.all_reduce(flat)
-    offset = 0
-    for t in tensors:
-        n = t.numel()
-        t.copy_(flat[offset : offset + n].view_as(t))
-        offset += n
