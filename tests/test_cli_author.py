@@ -97,6 +97,14 @@ def test_envs_lists_the_sim_workload_apart():
     assert after.startswith(" (rollart sim") and ": sim" in after.splitlines()[0]
 
 
+def test_envs_named_shows_only_those():
+    res = run_cli("envs", "frozenlake")
+    assert res.returncode == 0, res.stderr
+    assert "invalid_action_penalty" in res.stdout  # its options in full
+    assert "not registered here" not in res.stdout  # nothing about other names
+    assert "not registered here" in run_cli("envs").stdout  # the full list says it
+
+
 def test_options_show_a_description_for_every_trainer_option():
     res = run_cli("plugins", "--options", "trainer:torch", "--json")
     schema = json.loads(res.stdout)

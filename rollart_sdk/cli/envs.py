@@ -56,7 +56,7 @@ def cmd_envs(args: argparse.Namespace) -> int:
         console.print(f"\nSimulated workloads (rollart sim, clock: simulated; no text "
                       f"environment): {', '.join(simulated)}")
     unavailable = sorted(n for (k, n) in registry.unavailable if k == "env")
-    if unavailable:
+    if unavailable and not args.names:  # asked for named envs: only those
         console.print(f"\n{len(unavailable)} env names known but not registered here "
                       "(`rollart plugins --details` says why).")
     return 0
