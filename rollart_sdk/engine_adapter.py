@@ -32,6 +32,7 @@ from typing import Any, Generic, TypeVar
 from rollart_sdk.errors import RollartError
 from rollart_sdk.interfaces import check_request
 from rollart_sdk.types import FinishReason, GenerationRequest, GenerationResult, WeightBucket
+from rollart_sdk.weights.lora import CheckpointBase, is_adapter_name, merge_payload
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -99,16 +100,28 @@ def _tied(folder: Path) -> bool:
 
 
 def convert_buckets(buckets: Iterable[WeightBucket], shapes: Mapping[str, tuple[list[int], str]],
-                    convert: Callable[[WeightBucket], T]) -> list[T]:
+                    convert: Callable[[WeightBucket], T],
+                    base: CheckpointBase | None = None) -> list[T]:
     """``convert`` of every bucket, each checked first against the served checkpoint's
     ``shapes`` (from :func:`checkpoint_shapes`), so that a bad or partial transfer raises
-    ``ValueError`` before the engine is touched (all or nothing)."""
+    ``ValueError`` before the engine is touched (all or nothing).
+
+    LoRA adapter payloads (:mod:`rollart_sdk.weights.lora`): with ``base`` (the served
+    checkpoint's tensors), each adapter pair is merged into its full weight
+    ``W0 + B @ A`` here, and the engine loads full weights as ever; without it an adapter
+    payload is an error."""
     out: list[T] = []
     for bucket in buckets:
+        if base is not None and any(is_adapter_name(n) for n in bucket.tensors):
+            merged = merge_payload(bucket.tensors, base, shapes)
+            bucket = WeightBucket(bucket.version, bucket.index, merged)
         problems = []
         for name, t in bucket.tensors.items():
             want = shapes.get(name)
-            if want is None:
+            if want is None and is_adapter_name(name):
+                problems.append(f"{name!r} is a LoRA adapter factor and this engine merges "
+                                "no adapters (convert_buckets was given no base)")
+            elif want is None:
                 problems.append(f"{name!r} is not a tensor of the served checkpoint")
             elif list(t.shape) != want[0]:
                 problems.append(f"{name!r} has shape {list(t.shape)}, the model {want[0]}")

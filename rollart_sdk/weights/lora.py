@@ -85,3 +85,57 @@ def _f32() -> Any:
     import torch
 
     return torch.float32
+
+
+class CheckpointBase:
+    """``W0`` by name from a checkpoint folder's safetensors files (memory-mapped, read on
+    demand): the base an engine that cannot keep its own copy (vLLM, SGLang: the weights
+    live in another process) merges adapters against. A model with tied word embeddings
+    that stores no ``lm_head.weight`` gives the embedding for it."""
+
+    def __init__(self, path: str) -> None:
+        import json
+        import struct
+        from pathlib import Path
+
+        self.path = path
+        self._files: dict[str, str] = {}
+        for f in sorted(Path(path).glob("*.safetensors")):
+            with open(f, "rb") as fh:
+                (n,) = struct.unpack("<Q", fh.read(8))
+                header = json.loads(fh.read(n))
+            self._files.update({k: str(f) for k in header if k != "__metadata__"})
+        embed = "model.embed_tokens.weight"
+        if "lm_head.weight" not in self._files and embed in self._files:
+            self._files["lm_head.weight"] = self._files[embed]
+            self._alias = {"lm_head.weight": embed}
+        else:
+            self._alias = {}
+
+    def __call__(self, name: str) -> Any:
+        from safetensors import safe_open
+
+        if name not in self._files:
+            raise ValueError(f"LoRA payload: {name!r} is not a tensor of the served "
+                             f"checkpoint {self.path}")
+        with safe_open(self._files[name], framework="pt") as f:
+            return f.get_tensor(self._alias.get(name, name))
+
+
+def merge_payload(tensors: Mapping[str, Any], base: CheckpointBase,
+                  shapes: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """``tensors`` with every adapter pair replaced by its merged weight ``W0 + B @ A``
+    (``W0`` from ``base``); full tensors pass through. ``shapes`` (name -> (shape, dtype),
+    :func:`rollart_sdk.engine_adapter.checkpoint_shapes`) checks each pair first."""
+    full, pairs = split_adapter(tensors)
+    if not pairs:
+        return dict(tensors)
+    out = dict(full)
+    for weight, (a, b) in pairs.items():
+        if shapes is not None:
+            if weight not in shapes:
+                raise ValueError(f"LoRA payload: {weight!r} is not a tensor of the served "
+                                 "checkpoint; trainer and engine must serve the same model")
+            check_pair(weight, a, b, shapes[weight][0])
+        out[weight] = merge(base(weight), a, b)
+    return out
