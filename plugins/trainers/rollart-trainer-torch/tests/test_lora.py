@@ -21,6 +21,7 @@ from rollart_sdk.models import load_causal_lm
 from rollart_sdk.plugins import load_plugins
 from rollart_sdk.weights.lora import split_adapter
 
+pytest.importorskip("peft", reason="LoRA needs peft: pip install 'rollart-trainer-torch[lora]'")
 torch.set_num_threads(1)
 LORA = {"rank": 4, "alpha": 8.0}
 

