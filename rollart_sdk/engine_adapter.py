@@ -32,7 +32,12 @@ from typing import Any, Generic, TypeVar
 from rollart_sdk.errors import RollartError
 from rollart_sdk.interfaces import check_request
 from rollart_sdk.types import FinishReason, GenerationRequest, GenerationResult, WeightBucket
-from rollart_sdk.weights.lora import CheckpointBase, is_adapter_name, merge_payload
+from rollart_sdk.weights.lora import (
+    CheckpointBase,
+    check_no_pending,
+    is_adapter_name,
+    merge_payload,
+)
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -111,9 +116,12 @@ def convert_buckets(buckets: Iterable[WeightBucket], shapes: Mapping[str, tuple[
     ``W0 + B @ A`` here, and the engine loads full weights as ever; without it an adapter
     payload is an error."""
     out: list[T] = []
+    pending: dict[str, Any] = {}  # adapter factors waiting for their partner's bucket
     for bucket in buckets:
-        if base is not None and any(is_adapter_name(n) for n in bucket.tensors):
-            merged = merge_payload(bucket.tensors, base, shapes)
+        if base is not None and (pending or any(is_adapter_name(n) for n in bucket.tensors)):
+            merged = merge_payload(bucket.tensors, base, shapes, pending)
+            if not merged:
+                continue
             bucket = WeightBucket(bucket.version, bucket.index, merged)
         problems = []
         for name, t in bucket.tensors.items():
@@ -131,6 +139,7 @@ def convert_buckets(buckets: Iterable[WeightBucket], shapes: Mapping[str, tuple[
                 + "; ".join(problems[:5])
             )
         out.append(convert(bucket))
+    check_no_pending(pending)
     if not out:
         raise ValueError("load_weights got no buckets; pass at least one WeightBucket")
     return out

@@ -38,6 +38,11 @@ def test_convert_buckets_merges_adapters_against_the_checkpoint(ckpt):
     assert sorted(got) == sorted([Q, k])
     torch.testing.assert_close(got[Q], base[Q] + b @ a, atol=1e-5, rtol=0)
     assert torch.equal(got[k], full_k)
+    # a bucket boundary between A and B: the pair is merged where it completes
+    split = [WeightBucket(1, 0, {names[0]: a}), WeightBucket(1, 1, {k: full_k, names[1]: b})]
+    (got2,) = convert_buckets(split, checkpoint_shapes(str(ckpt)), lambda x: x.tensors,
+                              CheckpointBase(str(ckpt)))
+    assert sorted(got2) == sorted([Q, k]) and torch.equal(got2[Q], got[Q])
     # tied embeddings: lm_head.weight is not stored; its base is the embedding
     head = CheckpointBase(str(ckpt))("lm_head.weight")
     assert torch.equal(head, base["model.embed_tokens.weight"])
@@ -49,7 +54,7 @@ def test_bad_adapter_payloads_are_named(ckpt):
     a, b = _pair(out_f, in_f)
     names = adapter_names(Q)
     cases = {
-        "is missing": {names[0]: a},
+        "arrived without their partner": {names[0]: a},
         "not a matrix product": {names[0]: a, names[1]: torch.zeros(out_f, 5)},
         "the served model's weight is": {names[0]: torch.zeros(3, in_f + 1), names[1]: b},
         "not a tensor of the served checkpoint": dict(zip(
@@ -62,3 +67,5 @@ def test_bad_adapter_payloads_are_named(ckpt):
         convert_buckets([WeightBucket(1, 0, {names[0]: a, names[1]: b})], shapes, lambda x: x)
     full, pairs = split_adapter({names[0]: a, names[1]: b, Q: a})
     assert list(full) == [Q] and list(pairs) == [Q]
+    with pytest.raises(ValueError, match="is missing"):
+        split_adapter({names[1]: b})

@@ -123,13 +123,24 @@ class CheckpointBase:
 
 
 def merge_payload(tensors: Mapping[str, Any], base: CheckpointBase,
-                  shapes: Mapping[str, Any] | None = None) -> dict[str, Any]:
+                  shapes: Mapping[str, Any] | None = None,
+                  pending: dict[str, Any] | None = None) -> dict[str, Any]:
     """``tensors`` with every adapter pair replaced by its merged weight ``W0 + B @ A``
     (``W0`` from ``base``); full tensors pass through. ``shapes`` (name -> (shape, dtype),
-    :func:`rollart_sdk.engine_adapter.checkpoint_shapes`) checks each pair first."""
-    full, pairs = split_adapter(tensors)
-    if not pairs:
-        return dict(tensors)
+    :func:`rollart_sdk.engine_adapter.checkpoint_shapes`) checks each pair first.
+
+    ``pending``: factors whose partner is in another bucket (a bucket boundary may fall
+    between ``A`` and ``B``) wait there for it, across calls; without it they are an
+    error. The caller checks that ``pending`` is empty after the last bucket."""
+    if pending is None:
+        full, pairs = split_adapter(tensors)
+    else:
+        full = {k: v for k, v in tensors.items() if not is_adapter_name(k)}
+        pending.update((k, v) for k, v in tensors.items() if is_adapter_name(k))
+        done = {k[: -len(A_SUFFIX)] for k in pending if k.endswith(A_SUFFIX)
+                and k[: -len(A_SUFFIX)] + B_SUFFIX in pending}
+        ready = {k: pending.pop(k) for w in done for k in adapter_names(w)}
+        _, pairs = split_adapter(ready)
     out = dict(full)
     for weight, (a, b) in pairs.items():
         if shapes is not None:
@@ -139,3 +150,11 @@ def merge_payload(tensors: Mapping[str, Any], base: CheckpointBase,
             check_pair(weight, a, b, shapes[weight][0])
         out[weight] = merge(base(weight), a, b)
     return out
+
+
+def check_no_pending(pending: Mapping[str, Any]) -> None:
+    """Raise ``ValueError`` naming the factors that never met their partner."""
+    if pending:
+        raise ValueError(f"LoRA payload: {sorted(pending)[:4]} arrived without their partner "
+                         f"factor (each adapted weight needs both {A_SUFFIX} and {B_SUFFIX} "
+                         "in the same version)")
