@@ -1,6 +1,7 @@
 """LoRA adapter payloads (rollart_sdk.weights.lora) as the engines that keep no base copy
 of their own (vLLM, SGLang) take them: convert_buckets merges each pair against the
-served checkpoint's tensors, checks names and shapes first, and names what is wrong."""
+served checkpoint's tensors, adds the adapted modules' other tensors (fused layers reload
+whole), checks names and shapes first, and names what is wrong."""
 
 from __future__ import annotations
 
@@ -33,16 +34,21 @@ def test_convert_buckets_merges_adapters_against_the_checkpoint(ckpt):
     full_k = torch.randn_like(base[k])
     names = adapter_names(Q)
     bucket = WeightBucket(1, 0, {names[0]: a, names[1]: b, k: full_k})
-    (got,) = convert_buckets([bucket], checkpoint_shapes(str(ckpt)), lambda x: x.tensors,
-                             CheckpointBase(str(ckpt)))
+    got, fill = convert_buckets([bucket], checkpoint_shapes(str(ckpt)), lambda x: x.tensors,
+                                CheckpointBase(str(ckpt)))
     assert sorted(got) == sorted([Q, k])
     torch.testing.assert_close(got[Q], base[Q] + b @ a, atol=1e-5, rtol=0)
     assert torch.equal(got[k], full_k)
+    # then the rest of the adapted module (vLLM reloads q, k, v as one qkv_proj): the base's
+    attn = "model.layers.0.self_attn."
+    assert sorted(fill) == [attn + f"{x}_proj.weight" for x in "kov"]
+    assert all(torch.equal(fill[n], base[n]) for n in fill)
     # a bucket boundary between A and B: the pair is merged where it completes
     split = [WeightBucket(1, 0, {names[0]: a}), WeightBucket(1, 1, {k: full_k, names[1]: b})]
-    (got2,) = convert_buckets(split, checkpoint_shapes(str(ckpt)), lambda x: x.tensors,
-                              CheckpointBase(str(ckpt)))
+    got2, fill2 = convert_buckets(split, checkpoint_shapes(str(ckpt)), lambda x: x.tensors,
+                                  CheckpointBase(str(ckpt)))
     assert sorted(got2) == sorted([Q, k]) and torch.equal(got2[Q], got[Q])
+    assert sorted(fill2) == sorted(fill)
     # tied embeddings: lm_head.weight is not stored; its base is the embedding
     head = CheckpointBase(str(ckpt))("lm_head.weight")
     assert torch.equal(head, base["model.embed_tokens.weight"])

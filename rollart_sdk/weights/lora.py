@@ -112,6 +112,13 @@ class CheckpointBase:
         else:
             self._alias = {}
 
+    def siblings(self, weight: str) -> list[str]:
+        """Every tensor of the checkpoint in the module that holds ``weight`` (``q_proj``'s
+        are its attention block's: q, k, v, o...): what an engine that fuses layers (vLLM's
+        ``qkv_proj``, ``gate_up_proj``) must receive together."""
+        parent = weight.rsplit(".", 2)[0] + "."
+        return sorted(n for n in self._files if n.startswith(parent))
+
     def __call__(self, name: str) -> Any:
         from safetensors import safe_open
 
@@ -158,3 +165,31 @@ def check_no_pending(pending: Mapping[str, Any]) -> None:
         raise ValueError(f"LoRA payload: {sorted(pending)[:4]} arrived without their partner "
                          f"factor (each adapted weight needs both {A_SUFFIX} and {B_SUFFIX} "
                          "in the same version)")
+
+
+class PayloadMerger:
+    """The buckets of one version, adapter pairs merged into full weights against
+    ``base`` (:func:`merge_payload`; a pair may straddle buckets), for an engine that loads
+    full weights only. :meth:`finish` checks that no factor was left without its partner
+    and returns the checkpoint tensors of the adapted weights' modules that the version
+    did not carry (the unadapted k_proj beside an adapted q_proj): engines that fuse a
+    module's weights (vLLM reloads ``qkv_proj`` as one) need all of them in one update,
+    and under LoRA those are the base's."""
+
+    def __init__(self, base: CheckpointBase, shapes: Mapping[str, Any] | None = None) -> None:
+        self.base, self.shapes = base, shapes
+        self.pending: dict[str, Any] = {}
+        self.adapted: set[str] = set()
+        self.loaded: set[str] = set()
+
+    def feed(self, tensors: Mapping[str, Any]) -> dict[str, Any]:
+        out = merge_payload(tensors, self.base, self.shapes, self.pending)
+        full = {k for k in tensors if not is_adapter_name(k)}
+        self.adapted |= set(out) - full
+        self.loaded |= set(out)
+        return out
+
+    def finish(self) -> dict[str, Any]:
+        check_no_pending(self.pending)
+        names = {n for w in self.adapted for n in self.base.siblings(w)} - self.loaded
+        return {n: self.base(n) for n in sorted(names)}
