@@ -1,6 +1,7 @@
 """LoRA in trainer ``torch`` (trainer.options.lora) on a tiny Llama: only the adapters
-train and travel, a checkpoint holds the adapters and AdamW and resumes exactly, and
-final_model is a peft adapter folder (plus the merged model on request).
+train and travel, a checkpoint holds the adapters and AdamW and resumes exactly,
+final_model is a peft adapter folder (plus the merged model on request), and two
+data-parallel ranks train the adapter one trainer does.
 
 SmolLM2 (an engine serving the adapter = the trainer's merged model; payload size):
 ``test_lora_smollm2.py``."""
@@ -122,3 +123,33 @@ def test_lora_options_are_validated(ckpt: Path) -> None:
         desc.validate_options({"lora": {"ranks": 8}}, where="trainer.options")
     with pytest.raises(ValueError, match=r"\['qkv'\] name no linear layer.*'down_proj'"):
         _trainer(ckpt, lora={"target_modules": ["qkv"]})
+
+
+@pytest.mark.slow  # two spawned ranks: about a minute on the shared CPU
+def test_two_ranks_train_the_same_adapter_as_one(tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """Data parallel (gloo): both ranks hold rank 0's adapters and end equal to a single
+    trainer on the whole batch; with a KL term, whose frozen reference is the base."""
+    import json
+
+    import torch.multiprocessing as mp
+    from _dp_worker import run_rank
+    from safetensors.torch import load_file
+
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    ckpt = make_tiny_checkpoint(tmp_path / "model", tie=True)
+    batch = make_batch(ckpt, n_groups=3, group_size=4, seed=5)
+    options = {"lr": 1e-2, "micro_batch_size": 2, "seed": 0, "num_threads": 1,
+               "kl_coef": 0.1, "lora": LORA}
+    single = TorchTrainer(model=ModelConfig(path=str(ckpt)), **options)
+    metrics = [single.train_step(copy.deepcopy(batch)) for _ in range(2)]
+    want = _adapter(single)
+    mp.spawn(run_rank, args=(2, str(ckpt), f"file://{tmp_path / 'dist-init'}", str(tmp_path),
+                             batch, 2, options), nprocs=2, join=True)
+    ranks = [load_file(str(tmp_path / f"rank{r}.safetensors")) for r in range(2)]
+    for name, tensor in want.items():
+        assert torch.equal(ranks[0][name], ranks[1][name]), name
+        torch.testing.assert_close(ranks[0][name], tensor, atol=2e-5, rtol=0)
+    info = json.loads((tmp_path / "rank0.json").read_text())
+    assert info["metrics"][1]["loss"] == pytest.approx(metrics[1]["loss"], rel=1e-4, abs=1e-6)
+    assert metrics[1]["kl"] > 0  # the adapter moved away from the base reference
