@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Installs rollart-sdk and its first-party plugins (editable) into the current Python.
 #   bash scripts/install.sh          # the SDK + embedded backends + example envs/rewards
-#   bash scripts/install.sh --dev    # ... plus test tools (pytest, ruff) and the metric
+#   bash scripts/install.sh --dev    # ... plus test tools (pytest, ruff), the metric
 #                                    # sinks' libraries (tensorboard, mlflow-skinny, wandb)
+#                                    # and peft (trainer.options.lora)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-python3}"
@@ -17,7 +18,7 @@ fi
 # Ray: the release this project is tested with (constraints.txt; the package accepts a range).
 pip_install "ray[default]"
 extras="hf,report,agents"
-[ "${1:-}" = "--dev" ] && extras="$extras,dev,sinks"
+[ "${1:-}" = "--dev" ] && extras="$extras,dev,sinks,lora"
 pip_install -e ".[${extras}]"
 plugins=(
   plugins/envs/rollart-env-frozenlake

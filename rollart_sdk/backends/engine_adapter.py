@@ -32,6 +32,7 @@ from typing import Any, Generic, TypeVar
 from rollart_sdk.errors import RollartError
 from rollart_sdk.interfaces import check_request
 from rollart_sdk.types import FinishReason, GenerationRequest, GenerationResult, WeightBucket
+from rollart_sdk.weights.lora import CheckpointBase, PayloadMerger, is_adapter_name
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -99,28 +100,53 @@ def _tied(folder: Path) -> bool:
 
 
 def convert_buckets(buckets: Iterable[WeightBucket], shapes: Mapping[str, tuple[list[int], str]],
-                    convert: Callable[[WeightBucket], T]) -> list[T]:
+                    convert: Callable[[WeightBucket], T],
+                    base: CheckpointBase | None = None) -> list[T]:
     """``convert`` of every bucket, each checked first against the served checkpoint's
     ``shapes`` (from :func:`checkpoint_shapes`), so that a bad or partial transfer raises
-    ``ValueError`` before the engine is touched (all or nothing)."""
+    ``ValueError`` before the engine is touched (all or nothing).
+
+    LoRA adapter payloads (:mod:`rollart_sdk.weights.lora`): with ``base`` (the served
+    checkpoint's tensors), each adapter pair is merged into its full weight
+    ``W0 + B @ A`` here, and one more bucket carries the checkpoint's other tensors of
+    the adapted modules (:class:`~rollart_sdk.weights.lora.PayloadMerger`), so the engine
+    loads full weights as ever; without ``base`` an adapter payload is an error."""
     out: list[T] = []
+    merger = PayloadMerger(base, shapes) if base is not None else None
+    last: WeightBucket | None = None
     for bucket in buckets:
-        problems = []
-        for name, t in bucket.tensors.items():
-            want = shapes.get(name)
-            if want is None:
-                problems.append(f"{name!r} is not a tensor of the served checkpoint")
-            elif list(t.shape) != want[0]:
-                problems.append(f"{name!r} has shape {list(t.shape)}, the model {want[0]}")
-        if problems:
-            raise ValueError(
-                f"weight bucket {bucket.index} of version {bucket.version}: "
-                + "; ".join(problems[:5])
-            )
+        last = bucket
+        if merger is not None:
+            bucket = WeightBucket(bucket.version, bucket.index, merger.feed(bucket.tensors))
+            if not bucket.tensors:  # only factors whose partners come later
+                continue
+        _check_bucket(bucket, shapes)
         out.append(convert(bucket))
+    if merger is not None and last is not None:
+        fill = merger.finish()
+        if fill:
+            out.append(convert(WeightBucket(last.version, last.index + 1, fill)))
     if not out:
         raise ValueError("load_weights got no buckets; pass at least one WeightBucket")
     return out
+
+
+def _check_bucket(bucket: WeightBucket, shapes: Mapping[str, tuple[list[int], str]]) -> None:
+    problems = []
+    for name, t in bucket.tensors.items():
+        want = shapes.get(name)
+        if want is None and is_adapter_name(name):
+            problems.append(f"{name!r} is a LoRA adapter factor and this engine merges "
+                            "no adapters (convert_buckets was given no base)")
+        elif want is None:
+            problems.append(f"{name!r} is not a tensor of the served checkpoint")
+        elif list(t.shape) != want[0]:
+            problems.append(f"{name!r} has shape {list(t.shape)}, the model {want[0]}")
+    if problems:
+        raise ValueError(
+            f"weight bucket {bucket.index} of version {bucket.version}: "
+            + "; ".join(problems[:5])
+        )
 
 
 def eos_ids(hf_config: Any, given: list[int] | None) -> list[int]:

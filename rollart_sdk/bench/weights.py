@@ -30,6 +30,11 @@ start-up), so the transports move bytes through their real mechanism (Ray's obje
 a gloo group over TCP, a Mooncake store over TCP) but between threads of one process that
 also runs training and rollout on the same cores.
 
+LoRA rows: ``--models smollm2-135m,smollm2-135m-lora`` (or ``tiny-lora``) runs the same
+workload with ``trainer.options.lora`` (rank 8, every projection): ``model_mb`` is then the
+adapter payload per update, ``transfer_s`` / ``exposed_s`` its time, ``train_s`` the
+train step's, against full fine-tuning's in the row before.
+
 Transfer rows (``--transfer-mb``, default 1024): a synthetic state dict of that size
 published and received once through each transport, nothing else running: the transport's
 own throughput, checksum verification included.
@@ -52,7 +57,11 @@ from pathlib import Path
 from typing import Any
 
 TRANSPORTS = ["local", "ray", "nccl", "mooncake"]
-MODELS = {"tiny": "quickstart.yaml", "smollm2-135m": "smollm2.yaml"}
+MODELS = {"tiny": "quickstart.yaml", "smollm2-135m": "smollm2.yaml",
+          "tiny-lora": "quickstart.yaml", "smollm2-135m-lora": "smollm2.yaml"}
+# A ``*-lora`` model: the same run training LoRA adapters (rank 8 on every projection,
+# trainer.options.lora): the engines receive the adapter only, and merge it.
+LORA_OVERRIDES = ["trainer.options.lora.rank=8", "trainer.options.lora.alpha=16"]
 PLUGIN_MODULE = {"ray": "rollart_transport_ray", "nccl": "rollart_transport_nccl",
                  "mooncake": "rollart_transport_mooncake"}
 
@@ -100,6 +109,8 @@ def run_pipeline(transport: str, model: str, steps: int, options: dict[str, Any]
                  "train.checkpoint_every=0", "train.checkpoint_every_s=0",
                  f"rollout.defer_weight_update={str(defer).lower()}"]
     overrides += [f"transport.options.{k}={v}" for k, v in options.items()]
+    if model.endswith("-lora"):
+        overrides += LORA_OVERRIDES
     cfg, lines = load_config(_examples() / MODELS[model], overrides=overrides)
     job = build_job(cfg, lines, in_process=True, log=lambda *a: None)
     t0 = time.perf_counter()
@@ -286,7 +297,7 @@ def run(transports: list[str], models: list[str], steps: int, repeats: int,
 
 def _table(result: dict[str, Any]) -> str:
     head = ("kind", "transport", "model", "defer", "model_mb", "transfer_s", "exposed_s",
-            "wait_s", "baseline_s", "hidden_fraction", "gbps", "load")
+            "wait_s", "baseline_s", "hidden_fraction", "gbps", "train_s", "load")
     lines = [" | ".join(head), " | ".join("---" for _ in head)]
     for r in result["rows"]:
         lines.append(" | ".join("" if r.get(k) is None else str(r.get(k)) for k in head))

@@ -49,3 +49,16 @@ def test_weights_bench_rows(tmp_path):
     assert deferred["updates"] + deferred["deferred"] >= 2
     assert transfer["kind"] == "transfer" and abs(transfer["model_mb"] - 2) < 0.01
     assert transfer["transfer_s"] > 0 and transfer["gbps"] > 0
+
+
+def test_weights_bench_lora_row(tmp_path):
+    """A ``*-lora`` model: the same quickstart run training LoRA adapters through the real
+    pipeline; a version is the adapter payload, a fraction of the model's 0.3-0.5 MB."""
+    out = tmp_path / "weights.json"
+    rc = main(["bench", "weights", "--transports", "local", "--models", "tiny-lora",
+               "--steps", "3", "--transfer-mb", "0", "--json", str(out)])
+    assert rc == 0
+    (row,) = json.loads(out.read_text())["rows"]
+    assert row["model"] == "tiny-lora" and row["steps"] == 3
+    assert 0 < row["model_mb"] < 0.1
+    assert row["baseline_s"] > 0 and row["exposed_s"] > 0

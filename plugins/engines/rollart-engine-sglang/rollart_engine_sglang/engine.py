@@ -62,6 +62,7 @@ from rollart_sdk.backends.engine_adapter import (
 from rollart_sdk.config import ModelConfig
 from rollart_sdk.errors import RollartError
 from rollart_sdk.types import FinishReason, GenerationRequest, WeightBucket
+from rollart_sdk.weights.lora import CheckpointBase
 
 log = logging.getLogger(__name__)
 SETTLE_QUIET_S = 0.05  # no stream chunk for this long after a pause: the last step arrived
@@ -173,6 +174,8 @@ class SglangEngine(EngineAdapter[_Request]):
         self._device = device
         self._tp = tp_size
         self._shapes = checkpoint_shapes(model.path)
+        # LoRA payloads are merged against the checkpoint's own tensors (convert_buckets)
+        self._base = CheckpointBase(model.path)
         import transformers
 
         hf = transformers.AutoConfig.from_pretrained(model.path)
@@ -216,7 +219,8 @@ class SglangEngine(EngineAdapter[_Request]):
         """Every bucket's (name, tensor) list, checked against the served checkpoint first
         so that a bad or partial transfer raises before SGLang is touched."""
         return convert_buckets(buckets, self._shapes,
-                               lambda b: [(k, v.contiguous()) for k, v in b.tensors.items()])
+                               lambda b: [(k, v.contiguous()) for k, v in b.tensors.items()],
+                               self._base)
 
     async def _swap(self, named: list[list[tuple[str, Any]]], version: int) -> int:
         """Retract, abort the in-flight requests (``_drive`` resubmits them), load ``named``

@@ -440,10 +440,11 @@ class TorchEngine:
         partial transfer leaves the old weights serving (all or nothing)."""
         staged: dict[str, Any] = {}
         for bucket in buckets:
-            self._runner.check_tensors(bucket.tensors)
             staged.update(bucket.tensors)
         if not staged:
             raise ValueError("load_weights got no tensors; pass at least one WeightBucket")
+        # checked whole: a LoRA pair may straddle two buckets
+        self._runner.check_tensors(staged)
         return staged
 
     def _make_seq(self, request: GenerationRequest) -> Seq:

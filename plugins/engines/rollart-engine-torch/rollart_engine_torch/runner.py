@@ -23,6 +23,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from rollart_engine_torch.adapters import AdapterMerger
+
 SUPPORTED = ("llama", "qwen2", "qwen3", "mistral")
 
 
@@ -66,6 +68,7 @@ class SlotRunner:
         self.capacity = 0
         self.k: list[torch.Tensor] = []
         self.v: list[torch.Tensor] = []
+        self.adapters = AdapterMerger()  # LoRA payloads: base weights kept to re-merge
 
     # ------------------------------------------------------------------ memory
 
@@ -204,7 +207,11 @@ class SlotRunner:
     # ------------------------------------------------------------------ weights
 
     def check_tensors(self, tensors: dict[str, Any]) -> None:
-        """Raise ValueError naming any tensor this model does not have or cannot take."""
+        """Raise ValueError naming any tensor this model does not have or cannot take
+        (LoRA adapter pairs: :mod:`rollart_engine_torch.adapters`)."""
+        self.adapters.check(tensors, self.model.state_dict(), self._check_full)
+
+    def _check_full(self, tensors: dict[str, Any]) -> None:
         params = self.model.state_dict()
         for name, t in tensors.items():
             if name not in params:
@@ -222,6 +229,4 @@ class SlotRunner:
 
     @torch.no_grad()
     def assign(self, tensors: dict[str, Any]) -> None:
-        params = self.model.state_dict()
-        for name, t in tensors.items():
-            params[name].copy_(t.to(device=self.device, dtype=params[name].dtype))
+        self.adapters.assign(tensors, self.model.state_dict())

@@ -49,6 +49,7 @@ from rollart_sdk.backends.engine_adapter import (
 from rollart_sdk.config import ModelConfig
 from rollart_sdk.errors import RollartError
 from rollart_sdk.types import FinishReason, GenerationRequest, WeightBucket
+from rollart_sdk.weights.lora import CheckpointBase
 
 EXTENSION = "rollart_engine_vllm.worker.RollartWorkerExtension"
 
@@ -128,6 +129,8 @@ class VllmEngine(EngineAdapter[AdapterRequest]):
                 f"the model's {heads} attention heads; choose a divisor of {heads}"
             )
         self._shapes = checkpoint_shapes(model.path)
+        # LoRA payloads are merged against the checkpoint's own tensors (convert_buckets)
+        self._base = CheckpointBase(model.path)
         kwargs: dict[str, Any] = dict(
             model=model.path,
             dtype=model.dtype if dtype == "auto" else dtype,
@@ -187,6 +190,7 @@ class VllmEngine(EngineAdapter[AdapterRequest]):
         return convert_buckets(
             buckets, self._shapes,
             lambda bucket: save({k: v.contiguous() for k, v in bucket.tensors.items()}),
+            self._base,
         )
 
     async def _swap(self, payloads: list[bytes], version: int) -> int:

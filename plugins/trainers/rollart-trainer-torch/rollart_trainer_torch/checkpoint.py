@@ -4,7 +4,8 @@ trainer would have taken.
 
 Files (safetensors for tensors, JSON for the rest)::
 
-    model.safetensors       the model's parameters
+    model.safetensors       the model's parameters (full fine-tuning), or
+    adapter.safetensors     LoRA: the adapters only (the base is the model's own folder)
     optimizer.safetensors   AdamW's per-parameter tensors ("<param id>.<name>")
     rng.safetensors         torch's CPU (and CUDA) RNG states
     trainer_state.json      format, version, step, world size, AdamW's param groups and
@@ -28,6 +29,7 @@ from rollart_sdk import durable
 
 FORMAT = 1
 MODEL_FILE = "model.safetensors"
+ADAPTER_FILE = "adapter.safetensors"
 OPTIM_FILE = "optimizer.safetensors"
 RNG_FILE = "rng.safetensors"
 STATE_FILE = "trainer_state.json"
@@ -36,11 +38,12 @@ _TENSOR = "__tensor__"
 
 
 def write(out: Path, model: torch.nn.Module, optimizer: Any,
-          meta: dict[str, Any]) -> None:
+          meta: dict[str, Any], adapter: dict[str, torch.Tensor] | None = None) -> None:
     """Write ``model``, ``optimizer``, the RNG states and ``meta`` (version, step, ...)
     into the folder ``out``: built in a hidden folder beside it, fsynced, then renamed to
     ``out`` (:func:`rollart_sdk.durable.new_dir`), so ``out`` is never half-written: a
-    crash or a full disk during the save leaves an earlier ``out`` as it was.
+    crash or a full disk during the save leaves an earlier ``out`` as it was. With
+    ``adapter`` (LoRA's trainable tensors) only those are saved, not the model.
 
     Generic over what the optimiser's ``state_dict()`` holds: every tensor of its
     per-parameter ``state`` goes to ``optimizer.safetensors`` (its device kind kept), every
@@ -78,17 +81,22 @@ def write(out: Path, model: torch.nn.Module, optimizer: Any,
         "python_random": _jsonable(random.getstate()),
     }
     with durable.new_dir(out) as tmp:
-        save_model(model, str(tmp / MODEL_FILE))
+        if adapter is not None:
+            save_file({k: v.cpu().contiguous() for k, v in adapter.items()},
+                      str(tmp / ADAPTER_FILE))
+        else:
+            save_model(model, str(tmp / MODEL_FILE))
         save_file(tensors, str(tmp / OPTIM_FILE))
         save_file(rng, str(tmp / RNG_FILE))
         (tmp / STATE_FILE).write_text(json.dumps(state, indent=1))
 
 
 def read(src: Path, model: torch.nn.Module, optimizer: Any, device: str,
-         model_path: str) -> dict[str, Any]:
+         model_path: str, adapter: bool = False) -> dict[str, Any]:
     """Load what :func:`write` put in ``src`` into ``model`` and ``optimizer`` (on
     ``device``), restore the RNG states, and return the JSON state (``version``, ``step``,
-    ...). ``model_path`` names the model in the error for a checkpoint that does not fit."""
+    ...). ``model_path`` names the model in the error for a checkpoint that does not fit.
+    ``adapter``: the model is LoRA-wrapped; the checkpoint must hold its adapters."""
     if not (src / STATE_FILE).is_file():
         raise FileNotFoundError(
             f"{src} is not a complete torch-trainer checkpoint ({STATE_FILE} missing): "
@@ -101,13 +109,7 @@ def read(src: Path, model: torch.nn.Module, optimizer: Any, device: str,
             f"{src / STATE_FILE}: checkpoint format {state.get('format')!r} is not "
             f"supported (this trainer reads format {FORMAT})"
         )
-    missing, unexpected = load_model(model, str(src / MODEL_FILE), strict=False, device=device)
-    if missing or unexpected:
-        raise ValueError(
-            f"{src / MODEL_FILE} does not match the model at {model_path}: "
-            f"missing {sorted(missing)[:5]}, unexpected {sorted(unexpected)[:5]} "
-            "(was it saved from a different architecture?)"
-        )
+    _read_model(src, model, device, model_path, adapter)
     flat = load_file(str(src / OPTIM_FILE), device=device)
     # Tensors saved from the CPU go back there (AdamW keeps 'step' on the CPU unless
     # capturable/fused); checkpoints from before the list existed: 'step' only.
@@ -135,6 +137,30 @@ def read(src: Path, model: torch.nn.Module, optimizer: Any, device: str,
             torch.cuda.set_rng_state_all(cuda)
     random.setstate(_tuplify(state["python_random"]))
     return state
+
+
+def _read_model(src: Path, model: torch.nn.Module, device: str, model_path: str,
+                adapter: bool) -> None:
+    """The model's part of a checkpoint: the full parameters, or LoRA's adapters."""
+    from rollart_trainer_torch import lora
+
+    has_adapter = (src / ADAPTER_FILE).is_file()
+    if adapter != has_adapter:
+        saved = "LoRA adapters" if has_adapter else "a full model"
+        wanted = "LoRA adapters (trainer.options.lora is set)" if adapter else "a full model"
+        raise ValueError(f"{src} holds {saved} but this trainer trains {wanted}: resume "
+                         "with the trainer.options.lora of the run that saved it")
+    if adapter:
+        lora.load_trainable(model, load_file(str(src / ADAPTER_FILE), device=device),
+                            str(src / ADAPTER_FILE))
+        return
+    missing, unexpected = load_model(model, str(src / MODEL_FILE), strict=False, device=device)
+    if missing or unexpected:
+        raise ValueError(
+            f"{src / MODEL_FILE} does not match the model at {model_path}: "
+            f"missing {sorted(missing)[:5]}, unexpected {sorted(unexpected)[:5]} "
+            "(was it saved from a different architecture?)"
+        )
 
 
 def _keep_saved_dtypes(optimizer: Any, groups: list[dict[str, Any]],

@@ -7,9 +7,42 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from rollart_sdk.backends.trainer_options import TrainerOptionsBase
+
+# Every linear projection of a Llama-family decoder layer (not the LM head/embeddings).
+LORA_DEFAULT_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
+                        "down_proj")
+
+
+class LoraOptions(BaseModel):
+    """``trainer.options.lora``: low-rank adapters (peft's LoRA) on the model's linear
+    layers; only the adapters train, and only they travel to the engines
+    (:mod:`rollart_trainer_torch.lora`)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    rank: int = Field(8, ge=1, le=1024, description="LoRA rank r (the adapters' inner size)")
+    alpha: float = Field(16.0, gt=0, description=(
+        "LoRA alpha: the update is (alpha / rank) * B @ A"))
+    dropout: float = Field(0.0, ge=0, lt=1, description=(
+        "dropout on the adapters' input during training (0: the trainer's log-probs are "
+        "the engine's policy exactly)"))
+    target_modules: list[str] = Field(list(LORA_DEFAULT_TARGETS), min_length=1, description=(
+        "names (last component) of the linear layers that get adapters; default: every "
+        "attention and MLP projection of a Llama-family model"))
+    save_merged: bool = Field(False, description=(
+        "final_model/ (save_pretrained) also holds merged/: the base weights with the "
+        "adapter merged in, a plain Hugging Face checkpoint"))
+
+    @field_validator("target_modules")
+    @classmethod
+    def _names(cls, v: list[str]) -> list[str]:
+        bad = [n for n in v if not n or not isinstance(n, str)]
+        if bad:
+            raise ValueError(f"target_modules must be non-empty layer names, got {v}")
+        return v
 
 
 class TorchTrainerOptions(TrainerOptionsBase):
@@ -48,3 +81,6 @@ class TorchTrainerOptions(TrainerOptionsBase):
         "recompute activations in backward: less memory, more compute (transformers' model)"))
     grad_bucket_mb: float = Field(64.0, gt=0, description=(
         "all-reduce gradients in buckets of this many MiB (data parallel)"))
+    lora: LoraOptions | None = Field(None, description=(
+        "train LoRA adapters instead of the full model (null: full fine-tuning); engines "
+        "receive only the adapters (docs/trainers.md, LoRA)"))

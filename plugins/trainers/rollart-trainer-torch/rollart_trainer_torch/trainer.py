@@ -55,7 +55,7 @@ from rollart_sdk.master_weights import LossScaler, MasterWeightsOptimizer
 from rollart_sdk.models import hf_checkpoint_path, load_causal_lm, resolve_device
 from rollart_sdk.types import TrainSample, WeightBucket
 from rollart_sdk.weights import split_buckets
-from rollart_trainer_torch import checkpoint
+from rollart_trainer_torch import checkpoint, lora
 from rollart_trainer_torch.adamw import LeanAdamW
 from rollart_trainer_torch.options import TorchTrainerOptions
 from rollart_trainer_torch.prefix_tree import PrefixTree, tree_micro_batches
@@ -121,6 +121,9 @@ class TorchTrainer:
         self.model.train()
         if o.gradient_checkpointing:
             self.model.gradient_checkpointing_enable()
+        # LoRA (trainer.options.lora): adapters injected in place, the base frozen; the
+        # reference copy below then starts as the base (LoRA's B starts at 0).
+        self._lora = self._wrap_lora() if o.lora is not None else None
         if self.world_size > 1:  # same start on every rank whatever each one loaded
             with torch.no_grad():
                 for t in self.model.state_dict().values():
@@ -289,6 +292,8 @@ class TorchTrainer:
         by bucket, so a later step cannot change a bucket already handed out), in
         ``model.dtype``: with master weights, the fp32 masters rounded (what the model
         runs)."""
+        if self._lora is not None:  # LoRA: the adapter only (rollart_sdk.weights.lora)
+            return split_buckets(lora.export_tensors(self.model), bucket_bytes, self._version)
         named = ((k, v.detach().to("cpu", copy=True)) for k, v in self.model.state_dict().items())
         return split_buckets(named, bucket_bytes, self._version)
 
@@ -307,13 +312,13 @@ class TorchTrainer:
             "step": self._step,
             "world_size": self.world_size,
             "options": self.options.model_dump(mode="json"),
-        })
+        }, adapter=lora.trainable_state(self.model) if self._lora is not None else None)
 
     def load_checkpoint(self, path: str) -> None:
         """Restore what :meth:`save_checkpoint` wrote; the next step is then the same as
         the one the saving trainer would have taken. Every rank loads (shared storage)."""
         state = checkpoint.read(Path(path), self.model, self.optimizer, str(self.device),
-                                self.model_path)
+                                self.model_path, adapter=self._lora is not None)
         self._version = int(state["version"])
         self._step = int(state["step"])
 
@@ -323,6 +328,9 @@ class TorchTrainer:
         if self.rank != 0:
             return
         out = Path(path)
+        if self._lora is not None:
+            self._save_lora(out)
+            return
         self.model.save_pretrained(out)
         for name in _SIDE_FILES:
             f = Path(self.model_path) / name
@@ -338,6 +346,26 @@ class TorchTrainer:
             dist.destroy_process_group()
 
     # ------------------------------------------------------------------ internals
+
+    def _wrap_lora(self) -> Any:
+        """peft's LoRA on ``self.model`` (:mod:`rollart_trainer_torch.lora`)."""
+        assert self.options.lora is not None
+        config = lora.wrap(self.model, self.options.lora, self.model_path)
+        if self.options.gradient_checkpointing:  # frozen embeddings: keep the graph alive
+            self.model.enable_input_require_grads()
+        return config
+
+    def _save_lora(self, out: Path) -> None:
+        """LoRA's ``save_pretrained``: a peft adapter folder (with the tokenizer files),
+        and ``merged/``, the merged model, when ``lora.save_merged``."""
+        assert self.options.lora is not None
+        lora.save_adapter(self.model, self._lora, out)
+        for name in _SIDE_FILES:
+            f = Path(self.model_path) / name
+            if f.is_file():
+                shutil.copy2(f, out / name)
+        if self.options.lora.save_merged:
+            lora.save_merged(self.model, self.model_path, out / "merged", _SIDE_FILES)
 
     def _init_distributed(self, init_method: str | None) -> None:
         init_process_group(self.rank, self.world_size, init_method, self.options.dist_backend,
