@@ -6,7 +6,7 @@ The loss and optimiser fields mean exactly what they mean for trainer ``torch``.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import ConfigDict, Field, model_validator
 
@@ -21,6 +21,10 @@ class MegatronTrainerOptions(PrecisionOptions, LRScheduleOptions):
     (:class:`rollart_sdk.precision.PrecisionOptions`)."""
 
     model_config = ConfigDict(extra="forbid")
+    # Placement (rollart_sdk/resources/demand.py): each rank is one worker holding one
+    # device; roles.actor_train.workers must be a multiple of TP x PP (one DP rank).
+    device_demand_fields: ClassVar[tuple[str, ...]] = (
+        "tensor_parallel_size", "pipeline_parallel_size")
 
     # Parallelism: world_size = tensor_parallel_size * pipeline_parallel_size * DP size.
     tensor_parallel_size: int = Field(1, ge=1, description=(
@@ -77,6 +81,10 @@ class MegatronTrainerOptions(PrecisionOptions, LRScheduleOptions):
         "torch intra-op threads on the CPU; null = torch's default"))
     compute_entropy: bool = Field(True, description=(
         "report train/entropy, the mean next-token entropy (one softmax per token)"))
+
+    def workers_multiple(self) -> int:
+        """Workers (ranks, one device each) per data-parallel rank: TP x PP."""
+        return self.tensor_parallel_size * self.pipeline_parallel_size
 
     @model_validator(mode="after")
     def _check(self) -> MegatronTrainerOptions:
