@@ -253,7 +253,7 @@ def _spawn_workers(cfg: RunConfig, resolved: ResolvedRun, plan: ResourcePlan,
         (resolved.trainer.descriptor, resolved.trainer.options, model,
          resolved.transport.descriptor, resolved.transport.options, init_method,
          threads["actor_train"]),
-        num_workers=world,
+        num_workers=world, demand=plan.role("actor_train").demand,
     ) if trainer else []
     # ActorGen: roles.actor_gen.workers engines spread over the pools the tasks' generation
     # is bound to (the plan); the route table sends each task's requests to its pool's
@@ -264,7 +264,7 @@ def _spawn_workers(cfg: RunConfig, resolved: ResolvedRun, plan: ResourcePlan,
          resolved.transport.descriptor, resolved.transport.options, threads["actor_gen"]),
         workers_per_pool=plan.role("actor_gen").workers_per_pool,
         hw_affinity=plan.hw_affinity(),
-        max_restarts=ENGINE_MAX_RESTARTS,
+        max_restarts=ENGINE_MAX_RESTARTS, demand=plan.role("actor_gen").demand,
     )
     routes = spawner.routes("gen", [t.tag for t in cfg.tasks])
     prefill = _spawn_prefill(cfg, resolved, plan, model, spawner, threads["actor_gen"])
@@ -296,7 +296,7 @@ def _spawn_prefill(cfg: RunConfig, resolved: ResolvedRun, plan: ResourcePlan,
         (resolved.engine.descriptor, resolved.engine.options, model,
          resolved.transport.descriptor, resolved.transport.options, threads),
         workers_per_pool=plan.role("actor_gen").prefill_per_pool,
-        max_restarts=ENGINE_MAX_RESTARTS,
+        max_restarts=ENGINE_MAX_RESTARTS, demand=plan.role("actor_gen").demand,
     )
     return handles
 

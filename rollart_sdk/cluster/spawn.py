@@ -28,7 +28,7 @@ class Spawner(Protocol):
     def cluster(self, cls: type[Worker], name: str, init_args: tuple[Any, ...],
                 workers_per_pool: dict[str, int] | None = None, num_workers: int = 1,
                 concurrency: int | None = None, hw_affinity: dict[str, str] | None = None,
-                max_restarts: int = 0) -> list[Any]: ...
+                max_restarts: int = 0, demand: int = 1) -> list[Any]: ...
 
     def routes(self, cluster: str, tags: list[str]) -> dict[str, list[str]]: ...
 
@@ -77,10 +77,12 @@ class RaySpawner:
     def cluster(self, cls: type[Worker], name: str, init_args: tuple[Any, ...],
                 workers_per_pool: dict[str, int] | None = None, num_workers: int = 1,
                 concurrency: int | None = None, hw_affinity: dict[str, str] | None = None,
-                max_restarts: int = 0) -> list[Any]:
+                max_restarts: int = 0, demand: int = 1) -> list[Any]:
         from rollart_sdk.cluster import Cluster
         from rollart_sdk.cluster.handles import WorkerHandle
 
+        # ``demand``: devices per worker (an engine's tensor-parallel size), reserved as one
+        # placement-group bundle of that many pool slots (and GPUs on GPU nodes).
         opts: dict[str, Any] = {"max_concurrency": concurrency} if concurrency else {}
         if max_restarts:
             # Ray restarts a dead worker's process in the same reservation (its __init__
@@ -89,7 +91,7 @@ class RaySpawner:
             opts.update(max_restarts=max_restarts, max_task_retries=0)
         cl = Cluster(cls, cls.role, self.rm, num_workers=None if workers_per_pool else num_workers,
                      workers_per_pool=workers_per_pool, init_args=init_args, name=name,
-                     hw_affinity=hw_affinity, actor_options=opts or None,
+                     hw_affinity=hw_affinity, actor_options=opts or None, demand=demand,
                      timeout_s=_start_timeout_s(), wait=False)
         self.clusters[name] = cl
         return [WorkerHandle(w.name, w.actor, pool=w.pool, hardware=w.hardware) for w in cl.workers]
@@ -154,7 +156,7 @@ class LocalSpawner:
     def cluster(self, cls: type[Worker], name: str, init_args: tuple[Any, ...],
                 workers_per_pool: dict[str, int] | None = None, num_workers: int = 1,
                 concurrency: int | None = None, hw_affinity: dict[str, str] | None = None,
-                max_restarts: int = 0) -> list[Any]:
+                max_restarts: int = 0, demand: int = 1) -> list[Any]:
         from rollart_sdk.cluster.handles import WorkerHandle
         from rollart_sdk.cluster.worker import WorkerContext, bound_worker_class
 
@@ -165,7 +167,7 @@ class LocalSpawner:
             wname = f"{name}-{rank}"
             hw = self.plan.pool(pool).hardware
             binding = {"worker": wname, "role": cls.role, "pool": pool, "preferred": pool,
-                       "hardware": hw}
+                       "hardware": hw, "demand": demand}
             self._bindings.append(binding)
             ctx = WorkerContext(rank, len(pools), cls.role, name, wname, binding, {})
             obj = bound_worker_class(cls)(ctx, *init_args)

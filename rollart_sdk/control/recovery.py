@@ -8,7 +8,8 @@ initial weights and refuses requests and weight updates (``EngineRestartedError`
 a dead worker) until it is reloaded. Once it answers, it is re-bound (its binding record
 counts the restart; ``bindings.json`` is rewritten), loads the version every other engine
 serves and starts receiving the version published but not loaded yet, if any
-(``EngineWorker.reload``; under the weight-update lock, so no update lands in between),
+(``EngineWorker.reload``; under the weight-update lock, so no update lands in between;
+both manifests marked as a reload by one engine: :func:`for_reload`),
 and only then rejoins the routes. One that dies again while reloading is waited for again;
 a reload that fails otherwise (the served version was released by its sender meanwhile:
 transports keep only their newest few) is tried again once the engines serve a newer one.
@@ -21,6 +22,7 @@ Pipeline's ``RECOVERY_WAIT_S``).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -28,6 +30,17 @@ from typing import Any
 
 from rollart_sdk.control.aio import wait_for
 from rollart_sdk.control.proxy import LLMProxy
+from rollart_sdk.types import WeightManifest
+
+
+def for_reload(manifest: WeightManifest | None) -> WeightManifest | None:
+    """The manifest as one restarted engine fetches it alone, outside the round the other
+    engines took part in: ``meta["receivers"] = 1`` and ``meta["reload"]`` (a push
+    transport, e.g. nccl, then has its sender send that version to this engine only; a
+    pull transport reads the stored version as always)."""
+    if manifest is None:
+        return None
+    return dataclasses.replace(manifest, meta={**manifest.meta, "receivers": 1, "reload": True})
 
 
 class EngineRecovery:
@@ -125,7 +138,8 @@ class EngineRecovery:
             limit = max(1.0, deadline - time.monotonic())
             try:
                 loaded = await wait_for(
-                    worker.call("reload", manifest, self.staged()), limit)
+                    worker.call("reload", for_reload(manifest), for_reload(self.staged())),
+                    limit)
             except TimeoutError:
                 raise TimeoutError(f"the reload did not finish within {limit:.0f}s "
                                    "(restart_timeout_s)") from None

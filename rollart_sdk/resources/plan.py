@@ -55,6 +55,10 @@ class RolePlan:
     # actor_gen with prefill-decode disaggregation: the prefill workers (workers_per_pool
     # are then the decode workers).
     prefill_per_pool: dict[str, int] = field(default_factory=dict)
+    # Devices (pool slots) each worker holds, and the config keys that ask for them
+    # (resources/demand.py: the backend's options say it).
+    demand: int = 1
+    demand_source: str = ""
 
     @property
     def candidates(self) -> list[str]:
@@ -124,6 +128,7 @@ class ResourcePlan:
                     "workers": r.workers,
                     "workers_per_pool": r.workers_per_pool,
                     **({"prefill_per_pool": r.prefill_per_pool} if r.prefill_per_pool else {}),
+                    **({"demand": r.demand} if r.demand != 1 else {}),
                 }
                 for r in self.roles.values()
             },
@@ -181,6 +186,7 @@ def plan_resources(
     roles = _role_plans(cfg, pools, by_name, problems)
     if resolved is not None:
         _size_reward_role(cfg, resolved, pools, roles["reward"])
+        problems += _apply_demands(cfg, resolved, roles)
     task_pools = _task_pools(cfg, roles["actor_gen"], by_name, problems)
     warnings = _spread_engines(roles["actor_gen"], task_pools)
     warnings += _disaggregate(cfg, roles["actor_gen"], by_name, problems)
@@ -308,10 +314,40 @@ def _disaggregate(cfg: RunConfig, gen: RolePlan, by_name: dict[str, PoolConfig],
     return []
 
 
+def _apply_demands(cfg: RunConfig, resolved: ResolvedRun,
+                   roles: dict[str, RolePlan]) -> list[tuple[str, str]]:
+    """Each engine and trainer worker's device demand, as its backend's options say
+    (resources/demand.py); a trainer world that is no multiple of its model-parallel
+    size is a config error."""
+    from rollart_sdk.resources.demand import demand_source, device_demand, workers_multiple
+
+    problems: list[tuple[str, str]] = []
+    for role, kind in (("actor_gen", "engine"), ("actor_train", "trainer")):
+        res = getattr(resolved, kind, None)
+        if res is None:  # a partial resolution (a caller that only sized rewards)
+            continue
+        rp = roles[role]
+        rp.demand = device_demand(res.options)
+        rp.demand_source = demand_source(res.options, kind)
+        multiple = workers_multiple(res.options)
+        workers = getattr(cfg.roles, role).workers
+        if workers % multiple:
+            problems.append(
+                (f"roles.{role}.workers", f"{kind} {res.descriptor.name!r} runs {multiple} "
+                 f"workers (one device each) per data-parallel rank ({rp.demand_source}); "
+                 f"roles.{role}.workers={workers} is not a multiple of {multiple}: set it "
+                 f"to {workers + multiple - workers % multiple}"
+                 + (f" or {workers - workers % multiple}" if workers > multiple else "")
+                 + f", or change {rp.demand_source}")
+            )
+    return problems
+
+
 def _check_capacity(pools: list[PoolConfig], roles: dict[str, RolePlan],
                     by_name: dict[str, PoolConfig]) -> list[tuple[str, str]]:
     """Place every worker greedily (preferred first, then fallbacks), as the affinity
-    policy would on an idle cluster; a worker that fits nowhere is a config error."""
+    policy would on an idle cluster, each taking its role's demand in devices; a worker
+    that fits nowhere is a config error."""
     problems = []
     free = {p.name: float(p.count) for p in pools}
     for role in ROLES:
@@ -319,17 +355,33 @@ def _check_capacity(pools: list[PoolConfig], roles: dict[str, RolePlan],
         for pool_name, n in [*rp.workers_per_pool.items(), *rp.prefill_per_pool.items()]:
             order = [pool_name, *[c for c in rp.candidates if c != pool_name]]
             for _ in range(n):
-                spot = next((c for c in order if free.get(c, 0.0) >= 1.0), None)
+                spot = next((c for c in order if free.get(c, 0.0) >= rp.demand), None)
                 if spot is None:
-                    caps = ", ".join(f"{c} ({by_name[c].count:g} slots)" for c in order if c in by_name)
-                    problems.append(
-                        (f"roles.{role}.workers", f"{rp.workers} {role} workers do not fit in "
-                         f"{caps} next to the other roles; raise pools[].count, add a pool to "
-                         f"roles.{role}.fallback, or lower roles.{role}.workers")
-                    )
+                    problems.append(_no_fit(rp, order, by_name, pools))
                     break
-                free[spot] -= 1.0
+                free[spot] -= rp.demand
     return problems
+
+
+def _no_fit(rp: RolePlan, order: list[str], by_name: dict[str, PoolConfig],
+            pools: list[PoolConfig]) -> tuple[str, str]:
+    """Why a worker of ``rp`` fits nowhere: no pool has its demand at all, or the role's
+    workers do not fit next to the others."""
+    role, d = rp.role, rp.demand
+    index = {p.name: i for i, p in enumerate(pools)}
+    caps = ", ".join(f"{c} ({by_name[c].count:g} slots)" for c in order if c in by_name)
+    if d > 1 and not any(by_name[c].count >= d for c in order if c in by_name):
+        counts = ", ".join(f"pools.{index[c]}.count={by_name[c].count:g} ({c})"
+                           for c in order if c in by_name)
+        return (f"roles.{role}.pool",
+                f"one {role} worker needs {d} devices ({rp.demand_source}: one placement "
+                f"bundle of {d} per worker) but the pools it may use have fewer: {counts}; "
+                f"raise the pool's count to at least {d} (the devices it has), or lower "
+                f"the parallel size ({rp.demand_source})")
+    need = f" of {d} devices each" if d > 1 else ""
+    return (f"roles.{role}.workers", f"{rp.workers} {role} workers{need} do not fit in "
+            f"{caps} next to the other roles; raise pools[].count, add a pool to "
+            f"roles.{role}.fallback, or lower roles.{role}.workers")
 
 
 def pools_from_spec(spec: Any) -> list[PoolConfig]:

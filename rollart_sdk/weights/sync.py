@@ -64,7 +64,11 @@ class WeightSync:
         return out
 
     async def stage(self, manifest: WeightManifest) -> None:
-        """Every live engine starts receiving ``manifest``'s buckets; generation continues."""
+        """Every live engine starts receiving ``manifest``'s buckets; generation continues.
+
+        ``meta["receivers"]`` is set to the live engines now (a push transport's round
+        waits for that many; a down engine reloads when it is back)."""
+        manifest.meta["receivers"] = len(self.live())
         await self._each("stage_weights", manifest)
 
     async def commit(self) -> list[WeightUpdateReport]:

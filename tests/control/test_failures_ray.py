@@ -115,6 +115,50 @@ def test_killing_an_engine_worker_mid_run_is_survived(tmp_path):
     assert any(b.get("restarts", 0) >= 1 for b in bindings), bindings
 
 
+def test_killing_an_engine_under_the_nccl_transport_skips_it_then_reloads_it(tmp_path):
+    """Push transport (nccl over gloo): a round waits for meta['receivers'] engines, so a
+    dead engine must not be counted (the rounds after its death go on with the survivor),
+    and its restart reloads the served version, sent to it alone by the sender."""
+    config = two_tasks(name="kill-nccl", pools=POOLS, train={"steps": 200, "bucket_mb": 1},
+                       transport={"name": "nccl", "options": {
+                           "backend": "gloo", "timeout_s": 30, "join_timeout_s": 60}})
+    proc = start(tmp_path, config)
+    try:
+        wait_for_lines(tmp_path / "runs", 2, proc, timeout=300)
+        engines = actor_pids("EngineWorker", proc.pid)
+        assert engines, descendants(proc.pid)
+        os.kill(engines[0], signal.SIGKILL)
+        out = finish(proc, 400)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, out[-4000:]
+    path = run_dir(tmp_path, "kill-nccl")
+    summary = json.loads((path / "summary.json").read_text())
+    assert summary["steps"] == 200 and accounted(summary), summary
+    rec = summary["engine_recovery"]
+    (victim,) = rec["deaths"]
+    assert rec["recovered"] == {victim: 1} and rec["failed"] == {}, rec
+    (survivor,) = set(summary["engine_versions"]) - {victim}
+    events = [json.loads(x) for x in (path / "events.jsonl").read_text().splitlines()]
+    died = next(e["t0"] for e in events if e["span"] == "worker_died")
+    rejoined = next(e for e in events if e["span"] == "worker_rejoined")
+    assert rejoined["restarted"] is True and rejoined["version"] >= 1, rejoined
+    swaps = [e for e in events if e["span"] == "weight_sync"]
+    # While it was down, versions were swapped in on the survivor alone ...
+    assert any(died < e["t1"] < rejoined["t0"] and e["worker"] == survivor for e in swaps)
+    assert not any(died < e["t0"] and e["t1"] < rejoined["t0"] and e["worker"] == victim
+                   for e in swaps)
+    # ... and after its reload it takes part in the rounds again.
+    assert any(e["t0"] > rejoined["t1"] and e["worker"] == victim for e in swaps)
+    # At most the round in flight when it died failed; none waited for it afterwards.
+    failed = [e for e in events if e["span"] == "weight_sync_failed"]
+    assert len(failed) <= 1 and all(e["t0"] < rejoined["t0"] for e in failed), failed
+    last = max(u["version"] for u in summary["weight_updates"])
+    assert set(summary["engine_versions"].values()) == {last}, summary
+    assert summary["engine_recovery"]["down_at_end"] == {}
+
+
 def test_killing_the_env_worker_mid_run_is_survived(tmp_path):
     # The env worker (host of every env process) is SIGKILLed: Ray restarts it, the
     # trajectories in flight on it are dropped and re-run, and the run completes.

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -11,6 +11,9 @@ class SglangEngineOptions(BaseModel):
     """How SGLang serves the policy (names follow SGLang's ``ServerArgs`` where they map)."""
 
     model_config = ConfigDict(extra="forbid")
+    # Placement (rollart_sdk/resources/demand.py): one engine holds tp_size devices,
+    # reserved as one bundle.
+    device_demand_fields: ClassVar[tuple[str, ...]] = ("tp_size",)
 
     device: Literal["cuda", "cpu"] = Field(
         "cuda", description="cpu: SGLang's CPU engine (SGLANG_USE_CPU_ENGINE=1, torch_native attention)"
@@ -44,6 +47,10 @@ class SglangEngineOptions(BaseModel):
         False, description="SGLang enable_deterministic_inference (batch-invariant kernels): "
         "without it SGLang 0.5.23 ignores per-request seeds; needs a GPU attention backend"
     )
+
+    def device_demand(self) -> int:
+        """Devices one engine worker needs: its tensor-parallel ranks."""
+        return self.tp_size
 
     @model_validator(mode="after")
     def _possible(self) -> SglangEngineOptions:

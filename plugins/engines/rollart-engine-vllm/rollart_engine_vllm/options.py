@@ -7,7 +7,7 @@ context, ``tensor_parallel_size`` against its heads) is checked when the engine 
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -17,6 +17,9 @@ class VllmEngineOptions(BaseModel):
     ``cpu_kv_cache_gb``; a GPU from ``gpu_memory_utilization``."""
 
     model_config = ConfigDict(extra="forbid")
+    # Placement (rollart_sdk/resources/demand.py): one engine holds tensor_parallel_size
+    # devices, reserved as one bundle.
+    device_demand_fields: ClassVar[tuple[str, ...]] = ("tensor_parallel_size",)
 
     device: Literal["auto", "cpu", "cuda"] = Field(
         "auto", description="auto: the platform the installed vLLM was built for"
@@ -48,6 +51,10 @@ class VllmEngineOptions(BaseModel):
     eos_token_ids: list[int] | None = Field(
         None, description="ids ending a generation besides stop_token_ids; None: the model's"
     )
+
+    def device_demand(self) -> int:
+        """Devices one engine worker needs: its tensor-parallel ranks."""
+        return self.tensor_parallel_size
 
     @model_validator(mode="after")
     def _possible(self) -> VllmEngineOptions:

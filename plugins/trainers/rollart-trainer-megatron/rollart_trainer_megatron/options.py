@@ -8,6 +8,8 @@ what they mean for trainer ``torch``.
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 from pydantic import Field
 
 from rollart_sdk.backends.trainer_options import TrainerOptionsBase
@@ -17,6 +19,11 @@ class MegatronTrainerOptions(TrainerOptionsBase):
     """Parallelism and batching settings (see the package README); AdamW, loss,
     advantages, runtime, the learning-rate schedule and mixed precision as trainer
     torch's (:class:`rollart_sdk.backends.trainer_options.TrainerOptionsBase`)."""
+
+    # Placement (rollart_sdk/resources/demand.py): each rank is one worker holding one
+    # device; roles.actor_train.workers must be a multiple of TP x PP (one DP rank).
+    device_demand_fields: ClassVar[tuple[str, ...]] = (
+        "tensor_parallel_size", "pipeline_parallel_size")
 
     # Parallelism: world_size = tensor_parallel_size * pipeline_parallel_size * DP size.
     tensor_parallel_size: int = Field(1, ge=1, description=(
@@ -40,3 +47,7 @@ class MegatronTrainerOptions(TrainerOptionsBase):
         "at most this many tokens (rows x longest row) per forward/backward"))
     micro_batch_size: int | None = Field(None, ge=1, description=(
         "at most this many trajectories per micro-batch; null = bounded by tokens only"))
+
+    def workers_multiple(self) -> int:
+        """Workers (ranks, one device each) per data-parallel rank: TP x PP."""
+        return self.tensor_parallel_size * self.pipeline_parallel_size

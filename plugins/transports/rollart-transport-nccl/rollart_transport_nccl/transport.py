@@ -18,6 +18,14 @@ every manifest (``meta["store"]``). One round, for version ``v``:
 5. receivers cut the buffers back into named tensors and verify every bucket against the
    manifest's checksum before yielding it.
 
+Reload (a restarted engine catching up, ``control/recovery.py``): a manifest with
+``meta["reload"]`` is a version the other engines already received; the sender keeps the
+newest ``KEEP_VERSIONS`` (3) it published (a CPU copy once broadcast; dropped at ``release``)
+and its replay thread sends one of them to that one receiver in a group of two of its
+own, beside any round in progress (which the receiver is not part of). The receiver asks
+under ``replay/<id>`` (ids from the counter ``replay/seq``); the sender answers with a
+plan or an error (``replay/<id>/plan``: the version is no longer held).
+
 Every store wait and collective has a timeout (``timeout_s``; joining ``join_timeout_s``).
 A failed round is reported by every side that is still alive under ``v<N>/failed/<rank>``,
 so an error names the peer that did not answer. A failing receiver raises
@@ -46,6 +54,7 @@ from rollart_transport_nccl.wire import Packed, check_header, pack, plan, unpack
 
 TRANSPORT_NAME = "nccl"
 log = logging.getLogger(__name__)
+KEEP_VERSIONS = 3  # published versions the sender can replay (served, staged, newest)
 
 
 class NcclTransportOptions(BaseModel):
@@ -132,6 +141,10 @@ class NcclTransport:
         self.sent_s: dict[int, float] = {}  # sender: seconds each round took
         self.backend: str | None = None
         self.address = store
+        self._held: dict[int, Packed] = {}  # sender: versions a reload can be sent
+        self._held_lock = threading.Lock()
+        self._replayer: threading.Thread | None = None
+        self.replayed: list[int] = []  # sender: versions sent to one reloading engine
         if role == "sender":
             import torch.distributed as dist
 
@@ -164,6 +177,7 @@ class NcclTransport:
         if not self.wait(self.join_timeout_s + 4 * self.timeout_s):
             raise WeightSyncError(version, "the previous round is still running")
         self._last_version = version
+        self._hold(packed)
         meta: dict[str, Any] = {"store": self.address, "backend": self.backend}
         if self.receivers:
             meta["receivers"] = self.receivers
@@ -182,8 +196,6 @@ class NcclTransport:
         return True
 
     def _send_round(self, packed: Packed) -> None:
-        import torch
-
         v, key, store = packed.version, f"v{packed.version}", self._store
         t0 = time.perf_counter()
         world = 0
@@ -210,16 +222,16 @@ class NcclTransport:
                                            self.backend or "gloo", self.timeout_s)
                 self._world = world
             device = pg.device_for(self.backend or "gloo")
-            header = torch.frombuffer(bytearray(packed.header), dtype=torch.uint8).to(device)
-            length = torch.tensor([header.numel()], dtype=torch.int64, device=device)
             abort = self._watch(key, list(range(1, world)))
-            for tensor in (length, header, *packed.flats):
-                pg.broadcast(self._group, tensor, self.timeout_s, abort)
-            pg.barrier(self._group, device, self.timeout_s, abort)
+            self._send_payload(self._group, packed, device, abort)
             self.sent_s[v] = time.perf_counter() - t0
+            if device.type != "cpu":  # kept for reloads off the device
+                self._hold(Packed(v, packed.header, [f.cpu() for f in packed.flats]))
         except Exception as exc:  # noqa: BLE001 - recorded, logged, and seen by receivers
             pg.abandon(self._group)
             self._group = None
+            with self._held_lock:  # a failed version is never served: no reload asks for it
+                self._held.pop(v, None)
             if self._closing.is_set():  # a version nobody fetched before the run ended
                 log.info("transport nccl: round of version %s dropped at close", v)
                 self._give_up(key, "the sender closed")
@@ -276,7 +288,8 @@ class NcclTransport:
                 "transport 'nccl'; sender and receivers must use the same transport",
             )
         with self._lock:
-            received = self._receive(manifest)
+            received = (self._replay(manifest) if manifest.meta.get("reload")
+                        else self._receive(manifest))
         by_index = {b.index: b for b in received}
         for ref in manifest.buckets:
             bucket = by_index.get(ref.index)
@@ -286,8 +299,6 @@ class NcclTransport:
             yield bucket
 
     def _receive(self, manifest: WeightManifest) -> list[WeightBucket]:
-        import torch
-
         v, key = manifest.version, f"v{manifest.version}"
         n = manifest.meta.get("receivers") or self.receivers
         if not n:
@@ -317,17 +328,8 @@ class NcclTransport:
                 self._group = pg.new_group(store, f"g{plan_['gen']}/", rank, plan_["world"],
                                            self.backend, self.timeout_s)
                 self._gen, self._rank, self._world = plan_["gen"], rank, plan_["world"]
-            device = pg.device_for(self.backend)
-            abort = self._watch(key, [0])
-            length = torch.zeros(1, dtype=torch.int64, device=device)
-            pg.broadcast(self._group, length, self.timeout_s, abort)
-            raw = torch.empty(int(length.item()), dtype=torch.uint8, device=device)
-            pg.broadcast(self._group, raw, self.timeout_s, abort)
-            header = json.loads(bytes(raw.cpu().numpy()))
-            flats = plan(header, device)
-            for flat in flats:
-                pg.broadcast(self._group, flat, self.timeout_s, abort)
-            pg.barrier(self._group, device, self.timeout_s, abort)
+            header, flats = self._recv_payload(self._group, pg.device_for(self.backend),
+                                               self._watch(key, [0]))
         except WeightSyncError:
             self._drop_group()
             raise
@@ -381,7 +383,128 @@ class NcclTransport:
         self._group = None
         self._gen = -1
 
+    # ------------------------------------------------------------------ reload (replay)
+    def _hold(self, packed: Packed) -> None:
+        """Keep ``packed`` for reloads (the newest KEEP_VERSIONS); start the replay thread."""
+        with self._held_lock:
+            self._held[packed.version] = packed
+            for old in sorted(self._held)[:-KEEP_VERSIONS]:
+                del self._held[old]
+        if self._replayer is None:
+            self._replayer = threading.Thread(target=self._serve_replays, name="nccl-replay",
+                                              daemon=True)
+            self._replayer.start()
+
+    def _serve_replays(self) -> None:
+        """Sender thread: answer each reload request in turn (its own store client, so a
+        blocking wait never holds up a round)."""
+        import torch.distributed as dist
+
+        host, _, port = (self.address or "").rpartition(":")
+        store = dist.TCPStore(host, int(port), None, False,
+                              datetime.timedelta(seconds=self.timeout_s))
+        rid = 1
+        while not self._closing.is_set():
+            try:
+                store.wait([f"replay/{rid}"], datetime.timedelta(seconds=1))
+            except Exception:  # noqa: BLE001 - no request yet (or the store went at close)
+                continue
+            self._replay_one(store, rid)
+            rid += 1
+
+    def _replay_one(self, store: Any, rid: int) -> None:
+        key = f"replay/{rid}"
+        ask = json.loads(store.get(key))
+        with self._held_lock:
+            packed = self._held.get(int(ask["version"]))
+        if packed is None:
+            store.set(f"{key}/plan", json.dumps({"error": (
+                f"version {ask['version']} is no longer held (the sender keeps the newest "
+                f"{KEEP_VERSIONS}: {sorted(self._held)})")}))
+            return
+        backend = self.backend or "gloo"
+        store.set(f"{key}/plan", json.dumps({"backend": backend}))
+        group = None
+        try:
+            group = pg.new_group(store, f"{key}/g/", 0, 2, backend, self.timeout_s)
+            device = pg.device_for(backend)
+            flats = [f.to(device) for f in packed.flats]
+            self._send_payload(group, Packed(packed.version, packed.header, flats), device,
+                               self._abort_on(store, [f"{key}/failed/1"]))
+            self.replayed.append(packed.version)
+        except Exception as exc:  # noqa: BLE001 - the receiver reports its own failure
+            pg.abandon(group)
+            log.warning("transport nccl: reload of version %s for %s failed: %s",
+                        ask["version"], ask.get("name"), exc)
+            try:
+                store.set(f"{key}/failed/0", f"{self.name}: {exc}"[:800])
+            except Exception:  # noqa: BLE001 - the store may be what failed
+                pass
+
+    def _replay(self, manifest: WeightManifest) -> list[WeightBucket]:
+        """Receiver: ask the sender for ``manifest``'s version alone (a reload)."""
+        v = manifest.version
+        self._connect(v, manifest.meta.get("store") or self.address)
+        store = self._store
+        key = f"replay/{store.add('replay/seq', 1)}"
+        store.set(key, json.dumps({"version": v, "name": self.name}))
+        plan_ = json.loads(self._wait_get(f"{key}/plan", self.join_timeout_s,
+                                          "the sender (trainer rank 0)"))
+        if "error" in plan_:
+            raise WeightSyncError(v, f"the sender cannot send it for a reload: {plan_['error']}")
+        group = None
+        try:
+            group = pg.new_group(store, f"{key}/g/", 1, 2, plan_["backend"], self.timeout_s)
+            header, flats = self._recv_payload(group, pg.device_for(plan_["backend"]),
+                                               self._abort_on(store, [f"{key}/failed/0"]))
+        except Exception as exc:
+            pg.abandon(group)
+            try:
+                store.set(f"{key}/failed/1", f"{self.name}: {exc}"[:800])
+            except Exception:  # noqa: BLE001 - the store may be what failed
+                pass
+            raise WeightSyncError(v, f"reloading failed: {exc}") from exc
+        check_header(header, manifest)
+        return unpack(header, flats)
+
+    def _abort_on(self, store: Any, keys: list[str]) -> pg.Abort:
+        def check() -> str | None:
+            if self._closing.is_set():
+                return "the transport was closed"
+            for k in keys:
+                if store.check([k]):
+                    return f"the peer reported: {store.get(k).decode()}"
+            return None
+
+        return check
+
     # ------------------------------------------------------------------ both
+    def _send_payload(self, group: Any, packed: Packed, device: Any, abort: pg.Abort) -> None:
+        """Rank 0: the header's length, the header, every flat buffer, then a barrier."""
+        import torch
+
+        header = torch.frombuffer(bytearray(packed.header), dtype=torch.uint8).to(device)
+        length = torch.tensor([header.numel()], dtype=torch.int64, device=device)
+        for tensor in (length, header, *packed.flats):
+            pg.broadcast(group, tensor, self.timeout_s, abort)
+        pg.barrier(group, device, self.timeout_s, abort)
+
+    def _recv_payload(self, group: Any, device: Any, abort: pg.Abort) -> tuple[dict[str, Any],
+                                                                             list[Any]]:
+        """The other ranks' side of :meth:`_send_payload`: the header and the flat buffers."""
+        import torch
+
+        length = torch.zeros(1, dtype=torch.int64, device=device)
+        pg.broadcast(group, length, self.timeout_s, abort)
+        raw = torch.empty(int(length.item()), dtype=torch.uint8, device=device)
+        pg.broadcast(group, raw, self.timeout_s, abort)
+        header = json.loads(bytes(raw.cpu().numpy()))
+        flats = plan(header, device)
+        for flat in flats:
+            pg.broadcast(group, flat, self.timeout_s, abort)
+        pg.barrier(group, device, self.timeout_s, abort)
+        return header, flats
+
     def _wait_get(self, key: str, timeout_s: float, whom: str) -> bytes:
         try:
             self._store.wait([key], datetime.timedelta(seconds=timeout_s))
@@ -432,12 +555,18 @@ class NcclTransport:
             log.debug("transport nccl: could not delete %s: %s", key, exc)
 
     def release(self, version: int) -> None:
-        """Nothing to release: a push transport keeps no published versions."""
+        """Every engine moved past ``version``: no reload will ask for it."""
         self.errors.pop(version, None)
+        with self._held_lock:
+            self._held.pop(version, None)
 
     def close(self) -> None:
         self._closing.set()
         if self.role == "sender":
             self.wait(self.timeout_s)
+            if self._replayer is not None:
+                self._replayer.join(self.timeout_s)
+        with self._held_lock:
+            self._held.clear()
         self._group = None
         self._store = None

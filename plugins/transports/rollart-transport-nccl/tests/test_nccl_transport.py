@@ -171,6 +171,37 @@ def test_engine_dying_mid_transfer_is_named_and_the_others_keep_their_version(
     assert results[a]["ok"] and results[a]["version"] == 3, results
 
 
+def test_a_restarted_engine_reloads_a_version_the_others_already_have(sender, engines):
+    """EngineRecovery's reload: the sender sends a held version to that one engine
+    (``meta["reload"]``), beside the rounds, and it rejoins the next round as usual."""
+    import dataclasses
+
+    a, b = engines.start(), engines.start()
+    v1 = publish(sender, 1)
+    assert all(r["ok"] for r in engines.deliver(v1, [a, b]).values())
+    engines.procs[b].kill()
+    engines.procs[b].join(10)
+    # The next round goes on with the live engine only.
+    v2 = publish(sender, 2)
+    assert engines.deliver(v2, [a])[a]["ok"]
+    assert sender.wait(30) and not sender.errors
+    c = engines.start()  # the restart: initial weights; loads the served version 2 alone
+    reload = dataclasses.replace(v2, meta={**v2.meta, "receivers": 1, "reload": True})
+    got = engines.deliver(reload, [c])[c]
+    assert got["ok"] and got["version"] == 2, got
+    assert got["fp"] == fingerprints(make_state_dict(2))
+    assert sender.replayed == [2]
+    # Back among the receivers: the group is re-formed with it.
+    results = engines.deliver(publish(sender, 3), [a, c])
+    assert all(r["ok"] and r["version"] == 3 for r in results.values()), results
+    # A version the sender no longer holds (released) is a clear error, not a hang.
+    sender.release(1)
+    reload1 = dataclasses.replace(v1, meta={**v1.meta, "receivers": 1, "reload": True})
+    got = engines.deliver(reload1, [c])[c]
+    assert not got["ok"] and "no longer held" in got["error"], got
+    assert got["version"] == 3  # it keeps what it has
+
+
 def test_a_missing_engine_fails_the_round_in_bounded_time():
     torch.set_num_threads(1)
     sender = NcclTransport("sender", backend="gloo", timeout_s=5, join_timeout_s=3)
