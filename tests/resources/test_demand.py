@@ -85,12 +85,30 @@ def test_demand_is_the_plugins_and_defaults_to_one():
 
 
 def test_a_megatron_world_must_be_a_multiple_of_tp_times_pp(register_plugin):
-    # The plugin's registration (megatron-core itself is not needed to validate).
-    import rollart_trainer_megatron.plugin as megatron_plugin
+    # The plugin's options model, from the checkout, registered without the plugin's
+    # `requires` (megatron-core, which the core suite's environment does not have; the
+    # options model imports neither it nor torch).
+    import sys
+    from pathlib import Path
+    from types import SimpleNamespace
 
-    registry = register_plugin(megatron_plugin, name="megatron", autoload=True).registry
+    from rollart_sdk import hookimpl
+
+    root = Path(__file__).resolve().parents[2] / "plugins/trainers/rollart-trainer-megatron"
+    if str(root) not in sys.path:
+        sys.path.insert(0, str(root))
+
+    @hookimpl
+    def rollart_register_trainers(registry):
+        registry.register("megatron-options",
+                          factory="rollart_trainer_megatron.trainer:MegatronTrainer",
+                          options="rollart_trainer_megatron.options:MegatronTrainerOptions",
+                          summary="test: the megatron plugin's options")
+
+    plugin = SimpleNamespace(rollart_register_trainers=rollart_register_trainers)
+    registry = register_plugin(plugin, name="megatron-options", autoload=True).registry
     data = {"model": {"tiny": {}}, "tasks": [{"tag": "t", "env": {"name": "frozenlake"}}],
-            "trainer": {"name": "megatron", "options": {"tensor_parallel_size": 2,
+            "trainer": {"name": "megatron-options", "options": {"tensor_parallel_size": 2,
                                                         "pipeline_parallel_size": 2}},
             "roles": {"actor_train": {"workers": 6}}}
     with pytest.raises(ConfigError) as exc:
