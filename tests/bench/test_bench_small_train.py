@@ -114,3 +114,31 @@ def test_a_real_rollart_train_run_is_stopped_by_sigterm_at_the_target():
     assert row["layout"] in ("inprocess", "ray") and row["layout_why"]
     assert row["time_to_target_s"] > row["startup_s"] > 0
     assert len(row["success_per_step"]) == row["steps"] >= 5
+
+
+def test_the_command_forwards_path_layout_target_and_overrides(monkeypatch, tmp_path):
+    # The runs themselves are the test above's; here only what the command hands them.
+    import rollart_sdk.bench.small as small
+    import rollart_sdk.bench.small_train as small_train
+
+    calls = []
+
+    def fake_run_train(mode, latency, seed, max_steps, layout, overrides, model_path,
+                       target):
+        calls.append((mode, latency, seed, max_steps, layout, overrides, model_path, target))
+        lines = [{**_line(i, 1.0, float(i)), "seen": 10.0 + i} for i in range(1, 6)]
+        row = summarize(mode, latency, seed, 5.0, _as_data(lines, 5.0), target=target)
+        return {**row, "path": "train", "layout": "inprocess", "ended_by": "sigterm",
+                "exit_code": 143, "exit_s": 0.5}
+
+    monkeypatch.setattr(small_train, "run_train", fake_run_train)
+    monkeypatch.setattr(small, "build_model", lambda cache_dir: "/built/model")
+    out = tmp_path / "rows.json"
+    assert main(["bench", "small", "--path", "train", "--modes", "sync", "--latency", "none",
+                 "--seeds", "4", "--max-steps", "7", "--target", "0.2",
+                 "--set", "trainer.options.lr=0.002", "--json", str(out)]) == 0
+    assert calls == [("sync", "none", 4, 7, None, ["trainer.options.lr=0.002"],
+                      "/built/model", 0.2)]
+    data = json.loads(out.read_text())
+    assert data["path"] == "train" and data["layout"] == "auto" and data["target"] == 0.2
+    assert data["rows"][0]["steps_to_target"] == 5 and data["rows"][0]["exit_code"] == 143
