@@ -30,6 +30,11 @@ called on its event loop (``env_host: inline``) when they have no latency, on it
 (``env_host: thread``: the sleeps off the event loop, no process per env) when they
 sleep. A run stops when it reaches the target or ``--max-steps``. A seed *collapses*
 when its success rate over its last 5 steps is 0 after having been above 0.3.
+
+That is ``--path job`` (the default). ``--path train`` runs each variant as a user does,
+``rollart train CONFIG`` as a subprocess with the CLI's own layout choice, stopped by
+SIGTERM at the target (:mod:`rollart_sdk.bench.small_train`). Env ``bench-frozenlake`` is
+registered by the built-in benchmarks plugin, so both paths find the same env.
 """
 
 from __future__ import annotations
