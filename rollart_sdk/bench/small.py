@@ -30,6 +30,11 @@ called on its event loop (``env_host: inline``) when they have no latency, on it
 (``env_host: thread``: the sleeps off the event loop, no process per env) when they
 sleep. A run stops when it reaches the target or ``--max-steps``. A seed *collapses*
 when its success rate over its last 5 steps is 0 after having been above 0.3.
+
+That is ``--path job`` (the default). ``--path train`` runs each variant as a user does,
+``rollart train CONFIG`` as a subprocess with the CLI's own layout choice, stopped by
+SIGTERM at the target (:mod:`rollart_sdk.bench.small_train`). Env ``bench-frozenlake`` is
+registered by the built-in benchmarks plugin, so both paths find the same env.
 """
 
 from __future__ import annotations
@@ -46,7 +51,6 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -116,24 +120,18 @@ class LatencyFrozenLakeOptions(BaseModel):
 
 
 def _registry() -> Any:
-    """The installed plugins plus env ``bench-frozenlake`` (defined in this module)."""
-    from rollart_sdk.hookspecs import hookimpl
+    """The installed plugins: env ``bench-frozenlake`` is a built-in's
+    (``rollart_sdk.default_plugins.benchmarks``), so that ``rollart train`` finds it too
+    (``--path train``) and both paths build the same env class."""
     from rollart_sdk.plugins import load_plugins
 
-    def rollart_register_envs(registry: Any) -> None:
-        # By its import name, not __name__: a run's child is `python -m` this module
-        # (__main__), and env processes must unpickle the class from an importable module.
-        registry.register(ENV_NAME, factory=f"{_MODULE}:LatencyFrozenLake",
-                          options=f"{_MODULE}:LatencyFrozenLakeOptions",
-                          summary="benchmark env: FrozenLake whose steps sleep N(mu, sigma)")
-
-    plugin = SimpleNamespace(rollart_register_envs=hookimpl(rollart_register_envs))
-    return load_plugins(extra={"rollart-bench-small": plugin}).registry
+    return load_plugins().registry
 
 
 TINY = {"hidden_size": 128, "num_layers": 2, "num_heads": 4, "intermediate_size": 256,
         "seed": 0}
 MODEL_ENV = "ROLLART_BENCH_SMALL_MODEL"  # the checkpoint the parent built for every run
+TARGET_ENV = "ROLLART_BENCH_SMALL_TARGET"  # --target, for the run's own stop
 
 
 def build_model(cache_dir: str) -> str:
@@ -266,6 +264,7 @@ async def _drive(job: Any, max_steps: int) -> list[dict[str, Any]]:
     loop.set_default_executor(pool)
     metrics: list[dict[str, Any]] = []
     reached = asyncio.Event()
+    target = float(os.environ.get(TARGET_ENV, TARGET))
 
     def on_step(rec: Any, m: dict[str, Any]) -> None:
         m["t"] = time.time()
@@ -274,7 +273,7 @@ async def _drive(job: Any, max_steps: int) -> list[dict[str, Any]]:
         m.update(latency_figures(rec.batch))
         metrics.append(m)
         succ = [x.get(f"success/{TAG}", 0.0) for x in metrics[-WINDOW:]]
-        if len(succ) == WINDOW and sum(succ) / WINDOW >= TARGET:
+        if len(succ) == WINDOW and sum(succ) / WINDOW >= target:
             reached.set()
 
     job.pipeline.on_step = on_step
@@ -314,12 +313,16 @@ def latency_floor(mode: str, metrics: list[dict[str, Any]], concurrency: int) ->
     return sum(m["slowest_episode_sleep_s"] for m in metrics)
 
 
-def summarize(mode: str, latency: str, seed: int, t_cmd: float, data: dict[str, Any]) -> dict[str, Any]:
+def summarize(mode: str, latency: str, seed: int, t_cmd: float, data: dict[str, Any],
+              target: float = TARGET) -> dict[str, Any]:
+    """A run's row from its step metrics (``data``: ``metrics``, ``t_ready``, and where the
+    run's own process measured them, ``t_start``, ``cpu_ready`` and the CPU seconds per
+    step; None when it could not, as on ``--path train``)."""
     m = data["metrics"]
     succ = [x.get(f"success/{TAG}", 0.0) for x in m]
     hit = None
     for i in range(WINDOW - 1, len(succ)):
-        if sum(succ[i - WINDOW + 1 : i + 1]) / WINDOW >= TARGET:
+        if sum(succ[i - WINDOW + 1 : i + 1]) / WINDOW >= target:
             hit = i
             break
     t_ready = data["t_ready"]
@@ -343,9 +346,10 @@ def summarize(mode: str, latency: str, seed: int, t_cmd: float, data: dict[str, 
         "startup_s": round(t_ready - t_cmd, 2),
         # CPU seconds the run used until the target (start-up included): on a machine
         # shared with other work, wall time >= this / cores, whatever the contention.
-        "cpu_s_to_target": round(m[hit]["cpu"], 2) if hit is not None else None,
-        "cpu_s_startup": round(data["cpu_ready"], 2),
-        "startup_in_process_s": round(t_ready - data["t_start"], 2),
+        "cpu_s_to_target": _rounded(m[hit].get("cpu") if hit is not None else None),
+        "cpu_s_startup": _rounded(data.get("cpu_ready")),
+        "startup_in_process_s": (_rounded(t_ready - data["t_start"])
+                                 if data.get("t_start") is not None else None),
         "first_success_step": first,
         "steps": len(m),
         "success_per_step": [round(x, 4) for x in succ],
@@ -367,9 +371,13 @@ def summarize(mode: str, latency: str, seed: int, t_cmd: float, data: dict[str, 
     }
 
 
+def _rounded(x: float | None) -> float | None:
+    return None if x is None else round(x, 2)
+
+
 def run_one(mode: str, latency: str, seed: int, max_steps: int,
             layout: str = "inprocess", overrides: list[str] | None = None,
-            model_path: str | None = None) -> dict[str, Any]:
+            model_path: str | None = None, target: float = TARGET) -> dict[str, Any]:
     """One run in a fresh ``python`` process; ``model_path``: the workload's model, built
     (:func:`build_model`; None: the run builds it)."""
     with tempfile.TemporaryDirectory(prefix="rollart-bench-small-out-") as tmp:
@@ -379,13 +387,14 @@ def run_one(mode: str, latency: str, seed: int, max_steps: int,
             [sys.executable, "-m", "rollart_sdk.bench.small", "--child", mode, latency,
              str(seed), str(max_steps), out, layout, *(overrides or [])],
             env={**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
+                 TARGET_ENV: str(target),
                  **({MODEL_ENV: model_path} if model_path else {})},
             capture_output=True, text=True, timeout=1800,
         )
         if proc.returncode != 0:
             raise RuntimeError(f"run {mode}/{latency}/seed {seed} failed:\n{proc.stderr[-3000:]}")
         data = json.loads(Path(out).read_text())
-    return {**summarize(mode, latency, seed, t_cmd, data), "layout": layout,
+    return {**summarize(mode, latency, seed, t_cmd, data, target), "layout": layout,
             "overrides": list(overrides or [])}
 
 
@@ -425,6 +434,20 @@ def check_trl() -> str:
     return installed
 
 
+def _run_variant(args: argparse.Namespace, mode: str, latency: str, seed: int,
+                 model_path: str) -> dict[str, Any]:
+    """One row: through ``rollart train`` (``--path train``) or ``build_job`` (``job``)."""
+    if args.path == "train":
+        from rollart_sdk.bench.small_train import run_train
+
+        return run_train(mode, latency, seed, args.max_steps, args.layout, args.overrides,
+                         model_path, target=args.target)
+    overrides = (args.overrides if mode not in REFERENCE_MODES else
+                 [o for o in args.overrides if o.startswith(REFERENCE_KEY + "=")])
+    return {**run_one(mode, latency, seed, args.max_steps, args.layout or "inprocess",
+                      overrides, model_path, target=args.target), "path": "job"}
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "--child":
@@ -444,9 +467,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=3, help="seeds 0..N-1 per variant")
     parser.add_argument("--seeds", type=int, nargs="+", default=None, help="explicit seeds")
     parser.add_argument("--max-steps", type=int, default=60)
-    parser.add_argument("--layout", choices=["inprocess", "ray"], default="inprocess",
+    parser.add_argument("--path", choices=["job", "train"], default="job",
+                        help="job: each run drives build_job() in a child process of the "
+                             "bench; train: each run is `rollart train CONFIG` (a YAML file), "
+                             "stopped by SIGTERM at the target (rollart_sdk/bench/"
+                             "small_train.py)")
+    parser.add_argument("--layout", choices=["inprocess", "ray"], default=None,
                         help="one process (engine and trainer colocated) or one Ray "
-                             "process per role")
+                             "process per role; default: inprocess on --path job, the "
+                             "config's layout: auto on --path train")
+    parser.add_argument("--target", type=float, default=TARGET,
+                        help=f"success over the last {WINDOW} steps that ends a run "
+                             f"(default {TARGET}, the workload's; lower only for tests)")
     parser.add_argument("--json", metavar="PATH", default=None, help="also write results here")
     parser.add_argument("--set", metavar="KEY=VALUE", action="append", default=[],
                         dest="overrides",
@@ -461,13 +493,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads is not None:
         os.environ["ROLLART_TORCH_THREADS"] = str(args.threads)
     seeds = args.seeds if args.seeds is not None else list(range(args.repeats))
+    if args.path == "train" and set(args.modes) & set(REFERENCE_MODES):
+        parser.error("--path train runs `rollart train`: --modes sync and/or async only")
     trl_version = check_trl() if "trl" in args.modes else None
     if args.overrides:  # a bad key or value: the config's own error, before any run starts
         from rollart_sdk.config import load_config
 
         for mode in set(args.modes) - set(REFERENCE_MODES):
             load_config(data=workload_config(mode, args.latency[0], seeds[0], "/unused",
-                                             args.max_steps, args.layout),
+                                             args.max_steps, args.layout or "inprocess"),
                         overrides=args.overrides)
     # The model is built once, before any run (each run loads it: start-up figures are a
     # loaded checkpoint's, as the reference's are).
@@ -479,10 +513,7 @@ def main(argv: list[str] | None = None) -> int:
     for latency in args.latency:
         for seed in seeds:
             for mode in args.modes:
-                r = run_one(mode, latency, seed, args.max_steps, args.layout,
-                            args.overrides if mode not in REFERENCE_MODES else
-                            [o for o in args.overrides if o.startswith(REFERENCE_KEY + "=")],
-                            model_path)
+                r = _run_variant(args, mode, latency, seed, model_path)
                 rows.append(r)
                 r["loadavg_1m_after"] = round(os.getloadavg()[0], 2)
                 print(f"{mode:5s} latency={latency:6s} seed={seed}: "
@@ -493,7 +524,10 @@ def main(argv: list[str] | None = None) -> int:
                       f"{r['episodes_per_s']} episodes/s, step {r['step_s_mean']} s "
                       f"(train {r['train_s_mean']} s), latency floor {r['latency_floor_s']} s"
                       f", final success {r['final_success_5']}"
-                      f"{' COLLAPSED' if r['collapsed'] else ''}", flush=True)
+                      f"{' COLLAPSED' if r['collapsed'] else ''}"
+                      + (f"; layout {r['layout']}, ended by {r['ended_by']} (exit code "
+                         f"{r['exit_code']}, {r['exit_s']} s after SIGTERM)"
+                         if r.get("path") == "train" else ""), flush=True)
     table = median_rows(rows)
     print("\nmedian per variant (reference: TRL GRPOTrainer, figures from issue 12):")
     print(f"{'mode':6s} {'latency':8s} {'to 0.7 s':>9s} {'after start':>11s} {'steps':>6s} "
@@ -512,8 +546,9 @@ def main(argv: list[str] | None = None) -> int:
     model_dir.cleanup()
     if args.json:
         Path(args.json).write_text(json.dumps({
-            "benchmark": "small", "target": TARGET, "window": WINDOW, "reference": REFERENCE,
-            "threads": os.environ.get("ROLLART_TORCH_THREADS", "1"), "layout": args.layout,
+            "benchmark": "small", "target": args.target, "window": WINDOW, "reference": REFERENCE,
+            "threads": os.environ.get("ROLLART_TORCH_THREADS", "1"), "path": args.path,
+            "layout": args.layout or ("inprocess" if args.path == "job" else "auto"),
             "cores": os.cpu_count(), "trl_version": trl_version, "loadavg_before": load_before, "loadavg_after": load_after,
             "wall_s": round(time.time() - t0, 1), "collapsed": collapsed,
             "rows": rows, "median": table}, indent=2))

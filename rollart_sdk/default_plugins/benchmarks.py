@@ -52,3 +52,18 @@ def rollart_register_benchmarks(registry):
         summary="the OpenAI-compatible gateway vs direct LLMProxy calls, same engine and "
                 "prompts: added latency per call (p50, p99) and requests/s",
     )
+
+
+@hookimpl
+def rollart_register_envs(registry):
+    # `rollart bench small`'s env, registered here (not by the bench alone) so that
+    # `rollart train` finds it: `rollart bench small --path train` runs the real CLI.
+    registry.register(
+        "bench-frozenlake",
+        factory="rollart_sdk.bench.small:LatencyFrozenLake",
+        options="rollart_sdk.bench.small:LatencyFrozenLakeOptions",
+        summary="benchmark env (rollart bench small): FrozenLake whose steps sleep "
+                "N(mu, sigma); needs the frozenlake plugin",
+        traits={"turns": "max_turns (the workload: 8)",
+                "character": "multi-turn, short observations; benchmark only"},
+    )
