@@ -31,7 +31,7 @@ PY="${PYTHON:-python3}"
 export PIP_ROOT_USER_ACTION=ignore PIP_DISABLE_PIP_VERSION_CHECK=1
 BACKENDS="vllm megatron mooncake sglang"
 
-usage() { sed -n '2,26p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n "2,$(( $(grep -n '^set -euo' "$0" | cut -d: -f1) - 1 ))p" "$0" | sed 's/^# \{0,1\}//'; }
 dev=0
 with=()
 while [ $# -gt 0 ]; do
@@ -67,7 +67,7 @@ fresh() {  # fresh STEP ARGS...: true when STEP ran with the same inputs (and no
   [ "${ROLLART_REINSTALL:-0}" != "1" ] && [ -f "$(stamp_file "$1")" ] \
     && [ "$(cat "$(stamp_file "$1")")" = "$(stamp_of "$@")" ]
 }
-mark() { stamp_of "$@" >"$(stamp_file "$1")"; }
+mark() { stamp_of "$@" 2>/dev/null >"$(stamp_file "$1")" || true; }  # unwritable: no stamp
 
 light_plugins=(
   plugins/envs/rollart-env-frozenlake
