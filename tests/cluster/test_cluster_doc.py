@@ -122,7 +122,7 @@ def test_documented_train_and_status_on_a_local_cluster(doc_cluster, tmp_path):
             got = _bindings(cluster.address)
             if len(got) > len(seen):
                 seen = got
-            if {b["role"] for b in seen} >= {"actor_train", "actor_gen"}:
+            if {b["role"] for b in seen} >= {"actor_train", "actor_gen", "environment"}:
                 break
             time.sleep(3)
         rc = proc.wait(timeout=max(60, deadline - time.monotonic()))
@@ -136,11 +136,10 @@ def test_documented_train_and_status_on_a_local_cluster(doc_cluster, tmp_path):
     for b in seen:
         assert label_of[b["node_id"]] == b["pool"] == b["hardware"], b  # the node of its pool
         pools.setdefault(b["role"], set()).add(b["pool"])
-    # the page's table: trainer on H800, one engine on H800 and one on H20, the cheap envs
-    # inline (no environment worker), the rule reward in process (no reward worker)
-    assert pools.get("actor_train") == {"H800"}, seen
-    assert pools.get("actor_gen") == {"H800", "H20"}, seen
-    assert set(pools) == {"actor_train", "actor_gen"}, seen
+    # the page's table: trainer on H800, one engine on H800 and one on H20, the env host on
+    # cpu, the rule reward in process (no reward worker)
+    assert pools == {"actor_train": {"H800"}, "actor_gen": {"H800", "H20"},
+                     "environment": {"cpu"}}, seen
     assert not any(b["fallback"] for b in seen), seen
     run = next(tmp_path.glob("cluster-*"))
     assert len((run / "metrics.jsonl").read_text().splitlines()) == 2
