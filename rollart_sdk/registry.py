@@ -390,8 +390,13 @@ def install_hint(kind: str, name: str, unavailable: dict[str, str] | None = None
     if dist is not None:
         if dist in unavailable:
             return f"It is provided by {dist}, which is installed but {unavailable[dist]}."
+        from rollart_sdk.doctor import HEAVY
+
+        heavy = HEAVY.get(dist)
+        how = (f"; from a checkout, with its stack: bash scripts/install.sh --with {heavy.backend}"
+               if heavy else "")
         return (f"It is provided by {dist}, which is not installed: pip install {dist} "
-                f"(plugins/{kind}s/{dist} in the rollart-sdk repository).")
+                f"(plugins/{kind}s/{dist} in the rollart-sdk repository{how}).")
     prefixed = next((v for (k, prefix), v in FIRST_PARTY_PREFIXES.items()
                      if k == kind and name.startswith(prefix)), None)
     if prefixed is not None:

@@ -1,5 +1,5 @@
 """The ``rollart`` command line: one module per command (plugins, envs, validate, train, eval,
-serve-reward, bench, report, samples, status, model, new-plugin); this module builds the parser and
+serve-reward, bench, report, samples, status, model, new-plugin, doctor); this module builds the parser and
 runs the command."""
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ import sys
 
 from rollart_sdk.cli import (
     bench,
+    doctor,
     envs,
     eval,
     model,
@@ -28,7 +29,7 @@ __all__ = ["build_parser", "main"]
 
 # The commands, in the order `rollart --help` lists them.
 COMMANDS = (plugins, envs, validate, train, eval, sim, serve_reward, bench, report, samples,
-            status, model, new_plugin)
+            status, model, new_plugin, doctor)
 
 
 def build_parser() -> argparse.ArgumentParser:

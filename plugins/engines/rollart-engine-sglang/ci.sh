@@ -33,23 +33,21 @@ ROLLART_SGLANG_REAL=0 ROLLART_SGLANG_SRC="$src" \
 venv="${ROLLART_SGLANG_VENV:-${TMPDIR:-/tmp}/rollart-ci-sglang}"
 kit="$here/tests/cpu_kit"
 t0=$(date +%s)
+# The user's CPU install: scripts/install.sh --with sglang (the SDK and light plugins, then
+# sglang --no-deps, the kit's packages and its shims on the venv's sys.path); only checked
+# when the venv is already built.
 [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
-vpy="$venv/bin/python"
-pipi() { "$vpy" -m pip install --quiet -c "$root/constraints.txt" "$@"; }
-if ! PYTHONPATH="$kit" SGLANG_USE_CPU_ENGINE=1 "$vpy" - "$root" <<'PY' 2>/dev/null
-import sys, rollart_sdk, rollart_engine_sglang, pytest, sglang.srt.entrypoints.engine  # noqa
-assert all(m.__file__.startswith(sys.argv[1]) for m in (rollart_sdk, rollart_engine_sglang))
-PY
-then
-  if ! { pipi "torch==2.13.0" && pipi -e "$root[hf,dev]" -e "$here[test]" \
-         && pipi -r "$kit/requirements.txt" && pipi --no-deps -r "$kit/no-deps.txt"; }; then
-    echo "FAILED: the SGLang CPU venv could not be installed in $venv (see pip's error" \
-         "above); only the stand-in part ran. ROLLART_ALLOW_HEAVY_SKIP=1 turns this into" \
-         "a skip." >&2
-    [ "${ROLLART_ALLOW_HEAVY_SKIP:-0}" = "1" ] && exit 0
-    exit 1
-  fi
+if ! { ROLLART_SGLANG_CPU=1 ROLLART_SGLANG_VENV="$venv" PYTHON="$venv/bin/python" \
+         bash "$root/scripts/install.sh" --with sglang \
+       && { "$venv/bin/python" -c "import pytest, pytest_timeout" 2>/dev/null \
+            || "$venv/bin/python" -m pip install --quiet -c "$root/constraints.txt" -e "$here[test]"; }; }; then
+  echo "FAILED: the SGLang CPU venv could not be installed in $venv (see pip's error" \
+       "above); only the stand-in part ran. ROLLART_ALLOW_HEAVY_SKIP=1 turns this into" \
+       "a skip." >&2
+  [ "${ROLLART_ALLOW_HEAVY_SKIP:-0}" = "1" ] && exit 0
+  exit 1
 fi
+vpy="$venv/bin/python"
 echo "sglang venv ready in $(( $(date +%s) - t0 )) s: $("$vpy" -c 'from importlib.metadata import version as v; print("sglang", v("sglang"), "torch", v("torch"))')"
 ROLLART_SGLANG_REAL=1 PYTHONPATH="$kit" "$vpy" -m pytest -q -x \
   "$here/tests/test_conformance.py" -p no:cacheprovider --timeout 900 "$@"
