@@ -17,24 +17,18 @@ aiohttp = pytest.importorskip("aiohttp")
 rollart_engine_torch = pytest.importorskip("rollart_engine_torch.engine")
 
 from rollart_sdk.cluster.inline_env import inline_handle  # noqa: E402
-from rollart_sdk.config import ModelConfig, TaskConfig, TinyModelConfig  # noqa: E402
+from rollart_sdk.config import ModelConfig, TaskConfig  # noqa: E402
 from rollart_sdk.control.agent_manager import AgentManager  # noqa: E402
 from rollart_sdk.control.chat import ChatFormat  # noqa: E402
 from rollart_sdk.control.env_manager import TaskRuntime  # noqa: E402
 from rollart_sdk.control.handles import WorkerHandle  # noqa: E402
 from rollart_sdk.control.proxy import LLMProxy  # noqa: E402
 from rollart_sdk.gateway import AgentEnv, AgentResult, Gateway  # noqa: E402
-from rollart_sdk.models import load_tokenizer, prepare_model  # noqa: E402
+from rollart_sdk.models import load_tokenizer  # noqa: E402
 from rollart_sdk.registry import Descriptor, NoOptions  # noqa: E402
 from rollart_sdk.types import RewardResult, Trajectory  # noqa: E402
 
-TINY = TinyModelConfig(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64, seed=0)
 pytestmark = pytest.mark.timeout(300)
-
-
-@pytest.fixture(scope="module")
-def model(tmp_path_factory: pytest.TempPathFactory) -> ModelConfig:
-    return prepare_model(ModelConfig(tiny=TINY), tmp_path_factory.mktemp("models"), [])
 
 
 class SpyEngine:

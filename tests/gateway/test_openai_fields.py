@@ -13,20 +13,14 @@ import pytest
 openai = pytest.importorskip("openai")
 rollart_engine_torch = pytest.importorskip("rollart_engine_torch.engine")
 
-from rollart_sdk.config import ModelConfig, TinyModelConfig  # noqa: E402
+from rollart_sdk.config import ModelConfig  # noqa: E402
 from rollart_sdk.control.chat import ChatFormat  # noqa: E402
 from rollart_sdk.gateway import Gateway  # noqa: E402
 from rollart_sdk.gateway.episode import EpisodeRecord  # noqa: E402
-from rollart_sdk.models import load_tokenizer, prepare_model  # noqa: E402
+from rollart_sdk.models import load_tokenizer  # noqa: E402
 from rollart_sdk.types import GenerationRequest, SamplingParams, Trajectory  # noqa: E402
 
-TINY = TinyModelConfig(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64, seed=0)
 pytestmark = pytest.mark.timeout(300)
-
-
-@pytest.fixture(scope="module")
-def model(tmp_path_factory: pytest.TempPathFactory) -> ModelConfig:
-    return prepare_model(ModelConfig(tiny=TINY), tmp_path_factory.mktemp("models"), [])
 
 
 class Setup:

@@ -1,0 +1,15 @@
+"""Shared by the gateway tests: the tiny model the torch engine serves behind the gateway."""
+
+from __future__ import annotations
+
+import pytest
+
+from rollart_sdk.config import ModelConfig, TinyModelConfig
+from rollart_sdk.models import prepare_model
+
+TINY = TinyModelConfig(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64, seed=0)
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory: pytest.TempPathFactory) -> ModelConfig:
+    return prepare_model(ModelConfig(tiny=TINY), tmp_path_factory.mktemp("models"), [])
