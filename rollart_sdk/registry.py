@@ -281,7 +281,8 @@ class Registrar:
           turn budget, e.g. ``"max_replies (default 4)"`` or an int) and ``"character"``
           (e.g. ``"multi-turn, prefill-heavy"``): the turns and character columns of
           ``rollart envs``; any kind: ``"simulated": True`` for a backend that only models
-          time for ``rollart sim`` (listed apart from the real ones);
+          time for ``rollart sim`` (listed apart from the real ones); ``"benchmark": True``
+          for one only a benchmark uses (never offered as a "did you mean");
         - ``process_local``: works only when every party shares one process (the ``local``
           transport); ``rollart validate`` refuses it for a Ray run;
         - ``resources``: what one instance needs from the resource plane, e.g.
@@ -379,7 +380,10 @@ class Registry:
                 hint = f"Plugin {plugin!r} knows it but did not register it: {reason}"
             else:
                 hint = install_hint(kind, name, self.not_loaded)
-            raise UnknownBackendError(kind, name, self.names(kind), hint) from None
+            # Benchmark-only backends (trait "benchmark") are not offered to a typo.
+            offered = [n for n in self.names(kind)
+                       if not self._by_kind[kind][n].traits.get("benchmark")]
+            raise UnknownBackendError(kind, name, offered, hint) from None
 
 
 def install_hint(kind: str, name: str, unavailable: dict[str, str] | None = None) -> str:

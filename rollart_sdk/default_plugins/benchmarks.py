@@ -65,5 +65,6 @@ def rollart_register_envs(registry):
         summary="benchmark env (rollart bench small): FrozenLake whose steps sleep "
                 "N(mu, sigma); needs the frozenlake plugin",
         traits={"turns": "max_turns (the workload: 8)",
-                "character": "multi-turn, short observations; benchmark only"},
+                "character": "multi-turn, short observations; benchmark only",
+                "benchmark": True},  # not offered in "did you mean" / installed-names lists
     )

@@ -100,10 +100,10 @@ def test_a_save_on_a_full_disk_keeps_the_previous_checkpoint_and_resume_uses_it(
     real = torch_ckpt.write
     filled: list[Path] = []
 
-    def write(path, model, opt, meta):
+    def write(path, model, opt, meta, **kw):
         if meta["version"] >= FULL_AT and not filled:
             filled.append(_fill(small_disk))  # the disk fills up while the run goes on
-        real(path, model, opt, meta)
+        real(path, model, opt, meta, **kw)
 
     monkeypatch.setattr(torch_ckpt, "write", write)
     said: list[str] = []

@@ -190,12 +190,12 @@ def test_a_failed_save_keeps_the_previous_checkpoint_and_the_run_goes_on(tmp_pat
     real = torch_ckpt.write
     failing = {"from": 2, "to": 2}  # saves (1-based) that hit a full disk
 
-    def write(out, model, opt, meta):
+    def write(out, model, opt, meta, **kw):
         n = meta["version"]
         if failing["from"] <= n <= failing["to"]:
             (out.parent / f".{out.name}.partial").mkdir(exist_ok=True)  # half-written
             raise OSError(errno.ENOSPC, "No space left on device")
-        real(out, model, opt, meta)
+        real(out, model, opt, meta, **kw)
 
     monkeypatch.setattr(torch_ckpt, "write", write)
     cfg, lines = config(tmp_path, "train.checkpoint_every=1")
