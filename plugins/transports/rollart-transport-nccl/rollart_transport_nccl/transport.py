@@ -408,6 +408,8 @@ class NcclTransport:
             try:
                 store.wait([f"replay/{rid}"], datetime.timedelta(seconds=1))
             except Exception:  # noqa: BLE001 - no request yet (or the store went at close)
+                # A store that fails at once (gone) must not turn this into a busy loop.
+                self._closing.wait(0.05)
                 continue
             self._replay_one(store, rid)
             rid += 1
