@@ -27,4 +27,6 @@ fi
   || "$py" -m pip install --quiet -c "$root/constraints.txt" pytest pytest-timeout
 echo "vllm venv ready in $(( $(date +%s) - t0 )) s: $("$py" -c 'import vllm; print("vllm", vllm.__version__)')"
 cd "$root"
+# The user's next command after that install, shortened: rollart train examples/vllm.yaml.
+bash "$root/scripts/try_example.sh" "$py" examples/vllm.yaml 2
 "$py" -m pytest -q -x "$here/tests" -p no:cacheprovider --timeout 900 "$@"

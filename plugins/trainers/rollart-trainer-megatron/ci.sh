@@ -18,4 +18,6 @@ PYTHON="$venv/bin/python" bash "$root/scripts/install.sh" --with megatron
   install --quiet --disable-pip-version-check -c "$root/constraints.txt" pytest pytest-timeout
 cd "$root"
 "$venv/bin/python" -m rollart_sdk.cli validate examples/megatron.yaml
+# The user's next command after that install, shortened: rollart train examples/megatron.yaml.
+bash "$root/scripts/try_example.sh" "$venv/bin/python" examples/megatron.yaml 2
 exec timeout 1200 "$venv/bin/python" -m pytest -q -p no:cacheprovider "$here/tests" "$@"

@@ -17,4 +17,6 @@ PYTHON="$venv/bin/python" bash "$root/scripts/install.sh" --with mooncake
 "$venv/bin/python" -c "import pytest, pytest_timeout" 2>/dev/null || "$venv/bin/python" -m pip \
   install --quiet --disable-pip-version-check -c "$root/constraints.txt" pytest pytest-timeout
 cd "$root"
+# The user's next command after that install, shortened: rollart train examples/mooncake.yaml.
+bash "$root/scripts/try_example.sh" "$venv/bin/python" examples/mooncake.yaml 2
 exec timeout 900 "$venv/bin/python" -m pytest -q -p no:cacheprovider "$here/tests" "$@"
