@@ -247,8 +247,12 @@ _NOT_VARIABLES = {"return_dict", "return_tensors", "padding", "truncation", "max
 
 def _compile_template(source: str) -> Any:
     """A chat template compiled as transformers compiles it: a sandboxed jinja2
-    environment with trim_blocks and lstrip_blocks, loop controls, and its
-    ``raise_exception`` and ``strftime_now`` (Gemma's and Llama 3.2's templates call them)."""
+    environment with trim_blocks and lstrip_blocks, loop controls, its
+    ``raise_exception`` and ``strftime_now`` (Gemma's and Llama 3.2's templates call them)
+    and its ``tojson`` (keys in the given order, no HTML escaping: jinja2's own sorts the
+    keys and writes ``<`` as ``\\u003c``, so a template that renders ``tools`` with it
+    would show the model other text than transformers does)."""
+    import json
     from datetime import datetime
 
     from jinja2.exceptions import TemplateError
@@ -260,8 +264,14 @@ def _compile_template(source: str) -> Any:
 
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
                                         extensions=[loopcontrols])
+    def tojson(x: Any, ensure_ascii: bool = False, indent: Any = None, separators: Any = None,
+               sort_keys: bool = False) -> str:
+        return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
+                          sort_keys=sort_keys)
+
     env.globals.update(raise_exception=raise_exception,
                        strftime_now=lambda fmt: datetime.now().strftime(fmt))
+    env.filters["tojson"] = tojson
     return env.from_string(source)
 
 

@@ -30,6 +30,7 @@ FIRST_PARTY: dict[tuple[str, str], str] = {
     ("transport", "nccl"): "rollart-transport-nccl",
     ("env", "sokoban"): "rollart-env-sokoban",
     ("env", "sandbox"): "rollart-env-sandbox",
+    ("env", "calc_agent"): "rollart-env-calc-agent",
     ("transport", "mooncake"): "rollart-transport-mooncake",
     ("sink", "tensorboard"): "rollart-sink-tensorboard",
     ("sink", "mlflow"): "rollart-sink-mlflow",

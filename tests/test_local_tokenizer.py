@@ -55,6 +55,28 @@ def test_same_ids_text_and_template_as_transformers(folder: Path) -> None:
     assert a.action_token_ids(["Left", "Up"]) == b.action_token_ids(["Left", "Up"])
 
 
+def test_a_template_with_tools_renders_as_in_transformers(folder: Path) -> None:
+    """``tojson`` as transformers defines it: keys in order, ``<`` kept (jinja2's own
+    filter sorts keys and escapes HTML); the tools of examples/templates/tiny_tools.jinja."""
+    from transformers import AutoTokenizer
+
+    template = (Path(__file__).resolve().parents[1] / "examples" / "templates"
+                / "tiny_tools.jinja").read_text()
+    tools = [{"type": "function", "function": {
+        "name": "calculator", "description": "a < b & c > 'd'",
+        "parameters": {"type": "object", "properties": {"x": {"type": "string"}}}}}]
+    messages = [{"role": "system", "content": "s"}, {"role": "user", "content": "2+3?"},
+                {"role": "assistant", "content": "", "tool_calls": [{"id": "c1", "type": "function",
+                 "function": {"name": "calculator", "arguments": {"x": "2+3"}}}]},
+                {"role": "tool", "tool_call_id": "c1", "content": "5"}]
+    hf = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+    kw = {"tools": tools, "chat_template": template, "add_generation_prompt": True,
+          "tokenize": False}
+    ours = load_tokenizer(folder, light=True).apply_chat_template(messages, **kw)
+    assert ours == hf.apply_chat_template(messages, **kw)
+    assert '{"type": "function", "function": {"name": "calculator", "description": "a < b' in ours
+
+
 def test_only_this_modules_tokenizers_are_loaded_locally(folder: Path, tmp_path: Path) -> None:
     assert is_local_tokenizer(folder)
     other = tmp_path / "other"

@@ -281,7 +281,11 @@ class KeepingGateway(Gateway):
 
 
 def test_openai_agents_sdk_agent_is_trained_on_the_engines_tokens(model: ModelConfig) -> None:
-    pytest.importorskip("agents")
+    import importlib.util
+
+    assert importlib.util.find_spec("agents") is not None, (
+        "openai-agents is not installed; bash scripts/install.sh --dev installs it (or pip "
+        "install -c constraints.txt 'openai-agents==0.24.0')")
 
     async def main() -> Any:
         gw = KeepingGateway()
