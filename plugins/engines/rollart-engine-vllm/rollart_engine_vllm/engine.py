@@ -35,7 +35,10 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
+import tempfile
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
 from rollart_sdk.backends.engine_adapter import (
@@ -50,6 +53,8 @@ from rollart_sdk.config import ModelConfig
 from rollart_sdk.errors import RollartError
 from rollart_sdk.types import FinishReason, GenerationRequest, WeightBucket
 from rollart_sdk.weights.lora import CheckpointBase
+
+from .lora_native import AdapterSlots, NativeUpdate, split_buckets, write_adapter
 
 EXTENSION = "rollart_engine_vllm.worker.RollartWorkerExtension"
 
@@ -86,6 +91,8 @@ class VllmEngine(EngineAdapter[AdapterRequest]):
         cpu_threads: int | None = None,
         seed: int = 0,
         eos_token_ids: list[int] | None = None,
+        lora: str = "merge",
+        max_lora_rank: int = 16,
     ) -> None:
         if model.path is None:
             raise RollartError(
@@ -149,6 +156,12 @@ class VllmEngine(EngineAdapter[AdapterRequest]):
             # when a request uses them, also enter vLLM's processed log-probs.
             logprobs_mode="processed_logprobs",
         )
+        # lora: native serves adapter payloads through vLLM's own LoRA (lora_native.py)
+        self._slots = AdapterSlots(Path(tempfile.mkdtemp(prefix="rollart-vllm-lora-"))) \
+            if lora == "native" else None
+        self._max_lora_rank = max_lora_rank
+        if self._slots is not None:
+            kwargs.update(enable_lora=True, max_lora_rank=max_lora_rank, max_loras=1)
         if gpu_memory_utilization is not None:
             kwargs["gpu_memory_utilization"] = gpu_memory_utilization
         if on_cpu:  # an explicit KV budget (never sized from free RAM on a shared machine)
@@ -181,22 +194,35 @@ class VllmEngine(EngineAdapter[AdapterRequest]):
     async def _continue(self) -> None:
         await self._llm.resume_generation()
 
-    def _prepare(self, buckets: Iterable[WeightBucket]) -> list[bytes]:
+    def _prepare(self, buckets: Iterable[WeightBucket]) -> list[bytes] | NativeUpdate:
         """Every bucket as safetensors bytes (``collective_rpc`` would turn tensors into
         lists), after checking names and shapes against the served checkpoint, so a bad
-        or partial transfer raises before the model is touched (all or nothing)."""
+        or partial transfer raises before the model is touched (all or nothing). With
+        ``lora: native`` the adapter factors become a peft folder instead."""
         from safetensors.torch import save
 
-        return convert_buckets(
-            buckets, self._shapes,
-            lambda bucket: save({k: v.contiguous() for k, v in bucket.tensors.items()}),
-            self._base,
-        )
+        def convert(bucket: WeightBucket) -> bytes:
+            return save({k: v.contiguous() for k, v in bucket.tensors.items()})
 
-    async def _swap(self, payloads: list[bytes], version: int) -> int:
-        """Swap in the checked buckets, reset the prefix cache, set ``version``; in-flight
-        requests are aborted and resubmitted with their generated prefix (their KV is
-        recomputed under the new weights). Returns how many were resubmitted."""
+        if self._slots is None:
+            return convert_buckets(buckets, self._shapes, convert, self._base)
+        buckets = list(buckets)
+        factors, full = split_buckets(buckets)
+        update = NativeUpdate(full=convert_buckets(full, self._shapes, convert) if full else [])
+        if factors:
+            folder = self._slots.folder(buckets[0].version)
+            update.rank = write_adapter(factors, self._shapes, folder, self._max_lora_rank)
+            update.adapter = str(folder)
+        elif not full:
+            raise ValueError("load_weights got no buckets; pass at least one WeightBucket")
+        return update
+
+    async def _swap(self, prepared: list[bytes] | NativeUpdate, version: int) -> int:
+        """Swap in the checked buckets (and, ``lora: native``, the adapter), reset the
+        prefix cache, set ``version``; in-flight requests are aborted and resubmitted with
+        their generated prefix (their KV is recomputed under the new weights). Returns how
+        many were resubmitted."""
+        payloads = prepared.full if isinstance(prepared, NativeUpdate) else prepared
         was_suspended = self._suspended
         if not was_suspended:
             await self.suspend()
@@ -206,12 +232,15 @@ class VllmEngine(EngineAdapter[AdapterRequest]):
         if moved:
             await self._llm.abort([st.sub_id for st in moved if st.sub_id is not None])
             await self._wait_finished(moved)
-        await self._llm.collective_rpc("rollart_begin_update")
-        try:
-            for payload in payloads:
-                await self._llm.collective_rpc("rollart_load_bucket", args=(payload,))
-        finally:
-            await self._llm.collective_rpc("rollart_finish_update")
+        if payloads:
+            await self._llm.collective_rpc("rollart_begin_update")
+            try:
+                for payload in payloads:
+                    await self._llm.collective_rpc("rollart_load_bucket", args=(payload,))
+            finally:
+                await self._llm.collective_rpc("rollart_finish_update")
+        if isinstance(prepared, NativeUpdate) and prepared.adapter is not None:
+            await self._serve_adapter(prepared.adapter, version)
         await self._llm.reset_prefix_cache()
         self._version = int(version)
         for st in moved:
@@ -220,6 +249,16 @@ class VllmEngine(EngineAdapter[AdapterRequest]):
         if not was_suspended:
             await self.resume()
         return len(moved)
+
+    async def _serve_adapter(self, folder: str, version: int) -> None:
+        """vLLM loads the adapter folder; later submissions name it, the old one goes."""
+        assert self._slots is not None
+        new, old = self._slots.request(folder, version), self._slots.current
+        await self._llm.add_lora(new)
+        self._slots.current = new
+        if old is not None:
+            await self._llm.remove_lora(old.lora_int_id)
+            self._slots.retire(old)
 
     def _capacity_stats(self) -> dict[str, Any]:
         return {
@@ -234,6 +273,8 @@ class VllmEngine(EngineAdapter[AdapterRequest]):
         llm, self._llm = self._llm, None
         llm.shutdown()
         del llm  # now, while the interpreter is whole (AsyncLLM.__del__ shuts down again)
+        if self._slots is not None:
+            shutil.rmtree(self._slots.root, ignore_errors=True)
 
     # ------------------------------------------------------------------ internals
 
@@ -253,6 +294,7 @@ class VllmEngine(EngineAdapter[AdapterRequest]):
                     TokensPrompt(prompt_token_ids=context),
                     self._sampling(st),
                     st.sub_id,
+                    lora_request=None if self._slots is None else self._slots.current,
                 )
                 async for out in stream:
                     self._outputs += 1

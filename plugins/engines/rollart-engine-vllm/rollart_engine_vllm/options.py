@@ -51,6 +51,15 @@ class VllmEngineOptions(BaseModel):
     eos_token_ids: list[int] | None = Field(
         None, description="ids ending a generation besides stop_token_ids; None: the model's"
     )
+    lora: Literal["merge", "native"] = Field(
+        "merge",
+        description="LoRA adapter payloads (trainer.options.lora): merge W0 + B @ A into the "
+        "served weights once per version, or native: vLLM's own LoRA serving (enable_lora, "
+        "one LoRARequest per version; adds B @ A x to every forward)",
+    )
+    max_lora_rank: int = Field(
+        16, ge=1, le=512, description="lora: native only: the largest adapter rank vLLM reserves for"
+    )
 
     def device_demand(self) -> int:
         """Devices one engine worker needs: its tensor-parallel ranks."""

@@ -77,3 +77,71 @@ def test_adapter_payload_serves_the_merged_model(tiny_model, tmp_path):
     assert max(abs(x - y) for x, y in zip(res.logprobs, want, strict=True)) < 1e-4
     before = _logprobs(tiny_model.path, res.token_ids)
     assert max(abs(x - y) for x, y in zip(res.logprobs, before, strict=True)) > 1e-3
+
+
+def _adapter(base: dict[str, torch.Tensor], seed: int, rank: int = 4,
+             ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """A random adapter payload and the merged state dict it stands for."""
+    g = torch.Generator().manual_seed(seed)
+    payload, merged = {}, dict(base)
+    for layer in range(2):
+        for t in TARGETS:
+            w = f"model.layers.{layer}.{t}.weight"
+            a = torch.randn(rank, base[w].shape[1], generator=g) * 0.3
+            b = torch.randn(base[w].shape[0], rank, generator=g) * 0.3
+            payload.update(zip(adapter_names(w), (a, b), strict=True))
+            merged[w] = base[w] + b @ a
+    return payload, merged
+
+
+def _save(model_dir: str, state: dict[str, torch.Tensor], out) -> str:
+    shutil.copytree(model_dir, out)
+    tied = json.loads((out / "config.json").read_text()).get("tie_word_embeddings")
+    keep = {k: v.contiguous() for k, v in state.items() if not (tied and k == "lm_head.weight")}
+    save_file(keep, str(out / "model.safetensors"), metadata={"format": "pt"})
+    return str(out)
+
+
+def test_native_lora_serves_each_version_as_the_merged_model(tiny_model, tmp_path):
+    """engine option lora: native: vLLM's own LoRA (a LoRARequest per version) gives the
+    merged model's log-probs; the next version replaces the adapter (not stacked on it);
+    a rank above max_lora_rank is refused before the engine is touched."""
+    from rollart_engine_vllm.engine import VllmEngine
+
+    assert tiny_model.path is not None
+    base = load_causal_lm(tiny_model.path).state_dict()
+    (p1, m1), (p2, m2) = _adapter(base, 0), _adapter(base, 1)
+    ref1 = _save(tiny_model.path, m1, tmp_path / "m1")
+    ref2 = _save(tiny_model.path, m2, tmp_path / "m2")
+    too_big, _ = _adapter(base, 2, rank=16)
+    sampling = SamplingParams(temperature=1.0, seed=0, max_new_tokens=12,
+                              allowed_token_ids=ALLOWED)
+
+    async def run():
+        engine = VllmEngine(model=tiny_model, max_model_len=256, max_num_seqs=4,
+                            cpu_kv_cache_gb=0.25, lora="native", max_lora_rank=8)
+        try:
+            out = []
+            for version, payload in ((1, p1), (2, p2)):
+                await engine.load_weights(split_buckets(payload.items(), 1 << 20, version),
+                                          version)
+                out.append(await engine.generate(GenerationRequest(f"v{version}", PROMPT,
+                                                                   sampling)))
+            with pytest.raises(ValueError, match="max_lora_rank"):
+                await engine.load_weights(split_buckets(too_big.items(), 1 << 20, 3), 3)
+            out.append(await engine.generate(GenerationRequest("after", PROMPT, sampling)))
+            return out
+        finally:
+            await asyncio.wait_for(engine.shutdown(), 120)
+
+    r1, r2, after = asyncio.run(asyncio.wait_for(run(), 300))
+    assert set(r1.versions) == {1} and set(r2.versions) == {2} and set(after.versions) == {2}
+    for res, ref in ((r1, ref1), (r2, ref2), (after, ref2)):
+        want = _logprobs(ref, res.token_ids)
+        assert max(abs(x - y) for x, y in zip(res.logprobs, want, strict=True)) < 1e-4
+    # version 2 is adapter 2 on the base, not adapter 2 on top of adapter 1
+    stacked = dict(m2)
+    for w in m1:
+        stacked[w] = m2[w] + (m1[w] - base[w])
+    wrong = _logprobs(_save(tiny_model.path, stacked, tmp_path / "stacked"), r2.token_ids)
+    assert max(abs(x - y) for x, y in zip(r2.logprobs, wrong, strict=True)) > 1e-3
