@@ -1,8 +1,8 @@
-"""One environment in its own process, so that a hung env can be killed.
+"""``env_host: worker``: each environment in its own process, so that a hung env can be killed.
 
 A thread blocked in a hung ``reset`` or ``step`` cannot be stopped, and a Ray actor task
-cannot be cancelled from the caller's side; a process can be killed. ``EnvWorker`` gives
-every env id an :class:`EnvHost`: a child process that constructs the env, serves
+cannot be cancelled from the caller's side; a process can be killed. :class:`EnvWorker`
+(the environment role's worker) gives every env id an :class:`EnvProcess`: a child process that constructs the env, serves
 ``reset``/``step`` over a pipe and closes the env exactly once, on ``close`` or when its
 parent goes away. The child is forked by a forkserver that has the env's module
 imported (a few ms), and only runs the env and the pipe loop. A call that outlives
@@ -16,22 +16,14 @@ import multiprocessing
 import signal
 import sys
 import threading
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-_MAX_ERROR = 2000  # characters of an env's exception text sent back
+from rollart_sdk.cluster.envs.errors import EnvCallError, EnvHung, EnvProcessDied, error_text
+from rollart_sdk.cluster.envs.results import plain_info, text_observation
+from rollart_sdk.cluster.worker import EnvironmentWorker, one_thread
 
-
-class EnvHung(TimeoutError):
-    """An env call outlived its timeout; the env's process was killed."""
-
-
-class EnvCallError(RuntimeError):
-    """The env raised (the text is the env's ``Type: message``)."""
-
-
-class EnvProcessDied(RuntimeError):
-    """The env's process exited during a call (a crash of the env or of Python)."""
-
+if TYPE_CHECKING:
+    from rollart_sdk.cluster.hosts import EnvHost
 
 _start_lock = threading.Lock()
 _preloaded: set[str] = set()
@@ -46,7 +38,7 @@ def _context(module: str) -> Any:
     ctx = multiprocessing.get_context("forkserver")
     if module not in _preloaded:
         _preloaded.add(module)
-        ctx.set_forkserver_preload(["rollart_sdk.cluster.env_host", *sorted(_preloaded)])
+        ctx.set_forkserver_preload(["rollart_sdk.cluster.envs.process", *sorted(_preloaded)])
     return ctx
 
 
@@ -69,7 +61,7 @@ def _start(proc: Any) -> None:
             main.__dict__.update(saved)
 
 
-class EnvHost:
+class EnvProcess:
     """A child process hosting one env. ``call`` is thread-safe (one call at a time).
 
     The process starts empty and waits for its env (``assign``), so that a pool can keep
@@ -142,7 +134,7 @@ class HostPool:
 
     def __init__(self, spares: int = 4) -> None:
         self.spares = spares
-        self._free: dict[str, list[EnvHost]] = {}
+        self._free: dict[str, list[EnvProcess]] = {}
         self._lock = threading.Lock()
         self._want = threading.Event()
         self._closed = False
@@ -157,7 +149,7 @@ class HostPool:
                 self._thread.start()
         self._want.set()
 
-    def take(self, module: str) -> EnvHost:
+    def take(self, module: str) -> EnvProcess:
         with self._lock:
             free = self._free.setdefault(module, [])
             host = free.pop() if free else None
@@ -165,7 +157,7 @@ class HostPool:
                 self._thread = threading.Thread(target=self._fill, daemon=True, name="env-spares")
                 self._thread.start()
         self._want.set()
-        return host if host is not None else EnvHost(module)
+        return host if host is not None else EnvProcess(module)
 
     def _fill(self) -> None:
         while not self._closed:
@@ -173,7 +165,7 @@ class HostPool:
             self._want.clear()
             for module in list(self._free):
                 while not self._closed and len(self._free[module]) < self.spares:
-                    host = EnvHost(module)
+                    host = EnvProcess(module)
                     with self._lock:
                         self._free[module].append(host)
 
@@ -186,14 +178,98 @@ class HostPool:
             h.kill()
 
 
-def _text(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {exc}"[:_MAX_ERROR]
+class EnvWorker(EnvironmentWorker):
+    """Environment: hosts many environments of any tasks, each addressed by ``env_id``.
+
+    Every env runs in its own process (:class:`EnvProcess`):
+    a call that outlives its ``timeout_s`` kills that process and raises ``EnvHung``, so a
+    hung env holds neither a thread nor a slot. The actor is threaded (``max_concurrency``)
+    so that a slow ``reset`` or ``step`` of one environment never blocks the others (R2).
+    ``envs``: tag -> (descriptor, options, faults or None).
+    """
+
+    def __init__(self, envs: dict[str, tuple[Any, ...]]) -> None:
+        one_thread()
+        self.name = self.worker_name
+        self._specs = envs
+        self._hosts: dict[str, EnvProcess] = {}
+        self._factories: dict[str, Any] = {}
+        self._lock = threading.Lock()
+        self.killed = 0  # envs whose call hung: their process was killed
+        self.closed = 0  # envs closed by their own close()
+        self._pool = HostPool(spares=4)
+        for tag, spec in envs.items():  # start the env processes' server and spares now
+            self._factories[tag] = spec[0].load()
+            self._pool.warm(self._factories[tag].__module__)
+        self.constructions: dict[str, int] = {}  # tag -> instances built (pooling: once each)
+
+    def _host(self, env_id: str, tag: str) -> EnvProcess:
+        with self._lock:
+            host = self._hosts.get(env_id)
+            if host is not None:
+                return host
+            if tag not in self._factories:
+                self._factories[tag] = self._specs[tag][0].load()
+            factory = self._factories[tag]
+        spec = self._specs[tag]
+        faults = spec[2] if len(spec) > 2 else None
+        host = self._pool.take(factory.__module__)
+        host.assign(factory, spec[1].model_dump(), faults, env_id)
+        with self._lock:
+            self._hosts[env_id] = host
+            self.constructions[tag] = self.constructions.get(tag, 0) + 1
+        return host
+
+    def _call(self, env_id: str, host: EnvProcess, method: str, args: tuple[Any, ...],
+              timeout_s: float) -> Any:
+        try:
+            return host.call(method, args, timeout_s)
+        except EnvHung:
+            with self._lock:
+                self.killed += 1
+                self._hosts.pop(env_id, None)
+            raise
+
+    def reset(self, env_id: str, tag: str, seed: int,
+              timeout_s: float = 30.0) -> tuple[str, dict[str, Any]]:
+        return self._call(env_id, self._host(env_id, tag), "reset", (seed,), timeout_s)
+
+    def step(self, env_id: str, action: str,
+             timeout_s: float = 30.0) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        host = self._hosts.get(env_id)
+        if host is None:
+            raise KeyError(f"no env {env_id!r} on {self.name} (never reset, or killed)")
+        return self._call(env_id, host, "step", (action,), timeout_s)
+
+    def close(self, env_id: str) -> str | None:
+        """Close the env in its process; returns the close error's text, if any."""
+        with self._lock:
+            host = self._hosts.pop(env_id, None)
+        if host is None:
+            return None
+        try:
+            host.close()
+        except (EnvCallError, EnvHung, EnvProcessDied) as exc:
+            return str(exc)
+        with self._lock:
+            self.closed += 1
+        return None
+
+    def stats(self) -> dict[str, Any]:
+        """Live instances, how many were built per task, killed (hung) and closed."""
+        return {"name": self.name, "live": len(self._hosts),
+                "constructions": dict(self.constructions), "killed": self.killed,
+                "closed": self.closed}
+
+    def shutdown(self) -> None:
+        for env_id in list(self._hosts):
+            self.close(env_id)
+        self._pool.close()
 
 
 def _serve(conn: Any) -> None:
     """Child process body: wait for the env, build it, answer calls, close it exactly once."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when an env ends
-    from rollart_sdk.cluster.roles import _plain, text_observation
 
     env: Any = None
     error: str | None = None
@@ -204,11 +280,11 @@ def _serve(conn: Any) -> None:
     try:
         env = factory(**options)
         if faults is not None and faults.active:
-            from rollart_sdk.faults import FaultyEnv
+            from rollart_sdk.cluster.envs.faults import FaultyEnv
 
             env = FaultyEnv(env, faults, env_id)
     except Exception as exc:  # noqa: BLE001 - sent to the caller as the reset's error
-        error = f"constructing the env raised {_text(exc)}"
+        error = f"constructing the env raised {error_text(exc)}"
     try:
         while True:
             try:
@@ -225,15 +301,15 @@ def _serve(conn: Any) -> None:
             try:
                 if method == "reset":
                     obs, info = env.reset(seed=args[0])
-                    result: Any = (text_observation(obs, "reset"), _plain(info))
+                    result: Any = (text_observation(obs, "reset"), plain_info(info))
                 elif method == "step":
                     obs, reward, term, trunc, info = env.step(args[0])
                     result = (text_observation(obs, "step"), float(reward), bool(term),
-                              bool(trunc), _plain(info))
+                              bool(trunc), plain_info(info))
                 else:
                     raise AttributeError(f"env hosts serve reset/step/close, not {method!r}")
             except Exception as exc:  # noqa: BLE001 - the env's error goes to the caller
-                conn.send((False, _text(exc)))
+                conn.send((False, error_text(exc)))
                 continue
             conn.send((True, result))
     finally:
@@ -249,9 +325,13 @@ def _close(env: Any, conn: Any) -> None:
             if callable(close):
                 close()
         except Exception as exc:  # noqa: BLE001 - reported to the caller, who logs it
-            ok, text = False, f"env close raised {_text(exc)}"
+            ok, text = False, f"env close raised {error_text(exc)}"
     if conn is not None:
         try:
             conn.send((ok, text))
         except OSError:
             pass  # the parent stopped listening; nothing is left to tell
+
+
+if TYPE_CHECKING:  # mypy checks the host against the env role's Protocol
+    _conforms: type[EnvHost] = EnvWorker
