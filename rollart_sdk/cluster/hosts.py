@@ -19,7 +19,7 @@ checks both sides of the boundary: a method renamed or re-typed on a worker fail
 from __future__ import annotations
 
 from collections.abc import Awaitable
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol, TypeAlias, TypeVar, Union
 
 from rollart_sdk.types import (
     GenerationRequest,
@@ -32,7 +32,8 @@ from rollart_sdk.types import (
 )
 
 T = TypeVar("T")
-MaybeAwaitable = T | Awaitable[T]
+# A plain result or one to await: a worker method may be either (the handle awaits both).
+MaybeAwaitable: TypeAlias = Union[T, Awaitable[T]]
 
 # An env step's answer: (observation, reward, terminated, truncated, info).
 StepResult = tuple[str, float, bool, bool, dict[str, Any]]
