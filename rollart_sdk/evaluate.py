@@ -90,11 +90,13 @@ async def _load_weights(workers: Any, ckpt: Path, bucket_bytes: int, versions: A
     commit: what ``Pipeline.restore`` does). Returns the version loaded."""
     from rollart_sdk.weights import WeightSync
 
-    trainers = workers.trainers
-    await asyncio.gather(*(t.call("load_checkpoint", str(ckpt)) for t in trainers))
-    version = int(await trainers[0].call("version"))
-    manifests = await asyncio.gather(*(t.call("publish_weights", bucket_bytes) for t in trainers))
+    trainers = [t.trainer for t in workers.trainers]
+    await asyncio.gather(*(t.load_checkpoint(str(ckpt)) for t in trainers))
+    version = await trainers[0].version()
+    manifests = await asyncio.gather(*(t.publish_weights(bucket_bytes) for t in trainers))
     manifest = manifests[0]
+    if manifest is None:
+        raise RuntimeError(f"trainer rank 0 ({trainers[0].name}) published no manifest")
     sync = WeightSync(workers.engines + workers.prefill)
     manifest.meta.setdefault("receivers", len(sync.engines))
     sync.proxy = proxy

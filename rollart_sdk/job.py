@@ -831,7 +831,7 @@ def _final_saves(job: Job) -> list[str]:
     partial = final.with_name(f".final_model.{os.getpid()}.partial")
     try:
         shutil.rmtree(partial, ignore_errors=True)
-        asyncio.run(asyncio.wait_for(p.all_trainers("save_pretrained", str(partial)), 600))
+        asyncio.run(asyncio.wait_for(p.all_trainers(lambda t: t.save_pretrained(str(partial))), 600))
         durable.fsync_tree(partial)
         durable.replace_dir(partial, final)
     except Exception as exc:  # noqa: BLE001 - reported in summary.json, never masks

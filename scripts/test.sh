@@ -12,7 +12,7 @@ PY="${PYTHON:-python3}"
 start=$(date +%s)
 bash scripts/install.sh --dev || exit 1
 ruff check . || exit 1
-"$PY" -m mypy || exit 1   # [tool.mypy] in pyproject.toml: the rollart_sdk package
+"$PY" -m mypy || exit 1   # [tool.mypy] in pyproject.toml: rollart_sdk and the plugin packages
 # Two test processes (pytest-xdist): many tests wait on Ray, subprocesses and sleeps, so
 # two share the 2 cores well (core suite about 16-19 min instead of about 30 on this machine).
 "$PY" -m pytest -q -n "${ROLLART_TEST_WORKERS:-2}" || exit 1

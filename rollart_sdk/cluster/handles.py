@@ -1,9 +1,14 @@
 """One way for the control plane to call a role worker, in-process or as a Ray actor.
 
-The control plane is asyncio code; it awaits ``handle.call("generate", request)`` and does
+The control plane is asyncio code; it awaits a worker's method through the handle and does
 not care whether the worker is a Ray actor on another node (production) or an object in
 this process (unit tests of the protocol). Ray ObjectRefs are awaitable; in-process
 blocking methods run in a thread so they never stall the event loop.
+
+Callers use the typed clients (:mod:`rollart_sdk.cluster.clients`), one per role:
+``await handle.engine.generate(request)``, ``handle.trainer``, ``handle.env``,
+``handle.reward``; :meth:`WorkerHandle.call` with a method name is what those clients are
+made of.
 """
 
 from __future__ import annotations
@@ -11,6 +16,8 @@ from __future__ import annotations
 import asyncio
 import inspect
 from typing import Any
+
+from rollart_sdk.cluster.clients import EngineClient, EnvClient, RewardClient, TrainerClient
 
 
 class WorkerHandle:
@@ -46,6 +53,26 @@ class WorkerHandle:
         if self.is_ray:
             return getattr(self.target, method).remote(*args)
         return asyncio.ensure_future(self.call(method, *args))
+
+    @property
+    def engine(self) -> EngineClient:
+        """This worker as an inference engine's (:class:`~rollart_sdk.cluster.hosts.EngineHost`)."""
+        return EngineClient(self)
+
+    @property
+    def trainer(self) -> TrainerClient:
+        """This worker as a trainer rank's (:class:`~rollart_sdk.cluster.hosts.TrainerHost`)."""
+        return TrainerClient(self)
+
+    @property
+    def env(self) -> EnvClient:
+        """This worker as an env host (:class:`~rollart_sdk.cluster.hosts.EnvHost`)."""
+        return EnvClient(self)
+
+    @property
+    def reward(self) -> RewardClient:
+        """This worker as a reward host (:class:`~rollart_sdk.cluster.hosts.RewardHost`)."""
+        return RewardClient(self)
 
     def __repr__(self) -> str:
         return f"WorkerHandle({self.name!r}, pool={self.pool!r}, ray={self.is_ray})"

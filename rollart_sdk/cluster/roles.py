@@ -13,16 +13,19 @@ affinities (``ResourcePlan.hw_affinity()``), and the LLMProxy routes each task's
 
 from __future__ import annotations
 
-import os
 import sys
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from rollart_sdk.cluster.envs.process import EnvWorker
+
+# Their former home, re-exported for one release: cluster/envs/results.py
+from rollart_sdk.cluster.envs.results import text_observation as text_observation
 from rollart_sdk.cluster.worker import (
     ActorGenWorker,
     ActorTrainWorker,
-    EnvironmentWorker,
     RewardWorker,
+    one_thread,
 )
 from rollart_sdk.config import ModelConfig
 from rollart_sdk.registry import Descriptor
@@ -36,6 +39,10 @@ from rollart_sdk.types import (
     WeightManifest,
     WeightUpdateReport,
 )
+
+if TYPE_CHECKING:
+    from rollart_sdk.cluster.handles import WorkerHandle
+    from rollart_sdk.cluster.hosts import EngineHost, RewardHost, TrainerHost
 
 _MAX_EARLY_ABORTS = 4096
 
@@ -62,26 +69,13 @@ def _was_restarted() -> bool:
         return False
 
 
-def _one_thread(threads: int | None = None) -> None:
-    """Processes share few cores: ``threads`` torch threads (the run's thread plan,
-    :mod:`rollart_sdk.resources.threads`), else ``ROLLART_TORCH_THREADS``, else one
-    (oversubscription is many times slower)."""
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    try:
-        import torch
-
-        torch.set_num_threads(threads or int(os.environ.get("ROLLART_TORCH_THREADS", "1")))
-    except ImportError:
-        pass
-
-
 class EngineWorker(ActorGenWorker):
     """ActorGen: one inference engine + the receiving side of the weight transport."""
 
     def __init__(self, engine: Descriptor, engine_options: Any, model: ModelConfig,
                  transport: Descriptor, transport_options: Any,
                  threads: int | None = None) -> None:
-        _one_thread(threads)
+        one_thread(threads)
         from collections import OrderedDict
 
         from rollart_sdk.weights import WeightStager
@@ -245,7 +239,7 @@ class TrainerWorker(ActorTrainWorker):
     def __init__(self, trainer: Descriptor, trainer_options: Any, model: ModelConfig,
                  transport: Descriptor, transport_options: Any,
                  init_method: str | None = None, threads: int | None = None) -> None:
-        _one_thread(threads)
+        one_thread(threads)
         self.name = self.worker_name
         self.trainer = trainer.create(
             trainer_options, model=model, rank=self.rank, world_size=self.world_size,
@@ -300,106 +294,6 @@ class TrainerWorker(ActorTrainWorker):
         self.trainer.save_pretrained(path)
 
 
-class EnvWorker(EnvironmentWorker):
-    """Environment: hosts many environments of any tasks, each addressed by ``env_id``.
-
-    Every env runs in its own process (:class:`~rollart_sdk.cluster.env_host.EnvHost`):
-    a call that outlives its ``timeout_s`` kills that process and raises ``EnvHung``, so a
-    hung env holds neither a thread nor a slot. The actor is threaded (``max_concurrency``)
-    so that a slow ``reset`` or ``step`` of one environment never blocks the others (R2).
-    ``envs``: tag -> (descriptor, options, faults or None).
-    """
-
-    def __init__(self, envs: dict[str, tuple[Any, ...]]) -> None:
-        import threading
-
-        _one_thread()
-        self.name = self.worker_name
-        self._specs = envs
-        self._hosts: dict[str, Any] = {}
-        self._factories: dict[str, Any] = {}
-        self._lock = threading.Lock()
-        self.killed = 0  # envs whose call hung: their process was killed
-        self.closed = 0  # envs closed by their own close()
-        from rollart_sdk.cluster.env_host import HostPool
-
-        self._pool = HostPool(spares=4)
-        for tag, spec in envs.items():  # start the env processes' server and spares now
-            self._factories[tag] = spec[0].load()
-            self._pool.warm(self._factories[tag].__module__)
-        self.constructions: dict[str, int] = {}  # tag -> instances built (pooling: once each)
-
-    def _host(self, env_id: str, tag: str) -> Any:
-        with self._lock:
-            host = self._hosts.get(env_id)
-            if host is not None:
-                return host
-            if tag not in self._factories:
-                self._factories[tag] = self._specs[tag][0].load()
-            factory = self._factories[tag]
-        spec = self._specs[tag]
-        faults = spec[2] if len(spec) > 2 else None
-        host = self._pool.take(factory.__module__)
-        host.assign(factory, spec[1].model_dump(), faults, env_id)
-        with self._lock:
-            self._hosts[env_id] = host
-            self.constructions[tag] = self.constructions.get(tag, 0) + 1
-        return host
-
-    def _call(self, env_id: str, host: Any, method: str, args: tuple[Any, ...],
-              timeout_s: float) -> Any:
-        from rollart_sdk.cluster.env_host import EnvHung
-
-        try:
-            return host.call(method, args, timeout_s)
-        except EnvHung:
-            with self._lock:
-                self.killed += 1
-                self._hosts.pop(env_id, None)
-            raise
-
-    def reset(self, env_id: str, tag: str, seed: int,
-              timeout_s: float = 30.0) -> tuple[str, dict[str, Any]]:
-        return self._call(env_id, self._host(env_id, tag), "reset", (seed,), timeout_s)
-
-    def step(self, env_id: str, action: str,
-             timeout_s: float = 30.0) -> tuple[str, float, bool, bool, dict[str, Any]]:
-        host = self._hosts.get(env_id)
-        if host is None:
-            raise KeyError(f"no env {env_id!r} on {self.name} (never reset, or killed)")
-        return self._call(env_id, host, "step", (action,), timeout_s)
-
-    def close(self, env_id: str) -> str | None:
-        """Close the env in its process; returns the close error's text, if any."""
-        from rollart_sdk.cluster.env_host import EnvCallError, EnvHung, EnvProcessDied
-
-        with self._lock:
-            host = self._hosts.pop(env_id, None)
-        if host is None:
-            return None
-        try:
-            host.close()
-        except (EnvCallError, EnvHung, EnvProcessDied) as exc:
-            return str(exc)
-        with self._lock:
-            self.closed += 1
-        return None
-
-    def count(self) -> int:
-        return len(self._hosts)
-
-    def stats(self) -> dict[str, Any]:
-        """Live instances, how many were built per task, killed (hung) and closed."""
-        return {"name": self.name, "live": len(self._hosts),
-                "constructions": dict(self.constructions), "killed": self.killed,
-                "closed": self.closed}
-
-    def shutdown(self) -> None:
-        for env_id in list(self._hosts):
-            self.close(env_id)
-        self._pool.close()
-
-
 def create_rewards(rewards: dict[str, tuple[Descriptor, Any]]) -> dict[str, Any]:
     """Each task's reward backend; a backend that cannot start (a serverless deploy that
     failed, a judge model that did not load) raises :class:`BackendStartError` naming the
@@ -423,7 +317,7 @@ class RewardBackendWorker(RewardWorker):
     """Reward: the reward backend of every task, called once per finished trajectory."""
 
     def __init__(self, rewards: dict[str, tuple[Descriptor, Any]]) -> None:
-        _one_thread()
+        one_thread()
         self.name = self.worker_name
         self._backends = create_rewards(rewards)
 
@@ -437,9 +331,10 @@ class RewardRouter:
     reserved actor, no Ray hop; the others (a judge model) are called on the reward worker.
     """
 
-    def __init__(self, local: dict[str, tuple[Descriptor, Any]], remote: Any = None) -> None:
+    def __init__(self, local: dict[str, tuple[Descriptor, Any]],
+                 remote: WorkerHandle | None = None) -> None:
         self._local = create_rewards(local)
-        self._remote = remote  # a WorkerHandle of a RewardBackendWorker, or None
+        self._remote = remote  # the handle of a RewardBackendWorker, or None
 
     @property
     def local_tags(self) -> list[str]:
@@ -456,32 +351,7 @@ class RewardRouter:
             return await backend.score(request)
         if self._remote is None:
             raise KeyError(f"no reward backend for task {tag!r}")
-        result: RewardResult = await self._remote.call("score", tag, request)
-        return result
-
-
-def text_observation(obs: Any, call: str) -> str:
-    """An env's observation as the text the pipeline needs; a TypeError naming the type
-    otherwise (it was stringified silently, hiding an env bug in the prompt). The env
-    hosts raise it as the call's error, so the episode is dropped with the reason."""
-    if not isinstance(obs, str):
-        raise TypeError(
-            f"env {call}() returned an observation of type {type(obs).__name__} "
-            f"({str(obs)[:80]!r}); observations must be str: format it as text in the env")
-    return obs
-
-
-def _plain(info: Any) -> dict[str, Any]:
-    """Env info made safe to ship between processes (numpy scalars -> Python)."""
-    out: dict[str, Any] = {}
-    for k, v in dict(info or {}).items():
-        if hasattr(v, "item") and callable(v.item):
-            try:
-                v = v.item()
-            except (ValueError, TypeError):
-                v = str(v)
-        out[str(k)] = v
-    return out
+        return await self._remote.reward.score(tag, request)
 
 
 # The worker class of each role, as build_job spawns them; `rollart validate` checks their
@@ -492,3 +362,9 @@ ROLE_WORKERS: dict[str, type] = {
     "reward": RewardBackendWorker,
     "environment": EnvWorker,
 }
+
+if TYPE_CHECKING:  # mypy checks each worker against its role's Protocol (cluster/hosts.py)
+    _engine: type[EngineHost] = EngineWorker
+    _trainer: type[TrainerHost] = TrainerWorker
+    _reward: type[RewardHost] = RewardBackendWorker
+    _router: type[RewardHost] = RewardRouter

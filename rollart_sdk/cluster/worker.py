@@ -12,6 +12,7 @@ the serverless proxies, so the constructor can use them (e.g. a trainer's rank).
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -123,3 +124,16 @@ def bound_worker_class(worker_cls: type) -> type:
     return type(worker_cls.__name__, bases, {"__init__": __init__,
                                             "__qualname__": worker_cls.__qualname__,
                                             "__module__": worker_cls.__module__})
+
+
+def one_thread(threads: int | None = None) -> None:
+    """Processes share few cores: ``threads`` torch threads (the run's thread plan,
+    :mod:`rollart_sdk.resources.threads`), else ``ROLLART_TORCH_THREADS``, else one
+    (oversubscription is many times slower)."""
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    try:
+        import torch
+
+        torch.set_num_threads(threads or int(os.environ.get("ROLLART_TORCH_THREADS", "1")))
+    except ImportError:
+        pass

@@ -103,7 +103,7 @@ class AgentManager(EnvManager):
                              "model": gw.model_name})
         try:
             step = await self._timed(
-                "agent", self.env.call("step", self.env_id, handle, cfg.step_timeout_s),
+                "agent", self.env_host.step(self.env_id, handle, cfg.step_timeout_s),
                 cfg.step_timeout_s + _BACKSTOP_S, self.env.name)
         except Exception as exc:  # noqa: BLE001 - the agent's failure ends only this episode
             if not (self._abort_reason or traj.dropped):

@@ -15,10 +15,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from rollart_sdk.cluster.envs.errors import EnvHung
+from rollart_sdk.cluster.handles import WorkerHandle
 from rollart_sdk.config import TaskConfig
 from rollart_sdk.control.aio import wait_for
 from rollart_sdk.control.chat import ChatFormat
-from rollart_sdk.control.handles import WorkerHandle
 from rollart_sdk.control.lockstep import TurnBarrier
 from rollart_sdk.control.proxy import LLMProxy, RequestKillsEngines
 from rollart_sdk.types import (
@@ -45,9 +46,9 @@ def _env_reason(call: str, exc: BaseException, timeout: float) -> str:
     with the env's exception text."""
     name = type(exc).__name__
     why = None
-    if "InlineEnvHung" in name:
+    if isinstance(exc, EnvHung) and not exc.killed:
         why = "env_host: thread: the call was given up; its thread runs on, it cannot be killed"
-    elif "EnvHung" in name or "EnvHung" in str(exc)[:200]:
+    elif isinstance(exc, EnvHung) or "EnvHung" in name or "EnvHung" in str(exc)[:200]:
         why = "the env's process was killed"
     elif isinstance(exc, asyncio.TimeoutError):
         why = "its env host did not answer"
@@ -110,6 +111,8 @@ class EnvManager:
         self.proxy = proxy
         self.env = env_worker
         self.reward = reward_worker
+        self.env_host = env_worker.env  # the typed calls (cluster.hosts.EnvHost)
+        self.reward_host = reward_worker.reward
         self.version = version
         self._emit = event_sink or (lambda e: None)
         # Pooled (env_id given): the env instance outlives the episode and the pool closes
@@ -190,7 +193,7 @@ class EnvManager:
         """Close the env (in its own process); a failing close is recorded on the
         trajectory (``info["env_close_error"]``, logged to the run dir), never raised."""
         try:
-            err = await asyncio.wait_for(self.env.call("close", self.env_id), timeout=20)
+            err = await asyncio.wait_for(self.env_host.close(self.env_id), timeout=20)
         except Exception as exc:  # noqa: BLE001 - recorded below; the result stands
             err = f"{type(exc).__name__}: {exc}"
         if err:
@@ -220,7 +223,7 @@ class EnvManager:
             # caller's limit is a backstop for a worker that does not answer at all.
             obs, info = await self._timed(
                 "env_reset",
-                self.env.call("reset", self.env_id, traj.tag, self.seed, cfg.reset_timeout_s),
+                self.env_host.reset(self.env_id, traj.tag, self.seed, cfg.reset_timeout_s),
                 cfg.reset_timeout_s + _BACKSTOP_S, self.env.name,
             )
         except Exception as exc:  # noqa: BLE001 - any env failure ends only this trajectory
@@ -291,7 +294,7 @@ class EnvManager:
             context += turn.action_ids
             try:
                 obs, reward, terminated, truncated, info = await self._timed(
-                    "env_step", self.env.call("step", self.env_id, text, cfg.step_timeout_s),
+                    "env_step", self.env_host.step(self.env_id, text, cfg.step_timeout_s),
                     cfg.step_timeout_s + _BACKSTOP_S, self.env.name,
                 )
             except Exception as exc:  # noqa: BLE001 - any env failure ends only this trajectory
@@ -325,7 +328,7 @@ class EnvManager:
         timeout = self.task.config.reward_timeout_s
         try:
             result = await self._timed(
-                "reward", self.reward.call("score", traj.tag, self._reward_request),
+                "reward", self.reward_host.score(traj.tag, self._reward_request),
                 timeout, self.reward.name,
             )
         except TimeoutError:

@@ -17,7 +17,7 @@ import heapq
 from dataclasses import dataclass, field
 from typing import Any
 
-from rollart_sdk.control.handles import WorkerHandle
+from rollart_sdk.cluster.handles import WorkerHandle
 
 # Drop reasons that mean the environment instance itself is broken (not an abort).
 ENV_FAILURES = ("env_reset_failed", "env_reset_timeout", "env_step_failed", "env_step_timeout")
@@ -113,7 +113,7 @@ class EnvPool:
 async def close_instance(worker: WorkerHandle, env_id: str, timeout: float = 10.0) -> str | None:
     """Close one instance on its worker; the error text if that failed (never raises)."""
     try:
-        await asyncio.wait_for(worker.call("close", env_id), timeout=timeout)
+        # The host answers the env's own close error as text (None: closed cleanly).
+        return await asyncio.wait_for(worker.env.close(env_id), timeout=timeout)
     except Exception as exc:  # noqa: BLE001 - closing a broken env must not stop the run
         return f"{type(exc).__name__}: {exc}"
-    return None

@@ -32,10 +32,10 @@ import time
 from dataclasses import dataclass, replace
 from typing import Any
 
+from rollart_sdk.cluster.handles import WorkerHandle
 from rollart_sdk.config import EvalConfig, RunConfig
 from rollart_sdk.control.chat import ChatFormat
 from rollart_sdk.control.env_manager import EnvManager, TaskRuntime
-from rollart_sdk.control.handles import WorkerHandle
 from rollart_sdk.control.proxy import LLMProxy
 from rollart_sdk.types import Trajectory
 

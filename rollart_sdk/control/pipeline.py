@@ -41,14 +41,14 @@ import asyncio
 import math
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
+from rollart_sdk.cluster.handles import WorkerHandle
 from rollart_sdk.config import RunConfig
 from rollart_sdk.control.aio import wait_for
 from rollart_sdk.control.buffer import SampleBuffer
-from rollart_sdk.control.handles import WorkerHandle
 from rollart_sdk.control.metrics import step_metrics
 from rollart_sdk.control.proxy import LLMProxy
 from rollart_sdk.control.recovery import EngineRecovery
@@ -57,8 +57,13 @@ from rollart_sdk.control.versions import PolicyVersions
 from rollart_sdk.control.watchdog import RunFailure, Watchdog
 from rollart_sdk.control.weight_updates import WeightUpdates
 from rollart_sdk.resources.decorators import dp_shards
-from rollart_sdk.types import TrainSample, Trajectory, WeightUpdateReport
+from rollart_sdk.types import TrainSample, Trajectory, WeightManifest, WeightUpdateReport
 from rollart_sdk.weights.sync import WeightSync
+
+if TYPE_CHECKING:
+    from rollart_sdk.cluster.clients import TrainerClient
+
+T = TypeVar("T")
 
 # At the end of a completed run, how long an engine's restart + reload may still take (so
 # that every engine ends on one version); past it the engine is reported as not back.
@@ -183,7 +188,7 @@ class Pipeline:
         self.weights = WeightUpdates(
             self.weight_sync, proxy, self.versions, mode=r.mode, alpha=self.alpha,
             defer=r.defer_weight_update, log=self.log, emit=self._emit, span=self._span,
-            release=lambda v: self.trainers[0].call("release_weights", v),
+            release=lambda v: self.trainers[0].trainer.release_weights(v),
             wake=scheduler.wake)
         self.sync_lock = self.weights.lock
         self.recovery = EngineRecovery(
@@ -228,7 +233,8 @@ class Pipeline:
         shards = dp_shards(samples, len(self.trainers))
         t0 = time.perf_counter()
         results = await self._trainer_call(asyncio.gather(
-            *(w.call("train_step", shard) for w, shard in zip(self.trainers, shards, strict=True))
+            *(w.trainer.train_step(shard)
+              for w, shard in zip(self.trainers, shards, strict=True))
         ), "train_step")
         rec.train_s = time.perf_counter() - t0
         self._count_trained(step, batch)
@@ -236,11 +242,7 @@ class Pipeline:
         rec.train_metrics = dict(results[0])
         self.trainer_version += 1
         t1 = time.perf_counter()
-        # Every rank takes part (a tensor-parallel trainer gathers its shards to export);
-        # rank 0 publishes and returns the manifest.
-        manifests = await self._trainer_call(self.all_trainers(
-            "publish_weights", int(self.cfg.train.bucket_mb * 2**20)), "publish_weights")
-        manifest = manifests[0]
+        manifest = await self._publish()
         self.log.append(f"publish:{manifest.version}")
         # Push transports (nccl) size each round by how many engines receive the version:
         # the live ones (a down engine would make the round wait for it and fail; it
@@ -316,8 +318,8 @@ class Pipeline:
         partial = checkpoints.partial_dir(root, done)
         t0 = time.perf_counter()
         try:
-            await self._trainer_call(self.all_trainers("save_checkpoint", str(partial)),
-                                     "save_checkpoint")
+            await self._trainer_call(
+                self.all_trainers(lambda t: t.save_checkpoint(str(partial))), "save_checkpoint")
             state = capture_state(self, done, version)
             carried = state.pop("_carried")  # pickled now: later changes are not saved
             meta = {"version": state["version"], "reason": reason}
@@ -378,7 +380,7 @@ class Pipeline:
         else:
             self.buffer.mark_trained(self._untrained.pop(step, batch))
 
-    async def _trainer_call(self, awaitable: Any, what: str) -> Any:
+    async def _trainer_call(self, awaitable: Awaitable[T], what: str) -> T:
         """A trainer call bounded by ``train.call_timeout_s`` (a stuck collective fails)."""
         limit = self.cfg.train.call_timeout_s
         try:
@@ -418,13 +420,25 @@ class Pipeline:
                 raise self.watchdog.failure
             await asyncio.sleep(0.5)
 
-    async def all_trainers(self, method: str, *args: Any) -> list[Any]:
-        """Call ``method`` on every trainer rank at once, results in rank order.
+    async def all_trainers(self, call: Callable[[TrainerClient], Awaitable[T]]) -> list[T]:
+        """``call`` every trainer rank at once (``lambda t: t.save_checkpoint(path)``),
+        results in rank order.
 
         Export and checkpoint calls are collective for a trainer whose ranks hold
         different shards (tensor parallel); a data-parallel trainer's ranks != 0 return
         at once."""
-        return list(await asyncio.gather(*(w.call(method, *args) for w in self.trainers)))
+        return list(await asyncio.gather(*(call(w.trainer) for w in self.trainers)))
+
+    async def _publish(self) -> WeightManifest:
+        """Every rank takes part (a tensor-parallel trainer gathers its shards to export);
+        rank 0 publishes and returns the manifest."""
+        bucket_bytes = int(self.cfg.train.bucket_mb * 2**20)
+        manifests = await self._trainer_call(
+            self.all_trainers(lambda t: t.publish_weights(bucket_bytes)), "publish_weights")
+        if manifests[0] is None:
+            raise RunFailure(f"trainer rank 0 ({self.trainers[0].name}) published no "
+                             "manifest (only rank 0 holds the transport's sending side)")
+        return manifests[0]
 
     def _span(self, span: str, worker: str, t0_perf: float, step: int) -> None:
         """Timeline event for a pipeline stage (``t0_perf`` from perf_counter)."""
@@ -563,9 +577,9 @@ class Pipeline:
         from rollart_sdk.control.resume import CheckpointUnusable, apply_state, read_carried
 
         try:
-            await self._trainer_call(self.all_trainers("load_checkpoint", ckpt),
-                                     "load_checkpoint")
-            version = int(await self.trainers[0].call("version"))
+            await self._trainer_call(
+                self.all_trainers(lambda t: t.load_checkpoint(ckpt)), "load_checkpoint")
+            version = await self.trainers[0].trainer.version()
         except Exception as exc:  # the caller tries the next checkpoint
             raise CheckpointUnusable(ckpt, f"the trainer could not load it: "
                                      f"{type(exc).__name__}: {exc}"[:800]) from exc
@@ -576,9 +590,7 @@ class Pipeline:
         apply_state(self, state, carried)
         self.resumed_from = ckpt
         self.trainer_version = version
-        manifests = await self._trainer_call(self.all_trainers(
-            "publish_weights", int(self.cfg.train.bucket_mb * 2**20)), "publish_weights")
-        manifest = manifests[0]
+        manifest = await self._publish()
         manifest.meta["receivers"] = len(self.weight_sync.live())
         await self.weight_sync.stage(manifest)
         await self.weight_sync.commit()

@@ -28,9 +28,11 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
-from rollart_sdk.control.handles import WorkerHandle
+from rollart_sdk.cluster.clients import EngineClient
+from rollart_sdk.cluster.handles import WorkerHandle
 from rollart_sdk.errors import RollartError, is_worker_death  # is_worker_death: its old home
 from rollart_sdk.types import GenerationRequest, GenerationResult
 
@@ -38,6 +40,8 @@ from rollart_sdk.types import GenerationRequest, GenerationResult
 # this many times in a row may be what kills them (e.g. out of memory on its context): it
 # is given up (RequestKillsEngines) instead of taking every engine of the pool down.
 MAX_RESENDS = 2
+
+T = TypeVar("T")
 
 
 class RequestKillsEngines(RollartError):
@@ -174,15 +178,14 @@ class LLMProxy:
                            request: GenerationRequest) -> GenerationResult:
         pre = self._pick_prefill()
         if pre is None:
-            result: GenerationResult = await worker.call("generate", request)
-            return result
+            return await worker.engine.generate(request)
         self._load[pre.name] += 1
         try:
             # An ObjectRef (in a list, so that Ray does not resolve it here): the decode
             # worker fetches the K/V straight from the object store; a failed prefill
             # makes it compute the prompt itself.
-            kv = pre.submit("prefill_kv", request)
-            result = await worker.call("generate", request, [kv])
+            kv = pre.engine.submit_prefill_kv(request)
+            result = await worker.engine.generate(request, [kv])
         finally:
             self._load[pre.name] -= 1
         if result.handoff_worker_died:
@@ -200,7 +203,7 @@ class LLMProxy:
     def _send_abort(self, worker: WorkerHandle, request_id: str) -> None:
         async def send() -> None:
             try:
-                await asyncio.wait_for(worker.call("abort", request_id), 30)
+                await asyncio.wait_for(worker.engine.abort(request_id), 30)
             except Exception:  # noqa: BLE001 - a dead or slow engine has no slot to free
                 pass
 
@@ -218,7 +221,7 @@ class LLMProxy:
         if name in self.down:
             return False  # its requests died with it; generate() reports them
         try:
-            return bool(await self.workers[name].call("abort", request_id))
+            return await self.workers[name].engine.abort(request_id)
         except Exception as exc:  # only a worker's death is absorbed
             if not is_worker_death(exc):
                 raise
@@ -233,7 +236,7 @@ class LLMProxy:
         name = self._sticky.pop(trajectory_id, None)
         if name is None or name in self.down:
             return
-        task = asyncio.ensure_future(self.workers[name].call("release", trajectory_id))
+        task = asyncio.ensure_future(self.workers[name].engine.release(trajectory_id))
         self._bg.add(task)
         task.add_done_callback(self._released)
 
@@ -245,21 +248,22 @@ class LLMProxy:
 
     async def suspend(self) -> None:
         self._accepting.clear()
-        await self.broadcast("suspend")
+        await self.broadcast(EngineClient.suspend)
 
     async def resume(self) -> None:
         try:
-            await self.broadcast("resume")
+            await self.broadcast(EngineClient.resume)
         finally:
             self._accepting.set()
 
-    async def broadcast(self, method: str, *args: Any) -> list[Any]:
-        """Call every live worker; a worker that dies meanwhile is marked down and left
-        out of the result (it catches up when restarted). Other errors are raised."""
+    async def broadcast(self, call: Callable[[EngineClient], Awaitable[T]]) -> list[T]:
+        """``call`` every live worker (``EngineClient.suspend``, or ``lambda e: ...``); a
+        worker that dies meanwhile is marked down and left out of the result (it catches
+        up when restarted). Other errors are raised."""
         live = self.live_workers()
-        results = await asyncio.gather(*(w.call(method, *args) for w in live),
+        results = await asyncio.gather(*(call(w.engine) for w in live),
                                        return_exceptions=True)
-        out = []
+        out: list[T] = []
         for w, r in zip(live, results, strict=True):
             if isinstance(r, BaseException):
                 if is_worker_death(r):

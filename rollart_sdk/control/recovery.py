@@ -110,7 +110,7 @@ class EngineRecovery:
         worker = self.proxy.worker(name)
         while True:
             try:
-                state = await wait_for(worker.call("restart_state"), 10)
+                state = await wait_for(worker.engine.restart_state(), 10)
                 break
             except Exception as exc:  # noqa: BLE001 - still restarting; give up at the deadline
                 if time.monotonic() > deadline:
@@ -138,7 +138,7 @@ class EngineRecovery:
             limit = max(1.0, deadline - time.monotonic())
             try:
                 loaded = await wait_for(
-                    worker.call("reload", for_reload(manifest), for_reload(self.staged())),
+                    worker.engine.reload(for_reload(manifest), for_reload(self.staged())),
                     limit)
             except TimeoutError:
                 raise TimeoutError(f"the reload did not finish within {limit:.0f}s "

@@ -35,12 +35,12 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
+from rollart_sdk.cluster.handles import WorkerHandle
 from rollart_sdk.control.aio import wait_for
 from rollart_sdk.control.buffer import SampleBuffer
 from rollart_sdk.control.chat import ChatFormat
 from rollart_sdk.control.env_manager import EnvManager, TaskRuntime
 from rollart_sdk.control.env_pool import EnvPool, EnvSlot, close_instance
-from rollart_sdk.control.handles import WorkerHandle
 from rollart_sdk.control.lockstep import TurnBarrier
 from rollart_sdk.control.proxy import LLMProxy
 from rollart_sdk.types import Trajectory

@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rollart_sdk.cluster.decorators import hw_mapping, register
+from rollart_sdk.cluster.envs.errors import EnvHung
 from rollart_sdk.cluster.worker import ActorGenWorker, ActorTrainWorker, EnvironmentWorker
 from rollart_sdk.sim.backends import SimEnvFailure, SimTransport
 from rollart_sdk.sim.costs import Dist, HardwareClass, ModelSpec, resolve_hardware
@@ -27,6 +28,9 @@ from rollart_sdk.types import (
     WeightManifest,
     WeightUpdateReport,
 )
+
+if TYPE_CHECKING:
+    from rollart_sdk.cluster.hosts import EnvHost
 
 
 @dataclass
@@ -43,10 +47,6 @@ class SimContext:
     def hardware_of(self, worker: Any) -> HardwareClass:
         name = (getattr(worker, "binding", None) or {}).get("hardware", "")
         return resolve_hardware(name, self.hardware)
-
-
-class EnvHung(RuntimeError):
-    """A simulated env call outlived its timeout (the real EnvWorker kills the process)."""
 
 
 def _now() -> float:
@@ -285,3 +285,7 @@ SIM_ROLE_WORKERS: dict[str, type] = {
     "actor_gen": SimEngineWorker,
     "environment": SimEnvWorker,
 }
+
+
+if TYPE_CHECKING:  # the simulated env host is an env host like the others
+    _conforms: type[EnvHost] = SimEnvWorker

@@ -21,13 +21,16 @@ another version than its peers, and a down one catches up before it serves.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from rollart_sdk.types import WeightManifest, WeightUpdateReport
 
 if TYPE_CHECKING:
-    from rollart_sdk.control.handles import WorkerHandle
+    from rollart_sdk.cluster.clients import EngineClient
+    from rollart_sdk.cluster.handles import WorkerHandle
+
+T = TypeVar("T")
 
 
 class WeightSync:
@@ -42,15 +45,16 @@ class WeightSync:
         down = self.proxy.down if self.proxy is not None else {}
         return [e for e in self.engines if e.name not in down]
 
-    async def _each(self, method: str, *args: Any) -> list[Any]:
-        """Call every live engine; one that dies meanwhile is marked down and left out of
-        the answers; any other error is raised (the first one)."""
+    async def _each(self, call: Callable[[EngineClient], Awaitable[T]]) -> list[T]:
+        """``call`` every live engine (through its typed client); one that dies meanwhile
+        is marked down and left out of the answers; any other error is raised (the first
+        one)."""
         from rollart_sdk.errors import is_worker_death
 
         live = self.live()
-        results = await asyncio.gather(*(e.call(method, *args) for e in live),
+        results = await asyncio.gather(*(call(e.engine) for e in live),
                                        return_exceptions=True)
-        out: list[Any] = []
+        out: list[T] = []
         error: BaseException | None = None
         for e, r in zip(live, results, strict=True):
             if not isinstance(r, BaseException):
@@ -69,7 +73,7 @@ class WeightSync:
         ``meta["receivers"]`` is set to the live engines now (a push transport's round
         waits for that many; a down engine reloads when it is back)."""
         manifest.meta["receivers"] = len(self.live())
-        await self._each("stage_weights", manifest)
+        await self._each(lambda e: e.stage_weights(manifest))
 
     async def commit(self) -> list[WeightUpdateReport]:
         """Every live engine swaps in the staged version (call it while the proxy is
@@ -77,21 +81,21 @@ class WeightSync:
 
         Raises the first engine's :class:`~rollart_sdk.weights.WeightSyncError`.
         """
-        return await self._each("commit_weights")
+        return await self._each(lambda e: e.commit_weights())
 
     async def status(self) -> list[dict[str, Any]]:
         """Every live engine's staged transfer: version, ready, error (``weights_status``)."""
-        return await self._each("weights_status")
+        return await self._each(lambda e: e.weights_status())
 
     async def wait_ready(self, timeout_s: float | None = None) -> list[dict[str, Any]]:
         """Wait until every live engine's staged transfer has finished (arrived or
         failed); nothing is swapped in, generation goes on meanwhile."""
-        return await self._each("await_weights", timeout_s)
+        return await self._each(lambda e: e.await_weights(timeout_s))
 
     async def cancel(self) -> None:
         """Every live engine drops its staged version and keeps serving the one it has."""
-        await self._each("cancel_weights")
+        await self._each(lambda e: e.cancel_weights())
 
     async def stats(self) -> list[dict[str, Any]]:
         """Every live engine's ``stats()`` (the pipeline reads their KV-recompute seconds)."""
-        return await self._each("stats")
+        return await self._each(lambda e: e.stats())

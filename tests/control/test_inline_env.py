@@ -15,15 +15,9 @@ from types import SimpleNamespace
 import pytest
 from control_configs import TWO_TASKS
 
-from rollart_sdk.cluster.inline_env import (
-    MAX_HUNG_CALLS,
-    InlineEnvCallError,
-    InlineEnvHung,
-    InlineEnvWorker,
-    ThreadEnvWorker,
-    inline_tasks,
-    thread_tasks,
-)
+from rollart_sdk.cluster.envs import EnvCallError, EnvHung, InlineEnvWorker, ThreadEnvWorker
+from rollart_sdk.cluster.envs.hosting import inline_tasks, thread_tasks
+from rollart_sdk.cluster.envs.thread import MAX_HUNG_CALLS
 from rollart_sdk.config import load_config
 from rollart_sdk.errors import ConfigError
 from rollart_sdk.job import build_job, env_summary, run_job
@@ -58,7 +52,7 @@ def test_in_process_task_runs_beside_a_worker_task(tmp_path, host):
     assert summary["constructions"]["Arithmetic"] > 0
     assert frozen.target.stats()["constructions"] == {
         "FrozenLake": summary["constructions"]["FrozenLake"]}
-    assert frozen.target.count() == 0  # every pooled env closed at run end
+    assert frozen.target.stats()["live"] == 0  # every pooled env closed at run end
     # Only the worker-hosted task has an environment-role binding.
     roles = [b["role"] for b in job.spawner.bindings()]
     assert roles.count("environment") == 1
@@ -86,14 +80,14 @@ def test_inline_env_errors_and_close_are_reported():
             return {}
 
     w = InlineEnvWorker({"T": (Desc, Opts)})
-    with pytest.raises(InlineEnvCallError, match="ValueError: bad seed 3"):
+    with pytest.raises(EnvCallError, match="ValueError: bad seed 3"):
         w.reset("e1", "T", 3)
     with pytest.raises(KeyError, match="no env 'e2'"):
         w.step("e2", "x")
     with pytest.raises(KeyError, match="no inline env"):
         w.reset("e3", "Other", 0)
     assert w.close("e1") == "env close raised OSError: close failed"
-    assert w.close("e1") is None and w.count() == 0
+    assert w.close("e1") is None and w.stats()["live"] == 0
 
 
 def test_auto_is_inline_only_for_declared_cheap_envs_without_faults(tmp_path):
@@ -168,20 +162,20 @@ def test_thread_host_refuses_calls_while_too_many_hang():
         results = await asyncio.gather(*(w.step(f"e{i}", "hang", timeout_s=0.05)
                                          for i in range(n)), return_exceptions=True)
         assert time.monotonic() - t0 < 5  # given up at the timeout, not at the env's return
-        assert all(isinstance(r, InlineEnvHung) for r in results), results
+        assert all(isinstance(r, EnvHung) for r in results), results
         assert "no step within 0.05s from the env of task 'T'" in str(results[0])
         # The loop's default executor (2 threads here) lost none to the hung calls.
         assert await asyncio.wait_for(asyncio.gather(
             *(asyncio.to_thread(lambda: 7) for _ in range(4))), 5) == [7] * 4
         t0 = time.monotonic()
-        with pytest.raises(InlineEnvCallError) as refused:
+        with pytest.raises(EnvCallError) as refused:
             await w.step(f"e{n}", "fine", timeout_s=5)
         assert time.monotonic() - t0 < 1  # at once: it never reached the env
-        assert not isinstance(refused.value, InlineEnvHung)
+        assert not isinstance(refused.value, EnvHung)
         text = str(refused.value)
         assert text.startswith(f"refused: {n} env calls of env_host: thread task(s) 'T' hung")
         assert "use env_host: worker" in text and f"({n} step;" in text
-        with pytest.raises(InlineEnvCallError, match="refused: "):
+        with pytest.raises(EnvCallError, match="refused: "):
             await w.reset("new", "T", 0, timeout_s=5)
         return text
 
@@ -197,16 +191,14 @@ def test_thread_host_refuses_calls_while_too_many_hang():
         # How the EnvManager words the two drops: a timeout, and the refusal's text.
         from rollart_sdk.control.env_manager import _env_reason
 
-        assert _env_reason("step", InlineEnvHung("EnvHung: no step"), 0.05) == (
+        assert _env_reason("step", EnvHung("no step", killed=False), 0.05) == (
             "env_step_timeout: no step within 0.05s (env_host: thread: the call was given "
             "up; its thread runs on, it cannot be killed)")  # not "its process was killed"
-        from rollart_sdk.cluster.env_host import EnvHung
-
         assert _env_reason("reset", EnvHung("outlived"), 5).endswith(
             "(the env's process was killed)")  # a worker host's
         assert _env_reason("step", TimeoutError(), 5).endswith("(its env host did not answer)")
-        reason = _env_reason("step", InlineEnvCallError(text), 5)
-        assert reason.startswith("env_step_failed: InlineEnvCallError: refused: ")
+        reason = _env_reason("step", EnvCallError(text), 5)
+        assert reason.startswith("env_step_failed: EnvCallError: refused: ")
         # The watchdog quotes the first 300 characters of a reason: the fix is in them.
         assert "use env_host: worker" in reason[:300]
     finally:
@@ -221,7 +213,7 @@ def test_thread_host_refuses_calls_while_too_many_hang():
         assert await asyncio.gather(*(w.close(f"e{i}") for i in range(n + 1))) == [None] * (n + 1)
 
     asyncio.run(admitted_again())
-    assert w.count() == 0 and w.stats()["closed"] == n + 1 and w.stats()["refused"] == 2
+    assert w.stats()["live"] == 0 and w.stats()["closed"] == n + 1 and w.stats()["refused"] == 2
 
 
 def test_thread_host_reports_a_close_that_hangs():
@@ -235,21 +227,21 @@ def test_thread_host_reports_a_close_that_hangs():
             release.wait(60)
 
     w = ThreadEnvWorker(_spec(StuckClose))
-    import rollart_sdk.cluster.inline_env as inline_env
+    import rollart_sdk.cluster.envs.thread as thread_host
 
     async def close_it():
         await w.reset("e", "T", 0, timeout_s=5)
         return await w.close("e")
 
-    old = inline_env.CLOSE_TIMEOUT_S
-    inline_env.CLOSE_TIMEOUT_S = 0.05
+    old = thread_host.CLOSE_TIMEOUT_S
+    thread_host.CLOSE_TIMEOUT_S = 0.05
     try:
         assert asyncio.run(close_it()) == (
             "env close did not return within 0.05s (env_host: thread: its thread runs on, "
             "it cannot be killed)")
-        assert w.stats()["timed_out"] == 1 and w.count() == 0
+        assert w.stats()["timed_out"] == 1 and w.stats()["live"] == 0
     finally:
-        inline_env.CLOSE_TIMEOUT_S = old
+        thread_host.CLOSE_TIMEOUT_S = old
         release.set()
 
 
@@ -273,7 +265,7 @@ def test_a_first_reset_that_returns_after_its_env_was_closed_closes_what_it_buil
     w = ThreadEnvWorker(_spec(SlowToBuild))
 
     async def main():
-        with pytest.raises(InlineEnvHung):
+        with pytest.raises(EnvHung):
             await w.reset("T/env0.0", "T", 0, timeout_s=0.1)
         assert await w.close("T/env0.0") is None  # nothing built yet
         release.set()
@@ -289,11 +281,11 @@ def test_a_first_reset_that_returns_after_its_env_was_closed_closes_what_it_buil
     while not closed and time.monotonic() < deadline:
         time.sleep(0.02)
     stats = w.stats()
-    assert closed == ["closed"] and w.count() == 0, (closed, stats)
+    assert closed == ["closed"] and w.stats()["live"] == 0, (closed, stats)
     assert stats["closed_late"] == 1 and stats["constructions"] == {"T": 1}, stats
     # A later generation of the slot is built and used as usual.
     assert asyncio.run(w.reset("T/env0.1", "T", 0, timeout_s=5)) == ("start", {})
-    assert w.count() == 1
+    assert w.stats()["live"] == 1
 
 
 HANG_ENVS = """

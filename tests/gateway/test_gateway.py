@@ -16,7 +16,7 @@ openai = pytest.importorskip("openai")
 aiohttp = pytest.importorskip("aiohttp")
 rollart_engine_torch = pytest.importorskip("rollart_engine_torch.engine")
 
-from rollart_sdk.cluster.inline_env import inline_handle  # noqa: E402
+from rollart_sdk.cluster.envs.hosting import inline_handle  # noqa: E402
 from rollart_sdk.config import ModelConfig, TaskConfig  # noqa: E402
 from rollart_sdk.control.agent_manager import AgentManager  # noqa: E402
 from rollart_sdk.control.chat import ChatFormat  # noqa: E402

@@ -51,7 +51,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def _workload(args: argparse.Namespace) -> list[dict[str, Any]]:
     rng = random.Random(args.seed)
-    reqs = []
+    reqs: list[dict[str, Any]] = []
     for i in range(args.requests):
         n = rng.randint(*args.prompt_len)
         reqs.append({

@@ -92,7 +92,8 @@ class SlotRunner:
         shape = (self.num_slots, self.kv_heads, new, self.head_dim)
         for store in (self.k, self.v):
             grown = []
-            for old in store or [None] * len(self.layers):
+            olds: list[torch.Tensor | None] = [*store] if store else [None] * len(self.layers)
+            for old in olds:
                 t = torch.zeros(shape, dtype=self.dtype, device=self.device)
                 if old is not None:
                     t[:, :, : self.capacity] = old

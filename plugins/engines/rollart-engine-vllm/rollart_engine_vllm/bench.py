@@ -63,7 +63,7 @@ def _parser() -> argparse.ArgumentParser:
 def workload(n: int, vocab: int, prompt_len: list[int], output_len: list[int],
              arrival_s: float, seed: int) -> list[dict[str, Any]]:
     rng = random.Random(seed)
-    reqs = []
+    reqs: list[dict[str, Any]] = []
     for i in range(n):
         plen = rng.randint(*prompt_len)
         reqs.append({

@@ -28,7 +28,8 @@ class ArithmeticOptions(BaseModel):
 
     num_digits: int = Field(2, ge=1, le=12, description="digits of each operand")
     ops: list[Op] = Field(
-        default_factory=lambda: ["+", "-"], min_length=1, description="operators to draw from"
+        default_factory=lambda: list[Op](["+", "-"]), min_length=1,
+        description="operators to draw from"
     )
     seed: int | None = Field(
         None, description="seeds the first reset() that is given no seed (reproducible runs)"

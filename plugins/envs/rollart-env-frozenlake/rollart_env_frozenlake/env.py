@@ -131,7 +131,8 @@ class FrozenLakeTextEnv(gymnasium.Env):
     @property
     def desc(self) -> list[str]:
         """The current map as rows of S/F/H/G."""
-        return ["".join(c.decode() for c in row) for row in self._lake.desc]
+        # gymnasium keeps it as a numpy array of single bytes
+        return ["".join(c.decode() for c in row) for row in np.asarray(self._lake.desc)]
 
     @property
     def position(self) -> tuple[int, int]:

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from rollart_sdk.hookspecs import hookimpl
+from rollart_sdk.registry import Registrar
 
 
 @hookimpl
-def rollart_register_envs(registry):
+def rollart_register_envs(registry: Registrar) -> None:
     registry.register(
         "frozenlake",
         factory="rollart_env_frozenlake.env:FrozenLakeTextEnv",

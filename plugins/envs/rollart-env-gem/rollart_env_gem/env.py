@@ -21,6 +21,7 @@ import json
 import logging
 import random
 import threading
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -118,7 +119,7 @@ class GemTextEnv(gymnasium.Env):
         return gem.make(self.gem_id, **self.options.kwargs)
 
     @contextmanager
-    def _rng(self):
+    def _rng(self) -> Iterator[None]:
         """Run GEM code on this env's own copy of the global random state."""
         with _GLOBAL_RNG:
             saved_py, saved_np = random.getstate(), np.random.get_state()

@@ -12,10 +12,11 @@ from importlib.metadata import PackageNotFoundError, version
 
 from rollart_env_gem.factory import PREFIX, GemFactory, load_manifest
 from rollart_sdk.hookspecs import hookimpl
+from rollart_sdk.registry import Registrar
 
 
 @hookimpl
-def rollart_register_envs(registry):
+def rollart_register_envs(registry: Registrar) -> None:
     manifest = load_manifest()
     try:
         installed = version("gem-llm")

@@ -99,7 +99,7 @@ def probe(base_dir: str | None = None) -> Isolation:
     root = os.geteuid() == 0
     drop = ("setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", "--")
     ns = ("unshare", "--user", "--net", "--pid", "--fork", "--kill-child", "--")
-    candidates = [(*drop, *ns)] if root else [ns]
+    candidates: list[tuple[str, ...]] = [(*drop, *ns)] if root else [ns]
     if root:
         # Some kernels forbid unprivileged user namespaces: root can still make the
         # network and PID namespaces, then drop to nobody inside them.

@@ -144,6 +144,8 @@ class JudgeReward:
 
         opts = self.options
         model = prepare_model(opts.model, os.path.expanduser(opts.cache_dir))
+        if model.path is None:
+            raise ValueError(f"judge model {opts.model!r} has no local path after preparing it")
         tok = load_tokenizer(model.path)
         engine = get_registry().get("engine", opts.engine.name).create(
             opts.engine.options, model=model

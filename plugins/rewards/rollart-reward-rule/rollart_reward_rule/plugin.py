@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from rollart_sdk.hookspecs import hookimpl
+from rollart_sdk.registry import Registrar
 
 
 @hookimpl
-def rollart_register_rewards(registry):
+def rollart_register_rewards(registry: Registrar) -> None:
     registry.register(
         "rule",
         factory="rollart_reward_rule.reward:RuleReward",

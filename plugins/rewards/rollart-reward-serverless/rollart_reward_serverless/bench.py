@@ -164,9 +164,9 @@ class Arm:
             return shared
         self.apps = {j: f"r3-dedicated-r{self.seed}-j{j}" for j in range(jobs)}
         self._monitored([a for a in self.apps.values() if a is not None])
-        for app in self.apps.values():  # each job reserves its replica (all start at once) ...
-            assert app is not None
-            deploy(self.options(app, 1, 1), self.token, wait=False)
+        for dedicated in self.apps.values():  # each job reserves its replica (all start
+            assert dedicated is not None  # at once) ...
+            deploy(self.options(dedicated, 1, 1), self.token, wait=False)
         return None
 
     def _wait_jobs(self) -> None:
@@ -187,17 +187,17 @@ class Arm:
                     if up[app] >= 1:
                         self.procs[j] = self.launch(j, f"http://127.0.0.1:{self.port}/{app}")
             for j, p in self.procs.items():
-                app = self.apps.get(j)
-                if p.poll() is not None and app is not None:
-                    serve.delete(app, _blocking=False)  # its reservation ends
+                ended = self.apps.get(j)
+                if p.poll() is not None and ended is not None:
+                    serve.delete(ended, _blocking=False)  # its reservation ends
                     self.apps[j] = None
             if time.monotonic() > deadline:
                 raise TimeoutError(f"bench reward: {self.deployment} jobs still running "
                                    f"after {limit:.0f} s (--job-timeout-s)")
             time.sleep(0.5)
-        for j, app in self.apps.items():
-            if app is not None:
-                serve.delete(app, _blocking=False)
+        for left in self.apps.values():
+            if left is not None:
+                serve.delete(left, _blocking=False)
                 self.apps[j] = None
 
     def _drain(self, shared: Any) -> None:

@@ -5,10 +5,11 @@ from __future__ import annotations
 from typing import Any
 
 from rollart_sdk.hookspecs import hookimpl
+from rollart_sdk.registry import Registrar
 
 
 @hookimpl
-def rollart_register_rewards(registry):
+def rollart_register_rewards(registry: Registrar) -> None:
     registry.register(
         "serverless",
         factory="rollart_reward_serverless.reward:ServerlessReward",

@@ -20,6 +20,7 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from rollart_sdk.cluster.serve_app import TOKEN_ENV, check_exposure
@@ -50,7 +51,7 @@ class _Loop:
 
 
 def reward_function(name: str, options: dict[str, Any] | None = None, registry: Any = None,
-                    timeout_s: float | None = 300.0):
+                    timeout_s: float | None = 300.0) -> Callable[[dict[str, Any]], dict[str, Any]]:
     """A pure function ``RewardRequest-as-dict -> {"reward", "details"}`` for backend
     ``name``; a call past ``timeout_s`` is cancelled and fails (the caller sees a 500)."""
     backend = (registry or get_registry()).get("reward", name).create(options or {})

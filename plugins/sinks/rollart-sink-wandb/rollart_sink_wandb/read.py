@@ -48,7 +48,8 @@ def read_records(path: str | Path) -> list[Any]:
             break
         buf = chunk if kind in (FULL, FIRST) else buf + chunk
         if kind in (FULL, LAST):
-            out.append(wandb_internal_pb2.Record.FromString(buf))
+            # protobuf-generated: the stubs do not list it
+            out.append(wandb_internal_pb2.Record.FromString(buf))  # type: ignore[attr-defined]
     return out
 
 

@@ -39,7 +39,9 @@ class WandbSink:
     """Logs a run's metrics, config and samples to one W&B run."""
 
     def __init__(self, run_dir: str, run_name: str, project: str = "rollart",
-                 entity: str | None = None, mode: str = "offline", dir: str = ".",
+                 entity: str | None = None,
+                 mode: Literal["offline", "online", "disabled"] = "offline",
+                 dir: str = ".",
                  name: str | None = None, tags: list[str] | None = None,
                  samples: bool = True) -> None:
         import wandb
@@ -66,7 +68,8 @@ class WandbSink:
 
         data = [[step, row.get("tag"), row.get("outcome"), row.get("reward"),
                  row.get("trajectory"), sample_text(row)] for row in rows]
-        self.run.log({"samples": wandb.Table(columns=COLUMNS, data=data)}, step=step)
+        columns: list[str | int] = [*COLUMNS]
+        self.run.log({"samples": wandb.Table(columns=columns, data=data)}, step=step)
 
     def close(self) -> None:
         self.run.finish()

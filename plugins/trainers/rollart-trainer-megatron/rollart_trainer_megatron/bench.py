@@ -50,7 +50,7 @@ def _time(trainer: Any, batch: list[Any]) -> float:
     return time.perf_counter() - t0
 
 
-_LAYOUTS = {
+_LAYOUTS: dict[str, dict[str, Any]] = {
     "tp2": {"tensor_parallel_size": 2},
     "pp2": {"pipeline_parallel_size": 2},
     "dp2": {},
@@ -95,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     from rollart_sdk.config import ModelConfig
     from rollart_trainer_megatron.trainer import MegatronTrainer
 
-    common = {"lr": 1e-3, "seed": 0, "num_threads": 1}
+    common: dict[str, Any] = {"lr": 1e-3, "seed": 0, "num_threads": 1}
     with tempfile.TemporaryDirectory(prefix="rollart-bench-trainers-") as tmp:
         path = _model(Path(tmp) / "model", a.vocab, a.hidden, a.layers)
         batch = _batch(a.batch, a.vocab, seed=0)

@@ -47,9 +47,10 @@ def patch_for_cpu() -> None:
     from megatron.core import parallel_state
     from megatron.core.utils import GlobalMemoryBuffer
 
-    torch.cuda.current_device = lambda: "cpu"  # type: ignore[assignment]
+    cuda: Any = torch.cuda  # patched for a CPU run (torch types these functions otherwise)
+    cuda.current_device = lambda: "cpu"
     # dist_checkpointing's writer synchronises CUDA before copying tensors out.
-    torch.cuda.synchronize = lambda device=None: None  # type: ignore[assignment]
+    cuda.synchronize = lambda device=None: None
 
     def cpu_causal_mask(sq: int) -> torch.Tensor:
         return torch.triu(torch.ones(sq, sq, dtype=torch.bool), diagonal=1)

@@ -51,7 +51,9 @@ def wrap(model: torch.nn.Module, opts: LoraOptions, base_path: str) -> Any:
         raise ValueError(
             f"trainer.options.lora.target_modules: {unknown} name no linear layer of the "
             f"model at {base_path}; its linear layers are {linear}")
-    config = LoraConfig(r=opts.rank, lora_alpha=opts.alpha, lora_dropout=opts.dropout,
+    # peft types lora_alpha int; a float scales by alpha / r all the same
+    config = LoraConfig(r=opts.rank, lora_alpha=opts.alpha,  # type: ignore[arg-type]
+                        lora_dropout=opts.dropout,
                         target_modules=list(opts.target_modules), bias="none",
                         base_model_name_or_path=base_path)
     inject_adapter_in_model(config, model, adapter_name=ADAPTER)

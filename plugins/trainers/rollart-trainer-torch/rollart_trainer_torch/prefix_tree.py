@@ -146,7 +146,8 @@ class PrefixTree:
                     cache.update(k, v, layer)
                 res = base_model(input_ids=ids, position_ids=pos, cache=cache, use_cache=True)
                 hidden = res.last_hidden_state
-                layers = [(layer.keys, layer.values) for layer in cache.layers]
+                kept: list[Any] = list(cache.layers)  # full-attention layers: keys and values
+                layers = [(layer.keys, layer.values) for layer in kept]
             out.append(hidden.reshape(n * g.length, -1))
             parts_by_end.setdefault(g.start + g.length, []).append(layers)
         return torch.cat(out)

@@ -549,7 +549,10 @@ class TorchTrainer:
             mask[i, :k] = torch.tensor(s.loss_mask, dtype=torch.float32)
             beh[i, :k] = torch.tensor(s.behaviour_logprobs, dtype=torch.float32)
             vers[i, :k] = torch.tensor(s.token_versions, dtype=torch.long)
-        adv = torch.tensor([float(s.advantage) for s in mb], dtype=torch.float32)
+        if any(s.advantage is None for s in mb):
+            raise ValueError("a sample reached the loss without its advantage "
+                             "(fill_advantages sets them before the micro-batches)")
+        adv = torch.tensor([float(s.advantage or 0.0) for s in mb], dtype=torch.float32)
         out = {"ids": ids, "attn": attn, "mask": mask, "beh": beh, "vers": vers, "adv": adv}
         moved: dict[str, Any] = {k: v.to(self.device) for k, v in out.items()}
         # The sampled policy per sample (None where every sample has the raw one).

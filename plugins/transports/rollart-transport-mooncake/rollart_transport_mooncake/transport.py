@@ -148,7 +148,7 @@ class MooncakeTransport:
         self.keep_versions = keep_versions
         self.segment_bytes = int(segment_mb * 2**20) if segment_mb else None
         self.fetch_timeout_s = fetch_timeout_s
-        self._master = mc.Master(master, metadata_server) if master else None
+        self._master = mc.Master(master, metadata_server) if master and metadata_server else None
         self._client: Any = None
         self.segment: str | None = None
         self._id = uuid.uuid4().hex[:12]
@@ -197,6 +197,7 @@ class MooncakeTransport:
             raise
         for old in list(self._published)[: -self.keep_versions]:
             self.release(old)
+        assert self._master is not None, "_ensure_sender started or attached the master"
         return WeightManifest(version, TRANSPORT_NAME, refs, meta={
             "master": self._master.address, "metadata": self._master.metadata,
             "objects": [[k, size] for k, (size, _) in zip(keys, objects, strict=True)],
@@ -209,7 +210,7 @@ class MooncakeTransport:
         ``(size, [(tensor, offset)])`` and the manifest entries."""
         objects: list[tuple[int, list[tuple[Any, int]]]] = []
         refs = []
-        size, members = 0, []
+        size, members = 0, list[tuple[Any, int]]()
         for b in buckets:
             if b.version != version:
                 raise ValueError(f"bucket {b.index} of version {b.version} published as "
@@ -355,7 +356,11 @@ class MooncakeTransport:
                 self._master.address == address):
             return
         self._close_client()
-        self._master = mc.Master(address, manifest.meta.get("metadata"))
+        metadata = manifest.meta.get("metadata")
+        if not address or not metadata:
+            raise ValueError(f"transport mooncake: the manifest of version {manifest.version} "
+                             "names no master or metadata server (meta: master, metadata)")
+        self._master = mc.Master(address, metadata)
         try:
             self._client, self.segment = mc.connect(self._master, self.host, 0, 16 << 20)
         except Exception as exc:
@@ -507,6 +512,7 @@ class MooncakeTransport:
             self._reap()
             if self._client is None:
                 return
+            assert self._master is not None, "a client is connected to a master"
             if self._buffer is not None:
                 mc.unregister(self._client, self._buffer)
                 self._buffer = None

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from rollart_sdk.hookspecs import hookimpl
+from rollart_sdk.registry import Registrar
 
 
 @hookimpl
-def rollart_register_transports(registry):
+def rollart_register_transports(registry: Registrar) -> None:
     registry.register(
         "ray",
         factory="rollart_transport_ray.transport:RayObjectStoreTransport",
