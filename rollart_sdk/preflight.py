@@ -8,9 +8,8 @@ What a run would otherwise find only after Ray started (or never, spinning on dr
   file exists (the tiny model's shape is checked by the config itself); ``validate``
   also reads a GGUF's config and tokenizer from its metadata (``check_gguf``: the shape
   and tokenizer ``train`` gets once it converted the file);
-- ``check_env_pools``, ``check_batch``, ``check_prefill``: a task's ``env_pool`` holds a
-  group, a batch holds a group of every task, prefill-decode disaggregation has an engine
-  that hands K/V over;
+- ``check_env_pools``, ``check_prefill``: a task's ``env_pool`` holds a group,
+  prefill-decode disaggregation has an engine that hands K/V over;
 - ``check_context``: each task's prompt format can be built (a chat template that
   cannot be rendered turn by turn, ``control/chat.py``, would corrupt every multi-turn
   context), and its ``max_context_tokens`` holds its first prompt (system prompt + the
@@ -352,17 +351,6 @@ def check_prefill(cfg: RunConfig, resolved: Any) -> Problems:
              "(it has no prefill_kv); use engine torch, or drop roles.actor_gen.prefill/decode")]
 
 
-def check_batch(cfg: RunConfig) -> Problems:
-    """A batch holds at least one group of every task (``control/pipeline.py::task_quota``)."""
-    from rollart_sdk.control.pipeline import task_quota
-
-    try:
-        task_quota(cfg)
-    except ValueError as exc:
-        return [("rollout.batch_size", str(exc))]
-    return []
-
-
 def _agent_problems(i: int, task: Any, fmt: Any) -> Problems:
     """An agent task (its env an ``AgentEnv``) renders OpenAI messages with a chat
     template, and its agent waits on the gateway, which the control plane's loop serves."""
@@ -465,7 +453,7 @@ def preflight(cfg: RunConfig, resolved: Any, lines: Any = None, log: Any = print
             raise ConfigError([(_at(w, lines), m) for w, m in problems])
 
     fail((check_output_dir(cfg.output_dir) if output_dir else []) + check_model(cfg.model)
-         + check_env_pools(cfg) + check_batch(cfg) + check_prefill(cfg, resolved))
+         + check_env_pools(cfg) + check_prefill(cfg, resolved))
     # A backend whose heavy stack is not installed: the config is right (validate warns),
     # but a run would fail only after Ray and its workers started.
     missing = list(getattr(resolved, "missing", []))
