@@ -1,7 +1,7 @@
 """The run's one SIGTERM path (rollart_sdk/job/signals.py): while the loop's main task
-runs, SIGTERM cancels it at an await; before the loop and after it (its shutdown, the
-final checkpoint) it raises KeyboardInterrupt; at no point is SIGTERM left to the default
-action, which would kill the driver without a checkpoint. The signals are real (sent to
+runs, SIGTERM cancels it at an await; before the loop and after it (the loop's shutdown
+and close) it raises KeyboardInterrupt; at no point while it is installed is SIGTERM left
+to the default action, which would kill the driver without a checkpoint. The signals are real (sent to
 this process), so the handler installed is the one exercised."""
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ def test_after_the_loop_a_second_sigterm_still_stops_without_killing_the_process
 
     with pytest.raises(KeyboardInterrupt), SigtermStop() as stop:
         asyncio.run(main(stop))  # ends normally: no signal yet
-        _sigterm_self()  # e.g. during the final checkpoint
+        _sigterm_self()  # the loop is closed: once asyncio.run's close restored SIG_DFL
         for _ in range(10_000_000):
             pass
     assert stop.signals == ["SIGTERM"]
