@@ -128,3 +128,39 @@ def test_each_env_is_built_once_in_the_driver_before_the_run(tmp_path, started, 
     finally:
         job.run_dir.close()
         job.close()
+
+
+def test_the_old_names_of_job_py_still_import_and_agree(tmp_path):
+    """`rollart_sdk/job.py`'s names stay importable for one release (sim/job.py, the
+    serverless reward's bench, plugins); the old ``_task_runtimes(cfg, described,
+    tokenizer)`` gives the runtimes preflight's result gives."""
+    from rollart_sdk.job import (  # noqa: F401 - each name is the check
+        ENGINE_MAX_RESTARTS,
+        ResumePoint,
+        _engine_stats,
+        _engine_versions,
+        _free_port,
+        _spawn_workers,
+        _task_runtimes,
+        _wire_control_plane,
+        _Workers,
+        env_summary,
+        newest_checkpoint,
+        plain,
+        run_job,
+        task_runtimes,
+    )
+    from rollart_sdk.layout import inprocess_config
+    from rollart_sdk.preflight import preflight
+    from rollart_sdk.resolve import resolve_run
+
+    cfg, lines = load_config(data=two_tasks(), overrides=[f"output_dir={tmp_path}"])
+    resolved = resolve_run(inprocess_config(cfg), get_plugins().registry, lines,
+                           in_process=True)
+    checked = preflight(cfg, resolved, lines, log=lambda *a: None)
+    new = task_runtimes(cfg, checked)
+    old = _task_runtimes(cfg, checked.described, checked.tokenizer)
+    assert new["FrozenLake"].allowed_token_ids  # constrain_actions: the four action words
+    for tag in ("FrozenLake", "Arithmetic"):
+        assert (old[tag].system_prompt, old[tag].allowed_token_ids) == \
+            (new[tag].system_prompt, new[tag].allowed_token_ids)
