@@ -113,7 +113,8 @@ def evaluate(cfg: RunConfig, lines: LineMap | None = None, checkpoint: str | Non
     ``eval.tasks`` names; returns the result (what ``rollart eval --json`` prints)."""
     from rollart_sdk.cluster.roles import ROLE_WORKERS
     from rollart_sdk.cluster.spawn import LocalSpawner
-    from rollart_sdk.job import _spawn_workers, _task_runtimes
+    from rollart_sdk.job.spawn import spawn_workers
+    from rollart_sdk.job.wire import task_runtimes
     from rollart_sdk.plugins import get_plugins
     from rollart_sdk.preflight import preflight
     from rollart_sdk.resolve import resolve_run
@@ -128,7 +129,8 @@ def evaluate(cfg: RunConfig, lines: LineMap | None = None, checkpoint: str | Non
     resolved = resolve_run(cfg, registry or get_plugins().registry, lines, in_process=True)
     plan = plan_resources(cfg, resolved, workers=ROLE_WORKERS)
     checked = preflight(cfg, resolved, lines, log, output_dir=False)
-    log(f"model: {checked['model'].path}")
+    tasks = task_runtimes(cfg, checked)  # before any worker: nothing after refuses the config
+    log(f"model: {checked.model.path}")
     # One process, whose work is the engine's: torch gets the plan's in-process figure
     # (every core but the control loop's; ROLLART_TORCH_THREADS overrides it).
     plan_threads = thread_plan(cfg)
@@ -137,14 +139,13 @@ def evaluate(cfg: RunConfig, lines: LineMap | None = None, checkpoint: str | Non
     spawner = LocalSpawner(plan)
     t0 = time.perf_counter()
     try:
-        workers = _spawn_workers(cfg, resolved, plan, checked["model"], spawner,
-                                 checked["described"], threads, trainer=ckpt is not None)
-        tasks = _task_runtimes(cfg, checked["described"], checked["tokenizer"])
+        workers = spawn_workers(cfg, resolved, plan, checked.model, spawner,
+                                checked.described, threads, trainer=ckpt is not None)
         chat = tasks[cfg.tasks[0].tag].prompt_format
         result = asyncio.run(_run(cfg, ecfg, workers, tasks, chat, ckpt))
     finally:
         spawner.close()
-    return {"config": cfg.name, "model": str(checked["model"].path),
+    return {"config": cfg.name, "model": str(checked.model.path),
             "checkpoint": str(ckpt) if ckpt else None, **result,
             "wall_s": time.perf_counter() - t0}
 

@@ -8,11 +8,17 @@ What a run would otherwise find only after Ray started (or never, spinning on dr
   file exists (the tiny model's shape is checked by the config itself); ``validate``
   also reads a GGUF's config and tokenizer from its metadata (``check_gguf``: the shape
   and tokenizer ``train`` gets once it converted the file);
+- ``check_env_pools``, ``check_prefill``: a task's ``env_pool`` holds a group,
+  prefill-decode disaggregation has an engine that hands K/V over;
 - ``check_context``: each task's prompt format can be built (a chat template that
   cannot be rendered turn by turn, ``control/chat.py``, would corrupt every multi-turn
   context), and its ``max_context_tokens`` holds its first prompt (system prompt + the
   env's first observation, env seed 0, through the task's prompt format): a budget that
-  cannot hold it drops every trajectory (``no_turns``);
+  cannot hold it drops every trajectory (``no_turns``); ``check_actions``: a task with
+  ``constrain_actions`` has an env with action words, each one token;
+- each task's env is built once for these checks (``probe_env``: its facts, then its
+  first observation from the same instance); the run is built from what they found
+  (:class:`Preflight`: env facts, model, tokenizer, prompt formats, action token ids);
 - for a simulated run (``clock: simulated``) the same checks against the sim's token
   ids and KV cache are :mod:`rollart_sdk.sim.preflight` (``check_sim_context``);
 - ``check_precision`` (warnings only): a bfloat16 / float16 ``model.dtype`` trained
@@ -28,6 +34,7 @@ import json
 import tempfile
 import threading
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -126,42 +133,96 @@ def check_precision(cfg: RunConfig, trainer: Any) -> list[str]:
             "trainer's documentation, or use model.dtype float32"]
 
 
-def first_observation(env_cls: Any, options: dict[str, Any], timeout: float) -> Any:
-    """The env's first observation (seed 0), or an exception; bounded by ``timeout``."""
+@dataclass
+class EnvProbe:
+    """One env of a task, built once in this process for the checks: its facts (action
+    vocabulary, instructions, step cost, whether it is an agent) and its first
+    observation (seed 0), or the exception that kept it from one (a ``TimeoutError`` past
+    the task's ``reset_timeout_s``)."""
+
+    facts: dict[str, Any]
+    first: Any
+
+
+def _bounded(work: Any, timeout: float, name: str) -> Any:
+    """``work()`` on a daemon thread: its result, the exception it raised, or a
+    ``TimeoutError`` when it is still running after ``timeout`` (it goes on alone)."""
     box: dict[str, Any] = {}
 
     def run() -> None:
-        env = None
         try:
-            env = env_cls(**options)
-            box["obs"] = env.reset(seed=0)[0]
-        except Exception as exc:  # noqa: BLE001 - reported by the caller as a skipped check
+            box["result"] = work()
+        except Exception as exc:  # noqa: BLE001 - returned to the caller, who reports it
             box["error"] = exc
-        finally:
-            close = getattr(env, "close", None)
-            if callable(close):
-                try:
-                    close()
-                except Exception:  # noqa: BLE001 - the check's env only; train reports its own
-                    pass
 
-    t = threading.Thread(target=run, daemon=True, name="preflight-reset")
+    t = threading.Thread(target=run, daemon=True, name=name)
     t.start()
     t.join(timeout)
     if t.is_alive():
         return TimeoutError(f"reset took longer than {timeout:g}s")
-    return box.get("error", box.get("obs"))
+    return box.get("error", box.get("result"))
 
 
-def _first_observations(cfg: RunConfig, envs: dict[str, Any],
-                        warnings: list[str]) -> Iterator[tuple[int, Any, Any]]:
-    """``(index, task, first observation)`` of each task whose env resets here (seed 0,
-    within the task's ``reset_timeout_s``); for one that does not, a warning that its
-    context budget is not checked."""
+def _close_quietly(env: Any) -> None:
+    close = getattr(env, "close", None)
+    if callable(close):
+        try:
+            close()
+        except Exception:  # noqa: BLE001 - the check's env only; train reports its own
+            pass
+
+
+def _reset_then_close(env: Any) -> Any:
+    try:
+        return env.reset(seed=0)[0]
+    finally:
+        _close_quietly(env)
+
+
+def env_facts(env: Any) -> dict[str, Any]:
+    """What the run reads from an env instance: its action vocabulary and instructions,
+    its step cost (``cheap``: hosted inline), whether it is an agent."""
+    return {
+        "action_vocabulary": getattr(env, "action_vocabulary", None),
+        "system_prompt": getattr(env, "system_prompt", None),
+        "step_cost": getattr(env, "step_cost", None),
+        # An AgentEnv (rollart_sdk.gateway): the agent drives, through the gateway.
+        "agent": bool(getattr(env, "is_agent", False)),
+        "tool_parser": getattr(env, "tool_parser", None) or "hermes",
+    }
+
+
+def probe_env(resolved: Resolved, timeout: float) -> EnvProbe:
+    """Build the env once (a constructor that raises raises here), read its facts, then
+    reset it (seed 0) and close it on a thread bounded by ``timeout``."""
+    env = resolved.descriptor.load()(**resolved.options.model_dump())
+    try:
+        facts = env_facts(env)
+    except BaseException:
+        _close_quietly(env)
+        raise
+    return EnvProbe(facts, _bounded(lambda: _reset_then_close(env), timeout,
+                                    "preflight-reset"))
+
+
+def probe_envs(cfg: RunConfig, envs: dict[str, Any]) -> dict[str, EnvProbe]:
+    """Each task's env, built once (:func:`probe_env`, within its ``reset_timeout_s``)."""
+    return {task.tag: probe_env(envs[task.tag], task.reset_timeout_s) for task in cfg.tasks}
+
+
+def first_observation(env_cls: Any, options: dict[str, Any], timeout: float) -> Any:
+    """The env's first observation (seed 0), or an exception; bounded by ``timeout``
+    (construction included)."""
+    return _bounded(lambda: _reset_then_close(env_cls(**options)), timeout, "preflight-reset")
+
+
+def first_observations(cfg: RunConfig, firsts: dict[str, Any],
+                       warnings: list[str]) -> Iterator[tuple[int, Any, Any]]:
+    """``(index, task, first observation)`` of each task whose env reset here (``firsts``:
+    tag -> its observation or the exception its reset gave); for one that did not, a
+    warning that its context budget is not checked."""
     for i, task in enumerate(cfg.tasks):
-        res = envs[task.tag]
-        obs = first_observation(res.descriptor.load(), res.options.model_dump(),
-                                task.reset_timeout_s)
+        obs = firsts[task.tag]
         if isinstance(obs, BaseException):
             warnings.append(f"tasks.{i}: context budget not checked: the env's reset failed "
                             f"here ({type(obs).__name__}: {str(obs)[:200]})")
@@ -169,38 +230,62 @@ def _first_observations(cfg: RunConfig, envs: dict[str, Any],
         yield i, task, obs
 
 
-def check_context(cfg: RunConfig, envs: dict[str, Any], described: dict[str, dict[str, Any]],
-                  tokenizer: Any) -> tuple[Problems, list[str]]:
-    """``(problems, warnings)``: each task's prompt format is built (a chat template that
-    cannot be rendered turn by turn is a problem; what a template makes the format do
-    differently from a whole-conversation render is a warning), then its first prompt
-    is checked against ``max_context_tokens``; a warning when a task's first prompt
-    could not be built here (its env did not reset in this process)."""
+def _first_observations(cfg: RunConfig, envs: dict[str, Any],
+                        warnings: list[str]) -> Iterator[tuple[int, Any, Any]]:
+    """:func:`first_observations` of envs built here for it (the simulated run's check,
+    which reads no other fact of its envs)."""
+    firsts = {task.tag: first_observation(envs[task.tag].descriptor.load(),
+                                          envs[task.tag].options.model_dump(),
+                                          task.reset_timeout_s) for task in cfg.tasks}
+    return first_observations(cfg, firsts, warnings)
+
+
+def system_prompt(task: Any, facts: dict[str, Any]) -> str | None:
+    """The task's system prompt: its own, or its env's (``system_prompt: env``)."""
+    system = facts["system_prompt"] if task.system_prompt == "env" else task.system_prompt
+    return system or None
+
+
+def task_formats(cfg: RunConfig, described: dict[str, dict[str, Any]],
+                 tokenizer: Any) -> tuple[dict[str, Any], Problems, list[str]]:
+    """``(formats, problems, warnings)``: each task's prompt format (tag -> format), built
+    once here; a chat template that cannot be rendered turn by turn is a problem, what a
+    template makes the format do differently from a whole-conversation render a warning."""
     from rollart_sdk.control.chat import task_prompt_format
 
+    formats: dict[str, Any] = {}
     problems: Problems = []
     warnings: list[str] = []
-    formats: dict[int, Any] = {}
-    systems: dict[int, str | None] = {}
     for i, task in enumerate(cfg.tasks):
-        system = described[task.tag]["system_prompt"] if task.system_prompt == "env" \
-            else task.system_prompt
-        systems[i] = system or None
         try:
-            formats[i] = task_prompt_format(tokenizer, task, systems[i])
+            fmt = task_prompt_format(tokenizer, task, system_prompt(task, described[task.tag]))
         except ValueError as exc:
             where = "chat_template" if task.chat_template and "cannot be read" in str(exc) \
                 else "prompt_format"
             problems.append((f"tasks.{i}.{where}", str(exc)))
             continue
-        warnings += [f"tasks.{i} ({task.tag}): {note}" for note in formats[i].notes]
+        warnings += [f"tasks.{i} ({task.tag}): {note}" for note in fmt.notes]
         if described[task.tag].get("agent"):
-            problems += _agent_problems(i, task, formats.pop(i))
-    for i, task, obs in _first_observations(cfg, envs, warnings):
-        if i not in formats:
+            problems += _agent_problems(i, task, fmt)
+        formats[task.tag] = fmt
+    return formats, problems, warnings
+
+
+def check_context(cfg: RunConfig, probes: dict[str, EnvProbe],
+                  tokenizer: Any) -> tuple[Problems, list[str], dict[str, Any]]:
+    """``(problems, warnings, formats)``: each task's prompt format (:func:`task_formats`),
+    then its first prompt (system prompt + its env's first observation, from ``probes``)
+    against ``max_context_tokens``; a warning when a task's first prompt could not be
+    built here (its env did not reset in this process). An agent's prompts are the
+    agent's, so its budget is not checked here."""
+    described = {tag: p.facts for tag, p in probes.items()}
+    formats, problems, warnings = task_formats(cfg, described, tokenizer)
+    firsts = {tag: p.first for tag, p in probes.items()}
+    for i, task, obs in first_observations(cfg, firsts, warnings):
+        if task.tag not in formats or described[task.tag].get("agent"):
             continue
         try:
-            n = len(formats[i].first_prompt(obs, systems[i]))
+            n = len(formats[task.tag].first_prompt(obs, system_prompt(task, described[task.tag])))
         except TypeError as exc:  # a non-text observation
             problems.append((f"tasks.{i}.env", f"{exc} (its first observation, seed 0)"))
             continue
@@ -210,7 +295,60 @@ def check_context(cfg: RunConfig, envs: dict[str, Any], described: dict[str, dic
                 f"({n} tokens: system prompt + the env's first observation, env seed 0), so "
                 f"every trajectory would be dropped (no_turns); raise it to at least "
                 f"{n + task.sampling.max_new_tokens} (prompt + sampling.max_new_tokens)")))
-    return problems, warnings
+    return problems, warnings, formats
+
+
+def check_actions(cfg: RunConfig, described: dict[str, dict[str, Any]],
+                  formats: dict[str, Any]) -> tuple[Problems, dict[str, list[int]]]:
+    """``(problems, actions)``: for each task with ``constrain_actions``, the token id of
+    each word of its env's action vocabulary (tag -> ids); an env without one, or a word
+    that is not one token of the model's tokenizer, is a problem."""
+    problems: Problems = []
+    actions: dict[str, list[int]] = {}
+    for i, task in enumerate(cfg.tasks):
+        if not task.constrain_actions:
+            continue
+        vocab = described[task.tag]["action_vocabulary"]
+        if not vocab:
+            problems.append((f"tasks.{i}.constrain_actions", (
+                f"task {task.tag!r}: constrain_actions is set but env {task.env.name!r} has "
+                "no action_vocabulary (no action words to sample from); set "
+                "constrain_actions: false")))
+        elif task.tag in formats:
+            try:
+                actions[task.tag] = formats[task.tag].action_token_ids(vocab)
+            except ValueError as exc:
+                problems.append((f"tasks.{i}.constrain_actions", str(exc)))
+    return problems, actions
+
+
+def check_env_pools(cfg: RunConfig) -> Problems:
+    """A task's ``env_pool`` must hold one group (0: one environment per trajectory;
+    unset: as many as the run keeps busy, always whole groups)."""
+    group = cfg.rollout.group_size
+    return [(f"tasks.{i}.env_pool", f"{task.env_pool} environments cannot run a group of "
+             f"{group}; use at least rollout.group_size, or 0 for one environment per "
+             "trajectory")
+            for i, task in enumerate(cfg.tasks)
+            if task.env_pool is not None and 0 < task.env_pool < group]
+
+
+def check_prefill(cfg: RunConfig, resolved: Any) -> Problems:
+    """Prefill-decode disaggregation (``roles.actor_gen.prefill/decode``) needs an engine
+    that hands K/V over (``prefill_kv``). An engine whose stack is not installed here is
+    the ``missing`` warning's, not this check's."""
+    from rollart_sdk.errors import PluginError
+
+    if not cfg.roles.actor_gen.disaggregated:
+        return []
+    try:
+        engine = resolved.engine.descriptor.load()
+    except PluginError:
+        return []
+    if hasattr(engine, "prefill_kv"):
+        return []
+    return [("roles.actor_gen.prefill", f"engine {cfg.engine.name!r} cannot hand K/V over "
+             "(it has no prefill_kv); use engine torch, or drop roles.actor_gen.prefill/decode")]
 
 
 def _agent_problems(i: int, task: Any, fmt: Any) -> Problems:
@@ -277,40 +415,45 @@ def option_clash_warnings(cfg: RunConfig, resolved: Any) -> list[str]:
 
 
 def describe_env(resolved: Resolved) -> dict[str, Any]:
-    """Build one env in this process to read its action vocabulary and instructions."""
+    """Build one env in this process to read its facts (:func:`env_facts`); a run reads
+    them from :func:`probe_env`, which resets the same instance for the context check."""
     env = resolved.descriptor.load()(**resolved.options.model_dump())
     try:
-        return {
-            "action_vocabulary": getattr(env, "action_vocabulary", None),
-            "system_prompt": getattr(env, "system_prompt", None),
-            "step_cost": getattr(env, "step_cost", None),
-            # An AgentEnv (rollart_sdk.gateway): the agent drives, through the gateway.
-            "agent": bool(getattr(env, "is_agent", False)),
-            "tool_parser": getattr(env, "tool_parser", None) or "hermes",
-        }
+        return env_facts(env)
     finally:
-        close = getattr(env, "close", None)
-        if callable(close):
-            close()
+        _close_quietly(env)
+
+
+@dataclass
+class Preflight:
+    """What the checks found, that the run is built from: each task's env facts (its env
+    built once, here), the model (``path`` set when built) and its tokenizer, each task's
+    prompt format and, with ``constrain_actions``, its action token ids."""
+
+    described: dict[str, dict[str, Any]]
+    model: ModelConfig
+    tokenizer: Any
+    formats: dict[str, Any] = field(default_factory=dict)
+    actions: dict[str, list[int]] = field(default_factory=dict)
 
 
 def preflight(cfg: RunConfig, resolved: Any, lines: Any = None, log: Any = print,
-              build_model: bool = True, output_dir: bool = True) -> dict[str, Any]:
-    """Every check above, in order, as one ConfigError (with the config's lines).
+              build_model: bool = True, output_dir: bool = True) -> Preflight:
+    """Every check above, in order, as one ConfigError (with the config's lines): what
+    ``rollart validate`` reports and ``rollart train`` runs before any worker starts.
 
     ``build_model``: prepare the model (build a tiny one, convert a GGUF) as ``train``
     does and read its tokenizer; otherwise (``validate``) a tiny model's tokenizer is
-    built alone and a GGUF's config and tokenizer are read from its metadata. Returns ``described`` (each
-    task's env facts), ``model`` (with ``path`` set when built) and ``tokenizer``.
+    built alone and a GGUF's config and tokenizer are read from its metadata.
     """
     from rollart_sdk.errors import ConfigError
-    from rollart_sdk.models import build_tokenizer, load_tokenizer, prepare_model
 
     def fail(problems: Problems) -> None:
         if problems:
             raise ConfigError([(_at(w, lines), m) for w, m in problems])
 
-    fail((check_output_dir(cfg.output_dir) if output_dir else []) + check_model(cfg.model))
+    fail((check_output_dir(cfg.output_dir) if output_dir else []) + check_model(cfg.model)
+         + check_env_pools(cfg) + check_prefill(cfg, resolved))
     # A backend whose heavy stack is not installed: the config is right (validate warns),
     # but a run would fail only after Ray and its workers started.
     missing = list(getattr(resolved, "missing", []))
@@ -321,29 +464,42 @@ def preflight(cfg: RunConfig, resolved: Any, lines: Any = None, log: Any = print
     for w in (sampling_warnings(cfg) + check_precision(cfg, resolved.trainer)
               + option_clash_warnings(cfg, resolved)):
         log(f"warning: {w}")
-    described = {tag: describe_env(res) for tag, res in resolved.envs.items()}
+    probes = probe_envs(cfg, resolved.envs)
+    described = {tag: p.facts for tag, p in probes.items()}
+    model, tokenizer, problems = _model_and_tokenizer(cfg, described, build_model)
+    fail(problems)
+    checked = Preflight(described, model, tokenizer)
+    if tokenizer is not None:
+        problems, warnings, checked.formats = check_context(cfg, probes, tokenizer)
+        for w in warnings:
+            log(f"warning: {w}")
+        fail(problems)
+        problems, checked.actions = check_actions(cfg, described, checked.formats)
+        fail(problems)
+    return checked
+
+
+def _model_and_tokenizer(cfg: RunConfig, described: dict[str, dict[str, Any]],
+                         build_model: bool) -> tuple[ModelConfig, Any, Problems]:
+    """The model (prepared when ``build_model``) and its tokenizer; a tiny model's
+    tokenizer has the envs' action words as tokens."""
+    from rollart_sdk.models import build_tokenizer, load_tokenizer, prepare_model
+
     extra = sorted({w for d in described.values() for w in (d["action_vocabulary"] or [])})
-    model, tokenizer = cfg.model, None
     # The SDK's own tokenizer for the tiny models it builds, unless the run asks for
     # transformers' (model.implementation): no transformers import for a small run.
     light = cfg.model.implementation != "transformers"
     if build_model:
         model = prepare_model(cfg.model, Path(cfg.output_dir) / ".models", extra)
         assert model.path is not None
-        tokenizer = load_tokenizer(model.path, light)
-    elif cfg.model.tiny is not None:
-        tokenizer = build_tokenizer(extra)
-    elif cfg.model.path is not None:
-        tokenizer = load_tokenizer(cfg.model.path, light)
-    else:  # a GGUF: the shape and tokenizer its conversion gives, from its metadata
-        problems, tokenizer = check_gguf(cfg.model)
-        fail(problems)
-    if tokenizer is not None:
-        problems, warnings = check_context(cfg, resolved.envs, described, tokenizer)
-        for w in warnings:
-            log(f"warning: {w}")
-        fail(problems)
-    return {"described": described, "model": model, "tokenizer": tokenizer}
+        return model, load_tokenizer(model.path, light), []
+    if cfg.model.tiny is not None:
+        return cfg.model, build_tokenizer(extra), []
+    if cfg.model.path is not None:
+        return cfg.model, load_tokenizer(cfg.model.path, light), []
+    # a GGUF: the shape and tokenizer its conversion gives, from its metadata
+    problems, tokenizer = check_gguf(cfg.model)
+    return cfg.model, tokenizer, problems
 
 
 def _at(where: str, lines: Any) -> str:

@@ -405,7 +405,7 @@ def test_preflight_reports_a_bad_template_and_a_non_text_observation_per_task() 
     from types import SimpleNamespace
 
     from rollart_sdk.config import TaskConfig
-    from rollart_sdk.preflight import check_context
+    from rollart_sdk.preflight import check_context, probe_envs
 
     class Text:
         def reset(self, seed: int) -> tuple[Any, dict]:
@@ -426,8 +426,9 @@ def test_preflight_reports_a_bad_template_and_a_non_text_observation_per_task() 
              TaskConfig(tag="missing", env={"name": "x"}, chat_template=str(bad / "t.jinja"))]
     cfg = SimpleNamespace(tasks=tasks)
     envs = {"ok": res(Text), "dict": res(Dict), "missing": res(Text)}
-    described = {t.tag: {"system_prompt": None} for t in tasks}
-    problems, warnings = check_context(cfg, envs, described, _qwen3())  # type: ignore[arg-type]
+    probes = probe_envs(cfg, envs)  # type: ignore[arg-type]
+    problems, warnings, formats = check_context(cfg, probes, _qwen3())  # type: ignore[arg-type]
+    assert sorted(formats) == ["dict", "ok"]  # the formats the run is built from
     assert [where for where, _ in problems] == ["tasks.2.chat_template", "tasks.1.env"]
     assert "observation of type dict" in problems[1][1]
     assert len(warnings) == 1 and warnings[0].startswith("tasks.0 (ok): the chat template "

@@ -3,7 +3,8 @@
 first prompt (the sim env's first observation, seed 0, in the sim's token ids,
 ``sim.token_block``) against the task's budget in those ids and against the KV cache of
 the engines that serve the task (the sim engine finishes a prompt that does not fit with
-no tokens), and ``sim_preflight``, that and ``check_output_dir`` as one ConfigError.
+no tokens), and ``sim_preflight``, that, ``check_output_dir`` and ``check_env_pools`` as
+one ConfigError.
 """
 
 from __future__ import annotations
@@ -12,7 +13,13 @@ from typing import Any
 
 from rollart_sdk.config import RunConfig
 from rollart_sdk.errors import ConfigError
-from rollart_sdk.preflight import Problems, _at, _first_observations, check_output_dir
+from rollart_sdk.preflight import (
+    Problems,
+    _at,
+    _first_observations,
+    check_env_pools,
+    check_output_dir,
+)
 from rollart_sdk.sim.backends import SimFormat
 from rollart_sdk.sim.costs import resolve_hardware
 
@@ -68,11 +75,11 @@ def check_sim_context(cfg: RunConfig, resolved: Any, plan: Any) -> tuple[Problem
 
 def sim_preflight(cfg: RunConfig, resolved: Any, plan: Any, lines: Any = None,
                   log: Any = print) -> None:
-    """``check_output_dir`` and ``check_sim_context`` for a simulated run, as one
-    ConfigError (with the config's lines)."""
+    """``check_output_dir``, ``check_env_pools`` and ``check_sim_context`` for a
+    simulated run, as one ConfigError (with the config's lines)."""
     problems, warnings = check_sim_context(cfg, resolved, plan)
     for w in warnings:
         log(f"warning: {w}")
-    problems = check_output_dir(cfg.output_dir) + problems
+    problems = check_output_dir(cfg.output_dir) + check_env_pools(cfg) + problems
     if problems:
         raise ConfigError([(_at(w, lines), m) for w, m in problems])

@@ -343,7 +343,7 @@ def test_a_run_whose_workers_cannot_start_leaves_no_run_directory(tmp_path, monk
     """Reliability probe x2: `--address` to a cluster whose nodes lack the pools failed
     clearly but left an empty run directory behind. A new run's directory goes with the
     failure; a resumed run's directory is kept as it was."""
-    import rollart_sdk.job as job_module
+    from rollart_sdk.job import spawn
 
     cfg, lines = config(tmp_path)
     path = run(cfg, lines, 1).run_dir.path
@@ -352,7 +352,7 @@ def test_a_run_whose_workers_cannot_start_leaves_no_run_directory(tmp_path, monk
     def cannot_place(*a, **kw):  # what a cluster without the pools answers (Ray needed)
         raise RollartError("cannot place worker 'train-0': no alive node provides pool:H800")
 
-    monkeypatch.setattr(job_module, "_spawn_workers", cannot_place)
+    monkeypatch.setattr(spawn, "spawn_workers", cannot_place)
     with pytest.raises(RollartError, match="cannot place"):
         build_job(cfg, lines, in_process=True, log=lambda *a: None)
     assert [p for p in tmp_path.iterdir() if not p.name.startswith(".")] == [path]
