@@ -111,6 +111,7 @@ class _Workers:
     reward: WorkerHandle
     envs: dict[str, list[WorkerHandle]]  # task tag -> its env hosts (inline or workers)
     prefill: list[WorkerHandle]  # prefill-decode disaggregation: the prefill engines
+    prefill_routes: dict[str, list[str]]  # PD: task tag -> its pool's prefill engines
 
 
 # Times Ray restarts a dead engine worker's process (it then reloads the served weights
@@ -268,14 +269,16 @@ def _spawn_workers(cfg: RunConfig, resolved: ResolvedRun, plan: ResourcePlan,
     )
     routes = spawner.routes("gen", [t.tag for t in cfg.tasks])
     prefill = _spawn_prefill(cfg, resolved, plan, model, spawner, threads["actor_gen"])
-    if prefill:  # PD: every task's requests decode on the "gen" workers
+    prefill_routes: dict[str, list[str]] = {}
+    if prefill:  # PD: every task decodes on the "gen" workers, prefills in its own pool
         routes = {tag: [e.name for e in engines] for tag in [*routes, "default"]}
+        prefill_routes = spawner.routes("gen-prefill", [t.tag for t in cfg.tasks])
     reward = _reward_handle(resolved, spawner)
     envs = _spawn_envs(cfg, resolved, spawner, described)
     spawner.ready()  # every role's workers started at once; wait for all of them
     for h in engines + prefill + trainers:  # fail fast, with the worker's own error
         spawner.call(h, "version")
-    return _Workers(trainers, engines, routes, reward, envs, prefill)
+    return _Workers(trainers, engines, routes, reward, envs, prefill, prefill_routes)
 
 
 def _spawn_prefill(cfg: RunConfig, resolved: ResolvedRun, plan: ResourcePlan,
@@ -296,6 +299,7 @@ def _spawn_prefill(cfg: RunConfig, resolved: ResolvedRun, plan: ResourcePlan,
         (resolved.engine.descriptor, resolved.engine.options, model,
          resolved.transport.descriptor, resolved.transport.options, threads),
         workers_per_pool=plan.role("actor_gen").prefill_per_pool,
+        hw_affinity=plan.prefill_affinity(),
         max_restarts=ENGINE_MAX_RESTARTS, demand=plan.role("actor_gen").demand,
     )
     return handles
@@ -398,7 +402,8 @@ def _wire_control_plane(cfg: RunConfig, workers: _Workers, tasks: dict[str, Task
 
     r = cfg.rollout
     buffer = SampleBuffer(r.group_size, r.filter_zero_variance, r.filter_cap)
-    proxy = LLMProxy(workers.engines, workers.routes, prefill_workers=workers.prefill)
+    proxy = LLMProxy(workers.engines, workers.routes, prefill_workers=workers.prefill,
+                     prefill_routes=workers.prefill_routes)
     # Trajectories are stamped with the version the engines serve.
     versions = PolicyVersions()
     scheduler = RolloutScheduler(

@@ -141,14 +141,17 @@ class EngineWorker(ActorGenWorker):
                 type(exc).__name__, 0) + 1
             return None, exc
 
-    async def prefill_kv(self, request: GenerationRequest) -> Any:
-        """PD prefill side: the K/V of the request's prompt, for a decode worker."""
+    async def prefill_kv(self, request: GenerationRequest, held: int = 0,
+                         held_version: int | None = None) -> Any:
+        """PD prefill side: the K/V of the request's prompt, for a decode worker that
+        already holds its first ``held`` tokens at weights ``held_version`` (their K/V
+        are not sent)."""
         self._serving()
         prefill = getattr(self.engine, "prefill_kv", None)
         if prefill is None:
             raise TypeError(f"engine {type(self.engine).__name__} has no prefill_kv; "
                             "prefill-decode disaggregation needs an engine that exports K/V")
-        return await prefill(request)
+        return await prefill(request, held, held_version)
 
     async def release(self, trajectory_id: str) -> bool:
         """The trajectory ended: free the K/V its engine kept for a next turn (engines

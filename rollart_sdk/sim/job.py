@@ -131,7 +131,7 @@ def build_sim_job(cfg: RunConfig, lines: LineMap | None = None, run_name: str | 
     tasks = {t.tag: TaskRuntime(_scaled_task(t, sim.token_block), None, None, fmt)
              for t in cfg.tasks}
     hosts = {t.tag: envs for t in cfg.tasks}  # every task's envs on the sim env workers
-    pipeline = _wire_control_plane(cfg, _Workers(trainers, engines, routes, reward, hosts, []),
+    pipeline = _wire_control_plane(cfg, _Workers(trainers, engines, routes, reward, hosts, [], {}),
                                    tasks, fmt, run_dir)  # type: ignore[arg-type]
     run_dir.write_json("plan.json", plan.to_json())
     run_dir.write_json("bindings.json", spawner.bindings())

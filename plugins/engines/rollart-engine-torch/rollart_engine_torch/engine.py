@@ -133,6 +133,7 @@ class TorchEngine:
         self._counts = StepCounts()
         self._recomputed_total = 0
         self._aborted_total = 0  # requests ended by ABORT (freed before finishing)
+        self._handoff_short = 0  # PD hand-offs whose start this engine's cache lacked
         self._step_seconds = 0.0
         # Steps predicted to take at most this long run on the loop (no thread hop); the
         # prediction: compute seconds per fed token, measured on steps of >= 32 tokens.
@@ -169,18 +170,30 @@ class TorchEngine:
             seq.handoff = kv  # else stale or foreign: the prompt is simply computed here
         return await self._submit(seq)
 
-    async def prefill_kv(self, request: GenerationRequest) -> KVHandoff:
+    async def prefill_kv(self, request: GenerationRequest, held: int = 0,
+                         held_version: int | None = None) -> KVHandoff:
         """PD prefill side: the K/V of the prompt minus its last token, computed in the
-        batch like any request, exported and freed. Samples nothing."""
+        batch like any request (a trajectory's kept cache here covers its earlier turns),
+        exported and kept for the trajectory's next turn. Samples nothing.
+
+        ``held``: the decode engine already holds the K/V of the prompt's first ``held``
+        tokens (its last result's ``kv_kept``) at weights ``held_version`` (None: this
+        engine's version); only the positions after them are handed over. A stale
+        ``held_version`` hands over everything."""
         self._start()
         if self._closed:
             raise RollartError("engine 'torch' is shut down; create a new engine")
+        if held < 0:
+            raise ValueError(f"prefill_kv: held={held} must be >= 0 (tokens the decode "
+                             "engine holds; 0 when it holds none)")
         seq = self._make_seq(request)
         prefix = seq.tokens[:-1]
         if not prefix:
             return handoff.empty(self._runner, self._version)
         seq.tokens = prefix
         seq.prefill_only = True
+        if held_version is None or held_version == self._version:
+            seq.export_from = min(held, len(prefix))
         return await self._submit(seq)
 
     async def _submit(self, seq: Seq) -> Any:
@@ -240,7 +253,8 @@ class TorchEngine:
             self._version = int(version)
             n = 0
             for seq in self._running:
-                if seq.prefill_only:
+                if seq.prefill_only:  # computed afresh; the decode side's cache is stale too
+                    seq.cached = seq.export_from = 0
                     continue
                 seq.cached = 0
                 seq.handoff = None
@@ -263,6 +277,8 @@ class TorchEngine:
             "shared_tokens": self._counts.shared_tokens,
             "kv_idle": len(self._slots.idle),
             "kv_evicted": self._slots.evicted,
+            "handoff_tokens_out": self._counts.handoff_out,  # PD prefill: K/V positions sent
+            "handoff_short": self._handoff_short,  # PD decode: hand-offs past a lost cache
             "steps": self._counts.steps,
             "step_seconds": round(self._step_seconds, 4),
             "inline_steps": self._inline_steps,  # steps run on the loop (inline_step_s)
@@ -395,6 +411,11 @@ class TorchEngine:
             self._waiting.popleft()
             self._slots.assign(seq, idle)
             seq.cached = reuse
+            if seq.handoff is not None and seq.handoff.start > reuse:
+                # The hand-off continues a cache this engine no longer holds (evicted, or
+                # dropped at a weight update): what it lacks is computed here instead.
+                seq.handoff = None
+                self._handoff_short += 1
             self._counts.reused_tokens += reuse
             self._running.append(seq)
             budget -= n
@@ -404,10 +425,9 @@ class TorchEngine:
         """A step ended ``seq``: keep its KV for the trajectory's next turn, or free it."""
         self._running.remove(seq)
         tid = seq.request.trajectory_id
-        if seq.prefill_only:
-            self._slots.free(seq.slot)
-        elif self._reuse and tid and not self._closed:
+        if self._reuse and tid and not self._closed and seq.cached:
             self._slots.keep(tid, seq.slot, seq.tokens[: seq.cached], self._version)
+            seq.kv_kept = seq.cached
         else:
             self._slots.free(seq.slot)
         self._resolve(seq, seq.finish or "abort")

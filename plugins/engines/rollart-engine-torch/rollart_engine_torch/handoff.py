@@ -6,6 +6,15 @@ K/V out as a :class:`KVHandoff`; ``generate(request, kv=handoff)`` on another en
 imports them into a slot and decodes from there. Sampling happens on the decode side only,
 so a seeded request samples the same tokens with or without the hand-off. A hand-off from
 another weights version, or for other tokens, is ignored: the prompt is computed there.
+
+Multi-turn trajectories keep their cache on both sides. The prefill engine keeps the K/V
+it computed for a trajectory (like any engine with ``reuse_kv``), so its next turn
+computes only the new tokens (the last action, the observation). The decode engine keeps
+its own (its result's ``kv_kept`` says how many tokens); the LLMProxy passes that count to
+the next ``prefill_kv`` as ``held``, and the hand-off then carries only the positions the
+decode engine lacks (``KVHandoff.start`` onwards). A decode engine that no longer holds
+those ``start`` tokens (its cache was evicted, or a weight update dropped it) ignores the
+hand-off and computes what it lacks itself.
 """
 
 from __future__ import annotations
@@ -21,15 +30,22 @@ if TYPE_CHECKING:
 
 @dataclass
 class KVHandoff:
-    """The K/V of ``tokens`` (positions ``0..n-1``) computed at weights ``version``.
+    """The K/V of ``tokens[start:]`` (positions ``start..n-1``) computed at weights
+    ``version``; the receiver must already hold the first ``start`` (its kept cache).
 
-    ``k`` and ``v`` are CPU tensors ``[layers, kv_heads, n, head_dim]``. Between Ray
-    actors it travels through the object store (an ObjectRef passed as an argument)."""
+    ``k`` and ``v`` are CPU tensors ``[layers, kv_heads, n - start, head_dim]``. Between
+    Ray actors it travels through the object store (an ObjectRef passed as an argument)."""
 
-    tokens: list[int]
+    tokens: list[int]  # the whole prefix (checked against the receiver's prompt)
     version: int
     k: Any
     v: Any
+    start: int = 0
+
+    @property
+    def carried(self) -> int:
+        """Positions whose K/V travel in this hand-off."""
+        return len(self.tokens) - self.start
 
 
 def usable(kv: KVHandoff | None, tokens: list[int], version: int) -> bool:
@@ -45,21 +61,26 @@ def empty(runner: SlotRunner, version: int) -> KVHandoff:
 
 def import_pending(runner: SlotRunner, seqs: Iterable[Seq]) -> int:
     """Decode side, at the start of a step: copy each admitted sequence's hand-off into
-    its slot. Returns the tokens thus served (not computed)."""
+    its slot, after what the slot already holds (a kept cache: admission checked that it
+    covers the hand-off's ``start``). Returns the tokens thus served (not computed)."""
     reused = 0
     for seq in seqs:
-        if seq.handoff is not None:
-            runner.import_slot(seq.slot, seq.handoff.k, seq.handoff.v)
-            seq.cached = len(seq.handoff.tokens)
-            reused += seq.cached
-            seq.handoff = None
+        kv, seq.handoff = seq.handoff, None
+        if kv is None or len(kv.tokens) <= seq.cached or seq.cached < kv.start:
+            continue
+        skip = seq.cached - kv.start  # positions the slot holds already
+        runner.import_slot(seq.slot, kv.k[:, :, skip:], kv.v[:, :, skip:], at=seq.cached)
+        reused += len(kv.tokens) - seq.cached
+        seq.cached = len(kv.tokens)
     return reused
 
 
 def export(runner: SlotRunner, seq: Seq) -> None:
     """Prefill side, after the step that computed ``seq``'s prefix: keep its K/V (the
-    slot is freed when the sequence finishes)."""
-    seq.exported = runner.export_slot(seq.slot, seq.cached)
+    slot is kept or freed when the sequence finishes). Only the positions from
+    ``seq.export_from`` (what the decode engine holds already) are exported."""
+    seq.export_from = min(seq.export_from, seq.cached)
+    seq.exported = runner.export_slot(seq.slot, seq.cached, seq.export_from)
     seq.finish = "stop"
 
 
@@ -69,4 +90,4 @@ def result(runner: SlotRunner, seq: Seq, version: int) -> KVHandoff:
     if seq.exported is None:
         return empty(runner, version)
     k, v = seq.exported
-    return KVHandoff(list(seq.tokens), version, k, v)
+    return KVHandoff(list(seq.tokens), version, k, v, start=seq.export_from)
