@@ -67,10 +67,22 @@ class SimEngineWorker(ActorGenWorker):
         self._staged: tuple[WeightManifest, asyncio.Task[None] | None, float] | None = None
 
     @hw_mapping({})
-    async def generate(self, request: GenerationRequest) -> GenerationResult:
-        result: GenerationResult = await self.engine.generate(request)
+    async def generate(self, request: GenerationRequest,
+                       kv: list[Any] | None = None) -> GenerationResult:
+        """``kv``: PD, ``[the prefill worker's hand-off]`` (an awaitable); its K/V take
+        the link's time to arrive, then the engine decodes without prefilling."""
+        handoff = None
+        if kv:
+            handoff = await kv[0]
+            await asyncio.sleep(self.engine.kv_transfer_s(handoff))
+        result: GenerationResult = await self.engine.generate(request, kv=handoff)
         result.worker = self.name
         return result
+
+    async def prefill_kv(self, request: GenerationRequest, held: int = 0,
+                         held_version: int | None = None) -> Any:
+        """PD prefill side (see :meth:`rollart_sdk.sim.engine.SimEngine.prefill_kv`)."""
+        return await self.engine.prefill_kv(request, held, held_version)
 
     async def abort(self, request_id: str) -> bool:
         return bool(await self.engine.abort(request_id))
