@@ -35,7 +35,10 @@ Prefill-decode disaggregation: :meth:`prefill_kv` computes the K/V of a request'
 (all but its last token) and hands them out as a :class:`KVHandoff`; ``generate(request,
 kv=handoff)`` on another engine imports them into a slot and decodes from there. Sampling
 happens on the decode side only, so a seeded request samples the same tokens with or
-without the hand-off (:mod:`rollart_engine_torch.handoff`).
+without the hand-off. Across a trajectory's turns both engines keep its cache: the prefill
+engine computes only the new tokens, and the hand-off carries only the positions the
+decode engine lacks (``held``: its last result's ``kv_kept``;
+:mod:`rollart_engine_torch.handoff`).
 
 The package: ``engine.py`` (this: the public API, the command loop, admission),
 ``slots.py`` (per-request state, KV slots and kept caches), ``step.py`` (one step: the

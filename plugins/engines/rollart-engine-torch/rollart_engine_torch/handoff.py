@@ -1,8 +1,9 @@
 """Prefill-decode disaggregation in engine ``torch``: the K/V hand-off between engines.
 
 ``TorchEngine.prefill_kv(request)`` computes the K/V of a request's prompt (all but its
-last token) in the batch like any request, samples nothing, frees its slot and hands the
-K/V out as a :class:`KVHandoff`; ``generate(request, kv=handoff)`` on another engine
+last token) in the batch like any request, samples nothing, keeps its slot (as any
+trajectory's cache is kept for its next turn) and hands the K/V out as a
+:class:`KVHandoff`; ``generate(request, kv=handoff)`` on another engine
 imports them into a slot and decodes from there. Sampling happens on the decode side only,
 so a seeded request samples the same tokens with or without the hand-off. A hand-off from
 another weights version, or for other tokens, is ignored: the prompt is computed there.
