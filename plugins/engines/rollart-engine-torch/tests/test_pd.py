@@ -123,6 +123,23 @@ def test_pd_needs_both_phases(tmp_path):
         load_config(data=data)
 
 
+def test_validate_rejects_pd_on_an_engine_without_kv_handoff(tmp_path):
+    """`rollart validate` (not only the job build) names the key when the engine cannot
+    hand K/V over: vLLM's adapter has no prefill_kv (importable without vLLM itself)."""
+    import yaml
+
+    from rollart_sdk.testing.dists import run_cli
+
+    data = _config(tmp_path, pd=True)
+    data["engine"] = {"name": "vllm"}
+    data["transport"] = {"name": "ray"}  # vLLM runs in a process of its own
+    cfg = tmp_path / "pd-vllm.yaml"
+    cfg.write_text(yaml.safe_dump(data))
+    res = run_cli("validate", str(cfg))
+    assert res.returncode != 0
+    assert "roles.actor_gen.prefill" in res.stderr and "no prefill_kv" in res.stderr
+
+
 @pytest.mark.timeout(900)  # a local Ray and a 2-step run: minutes on a loaded machine
 def test_pd_trains_on_ray(tmp_path):
     """`rollart train` with roles.actor_gen.prefill/decode on a local Ray: the K/V hand-off
