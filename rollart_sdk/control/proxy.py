@@ -257,8 +257,9 @@ class LLMProxy:
             return False
 
     def release(self, trajectory_id: str) -> None:
-        """Forget a finished trajectory's worker binding, and tell that worker to free the
-        K/V it kept for the trajectory's next turn (in the background)."""
+        """Forget a finished trajectory's worker bindings, and tell those workers (its
+        decode worker and, with PD, its prefill worker) to free the K/V they kept for the
+        trajectory's next turn (in the background)."""
         self._held.pop(trajectory_id, None)
         for table in (self._sticky, self._sticky_prefill):
             name = table.pop(trajectory_id, None)

@@ -48,7 +48,10 @@ async def _dialogues(proxy, n: int, tags: tuple[str, ...] = ("FrozenLake",)) -> 
         proxy.release(f"tr{i}")
         return out
 
-    return list(await asyncio.gather(*(one(i) for i in range(n))))
+    out = list(await asyncio.gather(*(one(i) for i in range(n))))
+    for _ in range(10):  # let the background releases reach the engines
+        await asyncio.sleep(0)
+    return out
 
 
 def _run(tmp_path, pd: bool, data: dict | None = None, tags: tuple[str, ...] = ("FrozenLake",)):
@@ -87,6 +90,8 @@ def test_pd_tokens_equal_the_single_engine_run(tmp_path):
     assert sum(s["prefill_tokens"] for s in decode) == 0
     assert sum(s["reused_tokens"] for s in decode) == 4 * (5 + 11 + 17)
     assert sum(s["handoff_short"] for s in decode) == 0
+    # The trajectories ended: the proxy released what both sides kept for them.
+    assert prefill[0]["kv_idle"] == 0 and all(s["kv_idle"] == 0 for s in decode)
 
 
 def test_pd_prefill_follows_task_affinity(tmp_path):
