@@ -13,6 +13,7 @@ affinities (``ResourcePlan.hw_affinity()``), and the LLMProxy routes each task's
 
 from __future__ import annotations
 
+import inspect
 import os
 import sys
 import time
@@ -59,6 +60,17 @@ def _was_restarted() -> bool:
             return bool(ray.is_initialized()
                         and ray.get_runtime_context().was_current_actor_reconstructed)
     except Exception:  # noqa: BLE001 - not a Ray actor (in-process): never restarted
+        return False
+
+
+def _in_ray_actor() -> bool:
+    """True in a Ray actor's process (an in-process worker keeps objects as they are)."""
+    ray = sys.modules.get("ray")
+    if ray is None:
+        return False
+    try:
+        return bool(ray.is_initialized() and ray.get_runtime_context().get_actor_id())
+    except Exception:  # noqa: BLE001 - no runtime context: not an actor
         return False
 
 
@@ -125,6 +137,10 @@ class EngineWorker(ActorGenWorker):
         finally:
             self._started.discard(rid)
         result.worker = self.name
+        if result.kv_tail is not None and _in_ray_actor():
+            import ray  # the answer's K/V stay in the object store; the proxy gets a ref
+
+            result.kv_tail = ray.put(result.kv_tail)
         if failed is not None:
             from rollart_sdk.errors import is_worker_death
 
@@ -133,25 +149,32 @@ class EngineWorker(ActorGenWorker):
         return result
 
     async def _handoff(self, kv: list[Any]) -> tuple[Any, BaseException | None]:
-        """(the hand-off, None), or (None, why) when it failed."""
+        """(the hand-off, None), or (None, why) when it failed. ``kv[0]``: an ObjectRef
+        or an in-process task (awaited), or the hand-off itself (in process)."""
         try:
-            return await kv[0], None
+            return (await kv[0] if inspect.isawaitable(kv[0]) else kv[0]), None
         except Exception as exc:  # noqa: BLE001 - counted in stats; the prompt is computed here
             self.handoff_errors[type(exc).__name__] = self.handoff_errors.get(
                 type(exc).__name__, 0) + 1
             return None, exc
 
     async def prefill_kv(self, request: GenerationRequest, held: int = 0,
-                         held_version: int | None = None) -> Any:
+                         held_version: int | None = None,
+                         kv: list[Any] | None = None) -> Any:
         """PD prefill side: the K/V of the request's prompt, for a decode worker that
         already holds its first ``held`` tokens at weights ``held_version`` (their K/V
-        are not sent)."""
+        are not sent). ``kv``: ``[the decode worker's last answer's K/V]`` (its result's
+        ``kv_tail``, an ObjectRef or the object), imported instead of computed; one that
+        cannot be fetched is counted and the answer computed here."""
         self._serving()
         prefill = getattr(self.engine, "prefill_kv", None)
         if prefill is None:
             raise TypeError(f"engine {type(self.engine).__name__} has no prefill_kv; "
                             "prefill-decode disaggregation needs an engine that exports K/V")
-        return await prefill(request, held, held_version)
+        tail, _ = await self._handoff(kv) if kv else (None, None)
+        if tail is None:
+            return await prefill(request, held, held_version)
+        return await prefill(request, held, held_version, tail)
 
     async def release(self, trajectory_id: str) -> bool:
         """The trajectory ended: free the K/V its engine kept for a next turn (engines

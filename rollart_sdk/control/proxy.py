@@ -70,8 +70,9 @@ class LLMProxy:
         self._incarnation: Counter[str] = Counter()
         self._sticky: dict[str, str] = {}  # trajectory id -> worker name
         self._sticky_prefill: dict[str, str] = {}  # trajectory id -> prefill worker name
-        # PD: trajectory id -> (decode worker, tokens whose K/V it kept, their version)
-        self._held: dict[str, tuple[str, int, int]] = {}
+        # PD: trajectory id -> (decode worker, tokens whose K/V it kept, their version,
+        # its last answer's K/V for the next prefill: a ref, the object, or None)
+        self._held: dict[str, tuple[str, int, int, Any]] = {}
         self._inflight: dict[str, str] = {}  # request id -> worker name
         self._admitting: set[str] = set()  # waiting for admission (suspended)
         self._aborted: set[str] = set()  # aborted while waiting for admission (<= _admitting)
@@ -188,20 +189,22 @@ class LLMProxy:
             result: GenerationResult = await worker.call("generate", request)
             return result
         tid = request.trajectory_id
-        name, held, version = self._held.pop(tid, ("", 0, -1))
+        name, held, version, tail = self._held.pop(tid, ("", 0, -1, None))
         if name != worker.name:  # another decode worker holds it (or none): send it all
             held, version = 0, -1
         self._load[pre.name] += 1
         try:
-            # An ObjectRef (in a list, so that Ray does not resolve it here): the decode
-            # worker fetches the K/V straight from the object store; a failed prefill
-            # makes it compute the prompt itself.
-            kv = pre.submit("prefill_kv", request, held, version)
+            # ObjectRefs (in lists, so that Ray does not resolve them here): the workers
+            # fetch the K/V straight from the object store (the decode worker's last
+            # answer to the prefill worker, the prompt's to the decode worker); a failed
+            # fetch makes the worker compute what it lacks itself.
+            kv = pre.submit("prefill_kv", request, held, version, [tail] if tail is not None else None)
             result = await worker.call("generate", request, [kv])
         finally:
             self._load[pre.name] -= 1
+        tail, result.kv_tail = result.kv_tail, None  # not kept with the trajectory
         if tid and result.kv_kept and result.versions:
-            self._held[tid] = (worker.name, result.kv_kept, result.versions[-1])
+            self._held[tid] = (worker.name, result.kv_kept, result.versions[-1], tail)
         if result.handoff_worker_died:
             # The prefill worker's process is gone: out of the routes now (recovery brings
             # it back), not after every later request paid a failed hand-off.

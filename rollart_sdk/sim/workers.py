@@ -80,9 +80,13 @@ class SimEngineWorker(ActorGenWorker):
         return result
 
     async def prefill_kv(self, request: GenerationRequest, held: int = 0,
-                         held_version: int | None = None) -> Any:
-        """PD prefill side (see :meth:`rollart_sdk.sim.engine.SimEngine.prefill_kv`)."""
-        return await self.engine.prefill_kv(request, held, held_version)
+                         held_version: int | None = None, kv: list[Any] | None = None) -> Any:
+        """PD prefill side (see :meth:`rollart_sdk.sim.engine.SimEngine.prefill_kv`);
+        ``kv``: ``[the decode engine's last answer's K/V]``, which cross the link first."""
+        tail = kv[0] if kv else None
+        if tail is not None:
+            await asyncio.sleep(self.engine.kv_transfer_s(tail))
+        return await self.engine.prefill_kv(request, held, held_version, tail)
 
     async def abort(self, request_id: str) -> bool:
         return bool(await self.engine.abort(request_id))

@@ -171,10 +171,12 @@ class TorchEngine:
             return seq.result(self._name)
         if handoff.usable(kv, seq.tokens, self._version):
             seq.handoff = kv  # else stale or foreign: the prompt is simply computed here
+        seq.pd = kv is not None and bool(request.trajectory_id)
         return await self._submit(seq)
 
     async def prefill_kv(self, request: GenerationRequest, held: int = 0,
-                         held_version: int | None = None) -> KVHandoff:
+                         held_version: int | None = None,
+                         kv: KVHandoff | None = None) -> KVHandoff:
         """PD prefill side: the K/V of the prompt minus its last token, computed in the
         batch like any request (a trajectory's kept cache here covers its earlier turns),
         exported and kept for the trajectory's next turn. Samples nothing.
@@ -182,7 +184,8 @@ class TorchEngine:
         ``held``: the decode engine already holds the K/V of the prompt's first ``held``
         tokens (its last result's ``kv_kept``) at weights ``held_version`` (None: this
         engine's version); only the positions after them are handed over. A stale
-        ``held_version`` hands over everything."""
+        ``held_version`` hands over everything. ``kv``: the decode engine's last answer
+        for the trajectory (its result's ``kv_tail``), imported instead of computed."""
         self._start()
         if self._closed:
             raise RollartError("engine 'torch' is shut down; create a new engine")
@@ -197,6 +200,8 @@ class TorchEngine:
         seq.prefill_only = True
         if held_version is None or held_version == self._version:
             seq.export_from = min(held, len(prefix))
+        if handoff.usable(kv, prefix, self._version):
+            seq.handoff = kv
         return await self._submit(seq)
 
     async def _submit(self, seq: Seq) -> Any:
@@ -281,7 +286,7 @@ class TorchEngine:
             "kv_idle": len(self._slots.idle),
             "kv_evicted": self._slots.evicted,
             "handoff_tokens_out": self._counts.handoff_out,  # PD prefill: K/V positions sent
-            "handoff_short": self._handoff_short,  # PD decode: hand-offs past a lost cache
+            "handoff_short": self._handoff_short,  # PD: hand-offs past a cache it lost
             "steps": self._counts.steps,
             "step_seconds": round(self._step_seconds, 4),
             "inline_steps": self._inline_steps,  # steps run on the loop (inline_step_s)
@@ -431,6 +436,8 @@ class TorchEngine:
         if self._reuse and tid and not self._closed and seq.cached:
             self._slots.keep(tid, seq.slot, seq.tokens[: seq.cached], self._version)
             seq.kv_kept = seq.cached
+            if seq.pd and not seq.prefill_only:
+                seq.tail = handoff.tail(self._runner, seq, self._version)
         else:
             self._slots.free(seq.slot)
         self._resolve(seq, seq.finish or "abort")

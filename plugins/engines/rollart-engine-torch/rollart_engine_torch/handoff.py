@@ -13,9 +13,12 @@ it computed for a trajectory (like any engine with ``reuse_kv``), so its next tu
 computes only the new tokens (the last action, the observation). The decode engine keeps
 its own (its result's ``kv_kept`` says how many tokens); the LLMProxy passes that count to
 the next ``prefill_kv`` as ``held``, and the hand-off then carries only the positions the
-decode engine lacks (``KVHandoff.start`` onwards). A decode engine that no longer holds
-those ``start`` tokens (its cache was evicted, or a weight update dropped it) ignores the
-hand-off and computes what it lacks itself.
+decode engine lacks (``KVHandoff.start`` onwards). The other way, the decode engine hands
+back the K/V of each answer it sampled (:func:`tail`, ``GenerationResult.kv_tail``), which
+the LLMProxy passes to the next ``prefill_kv``: the prefill engine imports it into its
+kept cache and computes only the observation. An engine that no longer holds a hand-off's
+``start`` tokens (its cache was evicted, or a weight update dropped it) ignores it and
+computes what it lacks itself.
 """
 
 from __future__ import annotations
@@ -67,13 +70,24 @@ def import_pending(runner: SlotRunner, seqs: Iterable[Seq]) -> int:
     reused = 0
     for seq in seqs:
         kv, seq.handoff = seq.handoff, None
-        if kv is None or len(kv.tokens) <= seq.cached or seq.cached < kv.start:
-            continue
-        skip = seq.cached - kv.start  # positions the slot holds already
-        runner.import_slot(seq.slot, kv.k[:, :, skip:], kv.v[:, :, skip:], at=seq.cached)
-        reused += len(kv.tokens) - seq.cached
-        seq.cached = len(kv.tokens)
+        end = min(len(kv.tokens), len(seq.tokens) - 1) if kv is not None else 0
+        if kv is None or end <= seq.cached or seq.cached < kv.start:
+            continue  # (at least one token is computed: its logits are needed)
+        a, b = seq.cached - kv.start, end - kv.start  # positions the slot lacks
+        runner.import_slot(seq.slot, kv.k[:, :, a:b], kv.v[:, :, a:b], at=seq.cached)
+        reused += end - seq.cached
+        seq.cached = end
     return reused
+
+
+def tail(runner: SlotRunner, seq: Seq, version: int) -> KVHandoff:
+    """PD decode side, when ``seq`` finished and its K/V were kept: the positions the
+    prefill engine lacks for the trajectory's next turn (it holds the prompt but its last
+    token): that last token and the answer, handed back so that the next prefill computes
+    only the observation."""
+    start = min(max(len(seq.request.prompt_ids) - 1, 0), seq.cached)
+    return KVHandoff(seq.tokens[: seq.cached], version,
+                     *runner.export_slot(seq.slot, seq.cached, start), start=start)
 
 
 def export(runner: SlotRunner, seq: Seq) -> None:

@@ -81,11 +81,11 @@ def test_pd_tokens_equal_the_single_engine_run(tmp_path):
     assert sum(s["tokens_generated"] for s in decode) == 4 * 3 * 4
     assert all(s["reused_tokens"] > 0 for s in decode)
     # Both sides kept each trajectory's cache between its turns (prompts of 6, 12 and 18
-    # tokens): the prefill worker computed each token of a trajectory once (5, then the
-    # 6 new ones of each later turn: 17 = the last prompt minus its last token); only
-    # the K/V the decode worker lacked travelled (5, then the 2 observation tokens); the
+    # tokens: + 4 answered, + 2 observed): the prefill worker computed the first prompt
+    # (5), then only each observation (2): the decode worker handed each answer's K/V
+    # back; only the K/V the decode worker lacked travelled to it (5, then 2 and 2); the
     # decode workers computed nothing but each prompt's last token.
-    assert prefill[0]["prefill_tokens"] == 4 * 17 and prefill[0]["kv_evicted"] == 0
+    assert prefill[0]["prefill_tokens"] == 4 * (5 + 2 + 2) and prefill[0]["kv_evicted"] == 0
     assert prefill[0]["handoff_tokens_out"] == 4 * (5 + 2 + 2)
     assert sum(s["prefill_tokens"] for s in decode) == 0
     assert sum(s["reused_tokens"] for s in decode) == 4 * (5 + 11 + 17)
@@ -116,8 +116,8 @@ def test_pd_prefill_follows_task_affinity(tmp_path):
     for tag, pool in (("A", "H800"), ("B", "H20")):
         (name,) = proxy.prefill_routes[tag]
         assert pools[name] == pool
-        # its task's two trajectories only: 17 prompt tokens each (see above)
-        assert stats[name]["prefill_tokens"] == 2 * 17
+        # its task's two trajectories only: 5 + 2 + 2 prompt tokens each (see above)
+        assert stats[name]["prefill_tokens"] == 2 * 9
     assert set(proxy.routes["A"]) == set(proxy.routes["B"]) == set(proxy.workers)
 
 
