@@ -18,11 +18,11 @@
   sticky per trajectory like the decode worker) and its K/V handed to the (sticky) decode
   worker as a Ray ObjectRef, so the cache moves between the two through the object store,
   never through this process; the decode worker samples every token. With multi-turn KV
-  reuse both keep a trajectory's cache between turns: the prefill worker computes only
-  the new tokens, and the hand-off carries only the positions the decode worker lacks
-  (the proxy passes on what the decode worker's last result said it kept,
-  ``kv_kept``); a hand-off that is stale or continues a cache the decode worker lost is
-  ignored (it then computes what it lacks);
+  reuse both keep a trajectory's cache between turns: the decode worker's result hands
+  its answer's K/V back (``kv_tail``, a ref), so the prefill worker computes only the
+  observation, and the hand-off carries only the positions the decode worker lacks (the
+  proxy passes on what its last result said it kept, ``kv_kept``); a hand-off that is
+  stale or continues a cache the receiver lost is ignored (it computes what it lacks);
 - ``release`` (a trajectory ended) frees the K/V its workers kept for a next turn.
 
 It only routes: weights reach the engines through ``rollart_sdk.weights.WeightSync``.

@@ -120,6 +120,7 @@ class SimEngine:
         self.kv_link_gbps = kv_link_gbps
         self.handoff_tokens_out = 0.0  # PD prefill side: modelled tokens whose K/V were sent
         self.handoff_short = 0  # PD decode side: hand-offs past a cache this engine lost
+        self.handoff_tokens_back = 0.0  # PD decode side: answer tokens whose K/V went back
         self.capacity = kv_capacity_tokens(hardware, self.devices, model_spec)
         self.response_tokens = response_tokens
         self.name = name
@@ -261,6 +262,7 @@ class SimEngine:
             "busy_s": self.busy_s, "recompute_s": self.recompute_s, "steps": self.steps,
             "prefill_tokens": self.prefill_tokens, "decode_tokens": self.decode_tokens,
             "handoff_tokens_out": self.handoff_tokens_out, "handoff_short": self.handoff_short,
+            "handoff_tokens_back": self.handoff_tokens_back,
             "tag_prefill_s": dict(self.tag_prefill_s), "tag_decode_s": dict(self.tag_decode_s),
             "tag_tokens": {k: list(v) for k, v in self.tag_tokens.items()},
         }
@@ -305,6 +307,7 @@ class SimEngine:
             return
         kept = self._cache.get(r.request.trajectory_id, 0) if reason != "abort" else 0
         tail = SimKV(kept, r.prompt, self._version) if r.pd and kept else None
+        self.handoff_tokens_back += tail.carried if tail is not None else 0
         r.future.set_result(GenerationResult(
             r.request.request_id, [1] * blocks, [-1.0] * blocks, versions, reason,  # type: ignore[arg-type]
             recomputed=len(r.switches), kv_kept=kept, kv_tail=tail))

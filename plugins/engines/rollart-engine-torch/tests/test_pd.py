@@ -186,6 +186,9 @@ def test_pd_trains_on_ray(tmp_path):
     engines = summary["engines"]
     assert engines["gen-prefill-0"]["tokens_generated"] == 0
     assert engines["gen-0"]["tokens_generated"] > 0 and "pd_handoff_errors" not in engines["gen-0"]
+    # Each answer's K/V went back to the prefill worker through the object store (a ref
+    # put by the decode actor), and it used them: no failed fetch there either.
+    assert "pd_handoff_errors" not in engines["gen-prefill-0"]
     assert engines["gen-0"]["prefill_tokens"] < engines["gen-prefill-0"]["prefill_tokens"]
     plan = json.loads((run / "plan.json").read_text())
     assert plan["roles"]["actor_gen"]["prefill_per_pool"] and plan["threads"]["actor_gen"] >= 1
