@@ -62,10 +62,6 @@ class GenerationResult:
     # kept for the trajectory's next turn (0: none). With PD the LLMProxy passes it to the
     # next turn's prefill, which then hands over only the K/V the decode worker lacks.
     kv_kept: int = 0
-    # PD: the K/V of the answer the decode worker sampled, handed back for the trajectory's
-    # next prefill (the engine's own object, a Ray ObjectRef between processes; the
-    # LLMProxy takes it out of the result). None: nothing to hand back.
-    kv_tail: Any = None
 
 
 @dataclass

@@ -63,17 +63,6 @@ def _was_restarted() -> bool:
         return False
 
 
-def _in_ray_actor() -> bool:
-    """True in a Ray actor's process (an in-process worker keeps objects as they are)."""
-    ray = sys.modules.get("ray")
-    if ray is None:
-        return False
-    try:
-        return bool(ray.is_initialized() and ray.get_runtime_context().get_actor_id())
-    except Exception:  # noqa: BLE001 - no runtime context: not an actor
-        return False
-
-
 def _one_thread(threads: int | None = None) -> None:
     """Processes share few cores: ``threads`` torch threads (the run's thread plan,
     :mod:`rollart_sdk.resources.threads`), else ``ROLLART_TORCH_THREADS``, else one
@@ -137,10 +126,6 @@ class EngineWorker(ActorGenWorker):
         finally:
             self._started.discard(rid)
         result.worker = self.name
-        if result.kv_tail is not None and _in_ray_actor():
-            import ray  # the answer's K/V stay in the object store; the proxy gets a ref
-
-            result.kv_tail = ray.put(result.kv_tail)
         if failed is not None:
             from rollart_sdk.errors import is_worker_death
 
@@ -163,9 +148,10 @@ class EngineWorker(ActorGenWorker):
                          kv: list[Any] | None = None) -> Any:
         """PD prefill side: the K/V of the request's prompt, for a decode worker that
         already holds its first ``held`` tokens at weights ``held_version`` (their K/V
-        are not sent). ``kv``: ``[the decode worker's last answer's K/V]`` (its result's
-        ``kv_tail``, an ObjectRef or the object), imported instead of computed; one that
-        cannot be fetched is counted and the answer computed here."""
+        are not sent). ``kv``: ``[the decode worker's last answer's K/V]`` (its
+        ``export_kv``: an ObjectRef, an in-process task, or None when it kept none),
+        imported instead of computed; one that cannot be fetched is counted and the
+        answer computed here."""
         self._serving()
         prefill = getattr(self.engine, "prefill_kv", None)
         if prefill is None:
@@ -175,6 +161,14 @@ class EngineWorker(ActorGenWorker):
         if tail is None:
             return await prefill(request, held, held_version)
         return await prefill(request, held, held_version, tail)
+
+    async def export_kv(self, trajectory_id: str, start: int) -> Any:
+        """PD decode side: the K/V its engine kept for the trajectory from position
+        ``start`` on (the answer it sampled), for the trajectory's next prefill; None from
+        an engine that keeps none or cannot export."""
+        self._serving()
+        export = getattr(self.engine, "export_kv", None)
+        return await export(trajectory_id, start) if export is not None else None
 
     async def release(self, trajectory_id: str) -> bool:
         """The trajectory ended: free the K/V its engine kept for a next turn (engines

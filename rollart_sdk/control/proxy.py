@@ -18,11 +18,12 @@
   sticky per trajectory like the decode worker) and its K/V handed to the (sticky) decode
   worker as a Ray ObjectRef, so the cache moves between the two through the object store,
   never through this process; the decode worker samples every token. With multi-turn KV
-  reuse both keep a trajectory's cache between turns: the decode worker's result hands
-  its answer's K/V back (``kv_tail``, a ref), so the prefill worker computes only the
-  observation, and the hand-off carries only the positions the decode worker lacks (the
-  proxy passes on what its last result said it kept, ``kv_kept``); a hand-off that is
-  stale or continues a cache the receiver lost is ignored (it computes what it lacks);
+  reuse both keep a trajectory's cache between turns: at the next turn the decode worker
+  hands its last answer's K/V to the prefill worker (``export_kv``, a ref), so the
+  prefill worker computes only the observation, and the hand-off carries only the
+  positions the decode worker lacks (the proxy passes on what its last result said it
+  kept, ``kv_kept``); a hand-off that is stale or continues a cache the receiver lost is
+  ignored (it computes what it lacks);
 - ``release`` (a trajectory ended) frees the K/V its workers kept for a next turn.
 
 It only routes: weights reach the engines through ``rollart_sdk.weights.WeightSync``.
@@ -71,8 +72,8 @@ class LLMProxy:
         self._sticky: dict[str, str] = {}  # trajectory id -> worker name
         self._sticky_prefill: dict[str, str] = {}  # trajectory id -> prefill worker name
         # PD: trajectory id -> (decode worker, tokens whose K/V it kept, their version,
-        # its last answer's K/V for the next prefill: a ref, the object, or None)
-        self._held: dict[str, tuple[str, int, int, Any]] = {}
+        # tokens the prefill worker kept: the last prompt but its last token)
+        self._held: dict[str, tuple[str, int, int, int]] = {}
         self._inflight: dict[str, str] = {}  # request id -> worker name
         self._admitting: set[str] = set()  # waiting for admission (suspended)
         self._aborted: set[str] = set()  # aborted while waiting for admission (<= _admitting)
@@ -189,22 +190,25 @@ class LLMProxy:
             result: GenerationResult = await worker.call("generate", request)
             return result
         tid = request.trajectory_id
-        name, held, version, tail = self._held.pop(tid, ("", 0, -1, None))
+        name, held, version, pre_has = self._held.pop(tid, ("", 0, -1, 0))
+        answer = None
         if name != worker.name:  # another decode worker holds it (or none): send it all
             held, version = 0, -1
+        elif held > pre_has:  # the answer the prefill worker lacks, from the decode worker
+            answer = [worker.submit("export_kv", tid, pre_has)]
         self._load[pre.name] += 1
         try:
             # ObjectRefs (in lists, so that Ray does not resolve them here): the workers
             # fetch the K/V straight from the object store (the decode worker's last
             # answer to the prefill worker, the prompt's to the decode worker); a failed
             # fetch makes the worker compute what it lacks itself.
-            kv = pre.submit("prefill_kv", request, held, version, [tail] if tail is not None else None)
+            kv = pre.submit("prefill_kv", request, held, version, answer)
             result = await worker.call("generate", request, [kv])
         finally:
             self._load[pre.name] -= 1
-        tail, result.kv_tail = result.kv_tail, None  # not kept with the trajectory
         if tid and result.kv_kept and result.versions:
-            self._held[tid] = (worker.name, result.kv_kept, result.versions[-1], tail)
+            self._held[tid] = (worker.name, result.kv_kept, result.versions[-1],
+                               max(len(request.prompt_ids) - 1, 0))
         if result.handoff_worker_died:
             # The prefill worker's process is gone: out of the routes now (recovery brings
             # it back), not after every later request paid a failed hand-off.

@@ -21,8 +21,8 @@ does it: ``prefill_kv`` prefills a prompt's uncached tokens in a step of its own
 prefill engine keeps each trajectory's prefix too) and returns a :class:`SimKV` that
 carries only the positions the decode engine lacks (``held``: what its last result said
 it kept, ``kv_kept``); ``generate(request, kv=...)`` then prefills nothing and decodes
-from its first step, and hands the answer's K/V back (``kv_tail``) for the next turn's
-prefill, which then computes only the observation. The K/V's trip between the two is the worker's
+from its first step; at the next turn it hands the answer's K/V back (``export_kv``) and
+the prefill computes only the observation. The K/V's trip between the two is the worker's
 (:meth:`SimEngine.kv_transfer_s`, at ``kv_link_gbps``).
 """
 
@@ -86,7 +86,7 @@ class SimKV:
 
 class _Req:
     __slots__ = ("request", "prompt", "new", "n_out", "capped", "start", "future",
-                 "switches", "base", "handoff_from", "pd")
+                 "switches", "base", "handoff_from")
 
     def __init__(self, request: GenerationRequest, prompt: int, new: int, n_out: int,
                  capped: bool, future: asyncio.Future[Any]) -> None:
@@ -100,7 +100,6 @@ class _Req:
         self.switches: list[tuple[float, int]] = []  # (tokens done, version before)
         self.base = 0.0  # prompt - start: its context is base + iteration counter
         self.handoff_from = -1  # PD prefill request: positions from here travel (else -1)
-        self.pd = False  # PD decode request: hand its answer's K/V back (kv_tail)
 
 
 class SimEngine:
@@ -174,9 +173,7 @@ class SimEngine:
         capped = want > cap
         n_out = min(want, cap)
         fut: asyncio.Future[GenerationResult] = loop.create_future()
-        r = _Req(request, prompt, new, n_out, capped, fut)
-        r.pd = kv is not None and bool(request.trajectory_id)
-        self._waiting.append(r)
+        self._waiting.append(_Req(request, prompt, new, n_out, capped, fut))
         self._poke()
         return await fut
 
@@ -185,7 +182,8 @@ class SimEngine:
         """PD prefill side: prefill the prompt's uncached tokens (kept for the trajectory's
         next turn); the hand-off carries the positions after the ``held`` the decode
         engine holds at ``held_version`` (None: this engine's version). ``kv``: the
-        decode engine's last answer (its ``kv_tail``), which then needs no prefill."""
+        decode engine's last answer (its :meth:`export_kv`), which then needs no
+        prefill."""
         loop = self._start()
         prompt, cached = self._prompt_and_cached(request)
         if (kv is not None and kv.version == self._version and kv.start <= cached
@@ -195,11 +193,20 @@ class SimEngine:
         fut: asyncio.Future[Any] = loop.create_future()
         r = _Req(request, prompt, new, 0, False, fut)
         fresh = held_version is None or held_version == self._version
-        r.handoff_from = min(held, prompt) if fresh else 0
+        r.handoff_from = min(held * self.block, prompt) if fresh else 0  # held: token ids
         self._waiting.append(r)
         self._poke()
         out: SimKV = await fut
         return out
+
+    async def export_kv(self, trajectory_id: str, start: int) -> SimKV | None:
+        """PD decode side: the trajectory's kept K/V from ``start`` on (the answer, for
+        its next prefill), or None when this engine keeps nothing past ``start``."""
+        kept, start = self._cache.get(trajectory_id, 0), start * self.block  # start: ids
+        if kept <= start:
+            return None
+        self.handoff_tokens_back += kept - start
+        return SimKV(kept, start, self._version)
 
     def kv_transfer_s(self, kv: SimKV) -> float:
         """Seconds a hand-off's K/V take over the PD link."""
@@ -306,11 +313,10 @@ class SimEngine:
             r.future.set_result(SimKV(0, 0, self._version))
             return
         kept = self._cache.get(r.request.trajectory_id, 0) if reason != "abort" else 0
-        tail = SimKV(kept, r.prompt, self._version) if r.pd and kept else None
-        self.handoff_tokens_back += tail.carried if tail is not None else 0
+        kept = -(-kept // self.block)  # in token ids, as the LLMProxy counts them
         r.future.set_result(GenerationResult(
             r.request.request_id, [1] * blocks, [-1.0] * blocks, versions, reason,  # type: ignore[arg-type]
-            recomputed=len(r.switches), kv_kept=kept, kv_tail=tail))
+            recomputed=len(r.switches), kv_kept=kept))
 
     def _drop_running(self, r: _Req) -> None:
         del self._running[r.request.request_id]

@@ -83,13 +83,17 @@ class SimEngineWorker(ActorGenWorker):
                          held_version: int | None = None, kv: list[Any] | None = None) -> Any:
         """PD prefill side (see :meth:`rollart_sdk.sim.engine.SimEngine.prefill_kv`);
         ``kv``: ``[the decode engine's last answer's K/V]``, which cross the link first."""
-        tail = kv[0] if kv else None
+        tail = (await kv[0]) if kv else None
         if tail is not None:
             await asyncio.sleep(self.engine.kv_transfer_s(tail))
         return await self.engine.prefill_kv(request, held, held_version, tail)
 
     async def abort(self, request_id: str) -> bool:
         return bool(await self.engine.abort(request_id))
+
+    async def export_kv(self, trajectory_id: str, start: int) -> Any:
+        """PD decode side (see :meth:`rollart_sdk.sim.engine.SimEngine.export_kv`)."""
+        return await self.engine.export_kv(trajectory_id, start)
 
     async def release(self, trajectory_id: str) -> bool:
         """The trajectory ended: forget its cached prefix."""

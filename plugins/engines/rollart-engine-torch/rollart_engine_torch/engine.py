@@ -171,7 +171,6 @@ class TorchEngine:
             return seq.result(self._name)
         if handoff.usable(kv, seq.tokens, self._version):
             seq.handoff = kv  # else stale or foreign: the prompt is simply computed here
-        seq.pd = kv is not None and bool(request.trajectory_id)
         return await self._submit(seq)
 
     async def prefill_kv(self, request: GenerationRequest, held: int = 0,
@@ -185,7 +184,7 @@ class TorchEngine:
         tokens (its last result's ``kv_kept``) at weights ``held_version`` (None: this
         engine's version); only the positions after them are handed over. A stale
         ``held_version`` hands over everything. ``kv``: the decode engine's last answer
-        for the trajectory (its result's ``kv_tail``), imported instead of computed."""
+        for the trajectory (its :meth:`export_kv`), imported instead of computed."""
         self._start()
         if self._closed:
             raise RollartError("engine 'torch' is shut down; create a new engine")
@@ -232,6 +231,18 @@ class TorchEngine:
         self._aborts.append(request_id)
         self._kick()
         return True
+
+    async def export_kv(self, trajectory_id: str, start: int) -> KVHandoff | None:
+        """PD decode side: the K/V this engine kept for ``trajectory_id`` from position
+        ``start`` on (the answer it sampled, which the prefill engine lacks), or None when
+        it keeps nothing past ``start``. Taken between steps; the cache stays kept."""
+        self._start()
+        idle = self._slots.idle.get(trajectory_id) if trajectory_id else None
+        if idle is None:
+            return None
+        assert self._step_lock is not None
+        async with self._step_lock:
+            return handoff.kept(self._runner, idle, max(start, 0))
 
     async def release(self, trajectory_id: str) -> bool:
         """The trajectory ended: free the KV kept for its next turn. True if one was kept."""
@@ -436,8 +447,6 @@ class TorchEngine:
         if self._reuse and tid and not self._closed and seq.cached:
             self._slots.keep(tid, seq.slot, seq.tokens[: seq.cached], self._version)
             seq.kv_kept = seq.cached
-            if seq.pd and not seq.prefill_only:
-                seq.tail = handoff.tail(self._runner, seq, self._version)
         else:
             self._slots.free(seq.slot)
         self._resolve(seq, seq.finish or "abort")

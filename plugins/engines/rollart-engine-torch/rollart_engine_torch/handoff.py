@@ -13,10 +13,12 @@ it computed for a trajectory (like any engine with ``reuse_kv``), so its next tu
 computes only the new tokens (the last action, the observation). The decode engine keeps
 its own (its result's ``kv_kept`` says how many tokens); the LLMProxy passes that count to
 the next ``prefill_kv`` as ``held``, and the hand-off then carries only the positions the
-decode engine lacks (``KVHandoff.start`` onwards). The other way, the decode engine hands
-back the K/V of each answer it sampled (:func:`tail`, ``GenerationResult.kv_tail``), which
-the LLMProxy passes to the next ``prefill_kv``: the prefill engine imports it into its
-kept cache and computes only the observation. An engine that no longer holds a hand-off's
+decode engine lacks (``KVHandoff.start`` onwards). The other way, at the trajectory's
+next turn the LLMProxy asks the decode engine for the K/V of the answer it sampled
+(``TorchEngine.export_kv``, :func:`kept`) and passes them to ``prefill_kv``: the prefill
+engine imports them into its kept cache and computes only the observation. (Asked for at
+the next turn, not handed out at every finish: a trajectory's last answer, often the
+longest, is never copied.) An engine that no longer holds a hand-off's
 ``start`` tokens (its cache was evicted, or a weight update dropped it) ignores it and
 computes what it lacks itself.
 """
@@ -29,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from rollart_engine_torch.runner import SlotRunner
-    from rollart_engine_torch.slots import Seq
+    from rollart_engine_torch.slots import Idle, Seq
 
 
 @dataclass
@@ -80,14 +82,15 @@ def import_pending(runner: SlotRunner, seqs: Iterable[Seq]) -> int:
     return reused
 
 
-def tail(runner: SlotRunner, seq: Seq, version: int) -> KVHandoff:
-    """PD decode side, when ``seq`` finished and its K/V were kept: the positions the
-    prefill engine lacks for the trajectory's next turn (it holds the prompt but its last
-    token): that last token and the answer, handed back so that the next prefill computes
-    only the observation."""
-    start = min(max(len(seq.request.prompt_ids) - 1, 0), seq.cached)
-    return KVHandoff(seq.tokens[: seq.cached], version,
-                     *runner.export_slot(seq.slot, seq.cached, start), start=start)
+def kept(runner: SlotRunner, idle: Idle, start: int) -> KVHandoff | None:
+    """PD decode side: positions ``start..`` of a trajectory's kept cache (the answer it
+    sampled, for the prefill engine that holds the first ``start``), or None when it
+    holds nothing past them."""
+    n = len(idle.tokens)
+    if start >= n:
+        return None
+    return KVHandoff(list(idle.tokens), idle.version, *runner.export_slot(idle.slot, n, start),
+                     start=start)
 
 
 def export(runner: SlotRunner, seq: Seq) -> None:

@@ -53,8 +53,6 @@ class Seq:
     exported: tuple[Any, Any] | None = None  # PD prefill side: the computed K/V
     export_from: int = 0  # PD prefill side: the decode engine holds positions before this
     kv_kept: int = 0  # tokens whose K/V were kept for the trajectory's next turn
-    pd: bool = False  # PD decode side: hand the answer's K/V back for the next prefill
-    tail: KVHandoff | None = None  # that hand-back (positions the prefill engine lacks)
 
     @classmethod
     def from_request(cls, request: GenerationRequest, *, vocab_size: int, max_seq_len: int,
@@ -93,7 +91,6 @@ class Seq:
             recomputed=self.recomputed,
             worker=worker,
             kv_kept=self.kv_kept,
-            kv_tail=self.tail,
         )
 
 

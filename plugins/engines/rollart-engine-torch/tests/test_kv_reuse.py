@@ -207,9 +207,9 @@ async def _pd_dialogues(pre: TorchEngine, dec: TorchEngine, turns: int,
                         hand_back: bool = True) -> list[dict]:
     """Two trajectories, their turns interleaved, with PD as the LLMProxy runs it: each
     turn's prompt goes through ``pre.prefill_kv`` (told what ``dec`` kept of the
-    trajectory, its last result's ``kv_kept``, and given that result's answer K/V,
-    ``kv_tail``, unless not ``hand_back``) and is decoded by ``dec``. One record per turn
-    with the engines' counter deltas; each answer is 3 tokens, each observation 3."""
+    trajectory, its last result's ``kv_kept``, and given the answer's K/V from
+    ``dec.export_kv``, unless not ``hand_back``) and is decoded by ``dec``. One record per
+    turn with the engines' counter deltas; each answer is 3 tokens, each observation 3."""
     contexts = {t: [7 + i, 8, 9, 10, 11, 12 + i] for i, t in enumerate(("a", "b"))}
     held: dict[str, tuple] = {}
     records = []
@@ -218,14 +218,16 @@ async def _pd_dialogues(pre: TorchEngine, dec: TorchEngine, turns: int,
             prompt = contexts[traj]
             seed = 10 * i + turn
             req = _turn(f"{traj}/t{turn}", prompt, traj, seed=seed, max_new_tokens=3)
+            kept, version, pre_has = held.get(traj, (0, None, 0))
+            answer = await dec.export_kv(traj, pre_has) if hand_back and kept else None
             pre0, dec0 = pre.stats(), dec.stats()
-            kv = await pre.prefill_kv(req, *held.get(traj, (0, None, None)))
+            kv = await pre.prefill_kv(req, kept, version, answer)
             res = await dec.generate(req, kv=kv)
             pre1, dec1 = pre.stats(), dec.stats()
-            held[traj] = (res.kv_kept, res.versions[-1], res.kv_tail if hand_back else None)
+            held[traj] = (res.kv_kept, res.versions[-1], len(prompt) - 1)
             records.append({
                 "traj": traj, "turn": turn, "prompt": list(prompt), "seed": seed,
-                "result": res, "kv": kv,
+                "result": res, "kv": kv, "answer": answer,
                 "prefill_computed": pre1["prefill_tokens"] - pre0["prefill_tokens"],
                 "prefill_short": pre1["handoff_short"] - pre0["handoff_short"],
                 "decode_computed": dec1["prefill_tokens"] - dec0["prefill_tokens"],
@@ -265,9 +267,10 @@ def test_pd_multi_turn_prefills_only_new_tokens_and_keeps_decode_kv(tiny_model, 
                    zip(res.logprobs, reference(prompt, res.token_ids), strict=True)) < 1e-4
         last = previous.get(r["traj"])
         # The decode engine kept the whole context but the last sampled token's K/V, and
-        # handed back what the prefill engine lacks: the last prompt token + the answer.
+        # handed back what the prefill engine lacked: the last prompt token + the answer.
         assert res.kv_kept == len(prompt) + len(res.token_ids) - 1
-        assert res.kv_tail.start == len(prompt) - 1 and res.kv_tail.carried == 3
+        if last is not None:
+            assert r["answer"].start == len(last["prompt"]) - 1 and r["answer"].carried == 3
         if last is None:
             assert r["prefill_computed"] == len(prompt) - 1 and kv.start == 0
         else:
@@ -288,9 +291,10 @@ def test_pd_multi_turn_prefills_only_new_tokens_and_keeps_decode_kv(tiny_model, 
 
 def test_pd_multi_turn_after_eviction(tiny_model):
     """A prefill engine that lost a trajectory's cache (one KV slot, two trajectories)
-    recomputes the evicted prefix (the hand-back cannot continue it), still sending only
-    what the decode engine lacks; a decode engine that lost its cache ignores the short
-    hand-off and computes what it lacks itself. Same tokens either way."""
+    recomputes the evicted prefix (the answer handed back cannot continue it), still
+    sending only what the decode engine lacks; a decode engine that lost its cache ignores
+    the short hand-off, computes what it lacks itself and has no answer to hand back.
+    Same tokens either way."""
 
     async def run(pre_slots: int, dec_slots: int):
         pre = TorchEngine(model=tiny_model, max_running=1, kv_slots=pre_slots, eos_token_ids=[])
@@ -312,4 +316,5 @@ def test_pd_multi_turn_after_eviction(tiny_model):
         assert r["decode_computed"] == 0
     for r in dec_evicts[2:]:  # turns after the first: the decode cache was evicted
         assert r["short"] == 1 and r["decode_computed"] == len(r["prompt"]) - 1
-        assert r["prefill_computed"] == 3  # the hand-back was taken before the eviction
+        # nor an answer to hand back: the prefill engine computes it (3) + the observation
+        assert r["answer"] is None and r["prefill_computed"] == 6
