@@ -375,6 +375,22 @@ def _agent_problems(i: int, task: Any, fmt: Any) -> Problems:
     return problems
 
 
+def check_pd(cfg: RunConfig, resolved: Any) -> Problems:
+    """Prefill-decode disaggregation needs an engine that hands K/V over (``prefill_kv``;
+    engine ``torch`` does, vLLM and SGLang do not)."""
+    if not cfg.roles.actor_gen.disaggregated or resolved.engine is None:
+        return []
+    try:
+        engine_cls = resolved.engine.descriptor.load()
+    except ImportError:  # its stack is not installed: reported as missing
+        return []
+    if hasattr(engine_cls, "prefill_kv"):
+        return []
+    return [("roles.actor_gen.prefill", f"engine {cfg.engine.name!r} cannot hand K/V over "
+             "(it has no prefill_kv); use engine torch, or drop roles.actor_gen.prefill/"
+             "decode")]
+
+
 def sampling_warnings(cfg: RunConfig) -> list[str]:
     """Tasks that sample with top-k or top-p: the tokens come from a truncated
     distribution, while engines report and trainers optimise the untruncated policy
@@ -461,6 +477,7 @@ def preflight(cfg: RunConfig, resolved: Any, lines: Any = None, log: Any = print
         fail(missing)
     for where, why in missing:
         log(f"warning: {where}: {why}")
+    fail(check_pd(cfg, resolved))
     for w in (sampling_warnings(cfg) + check_precision(cfg, resolved.trainer)
               + option_clash_warnings(cfg, resolved)):
         log(f"warning: {w}")

@@ -58,6 +58,10 @@ class GenerationResult:
     # and whether the prefill worker's process is gone (the LLMProxy takes it out).
     handoff_error: str = ""
     handoff_worker_died: bool = False
+    # Multi-turn KV reuse: tokens of this context (prompt + generated) whose K/V the engine
+    # kept for the trajectory's next turn (0: none). With PD the LLMProxy passes it to the
+    # next turn's prefill, which then hands over only the K/V the decode worker lacks.
+    kv_kept: int = 0
 
 
 @dataclass

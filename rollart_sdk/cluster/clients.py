@@ -55,13 +55,27 @@ class EngineClient(_Client):
             return await self.handle.call("generate", request)
         return await self.handle.call("generate", request, kv)
 
-    async def prefill_kv(self, request: GenerationRequest) -> Any:
-        return await self.handle.call("prefill_kv", request)
+    async def prefill_kv(self, request: GenerationRequest, held: int = 0,
+                         held_version: int | None = None,
+                         kv: list[Any] | None = None) -> Any:
+        return await self.handle.call("prefill_kv", request, held, held_version, kv)
 
-    def submit_prefill_kv(self, request: GenerationRequest) -> Any:
+    def submit_prefill_kv(self, request: GenerationRequest, held: int = 0,
+                          held_version: int | None = None,
+                          kv: list[Any] | None = None) -> Any:
         """Start ``prefill_kv`` without waiting: a Ray ObjectRef the decode worker fetches
-        from the object store (in-process, an asyncio Task)."""
-        return self.handle.submit("prefill_kv", request)
+        from the object store (in-process, an asyncio Task). ``held``/``held_version``:
+        what the decode worker already holds; ``kv``: ``[its last answer's K/V]``
+        (:meth:`submit_export_kv`)."""
+        return self.handle.submit("prefill_kv", request, held, held_version, kv)
+
+    async def export_kv(self, trajectory_id: str, start: int) -> Any:
+        return await self.handle.call("export_kv", trajectory_id, start)
+
+    def submit_export_kv(self, trajectory_id: str, start: int) -> Any:
+        """Start ``export_kv`` without waiting (the K/V the engine kept for the trajectory
+        from ``start`` on), for the next turn's prefill worker to fetch."""
+        return self.handle.submit("export_kv", trajectory_id, start)
 
     async def release(self, trajectory_id: str) -> bool:
         return bool(await self.handle.call("release", trajectory_id))

@@ -13,6 +13,7 @@ affinities (``ResourcePlan.hw_affinity()``), and the LLMProxy routes each task's
 
 from __future__ import annotations
 
+import inspect
 import sys
 import time
 from typing import TYPE_CHECKING, Any
@@ -127,22 +128,41 @@ class EngineWorker(ActorGenWorker):
         return result
 
     async def _handoff(self, kv: list[Any]) -> tuple[Any, BaseException | None]:
-        """(the hand-off, None), or (None, why) when it failed."""
+        """(the hand-off, None), or (None, why) when it failed. ``kv[0]``: an ObjectRef
+        or an in-process task (awaited), or the hand-off itself (in process)."""
         try:
-            return await kv[0], None
+            return (await kv[0] if inspect.isawaitable(kv[0]) else kv[0]), None
         except Exception as exc:  # noqa: BLE001 - counted in stats; the prompt is computed here
             self.handoff_errors[type(exc).__name__] = self.handoff_errors.get(
                 type(exc).__name__, 0) + 1
             return None, exc
 
-    async def prefill_kv(self, request: GenerationRequest) -> Any:
-        """PD prefill side: the K/V of the request's prompt, for a decode worker."""
+    async def prefill_kv(self, request: GenerationRequest, held: int = 0,
+                         held_version: int | None = None,
+                         kv: list[Any] | None = None) -> Any:
+        """PD prefill side: the K/V of the request's prompt, for a decode worker that
+        already holds its first ``held`` tokens at weights ``held_version`` (their K/V
+        are not sent). ``kv``: ``[the decode worker's last answer's K/V]`` (its
+        ``export_kv``: an ObjectRef, an in-process task, or None when it kept none),
+        imported instead of computed; one that cannot be fetched is counted and the
+        answer computed here."""
         self._serving()
         prefill = getattr(self.engine, "prefill_kv", None)
         if prefill is None:
             raise TypeError(f"engine {type(self.engine).__name__} has no prefill_kv; "
                             "prefill-decode disaggregation needs an engine that exports K/V")
-        return await prefill(request)
+        tail, _ = await self._handoff(kv) if kv else (None, None)
+        if tail is None:
+            return await prefill(request, held, held_version)
+        return await prefill(request, held, held_version, tail)
+
+    async def export_kv(self, trajectory_id: str, start: int) -> Any:
+        """PD decode side: the K/V its engine kept for the trajectory from position
+        ``start`` on (the answer it sampled), for the trajectory's next prefill; None from
+        an engine that keeps none or cannot export."""
+        self._serving()
+        export = getattr(self.engine, "export_kv", None)
+        return await export(trajectory_id, start) if export is not None else None
 
     async def release(self, trajectory_id: str) -> bool:
         """The trajectory ended: free the K/V its engine kept for a next turn (engines

@@ -14,12 +14,17 @@
   re-sent to the task's other engines, or wait for it to come back (``up``, after it
   was restarted and loaded the current weights);
 - prefill-decode disaggregation (``prefill_workers``): a request's prompt is computed by
-  the least-loaded prefill worker and its K/V handed to the (sticky) decode worker as a
-  Ray ObjectRef, so the cache moves between the two through the object store, never
-  through this process; the decode worker samples every token. With multi-turn KV reuse
-  the decode worker already holds the earlier turns: the hand-off carries only what it
-  lacks, or is ignored when it is stale (the prompt is then computed there);
-- ``release`` (a trajectory ended) frees the K/V its worker kept for a next turn.
+  a prefill worker of its task's prefill pool (``prefill_routes``; least loaded, then
+  sticky per trajectory like the decode worker) and its K/V handed to the (sticky) decode
+  worker as a Ray ObjectRef, so the cache moves between the two through the object store,
+  never through this process; the decode worker samples every token. With multi-turn KV
+  reuse both keep a trajectory's cache between turns: at the next turn the decode worker
+  hands its last answer's K/V to the prefill worker (``export_kv``, a ref), so the
+  prefill worker computes only the observation, and the hand-off carries only the
+  positions the decode worker lacks (the proxy passes on what its last result said it
+  kept, ``kv_kept``); a hand-off that is stale or continues a cache the receiver lost is
+  ignored (it computes what it lacks);
+- ``release`` (a trajectory ended) frees the K/V its workers kept for a next turn.
 
 It only routes: weights reach the engines through ``rollart_sdk.weights.WeightSync``.
 """
@@ -50,17 +55,18 @@ class RequestKillsEngines(RollartError):
 
 class LLMProxy:
     def __init__(self, workers: list[WorkerHandle], routes: dict[str, list[str]],
-                 prefill_workers: list[WorkerHandle] | None = None) -> None:
+                 prefill_workers: list[WorkerHandle] | None = None,
+                 prefill_routes: dict[str, list[str]] | None = None) -> None:
         """``routes``: task tag -> names of the workers that may serve it (``"default"``
         is used for tags without an entry). ``prefill_workers``: with prefill-decode
-        disaggregation, the workers that compute prompts (``workers`` then decode)."""
+        disaggregation, the workers that compute prompts (``workers`` then decode);
+        ``prefill_routes``: task tag -> the prefill workers of its pool (None: any)."""
         self.workers = {w.name: w for w in workers}
         self.prefill_workers = {w.name: w for w in prefill_workers or []}
-        for tag, names in routes.items():
-            missing = [n for n in names if n not in self.workers]
-            if missing or not names:
-                raise ValueError(f"route for tag {tag!r} names unknown or no workers: {missing}")
+        _check_routes(routes, self.workers, "route")
+        _check_routes(prefill_routes or {}, self.prefill_workers, "prefill route")
         self.routes = routes
+        self.prefill_routes = prefill_routes or {}
         self._accepting = asyncio.Event()
         self._accepting.set()
         self._load: Counter[str] = Counter()
@@ -68,6 +74,10 @@ class LLMProxy:
         # process of that worker must not take the restarted one out of the routes.
         self._incarnation: Counter[str] = Counter()
         self._sticky: dict[str, str] = {}  # trajectory id -> worker name
+        self._sticky_prefill: dict[str, str] = {}  # trajectory id -> prefill worker name
+        # PD: trajectory id -> (decode worker, tokens whose K/V it kept, their version,
+        # tokens the prefill worker kept: the last prompt but its last token)
+        self._held: dict[str, tuple[str, int, int, int]] = {}
         self._inflight: dict[str, str] = {}  # request id -> worker name
         self._admitting: set[str] = set()  # waiting for admission (suspended)
         self._aborted: set[str] = set()  # aborted while waiting for admission (<= _admitting)
@@ -92,8 +102,11 @@ class LLMProxy:
         if name in self.down:
             return
         self.down[name] = why
-        for tid in [t for t, w in self._sticky.items() if w == name]:
-            del self._sticky[tid]
+        for table in (self._sticky, self._sticky_prefill):
+            for tid in [t for t, w in table.items() if w == name]:
+                del table[tid]
+        for tid in [t for t, h in self._held.items() if h[0] == name]:
+            del self._held[tid]
         for fn in self.on_worker_death:
             fn(name, why)
 
@@ -176,29 +189,52 @@ class LLMProxy:
 
     async def _generate_on(self, worker: WorkerHandle,
                            request: GenerationRequest) -> GenerationResult:
-        pre = self._pick_prefill()
+        pre = self._pick_prefill(request)
         if pre is None:
             return await worker.engine.generate(request)
+        tid = request.trajectory_id
+        name, held, version, pre_has = self._held.pop(tid, ("", 0, -1, 0))
+        answer = None
+        if name != worker.name:  # another decode worker holds it (or none): send it all
+            held, version = 0, -1
+        elif held > pre_has:  # the answer the prefill worker lacks, from the decode worker
+            answer = [worker.engine.submit_export_kv(tid, pre_has)]
         self._load[pre.name] += 1
         try:
-            # An ObjectRef (in a list, so that Ray does not resolve it here): the decode
-            # worker fetches the K/V straight from the object store; a failed prefill
-            # makes it compute the prompt itself.
-            kv = pre.engine.submit_prefill_kv(request)
+            # ObjectRefs (in lists, so that Ray does not resolve them here): the workers
+            # fetch the K/V straight from the object store (the decode worker's last
+            # answer to the prefill worker, the prompt's to the decode worker); a failed
+            # fetch makes the worker compute what it lacks itself.
+            kv = pre.engine.submit_prefill_kv(request, held, version, answer)
             result = await worker.engine.generate(request, [kv])
         finally:
             self._load[pre.name] -= 1
+        if tid and result.kv_kept and result.versions:
+            self._held[tid] = (worker.name, result.kv_kept, result.versions[-1],
+                               max(len(request.prompt_ids) - 1, 0))
         if result.handoff_worker_died:
             # The prefill worker's process is gone: out of the routes now (recovery brings
             # it back), not after every later request paid a failed hand-off.
             self.mark_down(pre.name, f"prefill hand-off: {result.handoff_error}"[:500])
         return result
 
-    def _pick_prefill(self) -> WorkerHandle | None:
+    def _pick_prefill(self, request: GenerationRequest) -> WorkerHandle | None:
+        """The prefill worker of the request's trajectory while it is alive (it holds the
+        earlier turns), else the least loaded of the task's prefill pool (any live one
+        when that pool has none left)."""
         live = [n for n in self.prefill_workers if n not in self.down]
         if not live:
             return None  # no PD, or every prefill worker died: the decoder prefills
-        return self.prefill_workers[min(live, key=lambda n: (self._load[n], n))]
+        tid = request.trajectory_id
+        sticky = self._sticky_prefill.get(tid)
+        if sticky in live:
+            return self.prefill_workers[sticky]
+        pool = self.prefill_routes.get(request.tag) or self.prefill_routes.get("default", [])
+        names = [n for n in pool if n not in self.down] or live
+        name = min(names, key=lambda n: (self._load[n], n))
+        if tid:
+            self._sticky_prefill[tid] = name
+        return self.prefill_workers[name]
 
     def _send_abort(self, worker: WorkerHandle, request_id: str) -> None:
         async def send() -> None:
@@ -231,14 +267,17 @@ class LLMProxy:
             return False
 
     def release(self, trajectory_id: str) -> None:
-        """Forget a finished trajectory's worker binding, and tell that worker to free the
-        K/V it kept for the trajectory's next turn (in the background)."""
-        name = self._sticky.pop(trajectory_id, None)
-        if name is None or name in self.down:
-            return
-        task = asyncio.ensure_future(self.workers[name].engine.release(trajectory_id))
-        self._bg.add(task)
-        task.add_done_callback(self._released)
+        """Forget a finished trajectory's worker bindings, and tell those workers (its
+        decode worker and, with PD, its prefill worker) to free the K/V they kept for the
+        trajectory's next turn (in the background)."""
+        self._held.pop(trajectory_id, None)
+        for table in (self._sticky, self._sticky_prefill):
+            name = table.pop(trajectory_id, None)
+            if name is None or name in self.down:
+                continue
+            task = asyncio.ensure_future(self.worker(name).engine.release(trajectory_id))
+            self._bg.add(task)
+            task.add_done_callback(self._released)
 
     def _released(self, task: asyncio.Task[Any]) -> None:
         self._bg.discard(task)
@@ -273,3 +312,10 @@ class LLMProxy:
             out.append(r)
         return out
 
+
+def _check_routes(routes: dict[str, list[str]], workers: dict[str, WorkerHandle],
+                  what: str) -> None:
+    for tag, names in routes.items():
+        missing = [n for n in names if n not in workers]
+        if missing or not names:
+            raise ValueError(f"{what} for tag {tag!r} names unknown or no workers: {missing}")

@@ -8,7 +8,7 @@ first worker started (:mod:`rollart_sdk.preflight`)."""
 from __future__ import annotations
 
 import socket
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -37,6 +37,8 @@ class Workers:
     reward: WorkerHandle
     envs: dict[str, list[WorkerHandle]]  # task tag -> its env hosts (inline or workers)
     prefill: list[WorkerHandle]  # prefill-decode disaggregation: the prefill engines
+    # PD: task tag -> its pool's prefill engines
+    prefill_routes: dict[str, list[str]] = field(default_factory=dict)
 
 
 def free_port() -> int:
@@ -88,14 +90,16 @@ def spawn_workers(cfg: RunConfig, resolved: ResolvedRun, plan: ResourcePlan,
     )
     routes = spawner.routes("gen", [t.tag for t in cfg.tasks])
     prefill = _spawn_prefill(cfg, resolved, plan, model, spawner, threads["actor_gen"])
-    if prefill:  # PD: every task's requests decode on the "gen" workers
+    prefill_routes: dict[str, list[str]] = {}
+    if prefill:  # PD: every task decodes on the "gen" workers, prefills in its own pool
         routes = {tag: [e.name for e in engines] for tag in [*routes, "default"]}
+        prefill_routes = spawner.routes("gen-prefill", [t.tag for t in cfg.tasks])
     reward = _reward_handle(resolved, spawner)
     envs = _spawn_envs(cfg, resolved, spawner, described)
     spawner.ready()  # every role's workers started at once; wait for all of them
     for h in engines + prefill + trainers:  # fail fast, with the worker's own error
         spawner.call(h, "version")
-    return Workers(trainers, engines, routes, reward, envs, prefill)
+    return Workers(trainers, engines, routes, reward, envs, prefill, prefill_routes)
 
 
 def _spawn_prefill(cfg: RunConfig, resolved: ResolvedRun, plan: ResourcePlan,
@@ -112,6 +116,7 @@ def _spawn_prefill(cfg: RunConfig, resolved: ResolvedRun, plan: ResourcePlan,
         (resolved.engine.descriptor, resolved.engine.options, model,
          resolved.transport.descriptor, resolved.transport.options, threads),
         workers_per_pool=plan.role("actor_gen").prefill_per_pool,
+        hw_affinity=plan.prefill_affinity(),
         max_restarts=ENGINE_MAX_RESTARTS, demand=plan.role("actor_gen").demand,
     )
     return handles

@@ -70,7 +70,8 @@ def wire_control_plane(cfg: RunConfig, workers: Workers, tasks: dict[str, TaskRu
 
     r = cfg.rollout
     buffer = SampleBuffer(r.group_size, r.filter_zero_variance, r.filter_cap)
-    proxy = LLMProxy(workers.engines, workers.routes, prefill_workers=workers.prefill)
+    proxy = LLMProxy(workers.engines, workers.routes, prefill_workers=workers.prefill,
+                     prefill_routes=workers.prefill_routes)
     # Trajectories are stamped with the version the engines serve.
     versions = PolicyVersions()
     running = max_running(cfg)

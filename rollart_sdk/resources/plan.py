@@ -74,6 +74,9 @@ class ResourcePlan:
     roles: dict[str, RolePlan]
     task_pools: dict[str, str] = field(default_factory=dict)  # task tag -> generation pool
     warnings: list[str] = field(default_factory=list)
+    # Prefill-decode disaggregation: task tag -> the pool of its prefill workers (its
+    # affinity, else roles.actor_gen.prefill.pool); empty without PD.
+    prefill_pools: dict[str, str] = field(default_factory=dict)
 
     def pool(self, name: str) -> PoolConfig:
         for p in self.pools:
@@ -92,6 +95,12 @@ class ResourcePlan:
         out = dict(self.task_pools)
         out["default"] = self.roles["actor_gen"].preferred
         return out
+
+    def prefill_affinity(self) -> dict[str, str]:
+        """PD: ``{tag: its prefill pool, "default": the first prefill pool}``, the routing
+        table of the prefill workers (a task's prompts go to its own pool's)."""
+        pools = list(self.roles["actor_gen"].prefill_per_pool)
+        return {**self.prefill_pools, "default": pools[0]} if pools else {}
 
     def local_node_resources(self) -> tuple[dict[str, float], dict[str, str]]:
         """Custom resources and labels that make one machine look like every pool.
@@ -133,6 +142,7 @@ class ResourcePlan:
                 for r in self.roles.values()
             },
             "task_pools": self.task_pools,
+            **({"prefill_pools": self.prefill_pools} if self.prefill_pools else {}),
             "warnings": self.warnings,
         }
 
@@ -188,8 +198,10 @@ def plan_resources(
         _size_reward_role(cfg, resolved, pools, roles["reward"])
         problems += _apply_demands(cfg, resolved, roles)
     task_pools = _task_pools(cfg, roles["actor_gen"], by_name, problems)
-    warnings = _spread_engines(roles["actor_gen"], task_pools)
-    warnings += _disaggregate(cfg, roles["actor_gen"], by_name, problems)
+    prefill_pools: dict[str, str] = {}  # PD: the prefill workers follow the affinities
+    warnings = (_disaggregate(cfg, roles["actor_gen"], by_name, problems, prefill_pools)
+                if cfg.roles.actor_gen.disaggregated
+                else _spread_engines(roles["actor_gen"], task_pools))
     problems += _check_capacity(pools, roles, by_name)
     for role, cls in (workers or {}).items():
         from rollart_sdk.resources.decorators import check_worker_class
@@ -200,7 +212,8 @@ def plan_resources(
             problems.extend(exc.problems)
     if problems:
         raise ConfigError(problems)
-    return ResourcePlan(pools=pools, roles=roles, task_pools=task_pools, warnings=warnings)
+    return ResourcePlan(pools=pools, roles=roles, task_pools=task_pools, warnings=warnings,
+                        prefill_pools=prefill_pools)
 
 
 def _check_serverless_urls(pools: list[PoolConfig]) -> list[tuple[str, str]]:
@@ -296,9 +309,11 @@ def _spread_engines(gen: RolePlan, task_pools: dict[str, str]) -> list[str]:
 
 
 def _disaggregate(cfg: RunConfig, gen: RolePlan, by_name: dict[str, PoolConfig],
-                  problems: list[tuple[str, str]]) -> list[str]:
+                  problems: list[tuple[str, str]], prefill_pools: dict[str, str]) -> list[str]:
     """Prefill-decode disaggregation (``roles.actor_gen.prefill/decode``): the decode
-    workers replace the spread engines; the prefill workers are planned beside them."""
+    workers replace the spread engines; the prefill workers are planned beside them,
+    spread over ``roles.actor_gen.prefill.pool`` and the pools the tasks' affinities
+    name (a task's prompts are computed in its own pool; fills ``prefill_pools``)."""
     g = cfg.roles.actor_gen
     if g.prefill is None or g.decode is None:
         return []
@@ -307,10 +322,20 @@ def _disaggregate(cfg: RunConfig, gen: RolePlan, by_name: dict[str, PoolConfig],
             problems.append((f"roles.actor_gen.{phase}.pool",
                              f"unknown pool {pc.pool!r}; pools: {', '.join(by_name)}"))
     gen.workers_per_pool = {g.decode.pool or gen.preferred: g.decode.workers}
-    gen.prefill_per_pool = {g.prefill.pool or gen.preferred: g.prefill.workers}
-    if any(t.affinity for t in cfg.tasks):
-        return ["prefill-decode disaggregation: every task's requests go to the decode "
-                "workers; tasks[].affinity is not used for generation"]
+    home = g.prefill.pool or gen.preferred
+    prefill_pools.update({t.tag: t.affinity or home for t in cfg.tasks})
+    spread = [home, *[p for p in dict.fromkeys(prefill_pools.values()) if p != home]]
+    per_pool = dict.fromkeys(spread, 0)
+    for k in range(g.prefill.workers):
+        per_pool[spread[k % len(spread)]] += 1
+    gen.prefill_per_pool = {p: n for p, n in per_pool.items() if n}
+    starved = [p for p, n in per_pool.items() if n == 0]
+    if starved:
+        tags = [t for t, p in prefill_pools.items() if p in starved]
+        return [f"roles.actor_gen.prefill.workers={g.prefill.workers} is fewer than the "
+                f"prefill pools ({', '.join(spread)}); the prompts of tasks "
+                f"{', '.join(tags)} are computed in another pool (raise "
+                "roles.actor_gen.prefill.workers to give every task's pool one)"]
     return []
 
 

@@ -67,6 +67,9 @@ class ModelSpec(_Strict):
     """The model's size as the cost model needs it."""
 
     params_b: float = Field(gt=0, description="parameters, billions")
+    active_params_b: float | None = Field(None, gt=0, description="mixture of experts: "
+                                          "parameters a token runs through, billions "
+                                          "(FLOPs); the weights read are all params_b")
     layers: int = Field(gt=0)
     hidden: int = Field(gt=0, description="attention width (query heads x head dim)")
     kv_heads: int = Field(gt=0)
@@ -76,6 +79,11 @@ class ModelSpec(_Strict):
     @property
     def params(self) -> float:
         return self.params_b * 1e9
+
+    @property
+    def active_params(self) -> float:
+        """Parameters per token's FLOPs (all of them for a dense model)."""
+        return (self.active_params_b or self.params_b) * 1e9
 
     @property
     def weight_bytes(self) -> float:
@@ -91,6 +99,9 @@ MODELS: dict[str, ModelSpec] = {
     "qwen3-8b": ModelSpec(params_b=8.2, layers=36, hidden=4096, kv_heads=8, head_dim=128),
     "qwen3-14b": ModelSpec(params_b=14.8, layers=40, hidden=5120, kv_heads=8, head_dim=128),
     "qwen3-32b": ModelSpec(params_b=32.8, layers=64, hidden=8192, kv_heads=8, head_dim=128),
+    # Mixture of experts: 30.5B parameters, 3.3B active per token.
+    "qwen3-30b-a3b": ModelSpec(params_b=30.5, active_params_b=3.3, layers=48, hidden=4096,
+                               kv_heads=4, head_dim=128),
 }
 
 
@@ -165,7 +176,7 @@ def engine_step_s(hw: HardwareClass, devices: int, model: ModelSpec, prefill_tok
         return 0.0
     tokens = prefill_tokens + decode_batch
     attn_pairs = prefill_context + decode_context
-    flop = 2 * model.params * tokens + 4 * model.layers * model.hidden * attn_pairs
+    flop = 2 * model.active_params * tokens + 4 * model.layers * model.hidden * attn_pairs
     moved = model.weight_bytes + model.kv_bytes_per_token * (decode_context + prefill_tokens)
     roof = max(flop / (hw.flops * devices), moved / (hw.bandwidth * devices))
     return roof + hw.step_overhead_s + hw.seq_overhead_s * (decode_batch + prefill_seqs)
@@ -197,6 +208,6 @@ def train_step_s(hw: HardwareClass, devices: int, model: ModelSpec,
     recomputing the old log-probabilities) plus causal attention, at ``mfu``."""
     tokens = float(sum(seq_lengths))
     pairs = sum(n * (n + 1) / 2 for n in seq_lengths)
-    flop = flops_per_token_factor * (model.params * tokens
+    flop = flops_per_token_factor * (model.active_params * tokens
                                      + 2 * model.layers * model.hidden * pairs)
     return flop / (hw.flops * devices) + overhead_s

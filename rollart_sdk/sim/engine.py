@@ -15,6 +15,15 @@ arrives, an ABORT, a suspend). A step that admits new requests is a mixed step: 
 prefill (prompt tokens not in the prefix cache) plus one decode token for the running
 batch. Admission respects ``max_running`` and the KV capacity of the device memory left
 beside the weights (a request reserves its prompt plus its drawn response).
+
+Prefill-decode disaggregation (``roles.actor_gen.prefill/decode``), as engine ``torch``
+does it: ``prefill_kv`` prefills a prompt's uncached tokens in a step of its own (the
+prefill engine keeps each trajectory's prefix too) and returns a :class:`SimKV` that
+carries only the positions the decode engine lacks (``held``: what its last result said
+it kept, ``kv_kept``); ``generate(request, kv=...)`` then prefills nothing and decodes
+from its first step; at the next turn it hands the answer's K/V back (``export_kv``) and
+the prefill computes only the observation. The K/V's trip between the two is the worker's
+(:meth:`SimEngine.kv_transfer_s`, at ``kv_link_gbps``).
 """
 
 from __future__ import annotations
@@ -24,6 +33,7 @@ import heapq
 import math
 import random
 from collections import OrderedDict, deque
+from dataclasses import dataclass
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -54,14 +64,32 @@ class SimEngineOptions(BaseModel):
                                           "(overrides devices), e.g. {H20: 2}")
     prefix_cache: bool = Field(True, description="a trajectory's next turn prefills only "
                                                  "the tokens its engine has not cached")
+    kv_link_gbps: float = Field(200.0, gt=0, description="prefill-decode disaggregation: "
+                                "Gb/s a K/V hand-off moves at (default: 200 Gb/s Ethernet "
+                                "between clusters)")
+
+
+@dataclass
+class SimKV:
+    """A simulated PD hand-off: K/V of a trajectory's first ``tokens`` modelled tokens at
+    weights ``version``, of which positions ``start..tokens-1`` travel (the decode engine
+    holds the first ``start``)."""
+
+    tokens: int
+    start: int
+    version: int
+
+    @property
+    def carried(self) -> int:
+        return self.tokens - self.start
 
 
 class _Req:
     __slots__ = ("request", "prompt", "new", "n_out", "capped", "start", "future",
-                 "switches", "base")
+                 "switches", "base", "handoff_from")
 
     def __init__(self, request: GenerationRequest, prompt: int, new: int, n_out: int,
-                 capped: bool, future: asyncio.Future[GenerationResult]) -> None:
+                 capped: bool, future: asyncio.Future[Any]) -> None:
         self.request = request
         self.prompt = prompt  # modelled tokens of context
         self.new = new  # of which not in the prefix cache
@@ -71,13 +99,14 @@ class _Req:
         self.future = future
         self.switches: list[tuple[float, int]] = []  # (tokens done, version before)
         self.base = 0.0  # prompt - start: its context is base + iteration counter
+        self.handoff_from = -1  # PD prefill request: positions from here travel (else -1)
 
 
 class SimEngine:
     """One engine worker's continuous batcher on the virtual clock."""
 
     def __init__(self, max_running: int = 256, devices: int = 1, prefix_cache: bool = True,
-                 devices_by_hardware: dict[str, int] | None = None,
+                 devices_by_hardware: dict[str, int] | None = None, kv_link_gbps: float = 200.0,
                  *, hardware: HardwareClass, model_spec: ModelSpec,
                  response_tokens: dict[str, Dist], token_block: int = 1,
                  hardware_name: str = "", name: str = "sim-engine", **_: Any) -> None:
@@ -87,6 +116,10 @@ class SimEngine:
         self.block = token_block
         self.max_running = max_running
         self.prefix_cache = prefix_cache
+        self.kv_link_gbps = kv_link_gbps
+        self.handoff_tokens_out = 0.0  # PD prefill side: modelled tokens whose K/V were sent
+        self.handoff_short = 0  # PD decode side: hand-offs past a cache this engine lost
+        self.handoff_tokens_back = 0.0  # PD decode side: answer tokens whose K/V went back
         self.capacity = kv_capacity_tokens(hardware, self.devices, model_spec)
         self.response_tokens = response_tokens
         self.name = name
@@ -120,13 +153,18 @@ class SimEngine:
     def version(self) -> int:
         return self._version
 
-    async def generate(self, request: GenerationRequest) -> GenerationResult:
-        loop = asyncio.get_running_loop()
-        if self._loop_task is None:
-            self._loop_task = loop.create_task(self._run(), name=f"{self.name}-loop")
-        prompt = len(request.prompt_ids) * self.block
-        cached = self._cache.pop(request.trajectory_id, 0) if self.prefix_cache else 0
+    async def generate(self, request: GenerationRequest, kv: SimKV | None = None
+                       ) -> GenerationResult:
+        """ADD; ``kv``: the prompt's K/V from a prefill engine (PD), used when it is of
+        this version and continues what this engine holds of the trajectory."""
+        loop = self._start()
+        prompt, cached = self._prompt_and_cached(request)
         new = prompt - cached if 0 < cached <= prompt else prompt
+        if kv is not None and kv.version == self._version and kv.tokens >= prompt:
+            if kv.start <= (cached if 0 < cached <= prompt else 0):
+                new = 0  # the prefill engine computed it all: decode from the first step
+            else:
+                self.handoff_short += 1
         dist = self.response_tokens.get(request.tag) or self.response_tokens.get("default")
         if dist is None:
             raise ValueError(f"sim engine: no response_tokens for task {request.tag!r}")
@@ -138,6 +176,52 @@ class SimEngine:
         self._waiting.append(_Req(request, prompt, new, n_out, capped, fut))
         self._poke()
         return await fut
+
+    async def prefill_kv(self, request: GenerationRequest, held: int = 0,
+                         held_version: int | None = None, kv: SimKV | None = None) -> SimKV:
+        """PD prefill side: prefill the prompt's uncached tokens (kept for the trajectory's
+        next turn); the hand-off carries the positions after the ``held`` the decode
+        engine holds at ``held_version`` (None: this engine's version). ``kv``: the
+        decode engine's last answer (its :meth:`export_kv`), which then needs no
+        prefill."""
+        loop = self._start()
+        prompt, cached = self._prompt_and_cached(request)
+        if (kv is not None and kv.version == self._version and kv.start <= cached
+                and kv.tokens <= prompt):
+            cached = kv.tokens
+        new = prompt - cached if 0 < cached <= prompt else prompt
+        fut: asyncio.Future[Any] = loop.create_future()
+        r = _Req(request, prompt, new, 0, False, fut)
+        fresh = held_version is None or held_version == self._version
+        r.handoff_from = min(held * self.block, prompt) if fresh else 0  # held: token ids
+        self._waiting.append(r)
+        self._poke()
+        out: SimKV = await fut
+        return out
+
+    async def export_kv(self, trajectory_id: str, start: int) -> SimKV | None:
+        """PD decode side: the trajectory's kept K/V from ``start`` on (the answer, for
+        its next prefill), or None when this engine keeps nothing past ``start``."""
+        kept, start = self._cache.get(trajectory_id, 0), start * self.block  # start: ids
+        if kept <= start:
+            return None
+        self.handoff_tokens_back += kept - start
+        return SimKV(kept, start, self._version)
+
+    def kv_transfer_s(self, kv: SimKV) -> float:
+        """Seconds a hand-off's K/V take over the PD link."""
+        return kv.carried * self.spec.kv_bytes_per_token * 8 / (self.kv_link_gbps * 1e9)
+
+    def _start(self) -> asyncio.AbstractEventLoop:
+        loop = asyncio.get_running_loop()
+        if self._loop_task is None:
+            self._loop_task = loop.create_task(self._run(), name=f"{self.name}-loop")
+        return loop
+
+    def _prompt_and_cached(self, request: GenerationRequest) -> tuple[int, int]:
+        prompt = len(request.prompt_ids) * self.block
+        cached = self._cache.pop(request.trajectory_id, 0) if self.prefix_cache else 0
+        return prompt, cached
 
     async def abort(self, request_id: str) -> bool:
         for r in self._waiting:
@@ -184,6 +268,8 @@ class SimEngine:
             "waiting": len(self._waiting), "kv_capacity_tokens": self.capacity,
             "busy_s": self.busy_s, "recompute_s": self.recompute_s, "steps": self.steps,
             "prefill_tokens": self.prefill_tokens, "decode_tokens": self.decode_tokens,
+            "handoff_tokens_out": self.handoff_tokens_out, "handoff_short": self.handoff_short,
+            "handoff_tokens_back": self.handoff_tokens_back,
             "tag_prefill_s": dict(self.tag_prefill_s), "tag_decode_s": dict(self.tag_decode_s),
             "tag_tokens": {k: list(v) for k, v in self.tag_tokens.items()},
         }
@@ -223,9 +309,14 @@ class SimEngine:
             upto = min(blocks, math.ceil(done / self.block))
             versions += [ver] * (upto - len(versions))
         versions += [self._version] * (blocks - len(versions))
+        if r.handoff_from >= 0:  # a PD prefill that never ran: nothing to hand over
+            r.future.set_result(SimKV(0, 0, self._version))
+            return
+        kept = self._cache.get(r.request.trajectory_id, 0) if reason != "abort" else 0
+        kept = -(-kept // self.block)  # in token ids, as the LLMProxy counts them
         r.future.set_result(GenerationResult(
             r.request.request_id, [1] * blocks, [-1.0] * blocks, versions, reason,  # type: ignore[arg-type]
-            recomputed=len(r.switches)))
+            recomputed=len(r.switches), kv_kept=kept))
 
     def _drop_running(self, r: _Req) -> None:
         del self._running[r.request.request_id]
@@ -240,11 +331,15 @@ class SimEngine:
             if r is None:  # aborted earlier
                 continue
             self._drop_running(r)
-            if self.prefix_cache and r.request.trajectory_id:
-                self._cache[r.request.trajectory_id] = r.prompt + r.n_out
-                while len(self._cache) > _CACHE_ENTRIES:
-                    self._cache.popitem(last=False)
+            self._keep(r)
             self._finish(r, r.n_out, "length" if r.capped else "stop")
+
+    def _keep(self, r: _Req) -> None:
+        """Remember what the request's trajectory has cached here (its whole context)."""
+        if self.prefix_cache and r.request.trajectory_id:
+            self._cache[r.request.trajectory_id] = r.prompt + r.n_out
+            while len(self._cache) > _CACHE_ENTRIES:
+                self._cache.popitem(last=False)
 
     def _admit(self) -> list[_Req]:
         admitted: list[_Req] = []
@@ -313,6 +408,13 @@ class SimEngine:
         await self._sleep(dt)
         if batch:
             self._advance(1.0)
+        for r in [r for r in admitted if r.handoff_from >= 0]:  # PD prefill: hand over
+            self._kv_used -= r.prompt
+            self._keep(r)
+            self.handoff_tokens_out += r.prompt - r.handoff_from
+            admitted.remove(r)
+            if not r.future.done():
+                r.future.set_result(SimKV(r.prompt, r.handoff_from, self._version))
         for r in admitted:  # the prefill produced each one's first token
             r.start = self._it - 1.0
             r.base = r.prompt - r.start

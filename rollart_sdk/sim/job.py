@@ -118,6 +118,9 @@ def build_sim_job(cfg: RunConfig, lines: LineMap | None = None, run_name: str | 
                               workers_per_pool=plan.role("actor_gen").workers_per_pool,
                               hw_affinity=plan.hw_affinity())
     routes = spawner.routes("gen", [t.tag for t in cfg.tasks])
+    prefill, prefill_routes = _spawn_prefill(cfg, plan, spawner, resolved, ctx)
+    if prefill:  # PD, as build_job wires it: every task decodes on the "gen" workers
+        routes = {tag: [e.name for e in engines] for tag in [*routes, "default"]}
     env_spec = {tag: (res.descriptor, res.options) for tag, res in resolved.envs.items()}
     envs = spawner.cluster(SIM_ROLE_WORKERS["environment"], "env", (env_spec,),
                            num_workers=r.environment.workers)
@@ -131,18 +134,34 @@ def build_sim_job(cfg: RunConfig, lines: LineMap | None = None, run_name: str | 
     tasks = {t.tag: TaskRuntime(_scaled_task(t, sim.token_block), None, None, fmt)
              for t in cfg.tasks}
     hosts = {t.tag: envs for t in cfg.tasks}  # every task's envs on the sim env workers
-    pipeline = _wire_control_plane(cfg, _Workers(trainers, engines, routes, reward, hosts, []),
-                                   tasks, fmt, run_dir)  # type: ignore[arg-type]
+    workers = _Workers(trainers, engines, routes, reward, hosts, prefill, prefill_routes)
+    pipeline = _wire_control_plane(cfg, workers, tasks, fmt, run_dir)  # type: ignore[arg-type]
     run_dir.write_json("plan.json", plan.to_json())
     run_dir.write_json("bindings.json", spawner.bindings())
-    return SimJob(cfg, run_dir, pipeline, engines, trainers, envs, router)
+    return SimJob(cfg, run_dir, pipeline, engines + prefill, trainers, envs, router)
+
+
+def _spawn_prefill(cfg: RunConfig, plan: Any, spawner: Any, resolved: Any,
+                   ctx: Any) -> tuple[list[Any], dict[str, list[str]]]:
+    """PD (``roles.actor_gen.prefill/decode``): the sim prefill engines, each task routed
+    to its own prefill pool's (as build_job does)."""
+    from rollart_sdk.sim.workers import SIM_ROLE_WORKERS
+
+    if not cfg.roles.actor_gen.disaggregated:
+        return [], {}
+    prefill = spawner.cluster(SIM_ROLE_WORKERS["actor_gen"], "gen-prefill",
+                              (resolved.engine.descriptor, resolved.engine.options, ctx),
+                              workers_per_pool=plan.role("actor_gen").prefill_per_pool,
+                              hw_affinity=plan.prefill_affinity())
+    return prefill, spawner.routes("gen-prefill", [t.tag for t in cfg.tasks])
 
 
 def _check_devices(cfg: RunConfig, plan: Any, resolved: Any) -> None:
     """Engines and trainer ranks take ``devices`` devices each: they must fit the pools."""
     used: dict[str, float] = {}
     eng = resolved.engine.options
-    for pool, n in plan.role("actor_gen").workers_per_pool.items():
+    gen = plan.role("actor_gen")
+    for pool, n in [*gen.workers_per_pool.items(), *gen.prefill_per_pool.items()]:
         dev = eng.devices_by_hardware.get(cfg.pool(pool).hardware, eng.devices)
         used[pool] = used.get(pool, 0.0) + n * dev
     train_pool = plan.role("actor_train").preferred

@@ -67,13 +67,33 @@ class SimEngineWorker(ActorGenWorker):
         self._staged: tuple[WeightManifest, asyncio.Task[None] | None, float] | None = None
 
     @hw_mapping({})
-    async def generate(self, request: GenerationRequest) -> GenerationResult:
-        result: GenerationResult = await self.engine.generate(request)
+    async def generate(self, request: GenerationRequest,
+                       kv: list[Any] | None = None) -> GenerationResult:
+        """``kv``: PD, ``[the prefill worker's hand-off]`` (an awaitable); its K/V take
+        the link's time to arrive, then the engine decodes without prefilling."""
+        handoff = None
+        if kv:
+            handoff = await kv[0]
+            await asyncio.sleep(self.engine.kv_transfer_s(handoff))
+        result: GenerationResult = await self.engine.generate(request, kv=handoff)
         result.worker = self.name
         return result
 
+    async def prefill_kv(self, request: GenerationRequest, held: int = 0,
+                         held_version: int | None = None, kv: list[Any] | None = None) -> Any:
+        """PD prefill side (see :meth:`rollart_sdk.sim.engine.SimEngine.prefill_kv`);
+        ``kv``: ``[the decode engine's last answer's K/V]``, which cross the link first."""
+        tail = (await kv[0]) if kv else None
+        if tail is not None:
+            await asyncio.sleep(self.engine.kv_transfer_s(tail))
+        return await self.engine.prefill_kv(request, held, held_version, tail)
+
     async def abort(self, request_id: str) -> bool:
         return bool(await self.engine.abort(request_id))
+
+    async def export_kv(self, trajectory_id: str, start: int) -> Any:
+        """PD decode side (see :meth:`rollart_sdk.sim.engine.SimEngine.export_kv`)."""
+        return await self.engine.export_kv(trajectory_id, start)
 
     async def release(self, trajectory_id: str) -> bool:
         """The trajectory ended: forget its cached prefix."""

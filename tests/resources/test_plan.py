@@ -50,6 +50,24 @@ def test_paper_role_defaults_and_task_pools():
     assert plan.warnings == []
 
 
+def test_pd_prefill_workers_follow_task_affinity():
+    """Prefill-decode disaggregation: decode workers in the decode pool, prefill workers
+    spread over the prefill pool and each pool a task's affinity names (a task's prompts
+    are computed in its own pool); too few of them is a warning naming the tasks."""
+    pd = {"actor_gen": {"prefill": {"workers": 2}, "decode": {"pool": "H20", "workers": 3}}}
+    plan = plan_resources(config(roles=pd))
+    gen = plan.role("actor_gen")
+    assert gen.workers_per_pool == {"H20": 3}
+    assert gen.prefill_per_pool == {"H20": 1, "H800": 1}
+    assert plan.prefill_pools == {"FrozenLake": "H800", "GEM-math": "H20"}
+    assert plan.prefill_affinity() == {"FrozenLake": "H800", "GEM-math": "H20", "default": "H20"}
+    assert plan.warnings == [] and plan.to_json()["prefill_pools"] == plan.prefill_pools
+    pd["actor_gen"]["prefill"] = {"workers": 1, "pool": "H20"}
+    plan = plan_resources(config(roles=pd))
+    assert plan.role("actor_gen").prefill_per_pool == {"H20": 1}
+    assert any("FrozenLake" in w and "prefill.workers" in w for w in plan.warnings)
+
+
 def test_config_overrides_role_pools_and_fallbacks():
     plan = plan_resources(config(roles={"actor_gen": {"pool": "H20", "fallback": ["cpu"]},
                                         "reward": {"pool": "fc"}}))

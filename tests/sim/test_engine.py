@@ -173,3 +173,43 @@ def test_kv_cache_is_sized_from_the_devices_on_its_hardware():
         engine(10, hw=small, devices=1)
     eng = engine(10, hw=small, devices=1, devices_by_hardware={"S16": 2}, hardware_name="S16")
     assert eng.capacity == kv_capacity_tokens(small, 2, Q8) > 0
+
+
+def test_pd_turns_prefill_only_new_tokens_and_send_only_missing_kv():
+    """PD on the sim engine, as on the torch one: the prefill engine keeps a trajectory's
+    prefix and takes the decode engine's answer back (export_kv), so each turn prefills the
+    observation only; the hand-off carries only what the decode engine lacks (its last
+    result's kv_kept), the decode engine prefills nothing; a decode engine that lost its
+    cache prefills itself."""
+    pre, dec = engine(50), engine(50)
+
+    async def turns(n: int, drop_decode_cache_at: int = -1):
+        out, prompt, held = [], 1000, (0, None, 0)  # (kv_kept, its version, prefill has)
+        for t in range(n):
+            if t == drop_decode_cache_at:
+                await dec.release("tr")
+            req = request(f"r{t}", prompt, tid="tr")
+            p0, d0 = pre.prefill_tokens, dec.prefill_tokens
+            answer = await dec.export_kv("tr", held[2]) if t else None  # as the proxy asks
+            kv = await pre.prefill_kv(req, held[0], held[1], answer)
+            res = await dec.generate(req, kv=kv)
+            out.append((prompt, kv, res, pre.prefill_tokens - p0, dec.prefill_tokens - d0,
+                        answer))
+            held = (res.kv_kept, res.versions[-1], prompt - 1)
+            prompt += 50 + 200  # the answer + the next observation
+        return out
+
+    (first, second, third), _ = run_virtual(turns(3, drop_decode_cache_at=2))
+    assert first[1].start == 0 and first[1].carried == 1000 and first[3] == 1000
+    assert first[2].kv_kept == 1000 + 50 and first[4] == 0
+    assert second[5].start == 999 and second[5].carried == 51  # the answer (+ its prompt's last)
+    # Turn 2: the prefill engine computed the observation only, the observation's K/V
+    # travelled, the decode engine prefilled nothing.
+    assert second[3] == 200 and second[1].start == 1050 and second[1].carried == 200
+    assert second[4] == 0 and dec.handoff_short == 1  # (turn 3 below)
+    assert pre.handoff_tokens_out == 1000 + 200 + 200
+    # Turn 3: the decode engine's cache was freed: it has no answer to hand back (the
+    # prefill engine computes it: 50 + 200) and prefills the whole prompt itself.
+    assert third[5] is None and third[3] == 250 and third[4] == third[0]
+    assert dec.kv_transfer_s(second[1]) == pytest.approx(
+        200 * Q8.kv_bytes_per_token * 8 / 200e9)

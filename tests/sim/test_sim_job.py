@@ -139,3 +139,31 @@ def test_a_sim_run_whose_groups_all_score_alike_trains_nothing_with_skip(tmp_pat
     for m in out[True]:
         assert m["time/train_compute"] == pytest.approx(0.25, abs=1e-3)
         assert m["train/forward_sequences"] == 0 and m["train/forward_tokens"] == 0
+
+
+def test_pd_step_time_is_prefill_then_kv_transfer_then_decode(tmp_path):
+    """The tiny job with roles.actor_gen.prefill/decode: the real LLMProxy sends the
+    prompt to the sim prefill engine, its K/V cross the link, the decode engine decodes;
+    the generation span is the prefill step + the transfer + the remaining decode steps."""
+    data = tiny(tmp_path)
+    data["pools"][0]["count"] = 8 + 2  # the trainer's 8 H800 + one prefill, one decode
+    data["roles"]["actor_gen"].update(prefill={"pool": "H800", "workers": 1},
+                                      decode={"pool": "H800", "workers": 1})
+    cfg, _ = load_config(data=data)
+    job = build_sim_job(cfg, log=lambda *a: None)
+    run_sim(job, 2)
+    h800, spec = HARDWARE["H800"], MODELS["qwen3-8b"]
+    prefill = engine_step_s(h800, 1, spec, P, prefill_pairs(P, 0), 0, 0.0)
+    transfer = P * spec.kv_bytes_per_token * 8 / 200e9
+    decode = (N - 1) * engine_step_s(h800, 1, spec, 0, 0.0, 1, P + 1 + (N - 1) / 2)
+    train = train_step_s(h800, 8, spec, [P + N])
+    w = spec.weight_bytes
+    after_rollout = train + w * 8 / 200e9 + w * 8 / 400e9 + 0.5
+    times = step_times(job.metrics)
+    assert times[1] == pytest.approx(RESET + prefill + transfer + decode + STEP + WARM
+                                     + after_rollout, abs=2e-3)
+    stats = {e.name: e.target.engine_stats() for e in job.engines}
+    assert stats["gen-prefill-0"]["prefill_tokens"] == 2 * P
+    assert stats["gen-prefill-0"]["decode_tokens"] == 0
+    assert stats["gen-0"]["prefill_tokens"] == 0 and stats["gen-0"]["decode_tokens"] > 0
+    assert set(job.pipeline.proxy.served) == {("T", "gen-0")}

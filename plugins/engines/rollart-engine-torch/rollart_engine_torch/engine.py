@@ -35,7 +35,10 @@ Prefill-decode disaggregation: :meth:`prefill_kv` computes the K/V of a request'
 (all but its last token) and hands them out as a :class:`KVHandoff`; ``generate(request,
 kv=handoff)`` on another engine imports them into a slot and decodes from there. Sampling
 happens on the decode side only, so a seeded request samples the same tokens with or
-without the hand-off (:mod:`rollart_engine_torch.handoff`).
+without the hand-off. Across a trajectory's turns both engines keep its cache: the prefill
+engine computes only the new tokens, and the hand-off carries only the positions the
+decode engine lacks (``held``: its last result's ``kv_kept``;
+:mod:`rollart_engine_torch.handoff`).
 
 The package: ``engine.py`` (this: the public API, the command loop, admission),
 ``slots.py`` (per-request state, KV slots and kept caches), ``step.py`` (one step: the
@@ -133,6 +136,7 @@ class TorchEngine:
         self._counts = StepCounts()
         self._recomputed_total = 0
         self._aborted_total = 0  # requests ended by ABORT (freed before finishing)
+        self._handoff_short = 0  # PD hand-offs whose start this engine's cache lacked
         self._step_seconds = 0.0
         # Steps predicted to take at most this long run on the loop (no thread hop); the
         # prediction: compute seconds per fed token, measured on steps of >= 32 tokens.
@@ -169,18 +173,34 @@ class TorchEngine:
             seq.handoff = kv  # else stale or foreign: the prompt is simply computed here
         return await self._submit(seq)
 
-    async def prefill_kv(self, request: GenerationRequest) -> KVHandoff:
+    async def prefill_kv(self, request: GenerationRequest, held: int = 0,
+                         held_version: int | None = None,
+                         kv: KVHandoff | None = None) -> KVHandoff:
         """PD prefill side: the K/V of the prompt minus its last token, computed in the
-        batch like any request, exported and freed. Samples nothing."""
+        batch like any request (a trajectory's kept cache here covers its earlier turns),
+        exported and kept for the trajectory's next turn. Samples nothing.
+
+        ``held``: the decode engine already holds the K/V of the prompt's first ``held``
+        tokens (its last result's ``kv_kept``) at weights ``held_version`` (None: this
+        engine's version); only the positions after them are handed over. A stale
+        ``held_version`` hands over everything. ``kv``: the decode engine's last answer
+        for the trajectory (its :meth:`export_kv`), imported instead of computed."""
         self._start()
         if self._closed:
             raise RollartError("engine 'torch' is shut down; create a new engine")
+        if held < 0:
+            raise ValueError(f"prefill_kv: held={held} must be >= 0 (tokens the decode "
+                             "engine holds; 0 when it holds none)")
         seq = self._make_seq(request)
         prefix = seq.tokens[:-1]
         if not prefix:
             return handoff.empty(self._runner, self._version)
         seq.tokens = prefix
         seq.prefill_only = True
+        if held_version is None or held_version == self._version:
+            seq.export_from = min(held, len(prefix))
+        if handoff.usable(kv, prefix, self._version):
+            seq.handoff = kv
         return await self._submit(seq)
 
     async def _submit(self, seq: Seq) -> Any:
@@ -212,6 +232,18 @@ class TorchEngine:
         self._kick()
         return True
 
+    async def export_kv(self, trajectory_id: str, start: int) -> KVHandoff | None:
+        """PD decode side: the K/V this engine kept for ``trajectory_id`` from position
+        ``start`` on (the answer it sampled, which the prefill engine lacks), or None when
+        it keeps nothing past ``start``. Taken between steps; the cache stays kept."""
+        self._start()
+        idle = self._slots.idle.get(trajectory_id) if trajectory_id else None
+        if idle is None:
+            return None
+        assert self._step_lock is not None
+        async with self._step_lock:
+            return handoff.kept(self._runner, idle, max(start, 0))
+
     async def release(self, trajectory_id: str) -> bool:
         """The trajectory ended: free the KV kept for its next turn. True if one was kept."""
         return self._slots.release(trajectory_id)
@@ -240,7 +272,8 @@ class TorchEngine:
             self._version = int(version)
             n = 0
             for seq in self._running:
-                if seq.prefill_only:
+                if seq.prefill_only:  # computed afresh; the decode side's cache is stale too
+                    seq.cached = seq.export_from = 0
                     continue
                 seq.cached = 0
                 seq.handoff = None
@@ -263,6 +296,8 @@ class TorchEngine:
             "shared_tokens": self._counts.shared_tokens,
             "kv_idle": len(self._slots.idle),
             "kv_evicted": self._slots.evicted,
+            "handoff_tokens_out": self._counts.handoff_out,  # PD prefill: K/V positions sent
+            "handoff_short": self._handoff_short,  # PD: hand-offs past a cache it lost
             "steps": self._counts.steps,
             "step_seconds": round(self._step_seconds, 4),
             "inline_steps": self._inline_steps,  # steps run on the loop (inline_step_s)
@@ -395,6 +430,11 @@ class TorchEngine:
             self._waiting.popleft()
             self._slots.assign(seq, idle)
             seq.cached = reuse
+            if seq.handoff is not None and seq.handoff.start > reuse:
+                # The hand-off continues a cache this engine no longer holds (evicted, or
+                # dropped at a weight update): what it lacks is computed here instead.
+                seq.handoff = None
+                self._handoff_short += 1
             self._counts.reused_tokens += reuse
             self._running.append(seq)
             budget -= n
@@ -404,10 +444,9 @@ class TorchEngine:
         """A step ended ``seq``: keep its KV for the trajectory's next turn, or free it."""
         self._running.remove(seq)
         tid = seq.request.trajectory_id
-        if seq.prefill_only:
-            self._slots.free(seq.slot)
-        elif self._reuse and tid and not self._closed:
+        if self._reuse and tid and not self._closed and seq.cached:
             self._slots.keep(tid, seq.slot, seq.tokens[: seq.cached], self._version)
+            seq.kv_kept = seq.cached
         else:
             self._slots.free(seq.slot)
         self._resolve(seq, seq.finish or "abort")

@@ -102,19 +102,20 @@ class SlotRunner:
         self.capacity = new
 
     @torch.inference_mode()
-    def export_slot(self, slot: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """CPU copies of the first ``n`` cached positions of ``slot``: ``[layers, kv_heads,
-        n, head_dim]`` for K and for V (a KV hand-off to another engine)."""
-        if n == 0 or not self.k:
+    def export_slot(self, slot: int, n: int, start: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+        """CPU copies of cached positions ``start..n-1`` of ``slot``: ``[layers, kv_heads,
+        n - start, head_dim]`` for K and for V (a KV hand-off to another engine)."""
+        if n <= start or not self.k:
             empty = torch.zeros((len(self.layers), self.kv_heads, 0, self.head_dim), dtype=self.dtype)
             return empty, empty.clone()
-        k = torch.stack([t[slot, :, :n] for t in self.k]).to("cpu", copy=True)
-        v = torch.stack([t[slot, :, :n] for t in self.v]).to("cpu", copy=True)
+        k = torch.stack([t[slot, :, start:n] for t in self.k]).to("cpu", copy=True)
+        v = torch.stack([t[slot, :, start:n] for t in self.v]).to("cpu", copy=True)
         return k, v
 
     @torch.inference_mode()
-    def import_slot(self, slot: int, k: torch.Tensor, v: torch.Tensor) -> None:
-        """Write K/V from :meth:`export_slot` into positions ``0..n-1`` of ``slot``."""
+    def import_slot(self, slot: int, k: torch.Tensor, v: torch.Tensor, at: int = 0) -> None:
+        """Write K/V from :meth:`export_slot` (``n`` positions) into positions
+        ``at..at+n-1`` of ``slot``."""
         expect = (len(self.layers), self.kv_heads, self.head_dim)
         got = (k.shape[0], k.shape[1], k.shape[3]) if k.dim() == 4 else None
         if got != expect or k.shape != v.shape:
@@ -125,10 +126,10 @@ class SlotRunner:
         n = int(k.shape[2])
         if n == 0:
             return
-        self.ensure_capacity(n)
+        self.ensure_capacity(at + n)
         for i in range(len(self.layers)):
-            self.k[i][slot, :, :n] = k[i].to(self.device, self.dtype)
-            self.v[i][slot, :, :n] = v[i].to(self.device, self.dtype)
+            self.k[i][slot, :, at : at + n] = k[i].to(self.device, self.dtype)
+            self.v[i][slot, :, at : at + n] = v[i].to(self.device, self.dtype)
 
     @torch.inference_mode()
     def copy_slot(self, src: int, dst: int, start: int, end: int) -> None:

@@ -6,7 +6,8 @@ of its context already have their K/V in that slot. The :class:`SlotTable` hands
 out and takes them back.
 
 Multi-turn KV reuse: when a request of a trajectory (``request.trajectory_id``) finishes,
-its slot is kept (an idle cache). The trajectory's next request, whose prompt starts with
+its slot is kept (an idle cache; a PD prefill request's too, so the prefill engine of a
+prefill-decode pair also computes only each turn's new tokens). The trajectory's next request, whose prompt starts with
 the cached tokens (token-in/token-out contexts always do), takes that slot back and only
 its new tokens are computed. Idle caches are freed by ``TorchEngine.release`` (the
 trajectory ended), by an ABORT, by eviction (least recently used first) when a request
@@ -50,6 +51,8 @@ class Seq:
     handoff: KVHandoff | None = None  # K/V to import when admitted (decode side of PD)
     prefill_only: bool = False  # PD prefill side: compute K/V, sample nothing
     exported: tuple[Any, Any] | None = None  # PD prefill side: the computed K/V
+    export_from: int = 0  # PD prefill side: the decode engine holds positions before this
+    kv_kept: int = 0  # tokens whose K/V were kept for the trajectory's next turn
 
     @classmethod
     def from_request(cls, request: GenerationRequest, *, vocab_size: int, max_seq_len: int,
@@ -87,6 +90,7 @@ class Seq:
             finish_reason=self.finish or "abort",
             recomputed=self.recomputed,
             worker=worker,
+            kv_kept=self.kv_kept,
         )
 
 
@@ -114,7 +118,7 @@ class SlotTable:
         computed: the last one's logits are needed)."""
         tid = seq.request.trajectory_id
         idle = self.idle.get(tid) if tid else None
-        if idle is None or idle.version != version or seq.prefill_only:
+        if idle is None or idle.version != version:
             return idle, 0
         n = min(len(idle.tokens), len(seq.tokens) - 1)
         return idle, (n if seq.tokens[:n] == idle.tokens[:n] else 0)

@@ -38,6 +38,7 @@ class StepCounts:
     prefill_tokens: int = 0  # tokens computed besides the one-per-step decode token
     reused_tokens: int = 0  # prompt tokens served from a kept cache or a hand-off (not computed)
     shared_tokens: int = 0  # prefill tokens copied from an identical row of a step
+    handoff_out: int = 0  # PD prefill side: K/V positions exported in hand-offs
     steps: int = 0
     recompute_s: float = 0.0  # forward time spent rebuilding KV after weight updates
 
@@ -71,7 +72,9 @@ def run_step(runner: SlotRunner, running: list[Seq], version: int,
         rebuilt = sum(len(c) for s, c in zip(group, chunks, strict=True) if s.recomputing)
         if rebuilt:  # weight-sync cost: the forward's share spent rebuilding KV
             counts.recompute_s += (time.perf_counter() - t0) * rebuilt / sum(map(len, chunks))
-        counts.prefill_tokens += sum(len(c) for c in chunks) - len(chunks)
+        # A sampling row's last fed token is its decode token; a PD prefill row has none.
+        counts.prefill_tokens += (sum(len(c) for c in chunks)
+                                  - sum(not s.prefill_only for s in group))
         for row, seq in enumerate(group):
             row_of[id(seq)] = (logits, row)
     for seq, first in copies:
@@ -84,6 +87,7 @@ def run_step(runner: SlotRunner, running: list[Seq], version: int,
         seq.recomputing = False
         if seq.prefill_only:
             handoff.export(runner, seq)
+            counts.handoff_out += seq.cached - seq.export_from
             finished.append(seq)
         elif append_token(seq, logits[row], version, runner.max_seq_len, counts):  # type: ignore[index]
             finished.append(seq)

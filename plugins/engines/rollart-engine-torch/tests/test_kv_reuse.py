@@ -201,3 +201,120 @@ def test_identical_rows_of_a_step_are_computed_once(tiny_model, reference_logits
     # the first turn's prompt is the same for all six: computed once, copied five times
     assert s_shared["shared_tokens"] >= 5 * 3
     assert s_shared["prefill_tokens"] + s_shared["shared_tokens"] == s_alone["prefill_tokens"]
+
+
+async def _pd_dialogues(pre: TorchEngine, dec: TorchEngine, turns: int,
+                        hand_back: bool = True) -> list[dict]:
+    """Two trajectories, their turns interleaved, with PD as the LLMProxy runs it: each
+    turn's prompt goes through ``pre.prefill_kv`` (told what ``dec`` kept of the
+    trajectory, its last result's ``kv_kept``, and given the answer's K/V from
+    ``dec.export_kv``, unless not ``hand_back``) and is decoded by ``dec``. One record per
+    turn with the engines' counter deltas; each answer is 3 tokens, each observation 3."""
+    contexts = {t: [7 + i, 8, 9, 10, 11, 12 + i] for i, t in enumerate(("a", "b"))}
+    held: dict[str, tuple] = {}
+    records = []
+    for turn in range(turns):
+        for i, traj in enumerate(contexts):
+            prompt = contexts[traj]
+            seed = 10 * i + turn
+            req = _turn(f"{traj}/t{turn}", prompt, traj, seed=seed, max_new_tokens=3)
+            kept, version, pre_has = held.get(traj, (0, None, 0))
+            answer = await dec.export_kv(traj, pre_has) if hand_back and kept else None
+            pre0, dec0 = pre.stats(), dec.stats()
+            kv = await pre.prefill_kv(req, kept, version, answer)
+            res = await dec.generate(req, kv=kv)
+            pre1, dec1 = pre.stats(), dec.stats()
+            held[traj] = (res.kv_kept, res.versions[-1], len(prompt) - 1)
+            records.append({
+                "traj": traj, "turn": turn, "prompt": list(prompt), "seed": seed,
+                "result": res, "kv": kv, "answer": answer,
+                "prefill_computed": pre1["prefill_tokens"] - pre0["prefill_tokens"],
+                "prefill_short": pre1["handoff_short"] - pre0["handoff_short"],
+                "decode_computed": dec1["prefill_tokens"] - dec0["prefill_tokens"],
+                "decode_served": dec1["reused_tokens"] - dec0["reused_tokens"],
+                "short": dec1["handoff_short"] - dec0["handoff_short"],
+            })
+            contexts[traj] = prompt + res.token_ids + [30 + turn, 31, 32]  # the observation
+    return records
+
+
+def test_pd_multi_turn_prefills_only_new_tokens_and_keeps_decode_kv(tiny_model, reference):
+    """PD over turns: the prefill engine computes only each turn's observation (its own
+    kept K/V hold the earlier prompt, the decode engine's hand-back the last answer); only
+    the observation's K/V travel to the decode engine, which keeps its K/V between turns
+    and computes nothing but each prompt's last token. Without the hand-back the prefill
+    engine computes the answer too. Tokens equal one engine without PD."""
+
+    async def run(hand_back: bool):
+        pre = TorchEngine(model=tiny_model, max_running=4, eos_token_ids=[])
+        dec = TorchEngine(model=tiny_model, max_running=4, eos_token_ids=[])
+        records = await _pd_dialogues(pre, dec, 4, hand_back)
+        stats = pre.stats(), dec.stats()
+        solo = TorchEngine(model=tiny_model, max_running=4, eos_token_ids=[], reuse_kv=False)
+        base = [await solo.generate(_turn(f"solo/{r['traj']}{r['turn']}", r["prompt"],
+                                          seed=r["seed"], max_new_tokens=3))
+                for r in records]
+        for e in (pre, dec, solo):
+            await e.shutdown()
+        return records, stats, base
+
+    records, (pre_stats, dec_stats), base = asyncio.run(run(True))
+    previous: dict[str, dict] = {}
+    for r, b in zip(records, base, strict=True):
+        res, kv, prompt = r["result"], r["kv"], r["prompt"]
+        assert res.token_ids == b.token_ids  # PD with kept caches samples what one engine does
+        assert max(abs(x - y) for x, y in
+                   zip(res.logprobs, reference(prompt, res.token_ids), strict=True)) < 1e-4
+        last = previous.get(r["traj"])
+        # The decode engine kept the whole context but the last sampled token's K/V, and
+        # handed back what the prefill engine lacked: the last prompt token + the answer.
+        assert res.kv_kept == len(prompt) + len(res.token_ids) - 1
+        if last is not None:
+            assert r["answer"].start == len(last["prompt"]) - 1 and r["answer"].carried == 3
+        if last is None:
+            assert r["prefill_computed"] == len(prompt) - 1 and kv.start == 0
+        else:
+            assert r["prefill_computed"] == 3  # the observation only
+            assert kv.start == last["result"].kv_kept  # what the decode engine holds
+            assert kv.carried == 3 and kv.k.shape[2] == 3  # only the observation's K/V
+        assert r["decode_computed"] == 0 and r["short"] == 0 and r["prefill_short"] == 0
+        assert r["decode_served"] == len(prompt) - 1  # kept cache + hand-off, nothing computed
+        previous[r["traj"]] = r
+    assert pre_stats["kv_idle"] == 2 and dec_stats["kv_idle"] == 2
+    assert pre_stats["handoff_tokens_out"] == sum(r["kv"].carried for r in records)
+    assert pre_stats["tokens_generated"] == 0
+    no_back, _, _ = asyncio.run(run(False))
+    assert [r["result"].token_ids for r in no_back] == [r["result"].token_ids for r in records]
+    # Without the hand-back: the answer (3) and the observation (3) each turn.
+    assert [r["prefill_computed"] for r in no_back if r["turn"]] == [6] * 6
+
+
+def test_pd_multi_turn_after_eviction(tiny_model):
+    """A prefill engine that lost a trajectory's cache (one KV slot, two trajectories)
+    recomputes the evicted prefix (the answer handed back cannot continue it), still
+    sending only what the decode engine lacks; a decode engine that lost its cache ignores
+    the short hand-off, computes what it lacks itself and has no answer to hand back.
+    Same tokens either way."""
+
+    async def run(pre_slots: int, dec_slots: int):
+        pre = TorchEngine(model=tiny_model, max_running=1, kv_slots=pre_slots, eos_token_ids=[])
+        dec = TorchEngine(model=tiny_model, max_running=1, kv_slots=dec_slots, eos_token_ids=[])
+        records = await _pd_dialogues(pre, dec, 3)
+        for e in (pre, dec):
+            await e.shutdown()
+        return records
+
+    kept = asyncio.run(run(4, 4))
+    pre_evicts = asyncio.run(run(1, 4))
+    dec_evicts = asyncio.run(run(4, 1))
+    tokens = [[r["result"].token_ids for r in rs] for rs in (kept, pre_evicts, dec_evicts)]
+    assert tokens[0] == tokens[1] == tokens[2]
+    for r in pre_evicts:  # the other trajectory took the one slot: the whole prefix again
+        assert r["prefill_computed"] == len(r["prompt"]) - 1
+        assert r["prefill_short"] == (r["turn"] > 0)  # the hand-back had nothing to extend
+        assert r["kv"].carried == (len(r["prompt"]) - 1 if r["turn"] == 0 else 3)
+        assert r["decode_computed"] == 0
+    for r in dec_evicts[2:]:  # turns after the first: the decode cache was evicted
+        assert r["short"] == 1 and r["decode_computed"] == len(r["prompt"]) - 1
+        # nor an answer to hand back: the prefill engine computes it (3) + the observation
+        assert r["answer"] is None and r["prefill_computed"] == 6

@@ -30,8 +30,9 @@ def _config(tmp_path, pd: bool) -> dict:
     return data
 
 
-async def _dialogues(proxy, n: int) -> list[list[int]]:
-    """n multi-turn trajectories at once; each turn's prompt is the whole context."""
+async def _dialogues(proxy, n: int, tags: tuple[str, ...] = ("FrozenLake",)) -> list[list[int]]:
+    """n multi-turn trajectories at once (trajectory i has tag ``tags[i % len(tags)]``);
+    each turn's prompt is the whole context: 6 tokens, then + 4 sampled + 2 observed."""
 
     async def one(i: int) -> list[int]:
         ctx = [10 + i, 11, 12, 13, 14, 15]
@@ -39,7 +40,7 @@ async def _dialogues(proxy, n: int) -> list[list[int]]:
         for t in range(3):
             req = GenerationRequest(f"tr{i}/t{t}", list(ctx),
                                     SamplingParams(seed=100 * i + t, max_new_tokens=4),
-                                    tag="FrozenLake", trajectory_id=f"tr{i}")
+                                    tag=tags[i % len(tags)], trajectory_id=f"tr{i}")
             res = await proxy.generate(req)
             assert res.finish_reason == "length"
             out += res.token_ids
@@ -47,15 +48,18 @@ async def _dialogues(proxy, n: int) -> list[list[int]]:
         proxy.release(f"tr{i}")
         return out
 
-    return list(await asyncio.gather(*(one(i) for i in range(n))))
+    out = list(await asyncio.gather(*(one(i) for i in range(n))))
+    for _ in range(10):  # let the background releases reach the engines
+        await asyncio.sleep(0)
+    return out
 
 
-def _run(tmp_path, pd: bool):
-    cfg, lines = load_config(data=_config(tmp_path, pd))
+def _run(tmp_path, pd: bool, data: dict | None = None, tags: tuple[str, ...] = ("FrozenLake",)):
+    cfg, lines = load_config(data=data or _config(tmp_path, pd))
     job = build_job(cfg, lines, in_process=True, log=lambda *a: None)
     try:
         proxy = job.pipeline.proxy
-        tokens = asyncio.run(_dialogues(proxy, 4))
+        tokens = asyncio.run(_dialogues(proxy, 4, tags))
         stats = {name: w.target.engine.stats() for name, w in
                  {**proxy.workers, **proxy.prefill_workers}.items()}
         return tokens, stats, proxy
@@ -76,7 +80,45 @@ def test_pd_tokens_equal_the_single_engine_run(tmp_path):
     assert prefill[0]["tokens_generated"] == 0 and prefill[0]["prefill_tokens"] > 0
     assert sum(s["tokens_generated"] for s in decode) == 4 * 3 * 4
     assert all(s["reused_tokens"] > 0 for s in decode)
-    assert sum(s["prefill_tokens"] for s in decode) < prefill[0]["prefill_tokens"]
+    # Both sides kept each trajectory's cache between its turns (prompts of 6, 12 and 18
+    # tokens: + 4 answered, + 2 observed): the prefill worker computed the first prompt
+    # (5), then only each observation (2): the decode worker handed each answer's K/V
+    # back; only the K/V the decode worker lacked travelled to it (5, then 2 and 2); the
+    # decode workers computed nothing but each prompt's last token.
+    assert prefill[0]["prefill_tokens"] == 4 * (5 + 2 + 2) and prefill[0]["kv_evicted"] == 0
+    assert prefill[0]["handoff_tokens_out"] == 4 * (5 + 2 + 2)
+    assert sum(s["prefill_tokens"] for s in decode) == 0
+    assert sum(s["reused_tokens"] for s in decode) == 4 * (5 + 11 + 17)
+    assert sum(s["handoff_short"] for s in decode) == 0
+    # The trajectories ended: the proxy released what both sides kept for them.
+    assert prefill[0]["kv_idle"] == 0 and all(s["kv_idle"] == 0 for s in decode)
+
+
+def test_pd_prefill_follows_task_affinity(tmp_path):
+    """Per-task affinity under PD: each task's prompts are computed by the prefill worker
+    of the pool its affinity names; every task decodes on the decode workers."""
+    data = _config(tmp_path, pd=True)
+    data["pools"] = [
+        {"name": "H800", "hardware": "H800", "profile": "compute", "count": 4},
+        {"name": "H20", "hardware": "H20", "profile": "bandwidth", "count": 4},
+        {"name": "cpu", "hardware": "cpu", "kind": "cpu", "count": 8},
+    ]
+    lake = data["tasks"][0]
+    data["tasks"] = [{**lake, "tag": "A", "affinity": "H800"},
+                     {**lake, "tag": "B", "affinity": "H20"}]
+    data["roles"]["actor_gen"] = {"prefill": {"workers": 2}, "decode": {"pool": "H20",
+                                                                        "workers": 1}}
+    plain, _, _ = _run(tmp_path / "plain", pd=False)
+    tokens, stats, proxy = _run(tmp_path, pd=True, data=data, tags=("A", "B"))
+    assert tokens == plain
+    pools = {name: w.pool for name, w in proxy.prefill_workers.items()}
+    assert sorted(pools.values()) == ["H20", "H800"]
+    for tag, pool in (("A", "H800"), ("B", "H20")):
+        (name,) = proxy.prefill_routes[tag]
+        assert pools[name] == pool
+        # its task's two trajectories only: 5 + 2 + 2 prompt tokens each (see above)
+        assert stats[name]["prefill_tokens"] == 2 * 9
+    assert set(proxy.routes["A"]) == set(proxy.routes["B"]) == set(proxy.workers)
 
 
 def test_pd_needs_both_phases(tmp_path):
@@ -84,6 +126,23 @@ def test_pd_needs_both_phases(tmp_path):
     data["roles"] = {"actor_gen": {"prefill": {"workers": 1}}}
     with pytest.raises(ConfigError, match="both"):
         load_config(data=data)
+
+
+def test_validate_rejects_pd_on_an_engine_without_kv_handoff(tmp_path):
+    """`rollart validate` (not only the job build) names the key when the engine cannot
+    hand K/V over: vLLM's adapter has no prefill_kv (importable without vLLM itself)."""
+    import yaml
+
+    from rollart_sdk.testing.dists import run_cli
+
+    data = _config(tmp_path, pd=True)
+    data["engine"] = {"name": "vllm"}
+    data["transport"] = {"name": "ray"}  # vLLM runs in a process of its own
+    cfg = tmp_path / "pd-vllm.yaml"
+    cfg.write_text(yaml.safe_dump(data))
+    res = run_cli("validate", str(cfg))
+    assert res.returncode != 0
+    assert "roles.actor_gen.prefill" in res.stderr and "no prefill_kv" in res.stderr
 
 
 @pytest.mark.timeout(900)  # a local Ray and a 2-step run: minutes on a loaded machine
@@ -127,6 +186,9 @@ def test_pd_trains_on_ray(tmp_path):
     engines = summary["engines"]
     assert engines["gen-prefill-0"]["tokens_generated"] == 0
     assert engines["gen-0"]["tokens_generated"] > 0 and "pd_handoff_errors" not in engines["gen-0"]
+    # Each answer's K/V went back to the prefill worker through the object store (a ref
+    # put by the decode actor), and it used them: no failed fetch there either.
+    assert "pd_handoff_errors" not in engines["gen-prefill-0"]
     assert engines["gen-0"]["prefill_tokens"] < engines["gen-prefill-0"]["prefill_tokens"]
     plan = json.loads((run / "plan.json").read_text())
     assert plan["roles"]["actor_gen"]["prefill_per_pool"] and plan["threads"]["actor_gen"] >= 1
