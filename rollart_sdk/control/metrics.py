@@ -108,6 +108,11 @@ def _task_metrics(m: dict[str, Any], tag: str, trajs: list[Trajectory], rec: Ste
         m[f"agent/segments/{tag}"] = sum(segs) / len(segs)
         m[f"agent/requests/{tag}"] = sum(t.info.get("agent_requests", 0)
                                         for t in trajs) / len(trajs)
+        # Replies parsed as tool calls, and prompt tokens the gateway wrote to force one
+        # (tool_choice "required" / a named function; never trained), per episode.
+        for key, name in (("gateway_tool_call_replies", "tool_calls"),
+                          ("gateway_forced_prefix_tokens", "forced_prefix_tokens")):
+            m[f"agent/{name}/{tag}"] = sum(t.info.get(key, 0) for t in trajs) / len(trajs)
     # Turns of every episode that ended since the previous batch, trained or not:
     # turns/<tag> over it is the length bias of what gets trained (1: none).
     n, turns = rec.finished_turns.get(tag, (0, 0))

@@ -166,6 +166,8 @@ class Prompt:
     new_ids: list[int]  # the tokens this request adds (the turn's obs_ids)
     text: str  # the template's render of the request's messages (or the raw prompt)
     segment: int | None = None  # the segment it extends (None: a new one)
+    forced: str = ""  # text the gateway appended after the render (tool_choice), in ``text``
+    forced_ids: list[int] = field(default_factory=list)  # its ids: the end of ``ids``
 
     @property
     def continues(self) -> bool:
@@ -187,34 +189,47 @@ class EpisodeRecord:
 
     ``render(messages, tools)`` is the chat template's text with the generation prompt;
     ``encode(text)`` its ids (no special tokens added: templates write their own);
-    ``decode(ids)`` the text of ids, special tokens kept.
+    ``decode(ids)`` the text of ids, special tokens kept; ``render_turn(messages, tools)``
+    the template's text without the generation prompt (for the tool-call opener that
+    ``tool_choice`` forces, :mod:`~rollart_sdk.gateway.forcing`; None: not available).
 
     A request with ``n > 1`` records each choice on its own branch: choice 0 extends the
     segment, choice ``i`` a copy of it (the earlier turns, then its own). A later request
     extends whichever branch it sends back."""
 
     def __init__(self, render: Render, encode: Callable[[str], list[int]],
-                 decode: Callable[[list[int]], str]) -> None:
+                 decode: Callable[[list[int]], str], render_turn: Render | None = None) -> None:
         self.render = render
+        self.render_turn = render_turn
         self.encode = encode
         self.decode = decode
         self.segments: list[Segment] = []
         self.last: list[int] = []  # the segments of the last request's choices
 
-    def prompt(self, messages: list[dict[str, Any]], tools: list[Any] | None) -> Prompt:
-        """The context of a chat request with these (normalized) messages."""
+    def render_prompt(self, messages: list[dict[str, Any]], tools: list[Any] | None) -> str:
+        """The template's render of a request (generation prompt on), or a 400."""
         try:
-            text = self.render(messages, tools)
+            return self.render(messages, tools)
         except Exception as exc:  # noqa: BLE001 - a template's raise_exception, a bad tool
             raise GatewayError(400, f"the model's chat template cannot render these messages "
                                f"and tools: {type(exc).__name__}: {exc}", param="messages") from None
+
+    def prompt(self, messages: list[dict[str, Any]], tools: list[Any] | None,
+               forced: str = "", text: str | None = None) -> Prompt:
+        """The context of a chat request with these (normalized) messages (``text``: their
+        render, when already made); ``forced`` is text the gateway appends after the
+        render (the opening of a tool call ``tool_choice`` asks for), tokenised on its own
+        so that the render's tokens are the same as without it."""
+        if text is None:
+            text = self.render_prompt(messages, tools)
+        extra = self.encode(forced) if forced else []
         for i in range(len(self.segments) - 1, -1, -1):
             seg = self.segments[i]
             if self._extends(seg, messages, text):
-                new = self.encode(text[len(seg.text):])
-                return Prompt(seg.context + new, new, text, i)
-        ids = self.encode(text)
-        return Prompt(ids, ids, text)
+                new = self.encode(text[len(seg.text):]) + extra
+                return Prompt(seg.context + new, new, text + forced, i, forced, extra)
+        ids = self.encode(text) + extra
+        return Prompt(ids, ids, text + forced, None, forced, extra)
 
     def prompt_raw(self, text: str | None, ids: list[int] | None) -> Prompt:
         """The context of a ``/v1/completions`` prompt, given as text or as ids. It extends

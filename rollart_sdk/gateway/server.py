@@ -28,7 +28,21 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from rollart_sdk.gateway.episode import Choice, EpisodeRecord, GatewayError, normalize_messages
+from rollart_sdk.gateway.episode import (
+    Choice,
+    EpisodeRecord,
+    GatewayError,
+    Prompt,
+    normalize_messages,
+)
+from rollart_sdk.gateway.forcing import (
+    OPENERS,
+    ToolChoice,
+    forced_text,
+    parse_tool_choice,
+    parser_name,
+    template_opener,
+)
 from rollart_sdk.gateway.params import choice_sampling, cut_at_stop, request_params
 from rollart_sdk.gateway.responses import (
     chat_chunks,
@@ -38,7 +52,7 @@ from rollart_sdk.gateway.responses import (
     text_chunks,
     text_response,
 )
-from rollart_sdk.gateway.tools import ToolParser, parse_hermes
+from rollart_sdk.gateway.tools import ToolParser, parse_hermes, parse_none
 from rollart_sdk.types import GenerationResult, SamplingParams
 
 MAX_BODY_BYTES = 4 * 2**20  # a request body over this is refused (413)
@@ -267,12 +281,18 @@ class Gateway:
         self._check(ep, body)
         messages = normalize_messages(body.get("messages"))
         tools = body.get("tools") or None
+        choice = parse_tool_choice(body, tools)
         async with ep.lock:  # one turn at a time: each continues the one before
             self._check(ep, body)
-            prompt = ep.record.prompt(messages, tools)
+            text = ep.record.render_prompt(messages, tools)
+            forced = self._forced(ep, choice, messages, tools, text)
+            prompt = ep.record.prompt(messages, tools, forced, text)
             choices = await self._generate(ep, body, prompt)
+            if forced:
+                ep.counts["forced_tool_choice"] += 1
+                ep.counts["forced_prefix_tokens"] += len(prompt.forced_ids)
             for c in choices:
-                c.reply = self._reply(ep, c)
+                c.reply = self._reply(ep, c, prompt, choice)
             # Kept as the agent will send it back (tool call arguments parsed).
             ep.record.record(prompt, messages, [
                 Choice(c.result, normalize_messages([c.reply])[0]) for c in choices])
@@ -322,22 +342,51 @@ class Gateway:
             ep.counts["choices_n_gt_1"] += params.n
         return choices
 
-    def _reply(self, ep: Episode, choice: Choice) -> dict[str, Any]:
+    def _forced(self, ep: Episode, choice: ToolChoice, messages: list[dict[str, Any]],
+                tools: list[Any] | None, text: str) -> str:
+        """The opening of a tool call that ``tool_choice`` forces, appended to the prompt
+        (:mod:`~rollart_sdk.gateway.forcing`); "" when nothing is forced."""
+        if not choice.forces:
+            return ""
+        name = parser_name(ep.tool_parser)
+        if name not in OPENERS:
+            raise GatewayError(400, f"tool_choice {choice.mode!r} needs a tool parser that "
+                               f"knows the model's call format; this task's is "
+                               f"{name or 'a custom function'!r} (set tool_parser to hermes, "
+                               "llama3_json or mistral)", param="tool_choice")
+        assert name is not None
+        opener = None
+        if ep.record.render_turn is not None:
+            opener = template_opener(ep.record.render_turn, text, messages, tools, name)
+        if opener is None:  # the template does not write calls the parser reads
+            ep.counts["forced_opener_from_parser"] += 1
+            opener = OPENERS[name]
+        return forced_text(choice, opener, tools)
+
+    def _reply(self, ep: Episode, choice: Choice, prompt: Prompt | None = None,
+               tool_choice: ToolChoice | None = None) -> dict[str, Any]:
         """The assistant message of a choice: the tool parser reads the generated text
-        with special tokens kept (Llama's ``<|python_tag|>``, Mistral's ``[TOOL_CALLS]``);
-        without a call the content is the text with special tokens skipped."""
+        with special tokens kept (Llama's ``<|python_tag|>``, Mistral's ``[TOOL_CALLS]``),
+        after the text the gateway forced (``tool_choice``); without a call the content is
+        that text with special tokens skipped. ``tool_choice: "none"``: no parsing."""
         ids = list(choice.result.token_ids)
         while ids and ids[-1] in ep.stop_ids:
             ids.pop()
+        forced, forced_ids = (prompt.forced, prompt.forced_ids) if prompt else ("", [])
+        parse = parse_none if tool_choice is not None and tool_choice.mode == "none" \
+            else ep.tool_parser
         if choice.stopped is not None:
-            content, calls, bad = ep.tool_parser(choice.stopped)
+            content, calls, bad = parse(forced + choice.stopped)
         else:
-            content, calls, bad = ep.tool_parser(ep.record.decode(ids))
+            content, calls, bad = parse(forced + ep.record.decode(ids))
             if calls is None:
-                content = ep.decode_text(ids)
+                content = ep.decode_text(forced_ids + ids)
         if bad:
             ep.counts["malformed_tool_calls"] += bad
+        if forced and calls is None:  # the model did not complete the call it was given
+            ep.counts["forced_tool_call_failed"] += 1
         reply: dict[str, Any] = {"role": "assistant", "content": content}
         if calls:
             reply["tool_calls"] = calls
+            ep.counts["tool_call_replies"] += 1
         return reply

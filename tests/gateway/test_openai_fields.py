@@ -199,3 +199,44 @@ def test_sampling_fields_are_mapped_or_refused_naming_the_field(model: ModelConf
         assert exc.body["param"] == field
     assert "tasks[].sampling.temperature" in errors["temperature"].message
     assert len(s.results[0].token_ids) <= 3 and ok.usage.completion_tokens <= 3
+
+
+CALC = [{"type": "function", "function": {
+    "name": "calculator", "description": "Evaluate an expression.",
+    "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}}}}]
+
+
+def test_required_tool_choice_forces_prompt_tokens_and_a_failed_call_is_content(
+        model: ModelConfig) -> None:
+    """The random tiny model does not finish the forced call: the reply is plain content
+    (the forced text, then what it wrote), 200 not 500, counted; the engine got the
+    opening as the end of its prompt and the recorded turn trains only its own tokens.
+    A named function not in tools is a 400 the client raises."""
+
+    async def main() -> tuple[Setup, Any]:
+        async with Setup(model) as s:
+            reply = await s.client.chat.completions.create(
+                model="policy", messages=USER, tools=CALC, tool_choice="required")
+            with pytest.raises(openai.BadRequestError, match="not in tools"):
+                await s.client.chat.completions.create(
+                    model="policy", messages=USER, tools=CALC,
+                    tool_choice={"type": "function", "function": {"name": "search"}})
+            return s, reply
+
+    s, reply = asyncio.run(main())
+    forced = '<tool_call>\n{"name": "calculator", "arguments":'  # the parser's opener
+    forced_ids = s.tok(forced, add_special_tokens=False)["input_ids"]
+    assert s.prompts[0][-len(forced_ids):] == forced_ids
+    counts = s.ep.counts
+    assert counts["forced_tool_choice"] == 1 and counts["forced_prefix_tokens"] == len(forced_ids)
+    assert counts["forced_opener_from_parser"] == 1  # this record has no render_turn
+    message = reply.choices[0].message
+    if message.tool_calls is None:  # what the random model does
+        assert counts["forced_tool_call_failed"] == 1
+        assert (message.content or "").startswith(forced)
+        assert reply.choices[0].finish_reason in ("stop", "length")
+    turn = s.ep.record.segments[0].turns[0]
+    assert turn.action_ids == s.results[0].token_ids
+    assert turn.obs_ids[-len(forced_ids):] == forced_ids
+    assert reply.usage.prompt_tokens == len(s.prompts[0])
+    assert len(s.prompts) == 1  # the refused request reached no engine

@@ -31,6 +31,7 @@ _BIN = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
         ast.Div: operator.truediv, ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod}
 _NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
 _BARE = re.compile(r"\s*-?\d+(?:\.\d+)?\s*\.?\s*")  # a reply that is a number only
+TOOL_CHOICES = ("auto", "required", "none", "calculator")
 MAX_DIGITS = 30  # the calculator refuses results longer than this (e.g. 9*9*...)
 
 
@@ -53,6 +54,19 @@ class CalcAgentOptions(BaseModel):
                                    "None: the task's sampling.max_new_tokens")
     tool_parser: str = Field("auto", description="how the model's text becomes tool calls: "
                              "auto (from the chat template), hermes, llama3_json, mistral")
+    tool_choice: str | None = Field(None, description="the Agent's ModelSettings.tool_choice: "
+                                    "auto, required (the first model call of each Runner.run "
+                                    "must call the tool: the gateway forces its opening as "
+                                    "prompt tokens), none, or calculator (the tool by name); "
+                                    "None: not sent")
+
+    @field_validator("tool_choice")
+    @classmethod
+    def _choice(cls, v: str | None) -> str | None:
+        if v is not None and v not in TOOL_CHOICES:
+            raise ValueError(f"tool_choice must be one of {', '.join(TOOL_CHOICES)} (or "
+                             f"unset), got {v!r}")
+        return v
 
     @field_validator("ops")
     @classmethod
@@ -129,7 +143,8 @@ class CalcAgentEnv(AgentEnv):
         from agents import ModelSettings, OpenAIChatCompletionsModel, RunConfig, Runner
 
         agent = self._agent(OpenAIChatCompletionsModel(model=self.model, openai_client=client),
-                            ModelSettings(max_tokens=self.options.max_tokens))
+                            ModelSettings(max_tokens=self.options.max_tokens,
+                                          tool_choice=self.options.tool_choice))
         config = RunConfig(tracing_disabled=True)
         result = await Runner.run(agent, task["question"], max_turns=self.options.sdk_max_turns,
                                   run_config=config)

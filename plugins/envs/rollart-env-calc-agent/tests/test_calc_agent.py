@@ -48,6 +48,9 @@ def test_bad_options_say_what_is_wrong() -> None:
         CalcAgentOptions(low=5, high=2)
     with pytest.raises(ValidationError, match="extra"):
         CalcAgentOptions(digits=3)
+    with pytest.raises(ValidationError, match="tool_choice must be one of auto, required"):
+        CalcAgentOptions(tool_choice="search")
+    assert CalcAgentOptions(tool_choice="required").tool_choice == "required"
 
 
 def test_the_plugin_registers_an_agent_env_that_needs_the_sdk() -> None:

