@@ -14,12 +14,12 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from rollart_sdk.cluster.hosts import ResetResult, StepResult
+from rollart_sdk.cluster.shards import Shard
 from rollart_sdk.types import (
     GenerationRequest,
     GenerationResult,
     RewardRequest,
     RewardResult,
-    TrainSample,
     WeightManifest,
     WeightUpdateReport,
 )
@@ -126,7 +126,9 @@ class TrainerClient(_Client):
 
     __slots__ = ()
 
-    async def train_step(self, batch: list[TrainSample]) -> dict[str, float]:
+    async def train_step(self, batch: Shard) -> dict[str, float]:
+        """``batch``: the rank's samples, or on Ray a reference to them in the object
+        store (:func:`rollart_sdk.cluster.shards.shard_batch`)."""
         return await self.handle.call("train_step", batch)
 
     async def publish_weights(self, bucket_bytes: int) -> WeightManifest | None:

@@ -21,12 +21,12 @@ from __future__ import annotations
 from collections.abc import Awaitable
 from typing import Any, Protocol, TypeAlias, TypeVar, Union
 
+from rollart_sdk.cluster.shards import Shard
 from rollart_sdk.types import (
     GenerationRequest,
     GenerationResult,
     RewardRequest,
     RewardResult,
-    TrainSample,
     WeightManifest,
     WeightUpdateReport,
 )
@@ -85,7 +85,7 @@ class EngineHost(Protocol):
 class TrainerHost(Protocol):
     """One trainer rank's worker: optimiser steps, publishing weights, checkpoints."""
 
-    def train_step(self, batch: list[TrainSample]) -> MaybeAwaitable[dict[str, float]]: ...
+    def train_step(self, batch: Shard) -> MaybeAwaitable[dict[str, float]]: ...
 
     def publish_weights(self, bucket_bytes: int) -> MaybeAwaitable[WeightManifest | None]: ...
 

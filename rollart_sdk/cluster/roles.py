@@ -22,6 +22,7 @@ from rollart_sdk.cluster.envs.process import EnvWorker
 
 # Their former home, re-exported for one release: cluster/envs/results.py
 from rollart_sdk.cluster.envs.results import text_observation as text_observation
+from rollart_sdk.cluster.shards import Shard, fetch_shard
 from rollart_sdk.cluster.worker import (
     ActorGenWorker,
     ActorTrainWorker,
@@ -36,7 +37,6 @@ from rollart_sdk.types import (
     GenerationResult,
     RewardRequest,
     RewardResult,
-    TrainSample,
     WeightManifest,
     WeightUpdateReport,
 )
@@ -270,11 +270,14 @@ class TrainerWorker(ActorTrainWorker):
         )
 
     @register("dp_split", collect="list")
-    def train_step(self, batch: list[TrainSample]) -> dict[str, float]:
+    def train_step(self, batch: Shard) -> dict[str, float]:
         """One optimiser step on this rank's shard (the pipeline shards the batch with
-        ``dp_shards``, the rule ``dp_split`` names; the trainer all-reduces gradients)."""
+        ``dp_shards``, the rule ``dp_split`` names; the trainer all-reduces gradients).
+        On Ray the shard comes as a ``ShardRef``: this rank fetches it from the object
+        store (cluster/shards.py)."""
+        samples = fetch_shard(batch, self.rank)
         t0 = time.perf_counter()
-        metrics = dict(self.trainer.train_step(batch))
+        metrics = dict(self.trainer.train_step(samples))
         metrics["time/train_compute"] = time.perf_counter() - t0
         return metrics
 

@@ -46,6 +46,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from rollart_sdk.cluster.handles import WorkerHandle
+from rollart_sdk.cluster.shards import shard_batch
 from rollart_sdk.config import RunConfig
 from rollart_sdk.control.aio import wait_for
 from rollart_sdk.control.buffer import SampleBuffer
@@ -56,7 +57,6 @@ from rollart_sdk.control.scheduler import RolloutScheduler
 from rollart_sdk.control.versions import PolicyVersions
 from rollart_sdk.control.watchdog import RunFailure, Watchdog
 from rollart_sdk.control.weight_updates import WeightUpdates
-from rollart_sdk.resources.decorators import dp_shards
 from rollart_sdk.types import TrainSample, Trajectory, WeightManifest, WeightUpdateReport
 from rollart_sdk.weights.sync import WeightSync
 
@@ -229,8 +229,9 @@ class Pipeline:
         rec = self.records[step - self.first_step]
         # Advantages are the trainer's (its options, over the batch on all its ranks).
         samples: list[TrainSample] = [t.to_sample() for t in batch]
-        # TrainerWorker.train_step is @register("dp_split"): shard by that one rule.
-        shards = dp_shards(samples, len(self.trainers))
+        # TrainerWorker.train_step is @register("dp_split"): shard by that one rule; on
+        # Ray each shard goes into the object store once and its rank gets a reference.
+        shards = shard_batch(samples, self.trainers)
         t0 = time.perf_counter()
         results = await self._trainer_call(asyncio.gather(
             *(w.trainer.train_step(shard)

@@ -47,6 +47,12 @@ def rollart_register_benchmarks(registry):
                 "async, with and without env latency, vs the synchronous reference",
     )
     registry.register(
+        "driver",
+        factory="rollart_sdk.bench.driver:main",
+        summary="the driver's CPU time per trajectory and its memory: a batch to 2 ranks "
+                "as call arguments vs object references, and the sim at 256-2048 in flight",
+    )
+    registry.register(
         "gateway",
         factory="rollart_sdk.bench.gateway:main",
         summary="the OpenAI-compatible gateway vs direct LLMProxy calls, same engine and "
