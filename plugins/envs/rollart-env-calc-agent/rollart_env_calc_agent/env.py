@@ -151,7 +151,7 @@ class CalcAgentEnv(AgentEnv):
         asked = 0
         while not is_bare_number(str(result.final_output)) and asked < self.options.follow_ups:
             asked += 1
-            more = [*result.to_input_list(), {"role": "user", "content": FOLLOW_UP}]
+            more: list[Any] = [*result.to_input_list(), {"role": "user", "content": FOLLOW_UP}]
             result = await Runner.run(agent, more, max_turns=self.options.sdk_max_turns,
                                       run_config=config)
         answer = str(result.final_output)
