@@ -409,6 +409,7 @@ def _wire_control_plane(cfg: RunConfig, workers: _Workers, tasks: dict[str, Task
         seed=cfg.seed, event_sink=run_dir.log_event, interaction=r.interaction,
         env_pools=env_pool_sizes(cfg, _max_running(cfg)),
         max_member_retries=cfg.rollout.max_member_retries,
+        admission_version=versions.admission_base,
     )
     pipeline = Pipeline(cfg, proxy, scheduler, buffer, workers.trainers,
                         checkpoint_dir=str(run_dir.checkpoints), event_sink=run_dir.log_event,

@@ -235,6 +235,7 @@ class Pipeline:
         self._span("train", self.trainers[0].name, t0, step)
         rec.train_metrics = dict(results[0])
         self.trainer_version += 1
+        self.weights.last_train_s = rec.train_s  # defer_weight_update: auto weighs it
         t1 = time.perf_counter()
         # Every rank takes part (a tensor-parallel trainer gathers its shards to export);
         # rank 0 publishes and returns the manifest.

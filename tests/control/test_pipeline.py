@@ -420,3 +420,40 @@ def test_a_nan_reward_is_dropped_with_its_reason_not_trained(tmp_path, test_envs
             data=single_task(env={"name": "nan"}, max_turns=1))
     assert "returned reward nan (not finite)" in str(err.value)
     assert "reward backend 'rule' of task 'T'" in str(err.value), str(err.value)
+
+
+def test_admission_runs_the_rollout_at_most_alpha_batches_ahead_of_the_trainer():
+    """AReaL's rule, N <= (i + eta + 1) * B: a trajectory started now must land in a batch
+    trained within max(alpha, 1) versions of the weights that sample it. The engines serve
+    version 5, batch 5 is training (6 batches of 64 handed out): the rollout may start
+    batch 6 (trained at version 6, one after the weights that sample it), not batch 7 too
+    (two after: the old rule, ``(engine + alpha + 2) * share``, let a rollout faster than
+    training fill it, and every batch was then trained two versions after it was
+    sampled)."""
+    from rollart_sdk.control.buffer import SampleBuffer
+    from rollart_sdk.control.scheduler import RolloutScheduler
+    from rollart_sdk.control.versions import PolicyVersions
+
+    versions = PolicyVersions(engine=5, trainer=5)
+
+    def room(alpha: int) -> int | None:
+        s = RolloutScheduler({}, None, None, {}, None, SampleBuffer(8),  # type: ignore[arg-type]
+                             version=versions.serving, group_size=8, max_running=64,
+                             alpha=alpha, batch_quota={"T": 64},
+                             admission_version=versions.admission_base)
+        s.launched_by_tag["T"] = 6 * 64
+        return s.admission_room("T")
+
+    assert room(1) == 64
+    assert room(2) == 2 * 64
+    assert room(0) == 64  # one_off-like: one batch still overlaps training
+    # Training ended (version 6 published), the engines not swapped yet: batch 7 waits
+    # for the swap, or version 5 would sample it (two behind the trainer again).
+    versions.trainer = 6
+    assert room(1) == 64
+    versions.engine = 6
+    assert room(1) == 2 * 64
+    # A deferred update holds the engines on 5 through training step 6: batch 7 must
+    # still start (get_batch would wait for it for ever); deferring costs that version.
+    versions.engine, versions.held_back = 5, True
+    assert room(1) == 2 * 64
