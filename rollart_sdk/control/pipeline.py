@@ -8,7 +8,7 @@ Every iteration:
 2. suspend    - the LLMProxy stops admitting requests; in-flight trajectories are kept;
 3. update     - every engine worker swaps in the staged weights, which it has been
                 receiving in the background since the trainer published them. In async
-                mode (``rollout.defer_weight_update``, default on) a version that has not
+                mode (``rollout.defer_weight_update``, default auto) a version that has not
                 fully arrived on every engine yet is not waited for: the engines keep
                 generating on the old version and swap at a later suspend point, as long
                 as alpha allows (``control/weight_updates.py``);

@@ -5,8 +5,8 @@ receiving it in the background (``WeightSync.stage``). At a suspend point the st
 version is swapped in (suspend, commit on every engine, resume); what the rollout waited
 for is the update's *exposed* time (docs/benchmarks.md, "Weight sync").
 
-Deferral (async mode, ``rollout.defer_weight_update``, on by default). When the next
-suspend point follows ``publish`` at once (the usual case: the next batch is complete when
+Deferral (async mode, ``rollout.defer_weight_update``: ``auto`` by default, ``true``,
+``false``). When the next suspend point follows ``publish`` at once (the usual case: the next batch is complete when
 a training step ends), the background receive has had no time to overlap anything, and
 swapping there would expose the whole transfer. Instead, a version that has not fully
 arrived on every engine is not waited for: the engines keep generating on their version
@@ -20,9 +20,11 @@ and the swap comes at a later suspend point, as long as
   ``get_batch`` were every suspend point to swap, minus alpha), so the engines may stay
   on version ``e`` through training step ``t`` only while ``e >= t - alpha``.
 
-Otherwise the update waits for the transfer (the rollout goes on meanwhile: nothing is
-suspended until it has arrived) and the wait counts as exposed. With alpha = 1 the
-steady state is: at suspend point ``t`` version ``t - 1`` (received during training step
+Deferring trains the next batch one version further behind the weights, so ``auto``
+defers only a transfer that took at least ``DEFER_MIN_SHARE`` of the last training step
+(:meth:`WeightUpdates._worth_deferring`). Otherwise the update waits for the transfer
+(the rollout goes on meanwhile: nothing is suspended until it has arrived) and the wait
+counts as exposed. With alpha = 1, when it defers, the steady state is: at suspend point ``t`` version ``t - 1`` (received during training step
 ``t - 1``) is swapped in and version ``t`` starts arriving; the engines serve ``t - 1``
 through training step ``t``. alpha = 0 never defers.
 
