@@ -153,7 +153,10 @@ class WeightUpdates:
             if (self.staged is None and self.published > self.engine
                     and self.published in self.manifests and not self._failed(self.published)):
                 await self._stage(self.manifests[self.published])
-            self.versions.held_back = self.published > self.engine
+            held = self.published > self.engine
+            if held != self.versions.held_back:
+                self.versions.held_back = held
+                self._wake()  # admission control counts one version more (or less) now
             if self.published > self.engine:  # the engines go on generating on theirs
                 self.log.append(f"defer:{self.published}")
                 if rec is not None:
