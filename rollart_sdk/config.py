@@ -287,8 +287,9 @@ class RolloutConfig(_Strict):
     # async only: when the next version has not fully arrived on every engine at a suspend
     # point, keep generating on the old one and swap at a later suspend point, as long as
     # alpha allows (docs/benchmarks.md, "Weight sync"); false: swap at every suspend point,
-    # waiting for the transfer.
-    defer_weight_update: bool = True
+    # waiting for the transfer; auto: defer only a transfer that took at least a tenth of
+    # a training step last time (deferring trains every batch one version further behind).
+    defer_weight_update: bool | Literal["auto"] = "auto"
     redundancy: float = Field(0.0, ge=0)  # extra environments, as a fraction of a batch
     max_envs: int | None = Field(None, ge=1)  # cap on concurrent environments
     # "trajectory": each environment on its own timeline (Sync+ when mode is sync);

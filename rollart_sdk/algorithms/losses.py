@@ -24,6 +24,8 @@ from typing import Literal
 import torch
 
 Aggregation = Literal["token-mean", "seq-mean"]
+# Where a stale token's PPO ratio is anchored (decoupled_anchor).
+StaleAnchor = Literal["proximal", "behaviour"]
 AGGREGATIONS: tuple[str, ...] = ("token-mean", "seq-mean")
 # exp() of a log-ratio beyond this is treated as this (avoids inf * 0 = nan on
 # a token whose probability collapsed between the behaviour and the current policy).
@@ -157,19 +159,38 @@ def decoupled_anchor(
     mask: torch.Tensor,
     tis_cap: float = 2.0,
     tis_on_fresh: bool = False,
+    stale_anchor: StaleAnchor = "proximal",
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Decoupled PPO (AReaL): each token's anchor for the ratio, its importance weight, and
     the behaviour ratio ``pi_trainer / mu_engine`` (a diagnostic), all ``[B, T]``.
 
-    A ``stale`` token (sampled by an older policy version) is anchored at the current,
-    proximal weights (``logprobs`` detached: ratio 1 at the update) and weighted by
-    ``min(pi_prox / mu, tis_cap)`` (:func:`truncated_is_weights`); a fresh token is
-    anchored at its behaviour log-prob with weight 1 (the same weights sampled it).
-    ``tis_on_fresh`` treats every masked token as stale (corrects the engine's numerics
-    too). The behaviour ratio is over every masked token, 0 elsewhere. Every trainer
-    backend computes its policy loss from these, so the correction is the same in all.
+    ``stale_anchor="proximal"``: a ``stale`` token (sampled by an older policy version) is
+    anchored at the current, proximal weights (``logprobs`` detached: ratio 1 at the
+    update) and weighted by ``min(pi_prox / mu, tis_cap)`` (:func:`truncated_is_weights`);
+    a fresh token is anchored at its behaviour log-prob with weight 1 (the same weights
+    sampled it). ``tis_on_fresh`` treats every masked token as stale (corrects the
+    engine's numerics too).
+
+    ``stale_anchor="behaviour"``: a stale token is anchored at its behaviour log-prob too,
+    weight 1, so its ratio is ``pi / mu``, clipped to ``1 +- clip_eps`` by the surrogate:
+    PPO's trust region around the policy that sampled it. Where the ratio is inside the
+    clip range the gradient is the proximal branch's untruncated (``r A grad log pi``);
+    a token the updates since its sampling already moved past the range in its
+    advantage's direction gets no further push. (With one update per batch the proximal
+    anchor's ratio is 1 and its clip never binds: nothing limits how far stale data moves
+    the policy.) ``tis_on_fresh`` then has nothing to correct: every token's ratio is to
+    its behaviour log-prob.
+
+    The behaviour ratio is over every masked token, 0 elsewhere. Every trainer backend
+    computes its policy loss from these, so the correction is the same in all.
     """
     m = mask.bool()
+    if stale_anchor == "behaviour":
+        with torch.no_grad():
+            ratio = torch.exp(logprobs.detach() - behaviour_logprobs).masked_fill(~m, 0.0)
+        return behaviour_logprobs.detach(), torch.ones_like(behaviour_logprobs), ratio
+    if stale_anchor != "proximal":
+        raise ValueError(f"unknown stale_anchor {stale_anchor!r}; choose proximal or behaviour")
     corrected = m if tis_on_fresh else (stale & m)
     old = torch.where(corrected, logprobs.detach(), behaviour_logprobs)
     w = torch.where(corrected, truncated_is_weights(logprobs, behaviour_logprobs, tis_cap),

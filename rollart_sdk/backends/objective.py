@@ -31,6 +31,7 @@ class ObjectiveOptions(Protocol):
     clip_eps_high: float | None
     tis_cap: float
     tis_on_fresh: bool
+    stale_anchor: Literal["proximal", "behaviour"]
     kl_coef: float
     kl_kind: Literal["k1", "k2", "k3"]
 
@@ -86,7 +87,7 @@ def decoupled_ppo_objective(
     ratio = None
     if anchor is None:
         old, w, ratio = decoupled_anchor(logp, behaviour, stale, m, opts.tis_cap,
-                                         opts.tis_on_fresh)
+                                         opts.tis_on_fresh, opts.stale_anchor)
         old, w = old.detach(), w.detach()
     else:
         old, w = anchor

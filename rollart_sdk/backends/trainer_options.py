@@ -40,6 +40,12 @@ class TrainerOptionsBase(PrecisionOptions, LRScheduleOptions):
         "truncation of the importance weight of stale tokens (truncated IS)"))
     tis_on_fresh: bool = Field(False, description=(
         "also importance-weight fresh tokens (engine/trainer numeric mismatch)"))
+    stale_anchor: Literal["proximal", "behaviour"] = Field("behaviour", description=(
+        "where a stale token's PPO ratio is anchored: behaviour (pi / mu, clipped to "
+        "1 +- clip_eps: a token already moved past the clip range since it was sampled "
+        "gets no further push) or proximal (AReaL's decoupled PPO: the weights before "
+        "this update, weighted by min(pi_prox / mu, tis_cap); with one update per batch "
+        "its clip never binds)"))
     loss_agg: Literal["token-mean", "seq-mean"] = Field("token-mean", description=(
         "how token losses are averaged: over all tokens of the batch, or per sequence "
         "then over sequences"))

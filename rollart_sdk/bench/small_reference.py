@@ -19,7 +19,7 @@ seeds, next to rollart's runs (``rollart bench small --reference``):
 - the update as TRL's defaults (``loss_type="dapo"``, ``scale_rewards="group"``,
   ``beta=0``, one update per batch, ``max_grad_norm=1``): advantages ``(r - mean_g) /
   (std_g + 1e-4)`` (Bessel std), token-level loss ``-sum(A * ratio) / tokens`` with ratio
-  ``exp(logp - logp.detach())`` (1, on-policy), AdamW lr 1e-3, betas (0.9, 0.999), no
+  ``exp(logp - logp.detach())`` (1, on-policy), AdamW at the workload's lr (5e-4), betas (0.9, 0.999), no
   weight decay, constant lr. Samples whose advantage is 0 are not run through the model
   (their gradient is exactly 0; the token count still includes them), as rollart does.
   ``updates`` > 1 is TRL's ``num_iterations``: later AdamW steps on the same batch with

@@ -11,7 +11,7 @@ the group-normalised advantages (``scale_rewards="group"``, ``(r - mean) / (std 
 the old log-probs when ``num_iterations`` > 1, the DAPO token-mean clipped surrogate
 (``loss_type="dapo"``, ``epsilon=0.2``, ``beta=0``, fused LM head log-probs at temperature
 1), runs backward, clips the grad norm at 1 and steps its optimizer (transformers'
-default ``adamw_torch_fused``, lr 1e-3 constant, betas (0.9, 0.999), eps 1e-8, no weight
+default ``adamw_torch_fused``, the workload's lr (5e-4) constant, betas (0.9, 0.999), eps 1e-8, no weight
 decay) and scheduler; ``num_iterations`` = ``updates`` reuses one generation batch for
 that many optimizer steps (TRL's buffered batches).
 
@@ -43,7 +43,7 @@ Deviations from TRL's defaults, and why:
   no activation memory worth saving; recomputing the forward would only add time, and
   the plain-torch reference does not do it. ``bf16=False`` (TRL defaults to True where
   supported): the workload trains in float32 on the CPU (``use_cpu=True``).
-- ``learning_rate=1e-3``, ``lr_scheduler_type="constant"``, ``warmup_steps=0``,
+- ``learning_rate`` the workload's (5e-4), ``lr_scheduler_type="constant"``, ``warmup_steps=0``,
   ``weight_decay=0``, ``max_grad_norm=1`` (transformers' defaults: 1e-6 in TRL, linear
   decay): the workload's optimizer settings.
 - ``shuffle_dataset=False``: the 8 prompts only label the groups (the rollout builds the real

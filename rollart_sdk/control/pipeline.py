@@ -8,7 +8,7 @@ Every iteration:
 2. suspend    - the LLMProxy stops admitting requests; in-flight trajectories are kept;
 3. update     - every engine worker swaps in the staged weights, which it has been
                 receiving in the background since the trainer published them. In async
-                mode (``rollout.defer_weight_update``, default on) a version that has not
+                mode (``rollout.defer_weight_update``, default auto) a version that has not
                 fully arrived on every engine yet is not waited for: the engines keep
                 generating on the old version and swap at a later suspend point, as long
                 as alpha allows (``control/weight_updates.py``);
@@ -242,6 +242,7 @@ class Pipeline:
         self._span("train", self.trainers[0].name, t0, step)
         rec.train_metrics = dict(results[0])
         self.trainer_version += 1
+        self.weights.last_train_s = rec.train_s  # defer_weight_update: auto weighs it
         t1 = time.perf_counter()
         manifest = await self._publish()
         self.log.append(f"publish:{manifest.version}")

@@ -5,12 +5,16 @@ each driven by its own EnvManager task, and puts every finished trajectory into 
 SampleBuffer. How many may run is set by the pipeline:
 
 - continuous (``async``): up to ``max_running`` at once, under admission control
-  (AReaL's rule): a task starts a group only while the trajectories it launched and has not
-  lost stay within ``(version + alpha + 2) * share``, ``version`` being the one the engines
-  serve and ``share`` its trajectories per batch. Every trajectory started at version ``v``
-  is then one that batches up to the last one formed while the engines serve ``v + alpha``
-  can take, if trajectories finish about in launch order: staleness is bounded by not
-  starting work that could not be consumed, not by aborting it later;
+  (AReaL's rule, ``N <= (i + eta + 1) * B``): a task starts a group only while the
+  trajectories it launched and has not lost stay within ``(version + max(alpha, 1) + 1) *
+  share``, ``version`` being the one the engines serve (one more while a deferred update
+  holds them back) and ``share`` its trajectories per batch. Batch ``j`` is trained at
+  trainer version ``j``, so a trajectory started now lands, if trajectories finish about
+  in launch order, in a batch trained at most ``max(alpha, 1)`` versions after the weights
+  that sample it: the rollout runs no further ahead of the trainer than that (the rule
+  was ``alpha + 2``: with a rollout faster than training every batch was then trained
+  ``alpha + 1`` versions after it was sampled). Staleness is bounded by not starting work
+  that could not be consumed, not by aborting it later;
 - quota (``sync`` / ``one_off``): exactly ``allow(n)`` more trajectories, then wait. With
   ``interaction="batched"`` the trajectories of one allowance step in lockstep
   (:class:`~rollart_sdk.control.lockstep.TurnBarrier`).
@@ -76,6 +80,7 @@ class RolloutScheduler:
         interaction: str = "trajectory",
         env_pools: dict[str, int] | None = None,
         max_member_retries: int = 3,
+        admission_version: Callable[[], int] | None = None,
     ) -> None:
         if max_running < group_size:
             raise ValueError(f"max_running ({max_running}) must hold a group ({group_size})")
@@ -90,7 +95,10 @@ class RolloutScheduler:
                                  for w in ws}.values())
         self.reward_worker = reward_worker
         self.buffer = buffer
-        self.version = version
+        self.version = version  # the engines' (stamped on each trajectory)
+        # What admission control counts from (PolicyVersions.admission_base: the engines'
+        # version, one more while a deferred update holds them back); default: version.
+        self.admission_version = admission_version or version
         self.group_size = group_size
         self.max_running = max_running
         # Admission control (continuous mode): bound alpha and each task's trajectories
@@ -185,7 +193,8 @@ class RolloutScheduler:
         if self.alpha is None or self.batch_quota is None:
             return None
         live = self.launched_by_tag[tag] - self.buffer.dropped_by_tag[tag]
-        return (self.version() + self.alpha + 2) * self.batch_quota[tag] - live
+        ahead = max(self.alpha, 1)  # alpha 0 (one_off-like) still overlaps one batch
+        return (self.admission_version() + ahead + 1) * self.batch_quota[tag] - live
 
     async def abort_where(self, predicate: Callable[[Trajectory], bool], reason: str) -> int:
         """ABORT running trajectories matching ``predicate`` (in the engine too)."""

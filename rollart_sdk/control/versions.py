@@ -16,6 +16,15 @@ from dataclasses import dataclass
 class PolicyVersions:
     engine: int = 0  # the version every engine serves
     trainer: int = 0  # the version the trainer holds (= train steps done)
+    # A deferred weight update (or a failed transfer) keeps the engines a version behind
+    # the newest published one, on purpose, until a later suspend point.
+    held_back: bool = False
 
     def serving(self) -> int:
         return self.engine
+
+    def admission_base(self) -> int:
+        """The version admission control counts from: the engines', one more while an
+        update is held back (the batch that the held-back version would have sampled must
+        still start, or ``get_batch`` would wait for it for ever)."""
+        return self.engine + (1 if self.held_back else 0)

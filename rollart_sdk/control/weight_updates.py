@@ -5,8 +5,8 @@ receiving it in the background (``WeightSync.stage``). At a suspend point the st
 version is swapped in (suspend, commit on every engine, resume); what the rollout waited
 for is the update's *exposed* time (docs/benchmarks.md, "Weight sync").
 
-Deferral (async mode, ``rollout.defer_weight_update``, on by default). When the next
-suspend point follows ``publish`` at once (the usual case: the next batch is complete when
+Deferral (async mode, ``rollout.defer_weight_update``: ``auto`` by default, ``true``,
+``false``). When the next suspend point follows ``publish`` at once (the usual case: the next batch is complete when
 a training step ends), the background receive has had no time to overlap anything, and
 swapping there would expose the whole transfer. Instead, a version that has not fully
 arrived on every engine is not waited for: the engines keep generating on their version
@@ -20,9 +20,11 @@ and the swap comes at a later suspend point, as long as
   ``get_batch`` were every suspend point to swap, minus alpha), so the engines may stay
   on version ``e`` through training step ``t`` only while ``e >= t - alpha``.
 
-Otherwise the update waits for the transfer (the rollout goes on meanwhile: nothing is
-suspended until it has arrived) and the wait counts as exposed. With alpha = 1 the
-steady state is: at suspend point ``t`` version ``t - 1`` (received during training step
+Deferring trains the next batch one version further behind the weights, so ``auto``
+defers only a transfer that took at least ``DEFER_MIN_SHARE`` of the last training step
+(:meth:`WeightUpdates._worth_deferring`). Otherwise the update waits for the transfer
+(the rollout goes on meanwhile: nothing is suspended until it has arrived) and the wait
+counts as exposed. With alpha = 1, when it defers, the steady state is: at suspend point ``t`` version ``t - 1`` (received during training step
 ``t - 1``) is swapped in and version ``t`` starts arriving; the engines serve ``t - 1``
 through training step ``t``. alpha = 0 never defers.
 
@@ -54,13 +56,15 @@ if TYPE_CHECKING:
     from rollart_sdk.control.proxy import LLMProxy
 
 KEEP_MANIFESTS = 3  # versions whose manifests are kept (served, staged, just published)
+# defer_weight_update "auto": defer a transfer that took at least this share of a step.
+DEFER_MIN_SHARE = 0.1
 
 
 class WeightUpdates:
     """The pipeline's weight-sync state: published, staged and served versions."""
 
     def __init__(self, weight_sync: WeightSync, proxy: LLMProxy, versions: PolicyVersions,
-                 *, mode: str, alpha: int, defer: bool, log: list[str],
+                 *, mode: str, alpha: int, defer: bool | str, log: list[str],
                  emit: Callable[[dict[str, Any]], None],
                  span: Callable[[str, str, float, int], None],
                  release: Callable[[int], Awaitable[Any]],
@@ -70,7 +74,11 @@ class WeightUpdates:
         self.versions = versions
         self.mode = mode
         self.alpha = alpha
-        self.defer = defer and mode == "async"
+        self.defer = bool(defer) and mode == "async"
+        # "auto": defer only a transfer that is slow next to a training step (below).
+        self.defer_auto = defer == "auto"
+        self.last_train_s: float | None = None  # the pipeline's latest train step
+        self.last_transfer_s: float | None = None  # the latest swap's slowest transfer
         self.log = log
         self._emit = emit
         self._span = span
@@ -145,6 +153,10 @@ class WeightUpdates:
             if (self.staged is None and self.published > self.engine
                     and self.published in self.manifests and not self._failed(self.published)):
                 await self._stage(self.manifests[self.published])
+            held = self.published > self.engine
+            if held != self.versions.held_back:
+                self.versions.held_back = held
+                self._wake()  # admission control counts one version more (or less) now
             if self.published > self.engine:  # the engines go on generating on theirs
                 self.log.append(f"defer:{self.published}")
                 if rec is not None:
@@ -155,7 +167,19 @@ class WeightUpdates:
 
     def _may_defer(self) -> bool:
         """The engines' version still satisfies the next batch's floor."""
-        return self.defer and self.engine >= self.versions.trainer - self.alpha
+        return (self.defer and self.engine >= self.versions.trainer - self.alpha
+                and self._worth_deferring())
+
+    def _worth_deferring(self) -> bool:
+        """``defer_weight_update: auto``: deferring hides the transfer but trains every
+        later batch one version further behind the weights (the engines serve ``t - 1``
+        through training step ``t``); worth it only when waiting would expose a real
+        share of a step: the last transfer took at least ``DEFER_MIN_SHARE`` of the last
+        training step (an in-memory copy of a small model takes milliseconds). Unknown
+        yet (no transfer or step measured): defer."""
+        if not self.defer_auto or self.last_transfer_s is None or self.last_train_s is None:
+            return True
+        return self.last_transfer_s >= DEFER_MIN_SHARE * self.last_train_s
 
     async def _update(self, rec: StepRecord | None) -> None:
         assert self.published is not None
@@ -265,6 +289,8 @@ class WeightUpdates:
         if len(versions) != 1:
             raise RunFailure(f"the engines committed different versions {sorted(versions)}")
         self.versions.engine = versions.pop()
+        if reports:
+            self.last_transfer_s = max(r.transfer_s for r in reports)
         self._wake()
         self.reports.extend(reports)
         for w in self.sync.live():  # the engines that swapped (a down one reloads later)

@@ -163,8 +163,11 @@ def run_gated(tmp_path: Any, transport: str, options: dict[str, Any] | None = No
     from rollart_sdk.config import load_config
     from rollart_sdk.job import build_job, run_job
 
+    # Deferral on (not "auto", which waits for a transfer as fast as the ungated ones):
+    # these runs check what a deferred update does.
     extra = [f"output_dir={tmp_path}", f"transport.name={transport}",
-             f"rollout.alpha={alpha}", f"train.steps={steps}"]
+             f"rollout.alpha={alpha}", f"train.steps={steps}",
+             "rollout.defer_weight_update=true"]
     extra += [f"transport.options.{k}={v}" for k, v in (options or {}).items()]
     cfg, lines = load_config(data=copy.deepcopy(data or SMALL_RUN),
                              overrides=[*extra, *(overrides or [])])

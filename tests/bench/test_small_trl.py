@@ -88,7 +88,8 @@ def test_reference_update_is_trls(tmp_path, updates):
     assert trainer.state.global_step == updates
 
     step = _delta(ref, before)
-    assert step.abs().max() > 5e-4  # the update moved the weights (lr 1e-3 per AdamW step)
+    # the update moved the weights (about the workload's lr, 5e-4, per AdamW step)
+    assert step.abs().max() > 0.5 * s["lr"]
     # Adam's first step is about lr * sign(g): float noise flips the sign of a few
     # near-zero gradient entries (4e-5 of them here), so the norm, not the max, is compared.
     assert _delta(s["model"], ref).norm() < 1e-3 * step.norm()

@@ -150,3 +150,34 @@ def test_when_no_version_arrives_the_run_stops_with_the_reason(tmp_path):
     with pytest.raises(RunFailure, match=r"weight version \d did not arrive on every engine "
                                          r"\(gen-0: .*link dropped"):
         _run_failing(tmp_path, set(range(2, 100)), steps=8)
+
+
+def test_auto_defers_only_a_transfer_slow_next_to_a_training_step():
+    """``defer_weight_update: auto`` (the default): deferring trains every later batch one
+    version further behind the weights, so a transfer that took milliseconds against a
+    training step of tenths of a second is waited for; a slow one is deferred (as alpha
+    allows); true and false do as they say."""
+    from rollart_sdk.control.versions import PolicyVersions
+    from rollart_sdk.control.weight_updates import WeightUpdates
+
+    def updates(defer: bool | str) -> WeightUpdates:
+        async def release(_v: int) -> None:
+            return None
+
+        w = WeightUpdates(None, None, PolicyVersions(engine=4, trainer=5),  # type: ignore[arg-type]
+                          mode="async", alpha=1, defer=defer, log=[], emit=lambda e: None,
+                          span=lambda *a: None, release=release, wake=lambda: None)
+        w.last_train_s = 0.2
+        return w
+
+    auto = updates("auto")
+    assert auto._may_defer()  # nothing measured yet: as before
+    auto.last_transfer_s = 0.004  # an in-memory copy of a small model
+    assert not auto._may_defer()
+    auto.last_transfer_s = 0.05  # a quarter of the step: hide it
+    assert auto._may_defer()
+    auto.versions.engine = 3  # ... only while alpha allows
+    assert not auto._may_defer()
+    on, off = updates(True), updates(False)
+    on.last_transfer_s = off.last_transfer_s = 0.004
+    assert on._may_defer() and not off._may_defer()

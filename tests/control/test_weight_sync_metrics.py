@@ -28,7 +28,7 @@ def test_hidden_fraction_against_a_baseline_measured_once(tmp_path):
     # Arithmetic's answers run 48 tokens (not 4): some request is always mid-generation
     # when a swap comes, whatever the machine's speed (with 4, an idle machine finished
     # every request before the swap and nothing was recomputed).
-    job, records = run(tmp_path, ["rollout.mode=async", "rollout.alpha=1",
+    job, records = run(tmp_path, ["rollout.mode=async", "rollout.alpha=2",
                                   "tasks.1.sampling.max_new_tokens=48"], steps=6,
                        data=TWO_TASKS, prepare=spy)
     p = job.pipeline
@@ -44,8 +44,9 @@ def test_hidden_fraction_against_a_baseline_measured_once(tmp_path):
         assert r.weight_sync_baseline_s == p.sync_baseline_s
         assert r.weight_transfer_s > 0 and r.weight_sync_nbytes > 0
     # The KV recompute a swap causes is measured by the engine and added to the window.
-    # alpha 1 keeps requests running across an update: their KV is rebuilt on the new
-    # weights, and that time is in the update's window.
+    # alpha 2 keeps requests running across an update (at alpha 1 admission starts the
+    # next batch only after it): their KV is rebuilt on the new weights, and that time is
+    # in the update's window.
     recomputing = [r for r in updates if r.recomputed > 0]
     assert recomputing, [r.recomputed for r in updates]
     assert all(r.weight_recompute_s > 0 for r in recomputing)
