@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from rollart_sdk.backends.trainer_options import TrainerOptionsBase
 
@@ -84,3 +84,15 @@ class TorchTrainerOptions(TrainerOptionsBase):
     lora: LoraOptions | None = Field(None, description=(
         "train LoRA adapters instead of the full model (null: full fine-tuning); engines "
         "receive only the adapters (docs/trainers.md, LoRA)"))
+
+    @model_validator(mode="after")
+    def _sharing_without_checkpointing(self) -> TorchTrainerOptions:
+        # The prefix tree runs the shared prefix with the KV cache, which transformers
+        # turns off under gradient checkpointing: "auto" then takes the padded forward.
+        if self.prefix_sharing == "on" and self.gradient_checkpointing:
+            raise ValueError(
+                "prefix_sharing: on cannot run with gradient_checkpointing: true (the shared "
+                "prefix is computed once through the KV cache, which transformers disables "
+                "under checkpointing); set prefix_sharing: auto or off, or "
+                "gradient_checkpointing: false")
+        return self

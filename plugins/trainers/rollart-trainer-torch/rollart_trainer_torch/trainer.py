@@ -466,7 +466,8 @@ class TorchTrainer:
         length, cut at ``micro_batch_size`` sequences or ``micro_batch_tokens`` padded
         tokens: samples of similar length share a forward, so padding stays small."""
         o = self.options
-        if o.prefix_sharing != "off" and self._head_only:
+        # Not under gradient checkpointing: the tree needs the KV cache it turns off.
+        if o.prefix_sharing != "off" and self._head_only and not o.gradient_checkpointing:
             trees = tree_micro_batches(batch, o.micro_batch_size, o.micro_batch_tokens,
                                        1.0 if o.prefix_sharing == "on"
                                        else o.prefix_sharing_max_ratio)

@@ -111,3 +111,21 @@ def test_auto_takes_the_tree_only_when_it_saves_tokens(ckpt: Path) -> None:
     assert not t._micro_batches(distinct)[1]
     t.options.prefix_sharing = "off"
     assert not t._micro_batches(shared)[1]
+
+
+def test_gradient_checkpointing_takes_the_padded_forward(ckpt: Path) -> None:
+    """prefix_sharing auto with gradient_checkpointing: the padded forward (the tree's KV
+    cache is off under checkpointing; this used to raise a TypeError in the step), the
+    same update as without checkpointing; "on" with checkpointing is refused up front."""
+    from pydantic import ValidationError
+    from rollart_trainer_torch.options import TorchTrainerOptions
+
+    batch = tree_batch(ckpt)
+    m_ck, w_ck = _step(ckpt, batch, gradient_checkpointing=True)
+    m_pad, w_pad = _step(ckpt, batch, prefix_sharing="off")
+    assert m_ck["forward_tokens"] == m_pad["forward_tokens"]
+    assert m_ck["loss"] == pytest.approx(m_pad["loss"], rel=1e-5, abs=1e-6)
+    for k in w_pad:
+        assert torch.allclose(w_ck[k], w_pad[k], atol=1e-5, rtol=0), k
+    with pytest.raises(ValidationError, match="gradient_checkpointing"):
+        TorchTrainerOptions(prefix_sharing="on", gradient_checkpointing=True)
