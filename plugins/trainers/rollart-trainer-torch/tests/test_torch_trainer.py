@@ -48,9 +48,12 @@ def test_conformance_kit(tmp_path: Path, tie: bool) -> None:
     assert m["entropy"] > 0
 
 
-def test_learns_to_prefer_positive_actions(ckpt: Path) -> None:
-    """Same prompt, two actions: reward 1 vs 0. A few steps (on the now stale batch,
-    through the TIS path) must raise log p(good) and lower log p(bad)."""
+@pytest.mark.parametrize("anchor", ["proximal", "behaviour"])
+def test_learns_to_prefer_positive_actions(ckpt: Path, anchor: str) -> None:
+    """Same prompt, two actions: reward 1 vs 0. A few steps (on the now stale batch)
+    must raise log p(good) and lower log p(bad), with stale tokens anchored either way
+    (``stale_anchor``); the TIS weights are checked on the proximal anchor, whose path
+    they are (the behaviour anchor clips pi / mu instead: its TIS weight is 1)."""
     model = AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.float32).eval()
     prompt, good, bad = [3, 4, 5], [10, 11, 12], [20, 21, 22]
 
@@ -62,7 +65,7 @@ def test_learns_to_prefer_positive_actions(ckpt: Path) -> None:
                            [-1, -1, -1, 0, 0, 0], reward, "g")
 
     batch = [sample(good, 1.0), sample(bad, 0.0)] * 2
-    trainer = _trainer(ckpt, lr=3e-3)
+    trainer = _trainer(ckpt, lr=3e-3, stale_anchor=anchor)
 
     def seq_logprob(action: list[int]) -> float:
         return sum(behaviour_logprobs(trainer.model, prompt + action)[3:])
@@ -75,6 +78,10 @@ def test_learns_to_prefer_positive_actions(ckpt: Path) -> None:
     # steps 2.. train on tokens of version 0: stale, importance-weighted and capped
     assert metrics[0]["stale_frac"] == 0.0
     assert all(m["stale_frac"] == 1.0 for m in metrics[1:])
+    if anchor == "behaviour":  # pi / mu clipped: tokens moved past 1 +- eps stop pushing
+        assert any(m["clip_frac"] > 0 for m in metrics[1:])
+        assert all(m["tis_weight_mean"] == pytest.approx(1.0) for m in metrics[1:])
+        return
     assert all(0 < m["tis_weight_mean"] <= 2.0 for m in metrics[1:])
     assert any(m["tis_weight_mean"] != pytest.approx(1.0, abs=1e-3) for m in metrics[1:])
     # ratio_mean is pi / pi_prox: a stale token's anchor is the current weights' own
