@@ -136,7 +136,8 @@ def test_learns_to_prefer_positive_actions(tmp_path: Path) -> None:
                            [-1, -1, -1, 0, 0, 0], reward, "g")
 
     batch = [sample(good, 1.0), sample(bad, 0.0)] * 2
-    t = _trainer(ckpt, lr=3e-3)
+    # the TIS path (stale tokens anchored at the proximal weights), as trainer torch's test
+    t = _trainer(ckpt, lr=3e-3, stale_anchor="proximal")
     metrics = [t.train_step(copy.deepcopy(batch)) for _ in range(5)]
     t.save_pretrained(str(tmp_path / "out"))
     after = AutoModelForCausalLM.from_pretrained(tmp_path / "out", dtype=torch.float32).eval()
