@@ -168,8 +168,11 @@ def sim_once(n: int, steps: int) -> dict[str, Any]:
     from rollart_sdk.sim.job import build_sim_job, run_sim
 
     out = tempfile.mkdtemp(prefix="rollart-bench-driver-")
+    # alpha 2: admission allows (version + 3) half-batches, so max_envs (n) binds and n
+    # trajectories stay in flight (at alpha 1 the admission rule, AReaL's, keeps n / 2)
     cfg, lines = load_config(str(SIM_CONFIG), [
         f"output_dir={out}", f"rollout.max_envs={n}", f"rollout.batch_size={n // 2}",
+        "rollout.alpha=2",
         f"train.steps={steps}", "sim.progress_every=0"])
     job = build_sim_job(cfg, lines)
     c0 = time.process_time()

@@ -38,7 +38,7 @@ def _names(rec: Any, kind: str, names: list[str], details: bool) -> str:
                          for name in names)
     if len(names) == 1:
         return f"{kind}: {names[0]}  [dim]{escape(rec.summaries.get(f'{kind}:{names[0]}', ''))}[/dim]"
-    if len(names) > 8:  # a plugin with many names (gem/...): rollart envs lists them
+    if len(names) > 12:  # a plugin with many names (gem/...): rollart envs lists them
         where = "rollart envs" if kind == "env" else "--details"
         return f"{kind}: {len(names)} names, e.g. {names[0]} [dim]({where})[/dim]"
     return f"{kind}: {', '.join(names)}"
@@ -46,7 +46,7 @@ def _names(rec: Any, kind: str, names: list[str], details: bool) -> str:
 
 def _registrations(rec: Any, kinds: dict[str, list[str]], details: bool) -> str:
     if not details and sum(map(len, kinds.values())) > 1:  # one line: names, no summaries
-        regs = "; ".join(f"{k}: {', '.join(v)}" if len(v) <= 8 else _names(rec, k, v, False)
+        regs = "; ".join(f"{k}: {', '.join(v)}" if len(v) <= 12 else _names(rec, k, v, False)
                          for k, v in kinds.items())
     else:
         regs = "\n".join(_names(rec, kind, names, details) for kind, names in kinds.items())
