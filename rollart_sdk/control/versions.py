@@ -24,7 +24,10 @@ class PolicyVersions:
         return self.engine
 
     def admission_base(self) -> int:
-        """The version admission control counts from: the engines', one more while an
-        update is held back (the batch that the held-back version would have sampled must
-        still start, or ``get_batch`` would wait for it for ever)."""
-        return self.engine + (1 if self.held_back else 0)
+        """The version admission control counts from: the newest trained one (the
+        engines', one more while an update is held back or not yet swapped in): the batch
+        that version would have sampled must still start, or ``get_batch`` waits for it
+        until a straggler ends (an agent episode that runs for minutes stalled the run at
+        alpha 1 when this counted the engines' version while an update waited for the
+        next suspend point)."""
+        return max(self.engine + (1 if self.held_back else 0), self.trainer)
