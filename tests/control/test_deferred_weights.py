@@ -111,14 +111,14 @@ class _FailOnce:
         return getattr(self.inner, attr)
 
 
-def _run_failing(tmp_path, bad, steps):
+def _run_failing(tmp_path, bad, steps, *extra):
     import copy
 
     from rollart_sdk.config import load_config
     from rollart_sdk.job import build_job, run_job
 
     cfg, lines = load_config(data=copy.deepcopy(SMALL_RUN), overrides=[
-        f"output_dir={tmp_path}", "train.bucket_mb=0.01"])
+        f"output_dir={tmp_path}", "train.bucket_mb=0.01", *extra])
     job = build_job(cfg, lines, in_process=True, log=lambda *a: None)
     worker = job.pipeline.proxy.workers["gen-0"].target
     worker.stager.transport = _FailOnce(worker.stager.transport, bad)
@@ -129,7 +129,11 @@ def _run_failing(tmp_path, bad, steps):
 
 
 def test_a_failed_transfer_leaves_every_engine_on_its_version_and_the_run_going(tmp_path):
-    job, records = _run_failing(tmp_path, {3}, steps=6)
+    # alpha 2: room for one lost version whatever the timing (at alpha 1 whether the batch
+    # after a lost version may still train depends on which version sampled it: admission
+    # counts from the trainer's version, so under load it may be the one before, and the
+    # run then stops with RunFailure, as designed)
+    job, records = _run_failing(tmp_path, {3}, 6, "rollout.alpha=2")
     p = job.pipeline
     assert len(records) == 6
     assert "failed:3" in p.log and "update:3" not in p.log, p.log
