@@ -31,8 +31,10 @@ through training step ``t``. alpha = 0 never defers.
 A staged version that failed to arrive on any engine (a peer killed, a store key removed,
 a corrupt bucket) is dropped on all of them before anything is swapped in: every engine
 keeps the version it serves and the run goes on, with the newest published version staged
-next; when the bound does not allow going on without a newer version, that one is waited
-for, and the run stops with the reason only if it fails too.
+next (whatever ``auto`` would choose for a healthy transfer: after a failure, keeping
+the engines' version is the only way on); when the bound does not allow going on without
+a newer version, that one is waited for, and the run stops with the reason only if it
+fails too (or none was published yet).
 
 The first update of a run is the baseline: received only at its suspend point, so that
 its pull + swap + KV recompute run with nothing overlapping; every later update's
@@ -166,9 +168,14 @@ class WeightUpdates:
         return any(v == version for v, _ in self.failures)
 
     def _may_defer(self) -> bool:
-        """The engines' version still satisfies the next batch's floor."""
-        return (self.defer and self.engine >= self.versions.trainer - self.alpha
-                and self._worth_deferring())
+        """Deferring is allowed (the bound) and chosen (``defer_weight_update``)."""
+        return self.defer and self._bound_allows() and self._worth_deferring()
+
+    def _bound_allows(self) -> bool:
+        """The engines' version still satisfies the next batch's floor. After a failed
+        transfer this alone decides: keeping the engines' version is then the only way
+        on, whatever ``defer_weight_update: auto`` would choose for a healthy one."""
+        return self.mode == "async" and self.engine >= self.versions.trainer - self.alpha
 
     def _worth_deferring(self) -> bool:
         """``defer_weight_update: auto``: deferring hides the transfer but trains every
@@ -185,7 +192,7 @@ class WeightUpdates:
         assert self.published is not None
         if self.staged is None:
             if self._failed(self.published):  # dropped: the next published one comes next
-                if self._may_defer():
+                if self._bound_allows():
                     return
                 raise RunFailure(self._stuck(self.published, self.failures[-1][1]))
             await self._stage(self.manifests[self.published])
@@ -216,6 +223,8 @@ class WeightUpdates:
                 await self._swap(rec, wait_s)
                 return
             await self._drop(failed, why, rec)
+        if self._bound_allows():
+            return  # no newer version yet: the engines keep theirs until one arrives
         raise RunFailure(self._stuck(failed, why))
 
     def _stuck(self, failed: int, why: str) -> str:

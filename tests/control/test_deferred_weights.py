@@ -185,3 +185,56 @@ def test_auto_defers_only_a_transfer_slow_next_to_a_training_step():
     on, off = updates(True), updates(False)
     on.last_transfer_s = off.last_transfer_s = 0.004
     assert on._may_defer() and not off._may_defer()
+
+
+def test_a_failed_version_is_skipped_whatever_auto_would_choose_for_a_healthy_one():
+    """``auto`` waits for a fast transfer instead of deferring it; once that transfer has
+    failed, waiting is no option: while the bound allows it the engines keep their version
+    (the next published one comes next) rather than stopping the run. The bug: the check
+    for going on after a failure also asked ``auto``, so under load (a fast transfer next
+    to a slow step) a run stopped although alpha left room."""
+    import asyncio
+
+    from rollart_sdk.control.versions import PolicyVersions
+    from rollart_sdk.control.weight_updates import WeightUpdates
+    from rollart_sdk.types import WeightManifest
+
+    class Sync:
+        def __init__(self) -> None:
+            self.staged: list[int] = []
+
+        async def stage(self, manifest):
+            self.staged.append(manifest.version)
+
+        async def status(self):
+            return [{"name": "gen-0", "ready": True, "version": 3,
+                     "error": "ConnectionError: link dropped"}]
+
+        wait_ready = status
+
+        async def cancel(self):
+            return None
+
+    def updates(trainer: int, alpha: int, mode: str = "async") -> WeightUpdates:
+        async def release(_v: int) -> None:
+            return None
+
+        w = WeightUpdates(Sync(), None, PolicyVersions(engine=2, trainer=trainer),  # type: ignore[arg-type]
+                          mode=mode, alpha=alpha, defer="auto", log=[],
+                          emit=lambda e: None, span=lambda *a: None, release=release,
+                          wake=lambda: None)
+        w._baseline_taken = True
+        w.last_train_s, w.last_transfer_s = 0.5, 0.001  # auto would not defer this one
+        m = WeightManifest(version=3, transport="local", buckets=[], meta={})
+        w.manifests[3], w.published, w.staged = m, 3, 3
+        return w
+
+    w = updates(trainer=3, alpha=2)
+    assert not w._may_defer()
+    asyncio.run(w.update(None))  # the transfer failed: dropped, the run goes on
+    assert w.failures and w.failures[0][0] == 3 and w.engine == 2 and w.staged is None
+    asyncio.run(w.update(None))  # the next suspend point: still nothing newer, still fine
+    assert "failed:3" in w.log and len(w.failures) == 1
+    for stuck in (updates(trainer=3, alpha=0), updates(trainer=3, alpha=2, mode="sync")):
+        with pytest.raises(RunFailure, match="weight version 3 did not arrive"):
+            asyncio.run(stuck.update(None))
