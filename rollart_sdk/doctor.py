@@ -98,6 +98,16 @@ class DistReport:
         out += [f"import {m} failed: {self.imports[m]}" for m in modules if self.imports.get(m)]
         return out
 
+    def not_installed(self) -> bool:
+        """Its stack is absent, not broken: every problem is a package that is not there
+        (and the imports that fail for it), e.g. vLLM's plugin before ``install.sh --with
+        vllm``. A wrong version, a failing native library or a crash is broken."""
+        missing = [c for c in self.packages if c.problem]
+        return (not self.load_errors and bool(missing)
+                and all(c.found is None for c in missing)
+                and all(why.startswith("ModuleNotFoundError")
+                        for why in self.imports.values() if why))
+
     def _requires_modules(self) -> set[str]:
         return {m for mods in self.backend_modules.values() for m in mods}
 
@@ -129,6 +139,7 @@ class DistReport:
                 "packages": [{"dist": c.dist, "expected": c.expected, "found": c.found}
                              for c in self.packages],
                 "imports": self.imports, "problems": self.problems(), "usable": not self.problems(),
+                "not_installed": self.not_installed(),
                 "fix": self.fix()}
 
 

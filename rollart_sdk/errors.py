@@ -58,7 +58,8 @@ def name_list(kind: str, name: str, installed: list[str]) -> str:
     if len(installed) <= LIST_ALL_UP_TO:
         return ", ".join(sorted(installed))
     near = closest(name, installed, n=CLOSEST, cutoff=0.0)
-    where = "rollart envs" if kind == "env" else f"rollart plugins --kind {kind}"
+    where = {"env": "rollart envs", "benchmark": "rollart bench"}.get(
+        kind, f"rollart plugins --kind {kind}")
     return f"{', '.join(near)} ... and {len(installed) - len(near)} more: `{where}`"
 
 

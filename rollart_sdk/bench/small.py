@@ -56,7 +56,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 ENV_NAME = "bench-frozenlake"
 _MODULE = "rollart_sdk.bench.small"
@@ -120,6 +120,15 @@ class LatencyFrozenLakeOptions(BaseModel):
     model_config = ConfigDict(extra="allow")
     mu: float = Field(0.0, ge=0, description="mean env step latency (s)")
     sigma: float = Field(0.0, ge=0, description="its standard deviation (s)")
+
+    @model_validator(mode="after")
+    def _frozenlake_options(self) -> LatencyFrozenLakeOptions:
+        """The other keys are ``frozenlake``'s: checked by its options (an unknown key
+        fails here, at ``validate``, not when the env is built)."""
+        from rollart_env_frozenlake.env import FrozenLakeOptions
+
+        FrozenLakeOptions(**(self.model_extra or {}))
+        return self
 
 
 def _registry() -> Any:

@@ -85,7 +85,8 @@ def _print_reports(reports: list[Any]) -> None:
         bad = [m for m, why in rep.imports.items() if why]
         imports = (f"[red]{escape(', '.join(bad))} failed[/red]" if bad
                    else f"{len(rep.imports)} ok" if rep.imports else "-")
-        status = "[green]ok[/green]" if not rep.problems() else "[red]broken[/red]"
+        status = ("[green]ok[/green]" if not rep.problems() else
+                  "[yellow]not installed[/yellow]" if rep.not_installed() else "[red]broken[/red]")
         table.add_row(rep.distribution, rep.version or "-", _stack_cell(rep), imports, status)
     console.print(table)
     for rep in reports:

@@ -251,3 +251,16 @@ def test_trl_mode_without_trl_says_how_to_install_it(monkeypatch):
     assert "has no `trl`" in msg and sys.executable in msg
     assert f"pip install -c constraints.txt trl=={small.TRL_VERSION}" in msg
     assert "bench small --modes trl" in msg
+
+
+def test_latency_env_options_refuse_an_unknown_key():
+    """``bench-frozenlake`` takes ``mu``/``sigma`` plus any ``frozenlake`` option; a typo
+    fails when the config is checked, naming the key."""
+    from pydantic import ValidationError
+
+    from rollart_sdk.bench.small import LatencyFrozenLakeOptions
+
+    ok = LatencyFrozenLakeOptions(mu=0.05, sigma=0.02, desc=["SFF", "FHF", "FFG"])
+    assert ok.mu == 0.05 and ok.model_extra == {"desc": ["SFF", "FHF", "FFG"]}
+    with pytest.raises(ValidationError, match="dsec"):
+        LatencyFrozenLakeOptions(mu=0.05, dsec=["SFF"])
