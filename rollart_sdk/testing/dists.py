@@ -22,7 +22,7 @@ def make_dist(site: Path, dist: str, module: str, source: str, entry: str | None
 
 
 def run_cli(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None,
-            python: str | Path | None = None):
+            python: str | Path | None = None, timeout: float = 120):
     """Run the real `rollart` CLI in a subprocess (under ``python``, this interpreter by
     default)."""
     full_env = dict(os.environ)
@@ -33,7 +33,7 @@ def run_cli(*args: str, env: dict[str, str] | None = None, cwd: Path | None = No
         text=True,
         env=full_env,
         cwd=cwd,
-        timeout=120,
+        timeout=timeout,
     )
 
 

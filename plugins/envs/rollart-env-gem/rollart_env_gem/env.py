@@ -167,12 +167,30 @@ class GemTextEnv(gymnasium.Env):
     def close(self) -> None:
         pool = getattr(self.env, "mp_pool", None)
         if pool is not None:  # GEM's MathEnv.close() leaves its grading process running
-            pool.terminate()
-            pool.join()
+            _terminate(pool)
             return
         close = getattr(self.env, "close", None)
         if callable(close):
             close()
+
+
+def _terminate(pool: Any, timeout_s: float = 10.0) -> None:
+    """``pool.terminate()`` bounded in time: multiprocessing's terminate joins its task
+    handler thread, which can stay blocked (seen in CI under load: the test hung for 300
+    s); past ``timeout_s`` the worker processes are killed and the join left behind (a
+    daemon thread), so ``close`` always returns."""
+    procs = list(getattr(pool, "_pool", []))
+
+    def stop() -> None:
+        pool.terminate()
+        pool.join()
+
+    t = threading.Thread(target=stop, name="gem-pool-terminate", daemon=True)
+    t.start()
+    t.join(timeout_s)
+    if t.is_alive():
+        for proc in procs:
+            proc.kill()
 
 
 def _plain(info: dict[str, Any]) -> dict[str, Any]:

@@ -170,3 +170,32 @@ def test_envs_in_threads_keep_their_own_random_state():
     for t in threads:
         t.join(timeout=60)
     assert all(results[i] == alone for i in range(4))
+
+
+@pytest.mark.timeout(60)
+def test_close_returns_when_the_grading_pool_does_not_terminate():
+    """multiprocessing's ``Pool.terminate`` can block (CI under load: 300 s in close);
+    close is bounded: past its limit the pool's processes are killed and it returns."""
+    import multiprocessing
+    import threading
+    import time
+
+    from rollart_env_gem.env import _terminate
+
+    worker = multiprocessing.get_context("spawn").Process(target=time.sleep, args=(600,),
+                                                          daemon=True)
+    worker.start()
+    stuck = threading.Event()
+
+    class StuckPool:
+        _pool = [worker]
+
+        def terminate(self):
+            stuck.wait()  # never set: the task-handler join that does not return
+
+        def join(self):
+            pass
+
+    _terminate(StuckPool(), timeout_s=1.0)
+    worker.join(20)
+    assert worker.exitcode is not None and worker.exitcode < 0  # killed, not left running

@@ -18,6 +18,7 @@ SMALL = {"env_mu_s": 0.05, "env_sigma_s": 0.0, "batch_size": 4, "group_size": 2,
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(600)  # four training jobs and Ray Serve: 300 s ran out in CI under load
 def test_bench_reward_runs_both_arms_on_the_same_jobs(tmp_path, monkeypatch):
     from rollart_reward_serverless.bench import main
 
