@@ -11,9 +11,9 @@ import torch
 from pydantic import ValidationError
 
 from rollart_sdk.config import RunConfig
+from rollart_sdk.job.preflight import check_precision
 from rollart_sdk.master_weights import LossScaler, MasterWeightsOptimizer
 from rollart_sdk.precision import PrecisionOptions
-from rollart_sdk.preflight import check_precision
 from rollart_sdk.testing.dists import run_cli
 
 
