@@ -457,7 +457,7 @@ from urllib.parse import urlparse
 
 from pydantic import BaseModel, ConfigDict
 
-from rollart_sdk.cluster.serverless import HttpJsonCaller
+from rollart_sdk.serverless import HttpJsonCaller
 
 
 class {options}(BaseModel):
@@ -479,7 +479,7 @@ SCHEME_TEST = """\
 import {package}.plugin as plugin
 from {package}.{module} import {cls}
 
-from rollart_sdk.cluster.serverless import serve_function
+from rollart_sdk.serverless import serve_function
 
 
 def test_calls_a_served_function():
