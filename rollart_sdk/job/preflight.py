@@ -117,7 +117,7 @@ def check_gguf(model: ModelConfig) -> tuple[Problems, Any]:
 
 def check_precision(cfg: RunConfig, trainer: Any) -> list[str]:
     """Warnings for a low-precision run: from the trainer's options when they are
-    :class:`rollart_sdk.precision.PrecisionOptions` (its ``precision_warnings``), else
+    :class:`rollart_sdk.backends.precision.PrecisionOptions` (its ``precision_warnings``), else
     that the trainer does not say whether it keeps fp32 master weights."""
     dtype = cfg.model.dtype
     if dtype == "float32":
