@@ -113,11 +113,11 @@ def evaluate(cfg: RunConfig, lines: LineMap | None = None, checkpoint: str | Non
     ``eval.tasks`` names; returns the result (what ``rollart eval --json`` prints)."""
     from rollart_sdk.cluster.roles import ROLE_WORKERS
     from rollart_sdk.cluster.spawn import LocalSpawner
+    from rollart_sdk.config.resolve import resolve_run
+    from rollart_sdk.job.preflight import preflight
     from rollart_sdk.job.spawn import spawn_workers
     from rollart_sdk.job.wire import task_runtimes
     from rollart_sdk.plugins import get_plugins
-    from rollart_sdk.preflight import preflight
-    from rollart_sdk.resolve import resolve_run
     from rollart_sdk.resources.plan import plan_resources
     from rollart_sdk.resources.threads import thread_plan
 

@@ -132,5 +132,5 @@ def rollart_register_serverless_schemes(registry: Registrar) -> None:
     The factory is called as ``factory(url: str, timeout_s: float)`` wherever a serverless
     endpoint is used (``@register_serverless``, serverless pools, the serverless reward)
     and returns a callable: ``caller(*args, **kwargs)`` invokes the remote function and
-    returns its result, raising ``rollart_sdk.cluster.serverless.ServerlessError``.
+    returns its result, raising ``rollart_sdk.serverless.ServerlessError``.
     """

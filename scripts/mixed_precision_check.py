@@ -99,8 +99,8 @@ def _bf16_storage(path: str, args: Any, micro: int, master_weights: bool) -> Any
     from rollart_trainer_torch.adamw import LeanAdamW
     from rollart_trainer_torch.trainer import TorchTrainer
 
+    from rollart_sdk.backends.master_weights import MasterWeightsOptimizer
     from rollart_sdk.config import ModelConfig
-    from rollart_sdk.master_weights import MasterWeightsOptimizer
 
     t = TorchTrainer(model=ModelConfig(path=path), lr=args.lr, seed=args.seed,
                      micro_batch_size=micro, grad_clip=1.0)

@@ -114,7 +114,7 @@ def test_async_alpha_zero_is_valid_and_batched_needs_iterations(tmp_path):
 
 
 def test_top_k_and_top_p_on_a_trained_task_are_warned_about(tmp_path):
-    from rollart_sdk.preflight import sampling_warnings
+    from rollart_sdk.job.preflight import sampling_warnings
 
     cfg, _ = load_config(write(tmp_path, BASE))
     assert sampling_warnings(cfg) == []

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from rollart_sdk.config import load_config
-from rollart_sdk.config_file import MAX_NODES
+from rollart_sdk.config.files import MAX_NODES
 from rollart_sdk.errors import ConfigError
 from rollart_sdk.testing.dists import run_cli
 
@@ -169,7 +169,7 @@ def test_context_checks_skip_with_a_warning_a_task_whose_env_does_not_reset_here
     still checked."""
     from types import SimpleNamespace
 
-    from rollart_sdk.preflight import _first_observations
+    from rollart_sdk.job.preflight import _first_observations
 
     class Ok:
         def reset(self, seed):

@@ -44,9 +44,9 @@ def test_first_plugins_walkthrough_config_resolves_with_its_plugins():
     import sys
 
     from rollart_sdk.config import load_config
+    from rollart_sdk.config.resolve import resolve_run
+    from rollart_sdk.job.preflight import option_clash_warnings
     from rollart_sdk.plugins import load_plugins
-    from rollart_sdk.preflight import option_clash_warnings
-    from rollart_sdk.resolve import resolve_run
 
     folder = ROOT / "examples" / "first_plugins"
     extra = {}

@@ -24,8 +24,8 @@ PKG = "rollart_sdk"
 # Edges left for a later move, each with the move that removes it; the graph without
 # them has no cycle, and each must still exist (drop the entry when its move lands).
 PENDING = {
-    ("config", "sim"): "config.py's `sim:` section (sim/config.py, sim/costs.py): #32 change 4 "
-                       "validates it with the sim backends' options",
+    ("config", "sim"): "config/schema.py's `sim:` section (sim/config.py, sim/costs.py): "
+                       "#32 change 4 validates it with the sim backends' options",
 }
 
 

@@ -1,18 +1,23 @@
 """`rollart new-plugin KIND NAME DIR` writes a package into DIR (the package folder) that
 installs and passes its own tests unchanged (the env one for real: pip install -e, entry
-point listed, pytest DIR)."""
+point listed, pytest DIR). The templates are real files (rollart_sdk/templates), renamed
+when rendered and shipped in the wheel."""
 
 from __future__ import annotations
 
+import glob
+import importlib
 import json
 import os
+import re
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
 
-from rollart_sdk.cli.new_plugin import KIND_HOOK
+from rollart_sdk.cli.new_plugin import KIND_HOOK, render
 from rollart_sdk.testing.dists import overlay_venv, run_cli
 
 
@@ -59,8 +64,10 @@ def test_every_kind_template_passes_its_own_tests(tmp_path, kind):
     pkg = tmp_path / "pkg"
     res = run_cli("new-plugin", kind, "demo", str(pkg))
     assert res.returncode == 0, res.stderr
-    # Not installed (keeps the test environment's plugin set intact): on sys.path instead.
-    tests = _pytest(pkg, env={"PYTHONPATH": str(pkg)})
+    # Not installed (keeps the test environment's plugin set intact): on sys.path instead,
+    # before the path this session imports rollart_sdk from (its SDK is the one tested).
+    path = os.pathsep.join(p for p in (str(pkg), os.environ.get("PYTHONPATH")) if p)
+    tests = _pytest(pkg, env={"PYTHONPATH": path})
     assert tests.returncode == 0, tests.stdout[-3000:] + tests.stderr[-2000:]
     assert " passed" in tests.stdout and "failed" not in tests.stdout
 
@@ -92,10 +99,64 @@ def test_bad_input_is_refused(tmp_path):
 
 def test_env_template_option_is_not_a_task_key():
     """The env template's own turn limit is not named like tasks[].max_turns."""
-    from rollart_sdk.cli.new_plugin import render
     from rollart_sdk.config import TaskConfig
 
     env_py = render("env", "demo")["rollart_env_demo/env.py"]
     fields = {line.split(":")[0].strip() for line in env_py.splitlines()
               if line.startswith("    ") and ": " in line and "= Field(" in line}
     assert fields == {"max_replies"} and not fields & set(TaskConfig.model_fields)
+
+
+TEMPLATES = Path(__file__).resolve().parents[1] / "rollart_sdk" / "templates"
+
+
+@pytest.mark.parametrize("kind", sorted(KIND_HOOK))
+def test_rendering_renames_every_placeholder(kind):
+    """The template is the kind's plugin named ``example``; a rendered package keeps no
+    trace of that name (identifiers, paths, prose) and holds the files it always held."""
+    files = render(kind, "my_game")
+    package = f"rollart_{kind}_my_game"
+    module = KIND_HOOK[kind][1]
+    assert set(files) == {"pyproject.toml", "README.md", f"{package}/__init__.py",
+                          f"{package}/py.typed", f"{package}/plugin.py",
+                          f"{package}/{module}", "tests/test_my_game.py"}
+    for path, text in files.items():
+        assert not re.search("example", path + text, flags=re.IGNORECASE), (
+            f"{kind}: {path} still says 'example'")
+    for path in ("pyproject.toml", "README.md"):  # the files with {placeholders}
+        assert not re.search(r"\{[a-z]+\}", files[path]), f"{kind}: {path}: a placeholder left"
+    cls = "MyGame" + KIND_HOOK[kind][2]
+    assert f'factory="{package}.{module[:-3]}:{cls}"' in files[f"{package}/plugin.py"]
+    assert f'options="{package}.{module[:-3]}:MyGameOptions"' in files[f"{package}/plugin.py"]
+    assert f"def {KIND_HOOK[kind][0]}(" in files[f"{package}/plugin.py"]
+    assert 'name = "rollart-' + kind.replace("_", "-") + '-my-game"' in files["pyproject.toml"]
+
+
+def test_every_template_file_ships_in_the_wheel():
+    """rollart_sdk/templates is not a package: its files reach the wheel only through
+    pyproject's package-data, so every one must match a pattern there."""
+    data = tomllib.loads((TEMPLATES.parents[1] / "pyproject.toml").read_text())
+    patterns = data["tool"]["setuptools"]["package-data"]["rollart_sdk"]
+    shipped = {path for pat in patterns
+               for path in glob.glob(pat, root_dir=TEMPLATES.parent, recursive=True)}
+    files = [str(p.relative_to(TEMPLATES.parent)) for p in TEMPLATES.rglob("*")
+             if p.is_file() and "__pycache__" not in p.parts]
+    assert len(files) > 40  # guards the walk itself
+    missing = sorted(set(files) - shipped)
+    assert not missing, (f"not in [tool.setuptools.package-data] rollart_sdk: {missing}; "
+                         "add a pattern for them")
+
+
+def test_env_template_runs_its_kit_in_place():
+    """The template folder is itself the package folder of a working plugin: importable
+    as it stands and conforming to its kind's kit."""
+    from rollart_sdk.testing.env import check_env
+
+    sys.path.insert(0, str(TEMPLATES / "rollart-env-example"))
+    try:
+        env_module = importlib.import_module("rollart_env_example.env")
+        check_env(env_module.ExampleEnv, seed=0)
+    finally:
+        sys.path.remove(str(TEMPLATES / "rollart-env-example"))
+        for name in [m for m in sys.modules if m.startswith("rollart_env_example")]:
+            del sys.modules[name]

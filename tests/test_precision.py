@@ -1,6 +1,6 @@
-"""Mixed precision: the trainer options (``rollart_sdk.precision``), the master-weights
-optimizer wrapper (``rollart_sdk.master_weights``) and the warning ``validate`` gives for a
-low-precision run without master weights. The trainers' own tests train with them."""
+"""Mixed precision: the trainer options (``rollart_sdk.backends.precision``), the
+master-weights optimizer wrapper (``rollart_sdk.backends.master_weights``) and the warning
+``validate`` gives for a low-precision run without master weights. The trainers' own tests train with them."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ import pytest
 import torch
 from pydantic import ValidationError
 
+from rollart_sdk.backends.master_weights import LossScaler, MasterWeightsOptimizer
+from rollart_sdk.backends.precision import PrecisionOptions
 from rollart_sdk.config import RunConfig
-from rollart_sdk.master_weights import LossScaler, MasterWeightsOptimizer
-from rollart_sdk.precision import PrecisionOptions
-from rollart_sdk.preflight import check_precision
+from rollart_sdk.job.preflight import check_precision
 from rollart_sdk.testing.dists import run_cli
 
 

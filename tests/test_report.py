@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from rollart_sdk.report import default_window, load_timeline, make_report, smooth
+from rollart_sdk.cli.report_plots import default_window, load_timeline, make_report, smooth
 
 
 def write_run(tmp_path, steps=40, per_step=200):

@@ -10,8 +10,13 @@ so that a new engine or trainer backend starts from it instead of copying a sibl
   collectives trainers share (process group, flat all-reduce, advantages over ranks);
 - :mod:`~rollart_sdk.backends.trainer_options`: :class:`TrainerOptionsBase`, the AdamW,
   loss, advantage and runtime options every trainer backend takes;
-- :mod:`~rollart_sdk.backends.schedules`: learning-rate schedules and their options.
+- :mod:`~rollart_sdk.backends.schedules`: learning-rate schedules and their options;
+- :mod:`~rollart_sdk.backends.precision`: :class:`PrecisionOptions`, the mixed-precision
+  options (fp32 master weights, loss scaling) every trainer takes, torch-free;
+- :mod:`~rollart_sdk.backends.master_weights`: the optimizer wrapper that implements
+  them (fp32 masters, float16 loss scaling), shared by trainers ``torch`` and ``megatron``.
 
-This package imports nothing itself: ``objective`` and ``distributed`` import torch,
-``trainer_options`` and ``schedules`` do not (a config is validated without torch).
+This package imports nothing itself: ``objective``, ``distributed`` and
+``master_weights`` import torch, ``trainer_options``, ``schedules`` and ``precision`` do
+not (a config is validated without torch).
 """

@@ -1,7 +1,7 @@
 """The options every trainer backend takes (``trainer.options`` in a run config):
 AdamW, the decoupled PPO loss, GRPO advantages, the runtime, the learning-rate schedule
 (:class:`~rollart_sdk.backends.schedules.LRScheduleOptions`) and mixed precision
-(:class:`~rollart_sdk.precision.PrecisionOptions`). A backend's options model extends
+(:class:`~rollart_sdk.backends.precision.PrecisionOptions`). A backend's options model extends
 :class:`TrainerOptionsBase` with its own batching and parallelism fields, so a field
 means the same in every backend and is described once.
 
@@ -14,8 +14,8 @@ from typing import Literal
 
 from pydantic import ConfigDict, Field, model_validator
 
+from rollart_sdk.backends.precision import PrecisionOptions
 from rollart_sdk.backends.schedules import LRScheduleOptions
-from rollart_sdk.precision import PrecisionOptions
 
 
 class TrainerOptionsBase(PrecisionOptions, LRScheduleOptions):

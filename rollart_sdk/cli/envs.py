@@ -8,7 +8,7 @@ import argparse
 import json
 from typing import Any
 
-from rollart_sdk.env_catalog import describe
+from rollart_sdk.cli.env_catalog import describe
 
 
 def cmd_envs(args: argparse.Namespace) -> int:

@@ -5,6 +5,14 @@ or be empty). It holds a pyproject with the entry point, an options model, a wor
 backend to replace with yours, a README and a test running the kind's conformance kit;
 ``pip install -e DIR && pytest DIR`` passes unchanged (tests/test_new_plugin.py checks that
 for every kind it offers).
+
+The files are real ones, checked by ruff and mypy with the rest of the SDK:
+``rollart_sdk/templates/rollart-<kind>-example/`` is the package folder of the kind's
+plugin named ``example`` (package ``rollart_<kind>_example``, classes ``Example<Suffix>``,
+options ``ExampleOptions``; ``tests/test_example.py``); :func:`render` copies it and renames
+``example`` / ``Example`` (whole identifiers) to the new name. ``pyproject.toml.tmpl`` and
+``README.md.tmpl`` (beside the folders) and each folder's ``how.md`` (the README's "How it
+works") are plain text with ``{placeholders}``.
 """
 
 from __future__ import annotations
@@ -12,10 +20,11 @@ from __future__ import annotations
 import argparse
 import keyword
 import re
+from importlib import resources
+from importlib.resources.abc import Traversable
 from pathlib import Path
 from typing import Any
 
-from rollart_sdk.cli import plugin_templates as templates
 from rollart_sdk.errors import RollartError
 
 KIND_HOOK = {
@@ -28,15 +37,14 @@ KIND_HOOK = {
     "trainer": ("rollart_register_trainers", "trainer.py", "Trainer"),
     "serverless_scheme": ("rollart_register_serverless_schemes", "scheme.py", "Caller"),
 }
+# Dependencies beyond rollart-sdk, pydantic and gymnasium, per kind (the pyproject's).
+DEPS = {"trainer": ', "torch>=2.2", "transformers>=4.45"', "engine": ', "torch>=2.2"'}
+PLACEHOLDER = "example"  # the templates' plugin name
 
 
-# Registration arguments beyond the common ones, per kind (Registrar.register's docstring).
-EXTRA = {
-    "transport": "\n        process_local=True,",
-    # The turns and character columns of `rollart envs`.
-    "env": ('\n        traits={"turns": "max_replies (default 3)",'
-            '\n                "character": "multi-turn, short replies"},'),
-}
+def templates() -> Traversable:
+    """The folder of templates (``rollart_sdk/templates``), installed or in a checkout."""
+    return resources.files("rollart_sdk").joinpath("templates")
 
 
 def _names(kind: str, name: str) -> dict[str, str]:
@@ -45,15 +53,45 @@ def _names(kind: str, name: str) -> dict[str, str]:
                            "(it becomes part of a Python package name)")
     slug = kind.replace("_", "-")
     hook, module, suffix = KIND_HOOK[kind]
-    camel = "".join(part.capitalize() for part in name.split("_")) + suffix
+    camel = "".join(part.capitalize() for part in name.split("_"))
     return {
         "kind": kind, "name": name, "dist": f"rollart-{slug}-{name.replace('_', '-')}",
         "package": f"rollart_{kind}_{name}", "hook": hook, "module": module[:-3],
-        "cls": camel, "options": camel.removesuffix(suffix) + "Options",
-        "extra": EXTRA.get(kind, ""),
-        "deps": {"trainer": ', "torch>=2.2", "transformers>=4.45"',
-                 "engine": ', "torch>=2.2"'}.get(kind, ""),
+        "cls": camel + suffix, "options": camel + "Options", "camel": camel,
+        "deps": DEPS.get(kind, ""),
     }
+
+
+def rename(text: str, kind: str, names: dict[str, str]) -> str:
+    """The template's identifiers renamed: ``rollart_<kind>_example`` and
+    ``rollart-<kind>-example`` to the package and distribution, ``Example...`` to the
+    camel-cased name, and ``example`` wherever it stands alone (``test_example``,
+    ``"example"``, ``example://``) to the name."""
+    slug = kind.replace("_", "-")
+    text = text.replace(f"rollart_{kind}_{PLACEHOLDER}", names["package"])
+    text = text.replace(f"rollart-{slug}-{PLACEHOLDER}", names["dist"])
+    text = re.sub(r"(?<![A-Za-z0-9])Example(?=[A-Z]|\b)", names["camel"], text)
+    return re.sub(r"(?<![A-Za-z0-9])example(?![A-Za-z0-9])", names["name"], text)
+
+
+def _fill(text: str, names: dict[str, str]) -> str:
+    for key, value in names.items():
+        text = text.replace("{" + key + "}", value)
+    return text
+
+
+def _tree(folder: Traversable, prefix: str = "") -> dict[str, str]:
+    """Relative path -> text of every file under ``folder`` (no caches)."""
+    files: dict[str, str] = {}
+    for entry in sorted(folder.iterdir(), key=lambda e: e.name):
+        if entry.name == "__pycache__" or entry.name.endswith(".pyc"):
+            continue
+        rel = f"{prefix}{entry.name}"
+        if entry.is_dir():
+            files.update(_tree(entry, rel + "/"))
+        else:
+            files[rel] = entry.read_text()
+    return files
 
 
 def render(kind: str, name: str) -> dict[str, str]:
@@ -61,23 +99,16 @@ def render(kind: str, name: str) -> dict[str, str]:
     if kind not in KIND_HOOK:
         raise RollartError(f"no template for kind {kind!r}; kinds: {', '.join(KIND_HOOK)}")
     n = _names(kind, name)
-    impl, test, readme_how = templates.KINDS[kind]
+    root = templates()
+    kind_files = _tree(root.joinpath(f"rollart-{kind.replace('_', '-')}-{PLACEHOLDER}"))
+    n["how"] = _fill(rename(kind_files.pop("how.md").strip(), kind, n), n)
     files = {
-        "pyproject.toml": templates.PYPROJECT,
-        "README.md": templates.README.replace("{how}", readme_how),
-        f"{n['package']}/__init__.py": '"""{dist}: a rollart {kind} plugin."""\n',
-        f"{n['package']}/py.typed": "",
-        f"{n['package']}/plugin.py": templates.PLUGIN,
-        f"{n['package']}/{n['module']}.py": impl,
-        f"tests/test_{name}.py": test,
+        "pyproject.toml": _fill(root.joinpath("pyproject.toml.tmpl").read_text(), n),
+        "README.md": _fill(root.joinpath("README.md.tmpl").read_text(), n),
     }
-    return {path: _fill(text, n) for path, text in files.items()}
-
-
-def _fill(text: str, names: dict[str, str]) -> str:
-    for key, value in names.items():
-        text = text.replace("{" + key + "}", value)
-    return text
+    for rel, text in kind_files.items():
+        files[rename(rel, kind, n)] = rename(text, kind, n)
+    return files
 
 
 def write(kind: str, name: str, directory: str | Path | None = None) -> Path:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from rollart_sdk.report import make_report
+from rollart_sdk.cli.report_plots import make_report
 
 
 def _window(text: str) -> tuple[float, float]:

@@ -2,7 +2,7 @@
 
 For every task of CONFIG (``--task`` picks some), the task's reward backend - or, for a
 ``serverless`` reward with ``deploy:``, the backend named there - is deployed on Ray Serve
-(``rollart_sdk.cluster.serve_app``): bound to 127.0.0.1 unless ``--host``, bearer-token auth
+(``rollart_sdk.serverless.deploy``): bound to 127.0.0.1 unless ``--host``, bearer-token auth
 from ``--token-env`` (required unless ``--insecure`` on loopback), JSON only, size-limited.
 It prints each URL and the override that points a run at it, then logs every change of a
 deployment's replica count until Ctrl-C (or ``--duration`` seconds).
@@ -21,8 +21,8 @@ from rollart_sdk.cli.output import console
 def deployments(cfg: Any, tasks: list[str] | None, args: argparse.Namespace) -> dict[str, Any]:
     """tag -> DeployOptions for the chosen tasks of ``cfg`` (flags fill what a task's own
     ``deploy:`` does not set)."""
-    from rollart_sdk.cluster.serve_app import DeployOptions
     from rollart_sdk.errors import ConfigError
+    from rollart_sdk.serverless.deploy import DeployOptions
 
     out: dict[str, Any] = {}
     known = [t.tag for t in cfg.tasks]
@@ -50,9 +50,9 @@ def deployments(cfg: Any, tasks: list[str] | None, args: argparse.Namespace) -> 
 def cmd_serve_reward(args: argparse.Namespace) -> int:
     from ray import serve
 
-    from rollart_sdk.cluster.serve_app import ReplicaMonitor, check_exposure, deploy
     from rollart_sdk.config import load_config
     from rollart_sdk.ray_utils import init_ray
+    from rollart_sdk.serverless.deploy import ReplicaMonitor, check_exposure, deploy
 
     cfg, _ = load_config(args.config, args.overrides)
     plans = deployments(cfg, args.task, args)

@@ -12,11 +12,11 @@ from rollart_sdk.cli.output import console
 def cmd_validate(args: argparse.Namespace) -> int:
     from rollart_sdk.cluster.roles import ROLE_WORKERS
     from rollart_sdk.config import load_config
+    from rollart_sdk.config.resolve import resolve_run
     from rollart_sdk.errors import ConfigError
+    from rollart_sdk.job.preflight import preflight
     from rollart_sdk.layout import choose_layout, inprocess_config
     from rollart_sdk.plugins import get_plugins
-    from rollart_sdk.preflight import preflight
-    from rollart_sdk.resolve import resolve_run
     from rollart_sdk.resources.plan import plan_resources
 
     cfg, lines = load_config(args.config, args.overrides)

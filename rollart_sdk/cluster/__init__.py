@@ -4,12 +4,6 @@ Importing this package does not import Ray; the Cluster does when it is built.
 """
 
 from rollart_sdk.cluster.cluster import Cluster, ClusterMember, ClusterMethod
-from rollart_sdk.cluster.serverless import (
-    ServerlessError,
-    ServerlessProxy,
-    known_schemes,
-    serve_function,
-)
 from rollart_sdk.cluster.worker import (
     ActorGenCls,
     ActorGenWorker,
@@ -27,9 +21,11 @@ from rollart_sdk.resources.decorators import (
     check_worker_class,
     dispatch_specs,
     hw_mapping,
+    known_schemes,
     register,
     register_serverless,
 )
+from rollart_sdk.serverless import ServerlessError, ServerlessProxy, serve_function
 
 __all__ = [
     "ActorGenCls",

@@ -16,8 +16,8 @@ import os
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from rollart_sdk.cluster.serverless import ServerlessProxy
 from rollart_sdk.resources.decorators import dispatch_specs
+from rollart_sdk.serverless.client import ServerlessProxy
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from rollart_sdk.resolve import Resolved
+    from rollart_sdk.config.resolve import Resolved
 
 
 def flatten_metrics(metrics: dict[str, Any]) -> dict[str, float]:

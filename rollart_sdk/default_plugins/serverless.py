@@ -10,11 +10,11 @@ def rollart_register_serverless_schemes(registry):
     for scheme in ("http", "https"):
         registry.register(
             scheme,
-            factory="rollart_sdk.cluster.serverless:HttpJsonCaller",
+            factory="rollart_sdk.serverless.client:HttpJsonCaller",
             summary="POST {args, kwargs} as JSON, answer {result} or {error}",
         )
     registry.register(
         "fc",
-        factory="rollart_sdk.cluster.serverless:fc_caller",
+        factory="rollart_sdk.serverless.client:fc_caller",
         summary="Alibaba Function Compute HTTP trigger (the same JSON over HTTPS)",
     )

@@ -4,6 +4,8 @@ One module per responsibility:
 
 - :mod:`~rollart_sdk.job.build`: ``build_job``, the composition root (resolve -> plan ->
   preflight -> task runtimes -> run directory -> workers -> control plane) and ``Job``;
+- :mod:`~rollart_sdk.job.preflight`: every check that can refuse the config, run before
+  the first worker starts (output dir, model, envs probed once, context budgets);
 - :mod:`~rollart_sdk.job.spawn`: the role workers, through a spawner
   (:mod:`rollart_sdk.cluster.spawn`: Ray, or in-process);
 - :mod:`~rollart_sdk.job.wire`: the control plane on the started workers;
@@ -16,8 +18,7 @@ One module per responsibility:
 - :mod:`~rollart_sdk.job.run_dir`: the run directory abandoned, or given the final
   checkpoint and model.
 
-Every check that can refuse a config runs before the first worker starts
-(:mod:`rollart_sdk.preflight`). The command line is ``rollart train``
+The command line is ``rollart train``
 (:mod:`rollart_sdk.cli.train`). The names below were ``rollart_sdk/job.py``'s; the
 underscored ones stay for one release (``sim/job.py``, plugins' benches).
 """

@@ -17,6 +17,7 @@ from rollart_sdk.job.wire import task_runtimes, wire_control_plane
 if TYPE_CHECKING:
     from rollart_sdk.cluster.spawn import Spawner
     from rollart_sdk.config import LineMap
+    from rollart_sdk.config.resolve import ResolvedRun
     from rollart_sdk.control.handles import WorkerHandle
     from rollart_sdk.control.pipeline import Pipeline
     from rollart_sdk.control.run_dir import RunDir
@@ -24,7 +25,6 @@ if TYPE_CHECKING:
     from rollart_sdk.job.resume import ResumePoint
     from rollart_sdk.layout import Layout
     from rollart_sdk.registry import Registry
-    from rollart_sdk.resolve import ResolvedRun
     from rollart_sdk.resources.plan import ResourcePlan
 
 
@@ -63,11 +63,11 @@ def build_job(cfg: RunConfig, lines: LineMap | None = None, run_name: str | None
     ``resume``: continue that run (its directory; ``run_job`` loads the checkpoint).
     """
     from rollart_sdk.cluster.roles import ROLE_WORKERS
+    from rollart_sdk.config.resolve import resolve_run
     from rollart_sdk.control.run_dir import RunDir
+    from rollart_sdk.job.preflight import preflight
     from rollart_sdk.layout import inprocess_config
     from rollart_sdk.plugins import get_plugins
-    from rollart_sdk.preflight import preflight
-    from rollart_sdk.resolve import resolve_run
     from rollart_sdk.resources.plan import plan_resources
 
     if layout is not None:

@@ -3,7 +3,7 @@ Ray, or in-process) in placement priority: trainer ranks, engines per task pool 
 prefill engines of prefill-decode disaggregation), reward, environments.
 
 Nothing here checks the config: every check that could refuse the run ran before the
-first worker started (:mod:`rollart_sdk.preflight`)."""
+first worker started (:mod:`rollart_sdk.job.preflight`)."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from rollart_sdk.cluster.spawn import Spawner
     from rollart_sdk.config import ModelConfig, RunConfig
+    from rollart_sdk.config.resolve import ResolvedRun
     from rollart_sdk.control.handles import WorkerHandle
-    from rollart_sdk.resolve import ResolvedRun
     from rollart_sdk.resources.plan import ResourcePlan
 
 # Times Ray restarts a dead engine worker's process (it then reloads the served weights

@@ -2,7 +2,7 @@
 format, system prompt, allowed action tokens, the agent gateway) from what preflight
 found, then LLMProxy, RolloutScheduler, SampleBuffer, WeightSync and the Pipeline.
 
-Nothing here refuses the config: every check ran in :mod:`rollart_sdk.preflight` before
+Nothing here refuses the config: every check ran in :mod:`rollart_sdk.job.preflight` before
 the first worker started."""
 
 from __future__ import annotations
@@ -17,14 +17,14 @@ if TYPE_CHECKING:
     from rollart_sdk.control.env_manager import TaskRuntime
     from rollart_sdk.control.pipeline import Pipeline
     from rollart_sdk.control.run_dir import RunDir
-    from rollart_sdk.preflight import Preflight
+    from rollart_sdk.job.preflight import Preflight
 
 
 def task_runtimes(cfg: RunConfig, checked: Preflight) -> dict[str, TaskRuntime]:
     """Each task's prompt format (chat template or plain text), system prompt and allowed
     action tokens, as preflight built and checked them; agent tasks share one gateway."""
     from rollart_sdk.control.env_manager import TaskRuntime
-    from rollart_sdk.preflight import system_prompt
+    from rollart_sdk.job.preflight import system_prompt
 
     described = checked.described
     gateway = None
@@ -104,11 +104,11 @@ def _legacy_task_runtimes(cfg: RunConfig, described: dict[str, dict[str, Any]],
                           tokenizer: Any) -> dict[str, TaskRuntime]:
     """The old ``rollart_sdk.job._task_runtimes(cfg, described, tokenizer)``: the formats
     and action ids built here (the checks are preflight's; a problem raises its
-    ConfigError). Use :func:`task_runtimes` with :func:`rollart_sdk.preflight.preflight`'s
+    ConfigError). Use :func:`task_runtimes` with :func:`rollart_sdk.job.preflight.preflight`'s
     result."""
     from rollart_sdk.config import ModelConfig
     from rollart_sdk.errors import ConfigError
-    from rollart_sdk.preflight import Preflight, check_actions, task_formats
+    from rollart_sdk.job.preflight import Preflight, check_actions, task_formats
 
     formats, problems, _ = task_formats(cfg, described, tokenizer)
     more, actions = check_actions(cfg, described, formats)

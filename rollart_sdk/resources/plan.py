@@ -22,7 +22,7 @@ from rollart_sdk.config import PoolConfig, RunConfig
 from rollart_sdk.errors import ConfigError
 
 if TYPE_CHECKING:
-    from rollart_sdk.resolve import ResolvedRun
+    from rollart_sdk.config.resolve import ResolvedRun
 
 ROLES: tuple[str, ...] = ("actor_train", "actor_gen", "environment", "reward")
 

@@ -76,12 +76,12 @@ def _scaled_task(task: Any, block: int) -> Any:
 def build_sim_job(cfg: RunConfig, lines: LineMap | None = None, run_name: str | None = None,
                   log: Any = print, registry: Registry | None = None) -> SimJob:
     from rollart_sdk.cluster.spawn import LocalSpawner
+    from rollart_sdk.config.resolve import resolve_run
     from rollart_sdk.control.env_manager import TaskRuntime
     from rollart_sdk.control.handles import WorkerHandle
     from rollart_sdk.control.run_dir import RunDir
     from rollart_sdk.job import _wire_control_plane, _Workers
     from rollart_sdk.plugins import get_plugins
-    from rollart_sdk.resolve import resolve_run
     from rollart_sdk.resources.plan import plan_resources
     from rollart_sdk.sim.backends import SimEnvOptions, SimFormat
     from rollart_sdk.sim.costs import resolve_hardware

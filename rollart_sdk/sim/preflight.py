@@ -1,5 +1,5 @@
 """The checks of a simulated run (``clock: simulated``) before it starts, beside the sim
-(:mod:`rollart_sdk.preflight` has the real run's): ``check_sim_context``, each task's
+(:mod:`rollart_sdk.job.preflight` has the real run's): ``check_sim_context``, each task's
 first prompt (the sim env's first observation, seed 0, in the sim's token ids,
 ``sim.token_block``) against the task's budget in those ids and against the KV cache of
 the engines that serve the task (the sim engine finishes a prompt that does not fit with
@@ -13,7 +13,7 @@ from typing import Any
 
 from rollart_sdk.config import RunConfig
 from rollart_sdk.errors import ConfigError
-from rollart_sdk.preflight import (
+from rollart_sdk.job.preflight import (
     Problems,
     _at,
     _first_observations,

@@ -15,9 +15,9 @@ from rollart_sdk.cluster import (
     register_serverless,
     serve_function,
 )
-from rollart_sdk.cluster.serverless import ServerlessError, ServerlessProxy
 from rollart_sdk.config import PoolConfig
 from rollart_sdk.errors import ConfigError
+from rollart_sdk.serverless import ServerlessError, ServerlessProxy
 
 POOLS = [PoolConfig(name="gpu-a", hardware="H800", count=2),
          PoolConfig(name="gpu-b", hardware="H20", profile="bandwidth", count=2)]

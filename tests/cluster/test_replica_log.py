@@ -1,4 +1,4 @@
-"""A reward replica's own log (rollart_sdk.cluster.replica_log): busy intervals are the
+"""A reward replica's own log (rollart_sdk.serverless.replica_log): busy intervals are the
 union of calls in flight, reserved time runs from created to closed (or the last sign of
 life), and a log that does not start with "created" is refused."""
 
@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from rollart_sdk.cluster.replica_log import ReplicaLog, read_usage
+from rollart_sdk.serverless.replica_log import ReplicaLog, read_usage
 
 
 def _lines(path):

@@ -10,8 +10,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from rollart_sdk.cluster import serve_app
-from rollart_sdk.cluster.serve_app import ReplicaMonitor
+from rollart_sdk.serverless import deploy as serve_app
+from rollart_sdk.serverless.deploy import ReplicaMonitor
 
 
 def test_replica_seconds_sums_each_applications_integral():

@@ -10,8 +10,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from rollart_sdk.cluster import serve_app
-from rollart_sdk.cluster.serve_app import DeployError, DeployOptions, deploy, replica_count
+from rollart_sdk.serverless import deploy as serve_app
+from rollart_sdk.serverless.deploy import DeployError, DeployOptions, deploy, replica_count
 
 
 def _free_port() -> int:

@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from rollart_sdk.cluster.serverless import ServerlessEndpoint, caller_for
+from rollart_sdk.serverless import ServerlessEndpoint, caller_for
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -141,7 +141,7 @@ def test_eval_during_training_never_reaches_the_trainer(tmp_path, mode):
         assert "eval:" not in (f.read_text() if f.exists() else "")
     assert p.evaluator.proxy is p.proxy  # ... through the engines training uses
     assert summary["eval"]["step"] == 4
-    from rollart_sdk.report import make_report
+    from rollart_sdk.cli.report_plots import make_report
 
     assert (path / "eval.png") in make_report(path)
 

@@ -134,6 +134,7 @@ def test_the_old_names_of_job_py_still_import_and_agree(tmp_path):
     """`rollart_sdk/job.py`'s names stay importable for one release (sim/job.py, the
     serverless reward's bench, plugins); the old ``_task_runtimes(cfg, described,
     tokenizer)`` gives the runtimes preflight's result gives."""
+    from rollart_sdk.config.resolve import resolve_run
     from rollart_sdk.job import (  # noqa: F401 - each name is the check
         ENGINE_MAX_RESTARTS,
         ResumePoint,
@@ -150,9 +151,8 @@ def test_the_old_names_of_job_py_still_import_and_agree(tmp_path):
         run_job,
         task_runtimes,
     )
+    from rollart_sdk.job.preflight import preflight
     from rollart_sdk.layout import inprocess_config
-    from rollart_sdk.preflight import preflight
-    from rollart_sdk.resolve import resolve_run
 
     cfg, lines = load_config(data=two_tasks(), overrides=[f"output_dir={tmp_path}"])
     resolved = resolve_run(inprocess_config(cfg), get_plugins().registry, lines,

@@ -195,8 +195,8 @@ class _NoLib:
 
 
 def test_a_sink_without_its_library_warns_in_validate_and_stops_train(tmp_path):
+    from rollart_sdk.config.resolve import resolve_run
     from rollart_sdk.errors import ConfigError
-    from rollart_sdk.resolve import resolve_run
 
     data = copy.deepcopy(TWO_TASKS)
     data["logging"] = [{"name": "nolib"}]

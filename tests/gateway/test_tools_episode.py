@@ -69,7 +69,7 @@ def test_an_agent_task_needs_a_chat_template_and_no_inline_host() -> None:
 
     from rollart_sdk.config import TaskConfig
     from rollart_sdk.control.chat import PlainFormat
-    from rollart_sdk.preflight import _agent_problems
+    from rollart_sdk.job.preflight import _agent_problems
 
     task = TaskConfig(tag="a", env={"name": "agent"}, env_host="inline")
     fmt = PlainFormat(SimpleNamespace(eos_token_id=0))

@@ -12,9 +12,9 @@ from ray import cloudpickle
 
 from rollart_sdk.cluster import ActorGenWorker, Cluster, register
 from rollart_sdk.config import RunConfig
+from rollart_sdk.config.resolve import resolve_run
 from rollart_sdk.errors import ConfigError
 from rollart_sdk.plugins import get_plugins
-from rollart_sdk.resolve import resolve_run
 from rollart_sdk.resources import ResourceManager, plan_resources
 from rollart_sdk.testing.dists import run_cli
 

@@ -25,7 +25,7 @@ Figures (JSON ``rows``: one per arm and repeat; ``median`` over repeats per arm)
 - ``replica_utilisation``: sum of the replicas' busy seconds (at least one call in
   flight) over the sum of their reserved seconds (created -> closed, a cold start's model
   load included), both read from the replicas' own logs
-  (:mod:`rollart_sdk.cluster.replica_log`);
+  (:mod:`rollart_sdk.serverless.replica_log`);
 - ``rollout_step_s``: median step time over every step of every job;
 - ``reward_latency_p50_s``: median reward call as the EnvManager sees it (HTTP and
   queueing included);
@@ -89,7 +89,7 @@ class Arm:
         self.logs.mkdir(parents=True)
 
     def options(self, app: str, lo: int, hi: int) -> Any:
-        from rollart_sdk.cluster.serve_app import DeployOptions
+        from rollart_sdk.serverless.deploy import DeployOptions
 
         return DeployOptions(
             backend={"name": "judge", "options": self.args.judge}, app=app, port=self.port,
@@ -146,14 +146,14 @@ class Arm:
         a cross-check of (and a floor under) the reserved time the replicas log. One
         monitor per arm, one status call per poll (the Serve controller's status costs
         CPU the judges share: the same polling in both arms)."""
-        from rollart_sdk.cluster.serve_app import ReplicaMonitor
+        from rollart_sdk.serverless.deploy import ReplicaMonitor
 
         self.monitor = ReplicaMonitor(apps, emit=self._say, interval_s=0.5, states=HELD).start()
         return self.monitor
 
     def _start(self) -> Any:
         """Deploy and launch the jobs; the shared deployment's monitor (serverless)."""
-        from rollart_sdk.cluster.serve_app import deploy
+        from rollart_sdk.serverless.deploy import deploy
 
         jobs = self.args.jobs
         if self.deployment == "serverless":
@@ -173,7 +173,7 @@ class Arm:
         """Until every job ends; a dedicated replica is removed when its job ends."""
         from ray import serve
 
-        from rollart_sdk.cluster.serve_app import replica_counts
+        from rollart_sdk.serverless.deploy import replica_counts
 
         limit = self.args.job_timeout_s
         deadline = time.monotonic() + limit
@@ -205,7 +205,7 @@ class Arm:
         time); then every replica is gone and has logged "closed"."""
         from ray import serve
 
-        from rollart_sdk.cluster.serve_app import replica_count, replica_counts
+        from rollart_sdk.serverless.deploy import replica_count, replica_counts
 
         if shared is not None:
             _wait(lambda: replica_count(shared.app, HELD) == 0, self.args.idle_s + 60,
@@ -230,7 +230,7 @@ class Arm:
 
     @property
     def token(self) -> str:
-        from rollart_sdk.cluster.serve_app import TOKEN_ENV
+        from rollart_sdk.serverless.deploy import TOKEN_ENV
 
         return os.environ[TOKEN_ENV]
 
@@ -242,8 +242,8 @@ def summarise(deployment: str, results: list[dict[str, Any]], logs: Path,
               held_s: float = 0.0) -> dict[str, Any]:
     """One row from the jobs' results and the replicas' logs; ``held_s``: Serve's
     replica-seconds (start-up included), the floor of the reserved time."""
-    from rollart_sdk.cluster.replica_log import read_usage
     from rollart_sdk.control.scheduler import is_failure
+    from rollart_sdk.serverless.replica_log import read_usage
 
     usage = read_usage(logs)
     busy = sum(u.busy_s for u in usage)
@@ -332,9 +332,9 @@ def main(argv: list[str] | None = None) -> int:
     import ray
     from ray import serve
 
-    from rollart_sdk.cluster.serve_app import TOKEN_ENV
     from rollart_sdk.job import _free_port
     from rollart_sdk.ray_utils import init_ray
+    from rollart_sdk.serverless.deploy import TOKEN_ENV
 
     os.environ[TOKEN_ENV] = secrets.token_hex(16)  # the jobs inherit it; never printed
     init_ray(num_cpus=2 * args.jobs + 2, log_to_driver=False)

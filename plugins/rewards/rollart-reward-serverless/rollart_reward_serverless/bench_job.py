@@ -20,7 +20,7 @@ import sys
 import time
 from typing import Any
 
-from rollart_sdk.cluster.serve_app import TOKEN_ENV
+from rollart_sdk.serverless.deploy import TOKEN_ENV
 
 
 def job_config(spec: dict[str, Any]) -> dict[str, Any]:

@@ -27,8 +27,9 @@ from urllib.parse import urlparse
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from rollart_sdk.cluster.serve_app import DeployOptions
-from rollart_sdk.cluster.serverless import ServerlessError, ServerlessProxy, known_schemes
+from rollart_sdk.resources.decorators import known_schemes
+from rollart_sdk.serverless import ServerlessError, ServerlessProxy
+from rollart_sdk.serverless.deploy import DeployOptions
 from rollart_sdk.types import RewardRequest, RewardResult
 
 
@@ -43,7 +44,7 @@ class ServerlessRewardOptions(BaseModel):
     )
     deploy: DeployOptions | None = Field(
         None, description="deploy the function on the run's Ray cluster (Ray Serve, scales "
-        "from zero) before the first call; see rollart_sdk.cluster.serve_app"
+        "from zero) before the first call; see rollart_sdk.serverless.deploy"
     )
     timeout_s: float = Field(30.0, gt=0, description="per call")
     retries: int = Field(2, ge=0, le=10, description="extra attempts after a failed call")
@@ -189,7 +190,7 @@ class ServerlessReward:
                  deploy: DeployOptions | dict[str, Any] | None = None) -> None:
         headers = _credentials(token_env, headers_env or {})
         if deploy is not None:
-            from rollart_sdk.cluster.serve_app import deploy as deploy_app
+            from rollart_sdk.serverless.deploy import deploy as deploy_app
 
             opts = DeployOptions.model_validate(deploy)
             token = os.environ[token_env] if token_env else None

@@ -23,9 +23,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from rollart_sdk.cluster.serve_app import TOKEN_ENV, check_exposure
-from rollart_sdk.cluster.serverless import ServerlessEndpoint, serve_function
 from rollart_sdk.plugins import get_registry
+from rollart_sdk.serverless import ServerlessEndpoint, serve_function
+from rollart_sdk.serverless.deploy import TOKEN_ENV, check_exposure
 from rollart_sdk.types import RewardRequest
 
 

@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from rollart_sdk.cluster.serve_app import TOKEN_ENV
+from rollart_sdk.serverless.deploy import TOKEN_ENV
 
 TINY_JUDGE = {"parser": "likelihood", "template": "Here is a {info[category]}:",
               "model": {"tiny": {"hidden_size": 32, "num_layers": 1, "num_heads": 2,
@@ -105,7 +105,7 @@ def test_both_arms_deploy_the_same_replica_and_only_serverless_autoscales(tmp_pa
     for a backlog beyond one replica's batch that outlasts a cold start."""
     from rollart_reward_serverless.bench import Arm, parse_args
 
-    from rollart_sdk.cluster.serve_app import _deployment
+    from rollart_sdk.serverless.deploy import _deployment
 
     args = parse_args(["--out", str(tmp_path)])
     assert args.max_replicas == args.jobs == 3

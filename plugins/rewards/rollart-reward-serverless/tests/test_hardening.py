@@ -13,8 +13,8 @@ from rollart_reward_serverless.reward import (
 )
 from rollart_reward_serverless.serve import serve_reward
 
-from rollart_sdk.cluster.serve_app import check_exposure
-from rollart_sdk.cluster.serverless import ServerlessError, serve_function
+from rollart_sdk.serverless import ServerlessError, serve_function
+from rollart_sdk.serverless.deploy import check_exposure
 from rollart_sdk.testing.reward import make_request
 
 
@@ -126,7 +126,7 @@ def test_an_answer_cut_short_is_a_serverless_error():
     import socket
     import threading
 
-    from rollart_sdk.cluster.serverless import HttpJsonCaller
+    from rollart_sdk.serverless import HttpJsonCaller
 
     server = socket.socket()
     server.bind(("127.0.0.1", 0))

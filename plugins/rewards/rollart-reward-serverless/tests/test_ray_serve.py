@@ -13,7 +13,7 @@ import urllib.request
 import pytest
 from rollart_reward_serverless.reward import ServerlessReward
 
-from rollart_sdk.cluster.serve_app import DeployOptions, ReplicaMonitor, replica_count
+from rollart_sdk.serverless.deploy import DeployOptions, ReplicaMonitor, replica_count
 from rollart_sdk.testing.reward import make_request
 
 
@@ -57,7 +57,7 @@ def test_deploy_scales_from_zero_serves_with_auth_and_back_to_zero(ray_local, mo
                                                                    tmp_path):
     import psutil
 
-    from rollart_sdk.cluster.replica_log import read_usage
+    from rollart_sdk.serverless.replica_log import read_usage
 
     monkeypatch.setenv("RS_TEST_TOKEN", "t0k-secret")
     opts = DeployOptions(backend={"name": "rule", "options": {"mode": "success"}},

@@ -10,7 +10,7 @@ import pytest
 from rollart_reward_serverless.reward import ServerlessReward, ServerlessRewardOptions
 from rollart_reward_serverless.serve import serve_reward
 
-from rollart_sdk.cluster.serverless import ServerlessError, serve_function
+from rollart_sdk.serverless import ServerlessError, serve_function
 from rollart_sdk.testing.reward import check_reward, make_request
 
 
@@ -106,9 +106,9 @@ def test_run_completes_through_an_outage_500s_and_slow_answers(tmp_path):
     import json
     import threading
 
-    from rollart_sdk.cluster.serverless import ServerlessEndpoint
     from rollart_sdk.config import load_config
     from rollart_sdk.job import build_job, run_job
+    from rollart_sdk.serverless import ServerlessEndpoint
 
     counter = itertools.count()
 

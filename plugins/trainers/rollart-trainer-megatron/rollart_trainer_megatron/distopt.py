@@ -37,7 +37,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from rollart_sdk.master_weights import LossScaler, scale_of, scaled
+from rollart_sdk.backends.master_weights import LossScaler, scale_of, scaled
 
 
 class DistributedAdamW:

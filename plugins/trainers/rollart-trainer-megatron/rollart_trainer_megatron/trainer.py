@@ -21,7 +21,7 @@ Layout: ``world_size = tensor_parallel_size * data_parallel_size`` ranks; ranks
    (``master_weights``, on by default there) AdamW steps fp32 master weights with fp32
    moments and the model takes them rounded, gradients are reduced in fp32, and float16
    scales the loss (``loss_scale``: Megatron's ``grad_scale_func``, a step whose gradients
-   overflow is skipped): :mod:`rollart_sdk.master_weights`;
+   overflow is skipped): :mod:`rollart_sdk.backends.master_weights`;
 5. ``version`` + 1.
 
 Megatron's optimizer wrapper and pipeline schedules hard-code ``device='cuda'``, so this
@@ -46,9 +46,9 @@ from rollart_sdk.backends.distributed import (
     fill_advantages_across,
     init_process_group,
 )
+from rollart_sdk.backends.master_weights import LossScaler, MasterWeightsOptimizer
 from rollart_sdk.config import ModelConfig
 from rollart_sdk.interfaces import check_train_sample
-from rollart_sdk.master_weights import LossScaler, MasterWeightsOptimizer
 from rollart_sdk.models import hf_checkpoint_path, resolve_device
 from rollart_sdk.types import TrainSample, WeightBucket
 from rollart_sdk.weights import split_buckets
@@ -134,7 +134,7 @@ class MegatronTrainer:
         self.params = list(self.named_params.values())
         # Megatron's own mixed-precision optimizers (Float16OptimizerWithFloat16Params,
         # DistributedOptimizer) allocate on device='cuda' and type-check for CUDA tensors:
-        # the same fp32 masters and loss scaling come from rollart_sdk.master_weights here.
+        # the same fp32 masters and loss scaling come from rollart_sdk.backends.master_weights here.
         dtype_name = str(dtype).removeprefix("torch.")
         self.master_weights = o.uses_master_weights(dtype_name)
         dynamic, scale = o.loss_scaling(dtype_name)

@@ -168,7 +168,7 @@ def _keep_saved_dtypes(optimizer: Any, groups: list[dict[str, Any]],
     """torch's ``Optimizer.load_state_dict`` casts floating state to its parameter's dtype;
     state kept in another dtype on purpose (fp32 master weights and moments of bf16
     parameters) is put back as saved. An optimizer that sets ``manages_state_dtypes``
-    (``rollart_sdk.master_weights.MasterWeights``: its moments follow whether masters are
+    (``rollart_sdk.backends.master_weights.MasterWeights``: its moments follow whether masters are
     on, whatever the checkpoint was saved with) is left as it loaded itself."""
     live = getattr(optimizer, "state", None)
     if live is None or getattr(optimizer, "manages_state_dtypes", False):

@@ -17,7 +17,7 @@ What one ``train_step`` does, in order (the README has the formulas):
    first copied into fp32 master weights, summed and clipped there, AdamW (with fp32
    moments) steps the masters and the model takes them rounded; float16 also scales the
    loss (``loss_scale``) and skips a step whose gradients overflow
-   (:mod:`rollart_sdk.master_weights`);
+   (:mod:`rollart_sdk.backends.master_weights`);
 5. ``version`` + 1.
 """
 
@@ -48,10 +48,10 @@ from rollart_sdk.backends.distributed import (
     fill_advantages_across,
     init_process_group,
 )
+from rollart_sdk.backends.master_weights import LossScaler, MasterWeightsOptimizer
 from rollart_sdk.backends.objective import LossStats, decoupled_ppo_objective
 from rollart_sdk.config import ModelConfig
 from rollart_sdk.interfaces import check_train_sample
-from rollart_sdk.master_weights import LossScaler, MasterWeightsOptimizer
 from rollart_sdk.models import hf_checkpoint_path, load_causal_lm, resolve_device
 from rollart_sdk.types import TrainSample, WeightBucket
 from rollart_sdk.weights import split_buckets
@@ -410,7 +410,7 @@ class TorchTrainer:
     def _make_optimizer(self, dtype: str) -> MasterWeightsOptimizer:
         """AdamW over the trainable parameters, through fp32 master weights for a
         bfloat16 / float16 model (``master_weights``; its moments are then fp32 too) and
-        with float16's loss scaling (``loss_scale``): :mod:`rollart_sdk.master_weights`.
+        with float16's loss scaling (``loss_scale``): :mod:`rollart_sdk.backends.master_weights`.
         In float32 (the default) the wrapper adds nothing: AdamW steps the parameters,
         and its state dict is AdamW's own."""
         o = self.options

@@ -1,22 +1,15 @@
-"""The run configuration: pydantic models, YAML loading with line numbers, dotted overrides.
-
-Errors say which key is wrong, on which YAML line, and what is allowed::
-
-    invalid configuration in examples/quickstart.yaml:
-      rollout.alpha (line 41): Input should be greater than or equal to 0 (got -1)
-"""
+"""The run configuration's schema: the pydantic models a run's YAML is validated by
+(:func:`rollart_sdk.config.load_config` reads the file and reports each problem with its
+key and line)."""
 
 from __future__ import annotations
 
 import importlib.util
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from rollart_sdk.config_file import LineMap  # re-exported: defined beside the file reader
 from rollart_sdk.errors import ConfigError
 from rollart_sdk.sim.config import SimConfig
 
@@ -500,123 +493,3 @@ class RunConfig(_Strict):
                 problems.append((f"eval.tasks.{j}", f"no task tagged {tag!r}; tasks: "
                                  + ", ".join(t.tag for t in self.tasks)))
         return problems
-
-
-# --------------------------------------------------------------------------- YAML + lines
-
-
-def parse_override(item: str) -> tuple[list[str], Any]:
-    """``rollout.alpha=2`` -> (["rollout", "alpha"], 2); the value is parsed as YAML."""
-    if "=" not in item:
-        raise ConfigError([(item, "an override must look like key.path=value (e.g. rollout.alpha=2)")])
-    key, _, raw = item.partition("=")
-    key = key.strip()
-    if not key:
-        raise ConfigError([(item, "empty key in override")])
-    try:
-        from rollart_sdk.config_file import parse_yaml
-
-        value = parse_yaml(raw, f"override {key}")[0] if raw.strip() else ""
-    except yaml.YAMLError as exc:
-        raise ConfigError([(key, f"override value {raw!r} is not valid YAML: {_yaml_problem(exc)}; "
-                                 "write a YAML value, quoted for the shell: 'key=[1, 2]'")]) from None
-    return key.split("."), value
-
-
-def _yaml_problem(exc: yaml.YAMLError) -> str:
-    """One line for a YAML error in a short text (an override): what is wrong and at
-    which column, without the parser's quoted source lines and carets."""
-    problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-    mark = getattr(exc, "problem_mark", None)
-    return f"{problem} at column {mark.column + 1}" if mark is not None else problem
-
-
-def apply_override(data: dict[str, Any], path: list[str], value: Any) -> None:
-    node: Any = data
-    for i, part in enumerate(path[:-1]):
-        nxt = _child(node, part, path[: i + 1])
-        if nxt is None:
-            nxt = {}
-            _set_child(node, part, nxt, path[: i + 1])
-        node = nxt
-    _set_child(node, path[-1], value, path)
-
-
-def _child(node: Any, part: str, where: list[str]) -> Any:
-    if isinstance(node, list):
-        idx = _index(part, node, where)
-        return node[idx]
-    if isinstance(node, dict):
-        return node.get(part)
-    raise ConfigError([(".".join(where), f"cannot descend into a {type(node).__name__}")])
-
-
-def _set_child(node: Any, part: str, value: Any, where: list[str]) -> None:
-    if isinstance(node, list):
-        node[_index(part, node, where)] = value
-    elif isinstance(node, dict):
-        node[part] = value
-    else:
-        raise ConfigError([(".".join(where), f"cannot set a key inside a {type(node).__name__}")])
-
-
-def _index(part: str, node: list, where: list[str]) -> int:
-    if not part.isdigit() or int(part) >= len(node):
-        raise ConfigError(
-            [(".".join(where), f"list index must be 0..{len(node) - 1}, got {part!r}")]
-        )
-    return int(part)
-
-
-def load_config(
-    path: str | Path | None = None,
-    overrides: list[str] | None = None,
-    data: dict[str, Any] | None = None,
-) -> tuple[RunConfig, LineMap]:
-    """Load and validate a run config from YAML (or ``data``), applying dotted overrides."""
-    source = str(path) if path is not None else None
-    lines = LineMap()
-    if data is None:
-        if path is None:
-            raise ValueError("give a path or data")
-        from rollart_sdk.config_file import read_config_file
-
-        data, lines = read_config_file(path)
-        if data is None:
-            data = {}
-        if not isinstance(data, dict):
-            raise ConfigError([("(top level)", "a config must be a mapping of keys")], source)
-    for item in overrides or []:
-        keys, value = parse_override(item)
-        apply_override(data, keys, value)
-        lines.overrides[".".join(keys)] = item.strip()
-    try:
-        cfg = RunConfig.model_validate(data)
-    except ValidationError as exc:
-        problems = []
-        for err in exc.errors():
-            loc = ".".join(str(p) for p in err["loc"]) or "(top level)"
-            problems.append((lines.where(loc), _describe(err)))
-        raise ConfigError(problems, source) from None
-    cross = cfg.cross_check()
-    if cross:
-        raise ConfigError([(lines.where(w), m) for w, m in cross], source)
-    return cfg, lines
-
-
-def _describe(err: Mapping[str, Any]) -> str:
-    msg = err["msg"].removeprefix("Value error, ")
-    if err["type"] == "extra_forbidden":
-        return "unknown key (check the spelling; see docs/configuration.md for the keys)"
-    if err["type"] == "literal_error":
-        return f"{msg} (got {err.get('input')!r})"
-    if err["type"] != "missing" and "input" in err and not isinstance(err["input"], dict | list):
-        return f"{msg} (got {_short(err['input'])})"
-    return msg
-
-
-def _short(value: Any, limit: int = 120) -> str:
-    """``repr(value)``, cut to ``limit`` characters: an error names the value, it does not
-    dump a whole section of the config."""
-    text = repr(value)
-    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"

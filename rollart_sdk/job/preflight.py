@@ -1,0 +1,523 @@
+"""Checks that `rollart validate` and `rollart train` run before any worker starts.
+
+What a run would otherwise find only after Ray started (or never, spinning on drops):
+
+- ``check_output_dir``: ``output_dir`` can be created and written to;
+- ``check_model``: ``model.path`` is a Hugging Face checkpoint folder whose shape is
+  valid (``hidden_size`` divisible by the heads, heads by the KV heads), a ``model.gguf``
+  file exists (the tiny model's shape is checked by the config itself); ``validate``
+  also reads a GGUF's config and tokenizer from its metadata (``check_gguf``: the shape
+  and tokenizer ``train`` gets once it converted the file);
+- ``check_env_pools``, ``check_prefill``: a task's ``env_pool`` holds a group,
+  prefill-decode disaggregation has an engine that hands K/V over;
+- ``check_context``: each task's prompt format can be built (a chat template that
+  cannot be rendered turn by turn, ``control/chat.py``, would corrupt every multi-turn
+  context), and its ``max_context_tokens`` holds its first prompt (system prompt + the
+  env's first observation, env seed 0, through the task's prompt format): a budget that
+  cannot hold it drops every trajectory (``no_turns``); ``check_actions``: a task with
+  ``constrain_actions`` has an env with action words, each one token;
+- each task's env is built once for these checks (``probe_env``: its facts, then its
+  first observation from the same instance); the run is built from what they found
+  (:class:`Preflight`: env facts, model, tokenizer, prompt formats, action token ids);
+- for a simulated run (``clock: simulated``) the same checks against the sim's token
+  ids and KV cache are :mod:`rollart_sdk.sim.preflight` (``check_sim_context``);
+- ``check_precision`` (warnings only): a bfloat16 / float16 ``model.dtype`` trained
+  without fp32 master weights (AdamW's small updates round away, silently), or float16
+  without loss scaling.
+
+Each returns ``(where, message)`` problems for a :class:`~rollart_sdk.errors.ConfigError`.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from rollart_sdk.config import ModelConfig, RunConfig
+
+if TYPE_CHECKING:
+    from rollart_sdk.config.resolve import Resolved
+
+Problems = list[tuple[str, str]]
+
+
+def check_output_dir(path: str) -> Problems:
+    """The nearest existing folder of ``path`` must let us create ``path`` in it."""
+    p = Path(path).expanduser()
+    existing = p
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if p.exists() and not p.is_dir():
+        return [("output_dir", f"{path!r} is a file, not a folder; give a folder for runs")]
+    if not existing.is_dir():
+        return [("output_dir", f"{path!r}: {existing} is a file, not a folder")]
+    try:  # the real test (permissions, read-only or pseudo file systems): make, remove
+        tempfile.TemporaryDirectory(dir=existing, prefix=".rollart-check-").cleanup()
+    except OSError as exc:
+        return [("output_dir", f"{path!r} cannot be created or written ({exc.strerror or exc} "
+                 f"in {existing}); choose a writable folder (output_dir=...)")]
+    return []
+
+
+def check_model(model: ModelConfig) -> Problems:
+    if model.gguf is not None:
+        src = model.gguf_path()
+        if not src.is_file():
+            return [("model.gguf", f"file not found: {src}")]
+        return []
+    if model.path is None:
+        return []
+    p = Path(model.path)
+    if not (p / "config.json").is_file():
+        what = "does not exist" if not p.exists() else "has no config.json"
+        return [("model.path", f"{model.path!r} {what}; give a Hugging Face checkpoint folder "
+                 "(config.json + weights), or model.gguf / model.tiny")]
+    try:
+        conf = json.loads((p / "config.json").read_text())
+    except (OSError, ValueError) as exc:
+        return [("model.path", f"{p / 'config.json'} is not readable JSON ({exc})")]
+    return check_shape(conf, "model.path", str(p / "config.json"), "the checkpoint's config")
+
+
+def check_shape(conf: dict[str, Any], where: str, source: str, fix: str) -> Problems:
+    """A model config's attention shape: hidden size divisible by the heads (unless
+    ``head_dim`` is given), heads by the KV heads."""
+    hidden, heads = conf.get("hidden_size"), conf.get("num_attention_heads")
+    kv = conf.get("num_key_value_heads") or heads
+    if isinstance(hidden, int) and isinstance(heads, int) and heads > 0:
+        if hidden % heads and conf.get("head_dim") is None:
+            return [(where, f"{source}: hidden_size {hidden} is not divisible by "
+                     f"num_attention_heads {heads}; fix {fix}")]
+        if isinstance(kv, int) and kv > 0 and heads % kv:
+            return [(where, f"{source}: num_attention_heads {heads} is not divisible by "
+                     f"num_key_value_heads {kv}; fix {fix}")]
+    return []
+
+
+def check_gguf(model: ModelConfig) -> tuple[Problems, Any]:
+    """``(problems, tokenizer)``: the config and tokenizer a GGUF file converts to, read
+    from its metadata (``rollart_sdk.models.read_gguf_meta``, the calls ``convert_gguf``
+    makes, without dequantising the weights)."""
+    from rollart_sdk.models import read_gguf_meta
+
+    src = model.gguf_path()
+    try:
+        conf, tokenizer = read_gguf_meta(src)
+    except Exception as exc:  # noqa: BLE001 - any reader error is this file's problem
+        return [("model.gguf", f"{src}: its config or tokenizer cannot be read "
+                 f"({type(exc).__name__}: {str(exc)[:300]}); give a GGUF that transformers "
+                 "reads (llama.cpp's convert script writes one)")], None
+    return check_shape(conf, "model.gguf", str(src), "the GGUF's metadata"), tokenizer
+
+
+def check_precision(cfg: RunConfig, trainer: Any) -> list[str]:
+    """Warnings for a low-precision run: from the trainer's options when they are
+    :class:`rollart_sdk.backends.precision.PrecisionOptions` (its ``precision_warnings``), else
+    that the trainer does not say whether it keeps fp32 master weights."""
+    dtype = cfg.model.dtype
+    if dtype == "float32":
+        return []
+    options = trainer.options
+    warn = getattr(options, "precision_warnings", None)
+    if callable(warn):
+        return list(warn(dtype, "trainer.options"))
+    name = trainer.descriptor.name
+    return [f"model.dtype is {dtype} and trainer {name!r} has no master_weights option: "
+            f"if it steps the {dtype} weights directly, updates smaller than their resolution "
+            "(most updates at RL learning rates) round away without any error; check the "
+            "trainer's documentation, or use model.dtype float32"]
+
+
+@dataclass
+class EnvProbe:
+    """One env of a task, built once in this process for the checks: its facts (action
+    vocabulary, instructions, step cost, whether it is an agent) and its first
+    observation (seed 0), or the exception that kept it from one (a ``TimeoutError`` past
+    the task's ``reset_timeout_s``)."""
+
+    facts: dict[str, Any]
+    first: Any
+
+
+def _bounded(work: Any, timeout: float, name: str) -> Any:
+    """``work()`` on a daemon thread: its result, the exception it raised, or a
+    ``TimeoutError`` when it is still running after ``timeout`` (it goes on alone)."""
+    box: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            box["result"] = work()
+        except Exception as exc:  # noqa: BLE001 - returned to the caller, who reports it
+            box["error"] = exc
+
+    t = threading.Thread(target=run, daemon=True, name=name)
+    t.start()
+    t.join(timeout)
+    if t.is_alive():
+        return TimeoutError(f"reset took longer than {timeout:g}s")
+    return box.get("error", box.get("result"))
+
+
+def _close_quietly(env: Any) -> None:
+    close = getattr(env, "close", None)
+    if callable(close):
+        try:
+            close()
+        except Exception:  # noqa: BLE001 - the check's env only; train reports its own
+            pass
+
+
+def _reset_then_close(env: Any) -> Any:
+    try:
+        return env.reset(seed=0)[0]
+    finally:
+        _close_quietly(env)
+
+
+def env_facts(env: Any) -> dict[str, Any]:
+    """What the run reads from an env instance: its action vocabulary and instructions,
+    its step cost (``cheap``: hosted inline), whether it is an agent."""
+    return {
+        "action_vocabulary": getattr(env, "action_vocabulary", None),
+        "system_prompt": getattr(env, "system_prompt", None),
+        "step_cost": getattr(env, "step_cost", None),
+        # An AgentEnv (rollart_sdk.gateway): the agent drives, through the gateway.
+        "agent": bool(getattr(env, "is_agent", False)),
+        "tool_parser": getattr(env, "tool_parser", None) or "hermes",
+    }
+
+
+def probe_env(resolved: Resolved, timeout: float) -> EnvProbe:
+    """Build the env once (a constructor that raises raises here), read its facts, then
+    reset it (seed 0) and close it on a thread bounded by ``timeout``."""
+    env = resolved.descriptor.load()(**resolved.options.model_dump())
+    try:
+        facts = env_facts(env)
+    except BaseException:
+        _close_quietly(env)
+        raise
+    return EnvProbe(facts, _bounded(lambda: _reset_then_close(env), timeout,
+                                    "preflight-reset"))
+
+
+def probe_envs(cfg: RunConfig, envs: dict[str, Any]) -> dict[str, EnvProbe]:
+    """Each task's env, built once (:func:`probe_env`, within its ``reset_timeout_s``)."""
+    return {task.tag: probe_env(envs[task.tag], task.reset_timeout_s) for task in cfg.tasks}
+
+
+def first_observation(env_cls: Any, options: dict[str, Any], timeout: float) -> Any:
+    """The env's first observation (seed 0), or an exception; bounded by ``timeout``
+    (construction included)."""
+    return _bounded(lambda: _reset_then_close(env_cls(**options)), timeout, "preflight-reset")
+
+
+def first_observations(cfg: RunConfig, firsts: dict[str, Any],
+                       warnings: list[str]) -> Iterator[tuple[int, Any, Any]]:
+    """``(index, task, first observation)`` of each task whose env reset here (``firsts``:
+    tag -> its observation or the exception its reset gave); for one that did not, a
+    warning that its context budget is not checked."""
+    for i, task in enumerate(cfg.tasks):
+        obs = firsts[task.tag]
+        if isinstance(obs, BaseException):
+            warnings.append(f"tasks.{i}: context budget not checked: the env's reset failed "
+                            f"here ({type(obs).__name__}: {str(obs)[:200]})")
+            continue
+        yield i, task, obs
+
+
+def _first_observations(cfg: RunConfig, envs: dict[str, Any],
+                        warnings: list[str]) -> Iterator[tuple[int, Any, Any]]:
+    """:func:`first_observations` of envs built here for it (the simulated run's check,
+    which reads no other fact of its envs)."""
+    firsts = {task.tag: first_observation(envs[task.tag].descriptor.load(),
+                                          envs[task.tag].options.model_dump(),
+                                          task.reset_timeout_s) for task in cfg.tasks}
+    return first_observations(cfg, firsts, warnings)
+
+
+def system_prompt(task: Any, facts: dict[str, Any]) -> str | None:
+    """The task's system prompt: its own, or its env's (``system_prompt: env``)."""
+    system = facts["system_prompt"] if task.system_prompt == "env" else task.system_prompt
+    return system or None
+
+
+def task_formats(cfg: RunConfig, described: dict[str, dict[str, Any]],
+                 tokenizer: Any) -> tuple[dict[str, Any], Problems, list[str]]:
+    """``(formats, problems, warnings)``: each task's prompt format (tag -> format), built
+    once here; a chat template that cannot be rendered turn by turn is a problem, what a
+    template makes the format do differently from a whole-conversation render a warning."""
+    from rollart_sdk.control.chat import task_prompt_format
+
+    formats: dict[str, Any] = {}
+    problems: Problems = []
+    warnings: list[str] = []
+    for i, task in enumerate(cfg.tasks):
+        try:
+            fmt = task_prompt_format(tokenizer, task, system_prompt(task, described[task.tag]))
+        except ValueError as exc:
+            where = "chat_template" if task.chat_template and "cannot be read" in str(exc) \
+                else "prompt_format"
+            problems.append((f"tasks.{i}.{where}", str(exc)))
+            continue
+        warnings += [f"tasks.{i} ({task.tag}): {note}" for note in fmt.notes]
+        if described[task.tag].get("agent"):
+            problems += _agent_problems(i, task, fmt)
+        formats[task.tag] = fmt
+    return formats, problems, warnings
+
+
+def check_context(cfg: RunConfig, probes: dict[str, EnvProbe],
+                  tokenizer: Any) -> tuple[Problems, list[str], dict[str, Any]]:
+    """``(problems, warnings, formats)``: each task's prompt format (:func:`task_formats`),
+    then its first prompt (system prompt + its env's first observation, from ``probes``)
+    against ``max_context_tokens``; a warning when a task's first prompt could not be
+    built here (its env did not reset in this process). An agent's prompts are the
+    agent's, so its budget is not checked here."""
+    described = {tag: p.facts for tag, p in probes.items()}
+    formats, problems, warnings = task_formats(cfg, described, tokenizer)
+    firsts = {tag: p.first for tag, p in probes.items()}
+    for i, task, obs in first_observations(cfg, firsts, warnings):
+        if task.tag not in formats or described[task.tag].get("agent"):
+            continue
+        try:
+            n = len(formats[task.tag].first_prompt(obs, system_prompt(task, described[task.tag])))
+        except TypeError as exc:  # a non-text observation
+            problems.append((f"tasks.{i}.env", f"{exc} (its first observation, seed 0)"))
+            continue
+        if n >= task.max_context_tokens:
+            problems.append((f"tasks.{i}.max_context_tokens", (
+                f"{task.max_context_tokens} tokens cannot hold task {task.tag!r}'s first prompt "
+                f"({n} tokens: system prompt + the env's first observation, env seed 0), so "
+                f"every trajectory would be dropped (no_turns); raise it to at least "
+                f"{n + task.sampling.max_new_tokens} (prompt + sampling.max_new_tokens)")))
+    return problems, warnings, formats
+
+
+def check_actions(cfg: RunConfig, described: dict[str, dict[str, Any]],
+                  formats: dict[str, Any]) -> tuple[Problems, dict[str, list[int]]]:
+    """``(problems, actions)``: for each task with ``constrain_actions``, the token id of
+    each word of its env's action vocabulary (tag -> ids); an env without one, or a word
+    that is not one token of the model's tokenizer, is a problem."""
+    problems: Problems = []
+    actions: dict[str, list[int]] = {}
+    for i, task in enumerate(cfg.tasks):
+        if not task.constrain_actions:
+            continue
+        vocab = described[task.tag]["action_vocabulary"]
+        if not vocab:
+            problems.append((f"tasks.{i}.constrain_actions", (
+                f"task {task.tag!r}: constrain_actions is set but env {task.env.name!r} has "
+                "no action_vocabulary (no action words to sample from); set "
+                "constrain_actions: false")))
+        elif task.tag in formats:
+            try:
+                actions[task.tag] = formats[task.tag].action_token_ids(vocab)
+            except ValueError as exc:
+                problems.append((f"tasks.{i}.constrain_actions", str(exc)))
+    return problems, actions
+
+
+def check_env_pools(cfg: RunConfig) -> Problems:
+    """A task's ``env_pool`` must hold one group (0: one environment per trajectory;
+    unset: as many as the run keeps busy, always whole groups)."""
+    group = cfg.rollout.group_size
+    return [(f"tasks.{i}.env_pool", f"{task.env_pool} environments cannot run a group of "
+             f"{group}; use at least rollout.group_size, or 0 for one environment per "
+             "trajectory")
+            for i, task in enumerate(cfg.tasks)
+            if task.env_pool is not None and 0 < task.env_pool < group]
+
+
+def check_prefill(cfg: RunConfig, resolved: Any) -> Problems:
+    """Prefill-decode disaggregation (``roles.actor_gen.prefill/decode``) needs an engine
+    that hands K/V over (``prefill_kv``). An engine whose stack is not installed here is
+    the ``missing`` warning's, not this check's."""
+    from rollart_sdk.errors import PluginError
+
+    if not cfg.roles.actor_gen.disaggregated:
+        return []
+    try:
+        engine = resolved.engine.descriptor.load()
+    except PluginError:
+        return []
+    if hasattr(engine, "prefill_kv"):
+        return []
+    return [("roles.actor_gen.prefill", f"engine {cfg.engine.name!r} cannot hand K/V over "
+             "(it has no prefill_kv); use engine torch, or drop roles.actor_gen.prefill/decode")]
+
+
+def _agent_problems(i: int, task: Any, fmt: Any) -> Problems:
+    """An agent task (its env an ``AgentEnv``) renders OpenAI messages with a chat
+    template, and its agent waits on the gateway, which the control plane's loop serves."""
+    from rollart_sdk.control.chat import ChatFormat
+
+    problems: Problems = []
+    if not isinstance(fmt, ChatFormat):
+        problems.append((f"tasks.{i}.prompt_format", (
+            f"task {task.tag!r} is an agent: its requests are rendered with a chat template, "
+            "and this model's tokenizer has none; use a model with a chat template, or give "
+            "one (tasks[].chat_template: a .jinja file)")))
+    import importlib.util
+
+    if importlib.util.find_spec("openai") is None:
+        problems.append((f"tasks.{i}.env", (
+            f"task {task.tag!r} is an agent, and its client library is not installed: "
+            "pip install 'rollart-sdk[agents]' (or pip install openai)")))
+    if task.env_host == "inline":
+        problems.append((f"tasks.{i}.env_host", (
+            f"task {task.tag!r} is an agent: it cannot run inline (it would block the loop "
+            "that serves its requests); use env_host: worker (default) or thread")))
+    return problems
+
+
+def check_pd(cfg: RunConfig, resolved: Any) -> Problems:
+    """Prefill-decode disaggregation needs an engine that hands K/V over (``prefill_kv``;
+    engine ``torch`` does, vLLM and SGLang do not)."""
+    if not cfg.roles.actor_gen.disaggregated or resolved.engine is None:
+        return []
+    try:
+        engine_cls = resolved.engine.descriptor.load()
+    except ImportError:  # its stack is not installed: reported as missing
+        return []
+    if hasattr(engine_cls, "prefill_kv"):
+        return []
+    return [("roles.actor_gen.prefill", f"engine {cfg.engine.name!r} cannot hand K/V over "
+             "(it has no prefill_kv); use engine torch, or drop roles.actor_gen.prefill/"
+             "decode")]
+
+
+def sampling_warnings(cfg: RunConfig) -> list[str]:
+    """Tasks that sample with top-k or top-p: the tokens come from a truncated
+    distribution, while engines report and trainers optimise the untruncated policy
+    (temperature and action mask, :mod:`rollart_sdk.algorithms.policy`), as in verl."""
+    out = []
+    for i, task in enumerate(cfg.tasks):
+        s = task.sampling
+        if s.temperature > 0 and (s.top_k > 0 or s.top_p < 1.0):
+            out.append(
+                f"tasks.{i}.sampling: top_k={s.top_k}, top_p={s.top_p} truncate the "
+                "distribution the tokens are drawn from, but the trained policy is the "
+                "untruncated softmax(logits / temperature), and the importance ratios do "
+                "not see the truncation. For RL set top_k: 0 and top_p: 1.0"
+            )
+    return out
+
+
+def option_clash_warnings(cfg: RunConfig, resolved: Any) -> list[str]:
+    """An env or reward option named like a task key (an env option ``max_turns`` next to
+    ``tasks[].max_turns``): two settings that read as one, so setting one and expecting
+    the other is an easy mistake. The plugin should rename its option."""
+    from rollart_sdk.config import TaskConfig
+
+    out = []
+    for i, task in enumerate(cfg.tasks):
+        for kind, chosen in (("env", resolved.envs), ("reward", resolved.rewards)):
+            res = chosen.get(task.tag)
+            if res is None:
+                continue
+            for key in sorted(set(type(res.options).model_fields) & set(TaskConfig.model_fields)):
+                out.append(
+                    f"tasks.{i}.{kind}.options: {kind} {res.descriptor.name!r} "
+                    f"({res.descriptor.origin}) has an option {key!r}, the name of the task "
+                    f"key tasks.{i}.{key}; they are two settings (the task's "
+                    f"{key}={getattr(task, key)!r} is not the {kind}'s). Set both as you mean "
+                    f"them; the plugin should rename its option")
+    return out
+
+
+def describe_env(resolved: Resolved) -> dict[str, Any]:
+    """Build one env in this process to read its facts (:func:`env_facts`); a run reads
+    them from :func:`probe_env`, which resets the same instance for the context check."""
+    env = resolved.descriptor.load()(**resolved.options.model_dump())
+    try:
+        return env_facts(env)
+    finally:
+        _close_quietly(env)
+
+
+@dataclass
+class Preflight:
+    """What the checks found, that the run is built from: each task's env facts (its env
+    built once, here), the model (``path`` set when built) and its tokenizer, each task's
+    prompt format and, with ``constrain_actions``, its action token ids."""
+
+    described: dict[str, dict[str, Any]]
+    model: ModelConfig
+    tokenizer: Any
+    formats: dict[str, Any] = field(default_factory=dict)
+    actions: dict[str, list[int]] = field(default_factory=dict)
+
+
+def preflight(cfg: RunConfig, resolved: Any, lines: Any = None, log: Any = print,
+              build_model: bool = True, output_dir: bool = True) -> Preflight:
+    """Every check above, in order, as one ConfigError (with the config's lines): what
+    ``rollart validate`` reports and ``rollart train`` runs before any worker starts.
+
+    ``build_model``: prepare the model (build a tiny one, convert a GGUF) as ``train``
+    does and read its tokenizer; otherwise (``validate``) a tiny model's tokenizer is
+    built alone and a GGUF's config and tokenizer are read from its metadata.
+    """
+    from rollart_sdk.errors import ConfigError
+
+    def fail(problems: Problems) -> None:
+        if problems:
+            raise ConfigError([(_at(w, lines), m) for w, m in problems])
+
+    fail((check_output_dir(cfg.output_dir) if output_dir else []) + check_model(cfg.model)
+         + check_env_pools(cfg) + check_prefill(cfg, resolved))
+    # A backend whose heavy stack is not installed: the config is right (validate warns),
+    # but a run would fail only after Ray and its workers started.
+    missing = list(getattr(resolved, "missing", []))
+    if build_model:
+        fail(missing)
+    for where, why in missing:
+        log(f"warning: {where}: {why}")
+    fail(check_pd(cfg, resolved))
+    for w in (sampling_warnings(cfg) + check_precision(cfg, resolved.trainer)
+              + option_clash_warnings(cfg, resolved)):
+        log(f"warning: {w}")
+    probes = probe_envs(cfg, resolved.envs)
+    described = {tag: p.facts for tag, p in probes.items()}
+    model, tokenizer, problems = _model_and_tokenizer(cfg, described, build_model)
+    fail(problems)
+    checked = Preflight(described, model, tokenizer)
+    if tokenizer is not None:
+        problems, warnings, checked.formats = check_context(cfg, probes, tokenizer)
+        for w in warnings:
+            log(f"warning: {w}")
+        fail(problems)
+        problems, checked.actions = check_actions(cfg, described, checked.formats)
+        fail(problems)
+    return checked
+
+
+def _model_and_tokenizer(cfg: RunConfig, described: dict[str, dict[str, Any]],
+                         build_model: bool) -> tuple[ModelConfig, Any, Problems]:
+    """The model (prepared when ``build_model``) and its tokenizer; a tiny model's
+    tokenizer has the envs' action words as tokens."""
+    from rollart_sdk.models import build_tokenizer, load_tokenizer, prepare_model
+
+    extra = sorted({w for d in described.values() for w in (d["action_vocabulary"] or [])})
+    # The SDK's own tokenizer for the tiny models it builds, unless the run asks for
+    # transformers' (model.implementation): no transformers import for a small run.
+    light = cfg.model.implementation != "transformers"
+    if build_model:
+        model = prepare_model(cfg.model, Path(cfg.output_dir) / ".models", extra)
+        assert model.path is not None
+        return model, load_tokenizer(model.path, light), []
+    if cfg.model.tiny is not None:
+        return cfg.model, build_tokenizer(extra), []
+    if cfg.model.path is not None:
+        return cfg.model, load_tokenizer(cfg.model.path, light), []
+    # a GGUF: the shape and tokenizer its conversion gives, from its metadata
+    problems, tokenizer = check_gguf(cfg.model)
+    return cfg.model, tokenizer, problems
+
+
+def _at(where: str, lines: Any) -> str:
+    return str(lines.where(where)) if lines is not None else where

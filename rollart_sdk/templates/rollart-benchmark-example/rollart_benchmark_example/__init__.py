@@ -1,0 +1,1 @@
+"""rollart-benchmark-example: a rollart benchmark plugin."""

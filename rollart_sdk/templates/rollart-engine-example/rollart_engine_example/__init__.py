@@ -1,0 +1,1 @@
+"""rollart-engine-example: a rollart engine plugin."""

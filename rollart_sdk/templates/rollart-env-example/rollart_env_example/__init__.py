@@ -1,0 +1,1 @@
+"""rollart-env-example: a rollart env plugin."""

@@ -1,0 +1,1 @@
+"""rollart-placement-example: a rollart placement plugin."""

@@ -1,0 +1,1 @@
+"""rollart-reward-example: a rollart reward plugin."""

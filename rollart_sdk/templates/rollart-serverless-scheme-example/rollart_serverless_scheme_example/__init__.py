@@ -1,0 +1,1 @@
+"""rollart-serverless-scheme-example: a rollart serverless_scheme plugin."""

@@ -1,0 +1,1 @@
+"""rollart-trainer-example: a rollart trainer plugin."""

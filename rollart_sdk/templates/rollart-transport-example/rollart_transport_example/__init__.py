@@ -1,0 +1,1 @@
+"""rollart-transport-example: a rollart transport plugin."""
