@@ -19,7 +19,7 @@ One module per responsibility:
 Every check that can refuse a config runs before the first worker starts
 (:mod:`rollart_sdk.preflight`). The command line is ``rollart train``
 (:mod:`rollart_sdk.cli.train`). The names below were ``rollart_sdk/job.py``'s; the
-underscored ones stay for one release (``sim/job.py``, plugins' benches).
+underscored ones stay for one release (plugins' benches, tests).
 """
 
 from __future__ import annotations
@@ -43,8 +43,8 @@ from rollart_sdk.job.wire import (
     wire_control_plane,
 )
 
-# The old private names that code outside the package imports (sim/job.py, evaluate's
-# callers, the serverless reward's bench, tests), for one release.
+# The old private names that code outside the package imports (evaluate's callers, the
+# serverless reward's bench, tests), for one release.
 _Workers = Workers
 _wire_control_plane = wire_control_plane
 _spawn_workers = spawn_workers

@@ -3,8 +3,8 @@
 ``build_sim_job`` mirrors :func:`rollart_sdk.job.build_job`: resolve the backends through
 the installed plugins, plan the pools, open a run directory, spawn each role's workers in
 process (:class:`~rollart_sdk.cluster.spawn.LocalSpawner`, the sim role workers), then
-the very same ``_wire_control_plane`` (LLMProxy, RolloutScheduler, SampleBuffer,
-WeightSync, Pipeline). ``run_sim`` runs the pipeline on a
+the very same :func:`~rollart_sdk.job.wire.wire_control_plane` (LLMProxy,
+RolloutScheduler, SampleBuffer, WeightSync, Pipeline). ``run_sim`` runs the pipeline on a
 :class:`~rollart_sdk.sim.clock.VirtualTimeLoop` and writes ``metrics.jsonl``,
 ``events.jsonl`` (the timeline, in virtual seconds from the start's wall time) and
 ``summary.json`` like a real run.
@@ -79,7 +79,8 @@ def build_sim_job(cfg: RunConfig, lines: LineMap | None = None, run_name: str | 
     from rollart_sdk.control.env_manager import TaskRuntime
     from rollart_sdk.control.handles import WorkerHandle
     from rollart_sdk.control.run_dir import RunDir
-    from rollart_sdk.job import _wire_control_plane, _Workers
+    from rollart_sdk.job.spawn import Workers
+    from rollart_sdk.job.wire import wire_control_plane
     from rollart_sdk.plugins import get_plugins
     from rollart_sdk.resolve import resolve_run
     from rollart_sdk.resources.plan import plan_resources
@@ -134,8 +135,10 @@ def build_sim_job(cfg: RunConfig, lines: LineMap | None = None, run_name: str | 
     tasks = {t.tag: TaskRuntime(_scaled_task(t, sim.token_block), None, None, fmt)
              for t in cfg.tasks}
     hosts = {t.tag: envs for t in cfg.tasks}  # every task's envs on the sim env workers
-    workers = _Workers(trainers, engines, routes, reward, hosts, prefill, prefill_routes)
-    pipeline = _wire_control_plane(cfg, workers, tasks, fmt, run_dir)  # type: ignore[arg-type]
+    workers = Workers(trainers, engines, routes, reward, hosts, prefill, prefill_routes)
+    # The scheduler's default format is the first task's (as build_job passes it).
+    pipeline = wire_control_plane(cfg, workers, tasks, tasks[cfg.tasks[0].tag].prompt_format,
+                                  run_dir)
     run_dir.write_json("plan.json", plan.to_json())
     run_dir.write_json("bindings.json", spawner.bindings())
     return SimJob(cfg, run_dir, pipeline, engines + prefill, trainers, envs, router)

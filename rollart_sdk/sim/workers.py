@@ -1,4 +1,5 @@
-"""The role workers of a simulated job: ActorGen, ActorTrain, Environment on virtual time.
+"""The role workers of a simulated job: ActorGen and ActorTrain on virtual time (the
+Environment role's is the virtual-time env host, :mod:`rollart_sdk.cluster.envs.virtual`).
 
 They subclass the same role bases as the real workers (:mod:`rollart_sdk.cluster.roles`)
 and carry the same method declarations (``@hw_mapping`` on ``generate``, ``dp_split``
@@ -13,12 +14,12 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from rollart_sdk.cluster.decorators import hw_mapping, register
-from rollart_sdk.cluster.envs.errors import EnvHung
-from rollart_sdk.cluster.worker import ActorGenWorker, ActorTrainWorker, EnvironmentWorker
-from rollart_sdk.sim.backends import SimEnvFailure, SimTransport
+from rollart_sdk.cluster.envs.virtual import VirtualEnvHost
+from rollart_sdk.cluster.worker import ActorGenWorker, ActorTrainWorker
+from rollart_sdk.sim.backends import SimTransport
 from rollart_sdk.sim.costs import Dist, HardwareClass, ModelSpec, resolve_hardware
 from rollart_sdk.types import (
     BucketRef,
@@ -28,9 +29,6 @@ from rollart_sdk.types import (
     WeightManifest,
     WeightUpdateReport,
 )
-
-if TYPE_CHECKING:
-    from rollart_sdk.cluster.hosts import EnvHost
 
 
 @dataclass
@@ -230,82 +228,9 @@ class SimTrainerWorker(ActorTrainWorker):
         return None  # nothing to save: the simulation has no weights
 
 
-class SimEnvWorker(EnvironmentWorker):
-    """Environment: hosts ``sim`` envs by id; a call sleeps the env's drawn latency; one
-    slower than its timeout fails as hung after the timeout (as the real worker kills it).
-    ``envs``: tag -> (descriptor, options)."""
-
-    def __init__(self, envs: dict[str, tuple[Any, Any]]) -> None:
-        self.name = self.worker_name
-        self._specs = envs
-        self._envs: dict[str, Any] = {}
-        self.constructions: dict[str, int] = {}
-        self.killed = 0
-        self.failures = 0
-
-    async def _wait(self, env_id: str, env: Any, call: str, timeout_s: float) -> None:
-        latency = float(env.last_latency_s)
-        if latency > timeout_s:
-            await asyncio.sleep(timeout_s)
-            self._envs.pop(env_id, None)
-            self.killed += 1
-            raise EnvHung(f"EnvHung: {call} took longer than {timeout_s}s")
-        if latency > 0:
-            await asyncio.sleep(latency)
-
-    async def reset(self, env_id: str, tag: str, seed: int,
-                    timeout_s: float = 30.0) -> tuple[str, dict[str, Any]]:
-        env = self._envs.get(env_id)
-        if env is None:
-            desc, opts = self._specs[tag][0], self._specs[tag][1]
-            env = self._envs[env_id] = desc.create(opts)
-            env.instance_key = env_id
-            self.constructions[tag] = self.constructions.get(tag, 0) + 1
-        try:
-            out = env.reset(seed=seed)
-        except SimEnvFailure:
-            self.failures += 1
-            await self._wait(env_id, env, "reset", timeout_s)
-            raise
-        await self._wait(env_id, env, "reset", timeout_s)
-        return out
-
-    async def step(self, env_id: str, action: str,
-                   timeout_s: float = 30.0) -> tuple[str, float, bool, bool, dict[str, Any]]:
-        env = self._envs.get(env_id)
-        if env is None:
-            raise KeyError(f"no env {env_id!r} on {self.name} (never reset, or killed)")
-        try:
-            out = env.step(action)
-        except SimEnvFailure:
-            self.failures += 1
-            await self._wait(env_id, env, "step", timeout_s)
-            raise
-        await self._wait(env_id, env, "step", timeout_s)
-        return out
-
-    async def close(self, env_id: str) -> str | None:
-        self._envs.pop(env_id, None)
-        return None
-
-    async def count(self) -> int:
-        return len(self._envs)
-
-    async def stats(self) -> dict[str, Any]:
-        return {"name": self.name, "live": len(self._envs),
-                "constructions": dict(self.constructions), "killed": self.killed,
-                "failures": self.failures, "closed": 0}
-
-    async def shutdown(self) -> None:
-        self._envs.clear()
-
-
 SIM_ROLE_WORKERS: dict[str, type] = {
     "actor_train": SimTrainerWorker,
     "actor_gen": SimEngineWorker,
-    "environment": SimEnvWorker,
+    "environment": VirtualEnvHost,
 }
 
-
-if TYPE_CHECKING:  # the simulated env host is an env host like the others
-    _conforms: type[EnvHost] = SimEnvWorker
