@@ -29,8 +29,10 @@ def cmd_validate(args: argparse.Namespace) -> int:
                                plugins.registry, lines, in_process=in_process)
         workers = ROLE_WORKERS
         if simulated:
+            from rollart_sdk.sim.job import sim_role_workers
             from rollart_sdk.sim.preflight import sim_preflight
-            from rollart_sdk.sim.workers import SIM_ROLE_WORKERS as workers
+
+            workers = sim_role_workers()
         # Pools, affinities and the role workers' decorators, checked against each other.
         plan = plan_resources(cfg, resolved, workers=workers)
         if not simulated:

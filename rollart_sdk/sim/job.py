@@ -75,22 +75,61 @@ def _scaled_task(task: Any, block: int) -> Any:
 
 def build_sim_job(cfg: RunConfig, lines: LineMap | None = None, run_name: str | None = None,
                   log: Any = print, registry: Registry | None = None) -> SimJob:
+    from rollart_sdk.cluster.envs.virtual import VirtualEnvHost
     from rollart_sdk.cluster.spawn import LocalSpawner
     from rollart_sdk.control.env_manager import TaskRuntime
-    from rollart_sdk.control.handles import WorkerHandle
     from rollart_sdk.control.run_dir import RunDir
-    from rollart_sdk.job.spawn import Workers
+    from rollart_sdk.job.spawn import spawn_workers
     from rollart_sdk.job.wire import wire_control_plane
     from rollart_sdk.plugins import get_plugins
     from rollart_sdk.resolve import resolve_run
     from rollart_sdk.resources.plan import plan_resources
-    from rollart_sdk.sim.backends import SimEnvOptions, SimFormat
-    from rollart_sdk.sim.costs import resolve_hardware
-    from rollart_sdk.sim.workers import SIM_ROLE_WORKERS, SimContext
+    from rollart_sdk.sim.backends import SimFormat
 
     resolved = resolve_run(cfg, registry or get_plugins().registry, lines, in_process=True)
     _check_sim_backends(cfg, resolved)
-    plan = plan_resources(cfg, resolved, workers=SIM_ROLE_WORKERS)
+    plan = plan_resources(cfg, resolved, workers=sim_role_workers())
+    ctx = _sim_context(cfg, resolved)
+    _check_devices(cfg, plan, resolved)
+    from rollart_sdk.sim.preflight import sim_preflight
+
+    sim_preflight(cfg, resolved, plan, lines, log=log)  # what `rollart validate` checks
+    run_dir = RunDir(cfg.output_dir, cfg, run_name)
+    log(f"run directory: {run_dir.path}")
+    spawner = LocalSpawner(plan, inline=True)  # virtual time: every call on the loop
+    # The real role workers, spawned as build_job spawns them; the sim backends take the
+    # run's sim context, every task's envs go on the virtual-time env host.
+    workers = spawn_workers(cfg, resolved, plan, cfg.model, spawner, {},
+                            {"actor_gen": None, "actor_train": None},
+                            offer={"sim": ctx}, env_host=VirtualEnvHost)
+    fmt = SimFormat(cfg.sim.token_block)
+    tasks = {t.tag: TaskRuntime(_scaled_task(t, cfg.sim.token_block), None, None, fmt)
+             for t in cfg.tasks}
+    # The scheduler's default format is the first task's (as build_job passes it).
+    pipeline = wire_control_plane(cfg, workers, tasks, tasks[cfg.tasks[0].tag].prompt_format,
+                                  run_dir)
+    run_dir.write_json("plan.json", plan.to_json())
+    run_dir.write_json("bindings.json", spawner.bindings())
+    envs = next(iter(workers.envs.values()))
+    return SimJob(cfg, run_dir, pipeline, workers.engines + workers.prefill, workers.trainers,
+                  envs, workers.reward.target)
+
+
+def sim_role_workers() -> dict[str, type]:
+    """The worker class of each role in a simulated run (``rollart validate`` checks their
+    decorators against the pools): the real ones, the env role's on virtual time."""
+    from rollart_sdk.cluster.envs.virtual import VirtualEnvHost
+    from rollart_sdk.cluster.roles import ROLE_WORKERS
+
+    return {**ROLE_WORKERS, "environment": VirtualEnvHost}
+
+
+def _sim_context(cfg: RunConfig, resolved: Any) -> Any:
+    """What the sim backends are offered: the ``sim:`` section's model and hardware
+    classes (checked here), the token block, each task's response lengths."""
+    from rollart_sdk.sim.backends import SimContext, SimEnvOptions
+    from rollart_sdk.sim.costs import resolve_hardware
+
     sim = cfg.sim
     try:
         spec = sim.model_spec()
@@ -99,64 +138,9 @@ def build_sim_job(cfg: RunConfig, lines: LineMap | None = None, run_name: str | 
                 resolve_hardware(p.hardware, sim.hardware)
     except ValueError as exc:
         raise ConfigError([("sim", str(exc))]) from None
-    _check_devices(cfg, plan, resolved)
-    from rollart_sdk.sim.preflight import sim_preflight
-
-    sim_preflight(cfg, resolved, plan, lines, log=log)  # what `rollart validate` checks
-    transport = resolved.transport.descriptor.create(resolved.transport.options)
     response = {tag: SimEnvOptions.model_validate(res.options.model_dump()).response_tokens
                 for tag, res in resolved.envs.items()}
-    ctx = SimContext(spec, dict(sim.hardware), transport, response, sim.token_block)
-    run_dir = RunDir(cfg.output_dir, cfg, run_name)
-    log(f"run directory: {run_dir.path}")
-    spawner = LocalSpawner(plan)
-    r = cfg.roles
-    trainers = spawner.cluster(SIM_ROLE_WORKERS["actor_train"], "train",
-                               (resolved.trainer.descriptor, resolved.trainer.options, ctx),
-                               num_workers=r.actor_train.workers)
-    engines = spawner.cluster(SIM_ROLE_WORKERS["actor_gen"], "gen",
-                              (resolved.engine.descriptor, resolved.engine.options, ctx),
-                              workers_per_pool=plan.role("actor_gen").workers_per_pool,
-                              hw_affinity=plan.hw_affinity())
-    routes = spawner.routes("gen", [t.tag for t in cfg.tasks])
-    prefill, prefill_routes = _spawn_prefill(cfg, plan, spawner, resolved, ctx)
-    if prefill:  # PD, as build_job wires it: every task decodes on the "gen" workers
-        routes = {tag: [e.name for e in engines] for tag in [*routes, "default"]}
-    env_spec = {tag: (res.descriptor, res.options) for tag, res in resolved.envs.items()}
-    envs = spawner.cluster(SIM_ROLE_WORKERS["environment"], "env", (env_spec,),
-                           num_workers=r.environment.workers)
-    from rollart_sdk.cluster.roles import RewardRouter
-
-    router = RewardRouter({tag: (res.descriptor, res.options)
-                           for tag, res in resolved.rewards.items()})
-    reward = WorkerHandle("reward@serverless", router, pool="serverless",
-                          hardware="serverless", is_ray=False)
-    fmt = SimFormat(sim.token_block)
-    tasks = {t.tag: TaskRuntime(_scaled_task(t, sim.token_block), None, None, fmt)
-             for t in cfg.tasks}
-    hosts = {t.tag: envs for t in cfg.tasks}  # every task's envs on the sim env workers
-    workers = Workers(trainers, engines, routes, reward, hosts, prefill, prefill_routes)
-    # The scheduler's default format is the first task's (as build_job passes it).
-    pipeline = wire_control_plane(cfg, workers, tasks, tasks[cfg.tasks[0].tag].prompt_format,
-                                  run_dir)
-    run_dir.write_json("plan.json", plan.to_json())
-    run_dir.write_json("bindings.json", spawner.bindings())
-    return SimJob(cfg, run_dir, pipeline, engines + prefill, trainers, envs, router)
-
-
-def _spawn_prefill(cfg: RunConfig, plan: Any, spawner: Any, resolved: Any,
-                   ctx: Any) -> tuple[list[Any], dict[str, list[str]]]:
-    """PD (``roles.actor_gen.prefill/decode``): the sim prefill engines, each task routed
-    to its own prefill pool's (as build_job does)."""
-    from rollart_sdk.sim.workers import SIM_ROLE_WORKERS
-
-    if not cfg.roles.actor_gen.disaggregated:
-        return [], {}
-    prefill = spawner.cluster(SIM_ROLE_WORKERS["actor_gen"], "gen-prefill",
-                              (resolved.engine.descriptor, resolved.engine.options, ctx),
-                              workers_per_pool=plan.role("actor_gen").prefill_per_pool,
-                              hw_affinity=plan.prefill_affinity())
-    return prefill, spawner.routes("gen-prefill", [t.tag for t in cfg.tasks])
+    return SimContext(spec, dict(sim.hardware), response, sim.token_block)
 
 
 def _check_devices(cfg: RunConfig, plan: Any, resolved: Any) -> None:
@@ -239,6 +223,12 @@ def _rss_mb() -> float | None:
     import os
 
     return round(pages * os.sysconf("SC_PAGE_SIZE") / 2**20, 1)
+
+
+def engine_stats(handle: Any) -> dict[str, Any]:
+    """A sim engine's statistics (``SimEngine.stats``: its pool and hardware among them),
+    with its worker's name."""
+    return {"name": handle.name, **handle.target.engine.stats()}
 
 
 def engine_summary(job: SimJob) -> dict[str, Any]:
