@@ -4,6 +4,8 @@ One module per responsibility:
 
 - :mod:`~rollart_sdk.job.build`: ``build_job``, the composition root (resolve -> plan ->
   preflight -> task runtimes -> run directory -> workers -> control plane) and ``Job``;
+- :mod:`~rollart_sdk.job.runtime`: how the workers run (``Runtime``: for real; the
+  simulator's ``rollart_sdk.sim.job.SimRuntime``: on virtual time);
 - :mod:`~rollart_sdk.job.spawn`: the role workers, through a spawner
   (:mod:`rollart_sdk.cluster.spawn`: Ray, or in-process);
 - :mod:`~rollart_sdk.job.wire`: the control plane on the started workers;
