@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import inspect
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -225,11 +226,32 @@ class Descriptor:
                 f"{self.factory!r}: {type(exc).__name__}: {exc}"
             ) from exc
 
-    def create(self, options: dict[str, Any] | BaseModel | None = None, **context: Any) -> Any:
-        """Validate ``options`` and call the factory with them plus ``context`` kwargs."""
+    def create(self, options: dict[str, Any] | BaseModel | None = None, *,
+               offer: Mapping[str, Any] | None = None, **context: Any) -> Any:
+        """Validate ``options`` and call the factory with them plus ``context`` kwargs.
+
+        ``offer``: keyword arguments passed only to a factory that names them as
+        parameters (as pluggy passes a hook only the arguments it names): what a worker
+        knows that few backends need, e.g. its ``binding`` (pool, hardware) or a simulated
+        run's ``sim`` context (rollart_sdk/sim/backends.py)."""
         if not isinstance(options, BaseModel):
             options = self.validate_options(options)
-        return self.load()(**context, **options.model_dump())
+        factory = self.load()
+        return factory(**context, **accepted(factory, offer or {}), **options.model_dump())
+
+
+def accepted(factory: Callable[..., Any], offer: Mapping[str, Any]) -> dict[str, Any]:
+    """The entries of ``offer`` that ``factory`` names as keyword parameters (not as
+    ``**kwargs``)."""
+    if not offer:
+        return {}
+    try:
+        params = inspect.signature(factory).parameters
+    except (TypeError, ValueError):  # a builtin without a signature: offer nothing
+        return {}
+    named = {n for n, p in params.items()
+             if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    return {k: v for k, v in offer.items() if k in named}
 
 
 def _with_line(path: str, lines: Any) -> str:

@@ -10,11 +10,10 @@ from rollart_sdk.cli.output import console
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    from rollart_sdk.cluster.roles import ROLE_WORKERS
     from rollart_sdk.config import load_config
     from rollart_sdk.config.resolve import resolve_run
     from rollart_sdk.errors import ConfigError
-    from rollart_sdk.job.preflight import preflight
+    from rollart_sdk.job.runtime import Runtime
     from rollart_sdk.layout import choose_layout, inprocess_config
     from rollart_sdk.plugins import get_plugins
     from rollart_sdk.resources.plan import plan_resources
@@ -22,23 +21,20 @@ def cmd_validate(args: argparse.Namespace) -> int:
     cfg, lines = load_config(args.config, args.overrides)
     try:
         plugins = get_plugins()
-        simulated = cfg.clock == "simulated"  # sim workers run in one process
-        layout = None if simulated else choose_layout(cfg, plugins.registry)
-        in_process = simulated or (layout is not None and layout.in_process)
-        resolved = resolve_run(inprocess_config(cfg) if layout and layout.in_process else cfg,
+        runtime = Runtime()
+        if cfg.clock == "simulated":  # the sim's checks, every worker in one process
+            from rollart_sdk.sim.job import SimRuntime
+
+            runtime = SimRuntime()
+        layout = None if runtime.in_process else choose_layout(cfg, plugins.registry)
+        in_process = bool(runtime.in_process) or (layout is not None and layout.in_process)
+        resolved = resolve_run(inprocess_config(cfg) if in_process else cfg,
                                plugins.registry, lines, in_process=in_process)
-        workers = ROLE_WORKERS
-        if simulated:
-            from rollart_sdk.sim.preflight import sim_preflight
-            from rollart_sdk.sim.workers import SIM_ROLE_WORKERS as workers
         # Pools, affinities and the role workers' decorators, checked against each other.
-        plan = plan_resources(cfg, resolved, workers=workers)
-        if not simulated:
-            # What `train` checks before any worker starts: output dir, model, context
-            # budgets.
-            preflight(cfg, resolved, lines, log=console.print, build_model=False)
-        else:  # the sim env's first prompt against the budget and the engines' KV cache
-            sim_preflight(cfg, resolved, plan, lines, log=console.print)
+        plan = plan_resources(cfg, resolved, workers=runtime.role_workers())
+        # What `train` (or `sim`) checks before any worker starts: output dir, model,
+        # context budgets (a simulated run's: its first prompts against the engines' KV).
+        runtime.check(cfg, resolved, plan, lines, console.print, build_model=False)
     except ConfigError as exc:
         raise ConfigError(exc.problems, source=args.config) from None
     for warning in plugins.warnings:

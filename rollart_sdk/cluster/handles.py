@@ -3,7 +3,9 @@
 The control plane is asyncio code; it awaits a worker's method through the handle and does
 not care whether the worker is a Ray actor on another node (production) or an object in
 this process (unit tests of the protocol). Ray ObjectRefs are awaitable; in-process
-blocking methods run in a thread so they never stall the event loop.
+blocking methods run in a thread so they never stall the event loop (or, ``inline``, on
+the loop: a run on virtual time, whose clock a thread would stop); an in-process method
+that returns an awaitable (a trainer rank hosting a simulated trainer) is awaited.
 
 Callers use the typed clients (:mod:`rollart_sdk.cluster.clients`), one per role:
 ``await handle.engine.generate(request)``, ``handle.trainer``, ``handle.env``,
@@ -42,9 +44,11 @@ class WorkerHandle:
         fn = getattr(self.target, method)
         if inspect.iscoroutinefunction(fn):
             return await fn(*args, **kwargs)
-        if self.inline:
-            return fn(*args, **kwargs)
-        return await asyncio.to_thread(fn, *args, **kwargs)
+        result = fn(*args, **kwargs) if self.inline else await asyncio.to_thread(
+            fn, *args, **kwargs)
+        if inspect.isawaitable(result):  # a plain method that hands back work to await
+            result = await result
+        return result
 
     def submit(self, method: str, *args: Any) -> Any:
         """Start a call without waiting for it: a Ray ObjectRef (pass it as an argument to

@@ -42,8 +42,10 @@ from rollart_sdk.types import (
 )
 
 if TYPE_CHECKING:
+    from collections.abc import Awaitable
+
     from rollart_sdk.cluster.handles import WorkerHandle
-    from rollart_sdk.cluster.hosts import EngineHost, RewardHost, TrainerHost
+    from rollart_sdk.cluster.hosts import EngineHost, MaybeAwaitable, RewardHost, TrainerHost
 
 _MAX_EARLY_ABORTS = 4096
 
@@ -75,15 +77,19 @@ class EngineWorker(ActorGenWorker):
 
     def __init__(self, engine: Descriptor, engine_options: Any, model: ModelConfig,
                  transport: Descriptor, transport_options: Any,
-                 threads: int | None = None) -> None:
+                 threads: int | None = None, offer: dict[str, Any] | None = None) -> None:
+        """``offer``: what the backends may take besides their kind's arguments (a
+        simulated run's ``sim`` context); they are offered this worker's ``binding`` too
+        (``Descriptor.create``)."""
         one_thread(threads)
         from collections import OrderedDict
 
         from rollart_sdk.weights import WeightStager
 
         self.name = self.worker_name
-        self.engine = engine.create(engine_options, model=model)
-        self.transport = transport.create(transport_options, role="receiver")
+        offered = {"binding": {"worker": self.name, **(self.binding or {})}, **(offer or {})}
+        self.engine = engine.create(engine_options, model=model, offer=offered)
+        self.transport = transport.create(transport_options, role="receiver", offer=offered)
         self.stager = WeightStager(self.transport)
         self._started: set[str] = set()  # requests handed to the engine, not finished
         # ABORTs that arrived before their request (Ray does not order an async actor's
@@ -258,31 +264,42 @@ class TrainerWorker(ActorTrainWorker):
 
     def __init__(self, trainer: Descriptor, trainer_options: Any, model: ModelConfig,
                  transport: Descriptor, transport_options: Any,
-                 init_method: str | None = None, threads: int | None = None) -> None:
+                 init_method: str | None = None, threads: int | None = None,
+                 offer: dict[str, Any] | None = None) -> None:
+        """``offer``: what the backends may take besides their kind's arguments (a
+        simulated run's ``sim`` context); they are offered this worker's ``binding`` too
+        (``Descriptor.create``)."""
         one_thread(threads)
         self.name = self.worker_name
+        offered = {"binding": {"worker": self.name, **(self.binding or {})}, **(offer or {})}
         self.trainer = trainer.create(
             trainer_options, model=model, rank=self.rank, world_size=self.world_size,
-            init_method=init_method,
+            init_method=init_method, offer=offered,
         )
         self.transport = (
-            transport.create(transport_options, role="sender") if self.rank == 0 else None
+            transport.create(transport_options, role="sender", offer=offered)
+            if self.rank == 0 else None
         )
 
     @register("dp_split", collect="list")
-    def train_step(self, batch: Shard) -> dict[str, float]:
+    def train_step(self, batch: Shard) -> MaybeAwaitable[dict[str, float]]:
         """One optimiser step on this rank's shard (the pipeline shards the batch with
         ``dp_shards``, the rule ``dp_split`` names; the trainer all-reduces gradients).
         On Ray the shard comes as a ``ShardRef``: this rank fetches it from the object
-        store (cluster/shards.py)."""
+        store (cluster/shards.py). A trainer whose ``train_step`` is a coroutine (the
+        simulator's, on virtual time) is awaited by the caller's handle; one that reports
+        ``time/train_compute`` itself keeps its figure."""
         samples = fetch_shard(batch, self.rank)
         t0 = time.perf_counter()
-        metrics = dict(self.trainer.train_step(samples))
+        out = self.trainer.train_step(samples)
+        if inspect.isawaitable(out):
+            return _with_compute_time(out, t0)
+        metrics = dict(out)
         metrics["time/train_compute"] = time.perf_counter() - t0
         return metrics
 
     @register("execute_all")
-    def publish_weights(self, bucket_bytes: int) -> WeightManifest | None:
+    def publish_weights(self, bucket_bytes: int) -> MaybeAwaitable[WeightManifest | None]:
         """Export the current version as buckets; rank 0 publishes them. Other ranks take
         part only when the trainer's export is collective (``export_needs_all_ranks``:
         e.g. tensor-parallel shards gathered tensor by tensor), and return None."""
@@ -292,8 +309,9 @@ class TrainerWorker(ActorTrainWorker):
                     pass
             return None
         version = self.trainer.version
-        manifest = self.transport.publish(version, self.trainer.export_weights(bucket_bytes))
-        return manifest
+        manifest: MaybeAwaitable[WeightManifest] = self.transport.publish(
+            version, self.trainer.export_weights(bucket_bytes))
+        return manifest  # a coroutine from a transport that takes (virtual) time to publish
 
     @register("rank0")
     def release_weights(self, version: int) -> None:
@@ -315,6 +333,13 @@ class TrainerWorker(ActorTrainWorker):
     @register("execute_all")
     def save_pretrained(self, path: str) -> None:
         self.trainer.save_pretrained(path)
+
+
+async def _with_compute_time(metrics: Awaitable[dict[str, float]],
+                             t0: float) -> dict[str, float]:
+    out = dict(await metrics)
+    out.setdefault("time/train_compute", time.perf_counter() - t0)
+    return out
 
 
 def create_rewards(rewards: dict[str, tuple[Descriptor, Any]]) -> dict[str, Any]:

@@ -148,8 +148,12 @@ class LocalSpawner:
     """Every worker as an object in this process (tests, notebooks): the same worker classes
     and control plane, no Ray. Pools are recorded as planned; nothing is reserved."""
 
-    def __init__(self, plan: Any) -> None:
+    def __init__(self, plan: Any, inline: bool = False) -> None:
+        """``inline``: the handles call the workers' plain methods on the event loop, not
+        on a thread (a run on virtual time: a thread's work would take no virtual time
+        and land at an order the wall clock decides)."""
         self.plan = plan
+        self.inline = inline
         self._bindings: list[dict[str, Any]] = []
         self._members: dict[str, tuple[list[_Member], dict[str, str]]] = {}
 
@@ -171,7 +175,8 @@ class LocalSpawner:
             self._bindings.append(binding)
             ctx = WorkerContext(rank, len(pools), cls.role, name, wname, binding, {})
             obj = bound_worker_class(cls)(ctx, *init_args)
-            handles.append(WorkerHandle(wname, obj, pool=pool, hardware=hw, is_ray=False))
+            handles.append(WorkerHandle(wname, obj, pool=pool, hardware=hw, is_ray=False,
+                                        inline=self.inline))
             members.append(_Member(wname, pool, hw, pool))
         self._members[name] = (members, dict(hw_affinity or {}))
         return handles

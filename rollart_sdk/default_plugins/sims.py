@@ -2,9 +2,10 @@
 
 They are built in (not a plugin package) because ``rollart sim`` and ``clock: simulated``
 are core commands that must work on a bare install, and they need nothing beyond the core's
-own dependencies. They run only under simulated time: the sim role workers
-(:mod:`rollart_sdk.sim.workers`) turn their costs into virtual-clock sleeps
-(docs/simulation.md)."""
+own dependencies. They run only under simulated time, hosted by the real role workers
+(and the virtual-time env host), which offer them the run's ``sim`` context
+(:class:`rollart_sdk.sim.backends.SimContext`); they sleep their modelled costs on the
+virtual clock (docs/simulation.md)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ _ONLY = " (simulated time only: rollart sim)"
 
 @hookimpl
 def rollart_register_engines(registry):
-    registry.register("sim", factory="rollart_sdk.sim.engine:SimEngine",
+    registry.register("sim", factory="rollart_sdk.sim.engine:create_engine",
                       options="rollart_sdk.sim.engine:SimEngineOptions",
                       summary="roofline cost model of continuous batching" + _ONLY,
                       traits={"simulated": True}, process_local=True)
@@ -23,7 +24,7 @@ def rollart_register_engines(registry):
 
 @hookimpl
 def rollart_register_trainers(registry):
-    registry.register("sim", factory="rollart_sdk.sim.backends:SimTrainer",
+    registry.register("sim", factory="rollart_sdk.sim.backends:create_trainer",
                       options="rollart_sdk.sim.backends:SimTrainerOptions",
                       summary="train step time from FLOPs per token" + _ONLY,
                       traits={"simulated": True}, process_local=True)

@@ -6,6 +6,8 @@ One module per responsibility:
   preflight -> task runtimes -> run directory -> workers -> control plane) and ``Job``;
 - :mod:`~rollart_sdk.job.preflight`: every check that can refuse the config, run before
   the first worker starts (output dir, model, envs probed once, context budgets);
+- :mod:`~rollart_sdk.job.runtime`: how the workers run (``Runtime``: for real; the
+  simulator's ``rollart_sdk.sim.job.SimRuntime``: on virtual time);
 - :mod:`~rollart_sdk.job.spawn`: the role workers, through a spawner
   (:mod:`rollart_sdk.cluster.spawn`: Ray, or in-process);
 - :mod:`~rollart_sdk.job.wire`: the control plane on the started workers;
@@ -20,7 +22,7 @@ One module per responsibility:
 
 The command line is ``rollart train``
 (:mod:`rollart_sdk.cli.train`). The names below were ``rollart_sdk/job.py``'s; the
-underscored ones stay for one release (``sim/job.py``, plugins' benches).
+underscored ones stay for one release (plugins' benches, tests).
 """
 
 from __future__ import annotations
@@ -44,8 +46,8 @@ from rollart_sdk.job.wire import (
     wire_control_plane,
 )
 
-# The old private names that code outside the package imports (sim/job.py, evaluate's
-# callers, the serverless reward's bench, tests), for one release.
+# The old private names that code outside the package imports (evaluate's callers, the
+# serverless reward's bench, tests), for one release.
 _Workers = Workers
 _wire_control_plane = wire_control_plane
 _spawn_workers = spawn_workers

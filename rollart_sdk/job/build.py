@@ -2,7 +2,8 @@
 resource plan -> preflight (every check that can refuse the config; each env built once)
 -> each task's runtime -> run directory -> the role workers through a spawner
 (:mod:`rollart_sdk.job.spawn`) -> the control plane (:mod:`rollart_sdk.job.wire`).
-Nothing after the first worker starts refuses the config."""
+Nothing after the first worker starts refuses the config. How the workers run (real, or on
+simulated time) is the ``runtime``'s choice (:mod:`rollart_sdk.job.runtime`)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ from typing import TYPE_CHECKING, Any
 from rollart_sdk.config import RunConfig
 from rollart_sdk.job import spawn
 from rollart_sdk.job.run_dir import abandon
-from rollart_sdk.job.wire import task_runtimes, wire_control_plane
+from rollart_sdk.job.runtime import Runtime
+from rollart_sdk.job.wire import wire_control_plane
 
 if TYPE_CHECKING:
     from rollart_sdk.cluster.spawn import Spawner
@@ -23,6 +25,7 @@ if TYPE_CHECKING:
     from rollart_sdk.control.run_dir import RunDir
     from rollart_sdk.control.sinks import SinkSet
     from rollart_sdk.job.resume import ResumePoint
+    from rollart_sdk.job.spawn import Workers
     from rollart_sdk.layout import Layout
     from rollart_sdk.registry import Registry
     from rollart_sdk.resources.plan import ResourcePlan
@@ -42,6 +45,7 @@ class Job:
     restored: bool = False  # --resume: a checkpoint was loaded (until then nothing is written)
     sinks: SinkSet | None = None  # the metric sinks of ``logging:`` (control/sinks.py)
     layout: Layout | None = None  # where the workers run and why (rollart_sdk/layout.py)
+    workers: Workers | None = None  # every started worker's handle, as the plane is wired
 
     def close(self) -> None:
         if self.sinks is not None:
@@ -51,7 +55,8 @@ class Job:
 
 def build_job(cfg: RunConfig, lines: LineMap | None = None, run_name: str | None = None,
               log: Any = print, in_process: bool = False, registry: Registry | None = None,
-              resume: ResumePoint | None = None, layout: Layout | None = None) -> Job:
+              resume: ResumePoint | None = None, layout: Layout | None = None,
+              runtime: Runtime | None = None) -> Job:
     """Check the config, then spawn every worker and wire the control plane.
 
     ``in_process=True`` runs every worker in this process (no Ray): the control plane and
@@ -61,24 +66,27 @@ def build_job(cfg: RunConfig, lines: LineMap | None = None, run_name: str | None
     and is recorded in ``plan.json`` and ``summary.json``.
     ``registry``: resolve backends there instead of the installed plugins (tests).
     ``resume``: continue that run (its directory; ``run_job`` loads the checkpoint).
+    ``runtime``: how the workers run (:mod:`rollart_sdk.job.runtime`; default: for real;
+    ``rollart sim`` passes the simulator's).
     """
-    from rollart_sdk.cluster.roles import ROLE_WORKERS
     from rollart_sdk.config.resolve import resolve_run
     from rollart_sdk.control.run_dir import RunDir
-    from rollart_sdk.job.preflight import preflight
     from rollart_sdk.layout import inprocess_config
     from rollart_sdk.plugins import get_plugins
     from rollart_sdk.resources.plan import plan_resources
 
+    runtime = runtime or Runtime()
     if layout is not None:
         in_process = layout.in_process
+    if runtime.in_process is not None:
+        in_process = runtime.in_process
     resolved = resolve_run(inprocess_config(cfg) if in_process else cfg,
                            registry or get_plugins().registry, lines, in_process=in_process)
-    plan = plan_resources(cfg, resolved, workers=ROLE_WORKERS)
+    plan = plan_resources(cfg, resolved, workers=runtime.role_workers())
     # Before any worker starts (and before the run directory exists): every check that can
     # refuse the config. The env facts (action words) shape a tiny tokenizer.
-    checked = preflight(cfg, resolved, lines, log, output_dir=resume is None)
-    tasks = task_runtimes(cfg, checked)
+    checked = runtime.check(cfg, resolved, plan, lines, log, output_dir=resume is None)
+    tasks = runtime.task_runtimes(cfg, checked)
     log(f"model: {checked.model.path}")
     if resume is not None:
         resume.announce(log)
@@ -88,10 +96,11 @@ def build_job(cfg: RunConfig, lines: LineMap | None = None, run_name: str | None
     for warning in plan.warnings:
         log(f"warning: {warning}")
     threads = _threads(cfg, in_process)
-    spawner = _spawner(cfg, resolved, plan, run_dir, in_process, resumed=resume is not None)
+    spawner = _spawner(runtime, cfg, resolved, plan, run_dir, in_process,
+                       resumed=resume is not None)
     try:
         workers = spawn.spawn_workers(cfg, resolved, plan, checked.model, spawner,
-                                      checked.described, threads)
+                                      checked.described, threads, **runtime.spawn_options())
     except BaseException:
         spawner.close()  # the workers already started (all clusters start at once)
         abandon(run_dir, resumed=resume is not None)
@@ -109,7 +118,7 @@ def build_job(cfg: RunConfig, lines: LineMap | None = None, run_name: str | None
                                      **({"layout": layout.to_json()} if layout else {})})
     run_dir.write_json("bindings.json", spawner.bindings())
     return Job(cfg, run_dir, pipeline, workers.trainers, spawner, resume=resume, layout=layout,
-               sinks=_start_sinks(cfg, resolved, run_dir, log))
+               sinks=_start_sinks(cfg, resolved, run_dir, log), workers=workers)
 
 
 def _threads(cfg: RunConfig, in_process: bool) -> dict[str, Any]:
@@ -124,15 +133,12 @@ def _threads(cfg: RunConfig, in_process: bool) -> dict[str, Any]:
     return threads
 
 
-def _spawner(cfg: RunConfig, resolved: ResolvedRun, plan: ResourcePlan, run_dir: RunDir,
-             in_process: bool, resumed: bool) -> Spawner:
+def _spawner(runtime: Runtime, cfg: RunConfig, resolved: ResolvedRun, plan: ResourcePlan,
+             run_dir: RunDir, in_process: bool, resumed: bool) -> Spawner:
     """In process, or on Ray (its placement groups made here); a run whose spawner cannot
     start leaves no new run directory."""
-    from rollart_sdk.cluster.spawn import LocalSpawner, RaySpawner
-
     try:
-        return (LocalSpawner(plan) if in_process else
-                RaySpawner(cfg, plan, resolved.placement.create(), run_dir.path.name))
+        return runtime.spawner(cfg, resolved, plan, run_dir, in_process)
     except BaseException:
         abandon(run_dir, resumed=resumed)
         raise

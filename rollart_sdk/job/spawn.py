@@ -62,10 +62,15 @@ def max_running(cfg: RunConfig) -> int:
 def spawn_workers(cfg: RunConfig, resolved: ResolvedRun, plan: ResourcePlan,
                   model: ModelConfig, spawner: Spawner,
                   described: dict[str, dict[str, Any]], threads: dict[str, Any],
-                  trainer: bool = True) -> Workers:
+                  trainer: bool = True, *, offer: dict[str, Any] | None = None,
+                  env_host: type | None = None) -> Workers:
     """Bind in order of placement priority: the trainer gets its compute pool first, then
     the engines their task pools, then reward and environments take what fits.
-    ``trainer`` False: no trainer (``rollart eval`` of the initial weights)."""
+    ``trainer`` False: no trainer (``rollart eval`` of the initial weights).
+    ``offer``: what the trainer, engine and transport backends may take besides their
+    kind's arguments (a simulated run's ``sim`` context: ``Descriptor.create``);
+    ``env_host``: every task's envs on the environment role's workers of this class (a
+    simulated run's virtual-time host) instead of each task's ``env_host``."""
     from rollart_sdk.cluster.roles import EngineWorker, TrainerWorker
 
     world = cfg.roles.actor_train.workers
@@ -74,7 +79,7 @@ def spawn_workers(cfg: RunConfig, resolved: ResolvedRun, plan: ResourcePlan,
         TrainerWorker, "train",
         (resolved.trainer.descriptor, resolved.trainer.options, model,
          resolved.transport.descriptor, resolved.transport.options, init_method,
-         threads["actor_train"]),
+         threads["actor_train"], offer),
         num_workers=world, demand=plan.role("actor_train").demand,
     ) if trainer else []
     # ActorGen: roles.actor_gen.workers engines spread over the pools the tasks' generation
@@ -83,19 +88,21 @@ def spawn_workers(cfg: RunConfig, resolved: ResolvedRun, plan: ResourcePlan,
     engines = spawner.cluster(
         EngineWorker, "gen",
         (resolved.engine.descriptor, resolved.engine.options, model,
-         resolved.transport.descriptor, resolved.transport.options, threads["actor_gen"]),
+         resolved.transport.descriptor, resolved.transport.options, threads["actor_gen"],
+         offer),
         workers_per_pool=plan.role("actor_gen").workers_per_pool,
         hw_affinity=plan.hw_affinity(),
         max_restarts=ENGINE_MAX_RESTARTS, demand=plan.role("actor_gen").demand,
     )
     routes = spawner.routes("gen", [t.tag for t in cfg.tasks])
-    prefill = _spawn_prefill(cfg, resolved, plan, model, spawner, threads["actor_gen"])
+    prefill = _spawn_prefill(cfg, resolved, plan, model, spawner, threads["actor_gen"], offer)
     prefill_routes: dict[str, list[str]] = {}
     if prefill:  # PD: every task decodes on the "gen" workers, prefills in its own pool
         routes = {tag: [e.name for e in engines] for tag in [*routes, "default"]}
         prefill_routes = spawner.routes("gen-prefill", [t.tag for t in cfg.tasks])
     reward = _reward_handle(resolved, spawner)
-    envs = _spawn_envs(cfg, resolved, spawner, described)
+    envs = (_spawn_envs(cfg, resolved, spawner, described) if env_host is None
+            else _spawn_env_hosts(cfg, resolved, spawner, env_host))
     spawner.ready()  # every role's workers started at once; wait for all of them
     for h in engines + prefill + trainers:  # fail fast, with the worker's own error
         spawner.call(h, "version")
@@ -103,7 +110,8 @@ def spawn_workers(cfg: RunConfig, resolved: ResolvedRun, plan: ResourcePlan,
 
 
 def _spawn_prefill(cfg: RunConfig, resolved: ResolvedRun, plan: ResourcePlan,
-                   model: ModelConfig, spawner: Spawner, threads: int) -> list[WorkerHandle]:
+                   model: ModelConfig, spawner: Spawner, threads: int,
+                   offer: dict[str, Any] | None = None) -> list[WorkerHandle]:
     """Prefill-decode disaggregation (``roles.actor_gen.prefill/decode``): the prefill
     engines, beside the decode ones (the "gen" cluster, sized by the plan's decode pool).
     That the engine can hand K/V over is preflight's ``check_prefill``."""
@@ -114,12 +122,21 @@ def _spawn_prefill(cfg: RunConfig, resolved: ResolvedRun, plan: ResourcePlan,
     handles: list[WorkerHandle] = spawner.cluster(
         EngineWorker, "gen-prefill",
         (resolved.engine.descriptor, resolved.engine.options, model,
-         resolved.transport.descriptor, resolved.transport.options, threads),
+         resolved.transport.descriptor, resolved.transport.options, threads, offer),
         workers_per_pool=plan.role("actor_gen").prefill_per_pool,
         hw_affinity=plan.prefill_affinity(),
         max_restarts=ENGINE_MAX_RESTARTS, demand=plan.role("actor_gen").demand,
     )
     return handles
+
+
+def _spawn_env_hosts(cfg: RunConfig, resolved: ResolvedRun, spawner: Spawner,
+                     env_host: type) -> dict[str, list[WorkerHandle]]:
+    """Every task's envs on the environment role's workers of class ``env_host``."""
+    spec = {tag: (res.descriptor, res.options) for tag, res in resolved.envs.items()}
+    hosts: list[WorkerHandle] = spawner.cluster(env_host, "env", (spec,),
+                                                num_workers=cfg.roles.environment.workers)
+    return {t.tag: hosts for t in cfg.tasks}
 
 
 def _spawn_envs(cfg: RunConfig, resolved: ResolvedRun, spawner: Spawner,

@@ -1,7 +1,9 @@
 """The ``sim`` env, reward, trainer and transport: workload profiles and cost models.
 
-Registered like any backend (``rollart_sdk.default_plugins.sims``); the sim role workers
-(:mod:`rollart_sdk.sim.workers`) turn what they return into virtual-time sleeps.
+Registered like any backend (``rollart_sdk.default_plugins.sims``) and hosted by the real
+role workers (the env by the virtual-time env host, :mod:`rollart_sdk.cluster.envs.virtual`),
+which offer them the run's :class:`SimContext`; what they model they sleep on the virtual
+clock.
 
 - env ``sim`` (:class:`SimEnv`): a text env describing one task's workload: episode
   length, reset / step latency distributions (normal, lognormal tails), failure
@@ -12,22 +14,41 @@ Registered like any backend (``rollart_sdk.default_plugins.sims``); the sim role
   instance (warm latency) or starts one (cold latency); an instance idle longer than
   ``keep_warm_s`` is reclaimed (scale to zero).
 - trainer ``sim`` (:class:`SimTrainer`): the seconds of a train step from FLOPs per token
-  of the samples it runs (with ``skip_zero_advantage``, those whose advantage is not 0).
+  of the samples it runs (with ``skip_zero_advantage``, those whose advantage is not 0),
+  plus the gradient all-reduce across ranks.
 - transport ``sim`` (:class:`SimTransport`): bandwidths of the trainer -> store publish
   (across clusters), the engines' pull (inside a cluster) or a synchronous broadcast.
 """
 
 from __future__ import annotations
 
+import asyncio
 import random
 import zlib
+from collections.abc import Awaitable, Iterable, Iterator
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import gymnasium
 from pydantic import BaseModel, ConfigDict, Field
 
-from rollart_sdk.sim.costs import Dist, HardwareClass, ModelSpec, const, train_step_s
-from rollart_sdk.types import RewardRequest, RewardResult, TrainSample
+from rollart_sdk.errors import ConfigError
+from rollart_sdk.sim.costs import (
+    Dist,
+    HardwareClass,
+    ModelSpec,
+    const,
+    resolve_hardware,
+    train_step_s,
+)
+from rollart_sdk.types import (
+    BucketRef,
+    RewardRequest,
+    RewardResult,
+    TrainSample,
+    WeightBucket,
+    WeightManifest,
+)
 
 
 class _Opts(BaseModel):
@@ -163,12 +184,16 @@ class SimTrainerOptions(_Opts):
 
 
 class SimTrainer:
-    """The train step's duration on a worker's hardware (see ``train_step_s``)."""
+    """A trainer rank on virtual time (:class:`rollart_sdk.interfaces.Trainer`): a step
+    sleeps the FLOPs time of the samples it runs (``train_step_s`` on the rank's
+    hardware) plus the gradient all-reduce across ranks; ``export_weights`` yields the
+    model's bytes as tensor-less buckets (:class:`SimWeightBucket`); there is nothing to
+    checkpoint."""
 
     def __init__(self, devices: int = 8, flops_per_token_factor: float = 8.0,
                  step_overhead_s: float = 0.0, skip_zero_advantage: bool = False, *,
                  hardware: HardwareClass, model_spec: ModelSpec, token_block: int = 1,
-                 **_: Any) -> None:
+                 world_size: int = 1, allreduce_gbps: float = 400.0, **_: Any) -> None:
         self.hw = hardware
         self.devices = devices
         self.factor = flops_per_token_factor
@@ -176,11 +201,46 @@ class SimTrainer:
         self.skip_zero_advantage = skip_zero_advantage
         self.spec = model_spec
         self.block = token_block
+        self.world_size = world_size
+        self.allreduce_gbps = allreduce_gbps
         self.version = 0
 
     def step_s(self, seq_lengths: list[int]) -> float:
         return train_step_s(self.hw, self.devices, self.spec,
                             [n * self.block for n in seq_lengths], self.factor, self.overhead)
+
+    def allreduce_s(self) -> float:
+        """The gradient all-reduce's seconds (a ring across the data-parallel ranks)."""
+        n = self.world_size
+        if n <= 1:
+            return 0.0
+        return 2 * self.spec.weight_bytes * (n - 1) / n * 8 / (self.allreduce_gbps * 1e9)
+
+    async def train_step(self, batch: list[TrainSample]) -> dict[str, float]:
+        run = self.samples_run(batch)
+        compute = self.step_s([len(s.input_ids) for s in run])
+        await asyncio.sleep(compute + self.allreduce_s())
+        self.version += 1
+        tokens = sum(len(s.input_ids) for s in batch) * self.block
+        ran = sum(len(s.input_ids) for s in run) * self.block
+        # forward_*: the samples charged, as the torch trainer reports those it ran.
+        return {"loss": 0.0, "time/train_compute": compute, "sim/train_tokens": float(tokens),
+                "forward_sequences": float(len(run)), "forward_tokens": float(ran)}
+
+    def export_weights(self, bucket_bytes: int) -> Iterator[WeightBucket]:
+        nbytes = self.spec.weight_bytes
+        n = max(1, int(-(-nbytes // max(bucket_bytes, 1))))
+        for i in range(n):
+            yield SimWeightBucket(self.version, i, {}, size=int(nbytes // n), total=nbytes)
+
+    def save_checkpoint(self, path: str) -> None:
+        return None  # nothing to save: the simulation has no weights
+
+    def load_checkpoint(self, path: str) -> None:
+        return None
+
+    def save_pretrained(self, path: str) -> None:
+        return None
 
     def samples_run(self, batch: list[TrainSample]) -> list[TrainSample]:
         """The samples a step runs through the model: all, or with ``skip_zero_advantage``
@@ -203,6 +263,18 @@ class SimTrainer:
         return [s for s in batch if not zero(s)]
 
 
+def create_trainer(model: Any = None, rank: int = 0, world_size: int = 1,
+                   init_method: str | None = None, *, sim: SimContext | None = None,
+                   binding: dict[str, Any] | None = None, **options: Any) -> SimTrainer:
+    """Trainer ``sim``'s factory (``factory(model=, rank=, world_size=, init_method=,
+    **options)``): the rank's hardware class is its binding's, the model and token block
+    the run's ``sim:`` section's (the ``sim`` context a simulated run offers)."""
+    ctx = _require(sim, "trainer")
+    return SimTrainer(**options, hardware=ctx.hardware_of(binding), model_spec=ctx.model,
+                      token_block=ctx.token_block, world_size=world_size,
+                      allreduce_gbps=ctx.allreduce_gbps)
+
+
 # --------------------------------------------------------------------------- transport
 class SimTransportOptions(_Opts):
     """Options of transport ``sim`` (bandwidths in Gb/s, as links are sold)."""
@@ -218,7 +290,12 @@ class SimTransportOptions(_Opts):
 
 
 class SimTransport:
-    def __init__(self, **options: Any) -> None:
+    """The weights' bandwidths (:class:`rollart_sdk.interfaces.WeightTransport`): the
+    sender's ``publish`` takes the publish time (virtual seconds) and returns the
+    manifest; the receiving side's times are ``pull_s`` / ``push_s`` / ``swap_s``."""
+
+    def __init__(self, role: str = "sender", **options: Any) -> None:
+        self.role = role
         self.opts = SimTransportOptions(**options)
 
     @property
@@ -236,6 +313,88 @@ class SimTransport:
 
     def push_s(self, nbytes: float) -> float:
         return nbytes * 8 / (self.opts.push_gbps * 1e9)
+
+    async def publish(self, version: int, buckets: Iterable[WeightBucket]) -> WeightManifest:
+        """Publish ``buckets`` (the trainer's :class:`SimWeightBucket`): sleep the publish
+        time of the model's bytes, then hand out the manifest."""
+        refs, total = [], 0.0
+        for b in buckets:
+            refs.append(BucketRef(b.index, [], b.nbytes, ""))
+            total = getattr(b, "total", total + b.nbytes)
+        publish = self.publish_s(total)
+        await asyncio.sleep(publish)
+        return WeightManifest(version, "sim", refs, {"publish_s": publish})
+
+    def receive_on_loop(self, manifest: WeightManifest
+                        ) -> list[WeightBucket] | Awaitable[list[WeightBucket]]:
+        """The receiving side (an engine's ``WeightStager``, on the loop): ``pull``
+        sleeps the pull of the version's bytes by all the engines at once
+        (``meta["receivers"]``); ``push`` moves nothing before the suspend point (the
+        buckets are there at once). What remains for the swap (``push``: the broadcast;
+        both: ``swap_s``) the buckets carry as ``at_load``, which the sim engine's
+        ``load_weights`` sleeps."""
+        if self.opts.style == "push":
+            return self._buckets(manifest, (self.push_s(manifest.nbytes), self.opts.swap_s))
+        return self._pull(manifest)
+
+    async def _pull(self, manifest: WeightManifest) -> list[WeightBucket]:
+        await asyncio.sleep(self.pull_s(manifest.nbytes, int(manifest.meta.get("receivers", 1))))
+        return self._buckets(manifest, (self.opts.swap_s,))
+
+    @staticmethod
+    def _buckets(manifest: WeightManifest, at_load: tuple[float, ...]) -> list[WeightBucket]:
+        return [SimWeightBucket(manifest.version, b.index, {}, size=b.nbytes,
+                                at_load=at_load if i == 0 else ())
+                for i, b in enumerate(manifest.buckets)]
+
+    def fetch(self, manifest: WeightManifest) -> Iterator[WeightBucket]:
+        raise RuntimeError("transport 'sim' is received on the event loop (receive_on_loop): "
+                           "it runs only on simulated time (rollart sim)")
+
+    def release(self, version: int) -> None:
+        return None
+
+    def close(self) -> None:
+        return None
+
+
+@dataclass
+class SimWeightBucket(WeightBucket):
+    """A bucket with no tensors: ``size`` bytes of a version of ``total`` bytes (as the
+    trainer exported it); ``at_load``: the seconds the swap still takes, slept in turn by
+    the sim engine's ``load_weights`` (the receiving transport's)."""
+
+    size: int = 0
+    total: float = 0.0
+    at_load: tuple[float, ...] = ()
+
+    @property
+    def nbytes(self) -> int:
+        return self.size
+
+
+@dataclass
+class SimContext:
+    """What a simulated run offers its sim backends (``Descriptor.create``'s ``offer``):
+    the model, the hardware classes by name, the token block and each task's response
+    lengths (from its sim env's options)."""
+
+    model: ModelSpec
+    hardware: dict[str, HardwareClass]
+    response_tokens: dict[str, Dist] = field(default_factory=dict)
+    token_block: int = 1
+    allreduce_gbps: float = 400.0
+
+    def hardware_of(self, binding: dict[str, Any] | None) -> HardwareClass:
+        """The hardware class of a worker bound as ``binding`` (its pool's hardware)."""
+        return resolve_hardware((binding or {}).get("hardware", ""), self.hardware)
+
+
+def _require(sim: SimContext | None, kind: str) -> SimContext:
+    if sim is None:
+        raise ConfigError([(f"{kind}.name", f"{kind} 'sim' models time: it runs only on "
+                            "simulated time (rollart sim, or clock: simulated)")])
+    return sim
 
 
 # --------------------------------------------------------------------------- prompt format

@@ -47,6 +47,7 @@ CLOCKED_MODULES = (
     "rollart_sdk.control.weight_updates",
     "rollart_sdk.control.checkpoints",
     "rollart_sdk.control.evaluation",
+    "rollart_sdk.weights.staging",  # the exposed seconds of an engine's swap
 )
 
 

@@ -22,8 +22,15 @@ prefill engine keeps each trajectory's prefix too) and returns a :class:`SimKV` 
 carries only the positions the decode engine lacks (``held``: what its last result said
 it kept, ``kv_kept``); ``generate(request, kv=...)`` then prefills nothing and decodes
 from its first step; at the next turn it hands the answer's K/V back (``export_kv``) and
-the prefill computes only the observation. The K/V's trip between the two is the worker's
-(:meth:`SimEngine.kv_transfer_s`, at ``kv_link_gbps``).
+the prefill computes only the observation. A hand-off's trip between the two takes
+:meth:`SimEngine.kv_transfer_s` (at ``kv_link_gbps``) before the receiving engine uses it.
+
+The engine is hosted by the real engine worker (:class:`rollart_sdk.cluster.roles.EngineWorker`):
+:func:`create_engine` is engine ``sim``'s factory, ``factory(model=, **options)`` plus the
+``sim`` context and the worker's ``binding`` that a simulated run offers. Weights arrive
+through the worker's ``WeightStager`` from transport ``sim``; ``load_weights`` sleeps what
+the swap still takes (the buckets' ``at_load``: a push broadcast, the load) before it
+swaps.
 """
 
 from __future__ import annotations
@@ -109,8 +116,11 @@ class SimEngine:
                  devices_by_hardware: dict[str, int] | None = None, kv_link_gbps: float = 200.0,
                  *, hardware: HardwareClass, model_spec: ModelSpec,
                  response_tokens: dict[str, Dist], token_block: int = 1,
-                 hardware_name: str = "", name: str = "sim-engine", **_: Any) -> None:
+                 hardware_name: str = "", name: str = "sim-engine", pool: str = "",
+                 **_: Any) -> None:
         self.hw = hardware
+        self.hardware_name = hardware_name
+        self.pool = pool
         self.devices = (devices_by_hardware or {}).get(hardware_name, devices)
         self.spec = model_spec
         self.block = token_block
@@ -156,7 +166,10 @@ class SimEngine:
     async def generate(self, request: GenerationRequest, kv: SimKV | None = None
                        ) -> GenerationResult:
         """ADD; ``kv``: the prompt's K/V from a prefill engine (PD), used when it is of
-        this version and continues what this engine holds of the trajectory."""
+        this version and continues what this engine holds of the trajectory (it first
+        crosses the link: :meth:`kv_transfer_s`)."""
+        if kv is not None:
+            await asyncio.sleep(self.kv_transfer_s(kv))
         loop = self._start()
         prompt, cached = self._prompt_and_cached(request)
         new = prompt - cached if 0 < cached <= prompt else prompt
@@ -183,7 +196,9 @@ class SimEngine:
         next turn); the hand-off carries the positions after the ``held`` the decode
         engine holds at ``held_version`` (None: this engine's version). ``kv``: the
         decode engine's last answer (its :meth:`export_kv`), which then needs no
-        prefill."""
+        prefill (it first crosses the link)."""
+        if kv is not None:
+            await asyncio.sleep(self.kv_transfer_s(kv))
         loop = self._start()
         prompt, cached = self._prompt_and_cached(request)
         if (kv is not None and kv.version == self._version and kv.start <= cached
@@ -251,7 +266,10 @@ class SimEngine:
 
     async def load_weights(self, buckets: Any, version: int) -> int:
         """Swap versions: cached prefixes are invalid, every in-flight request's context is
-        prefilled again (the recompute) before it continues."""
+        prefilled again (the recompute) before it continues. First sleeps what the swap
+        still takes (the first bucket's ``at_load``, from transport ``sim``)."""
+        for seconds in next(iter(getattr(b, "at_load", ()) for b in buckets), ()):
+            await asyncio.sleep(seconds)
         for r in self._running.values():
             r.switches.append((self._it - r.start, self._version))
             ctx = r.base + self._it
@@ -263,7 +281,8 @@ class SimEngine:
 
     def stats(self) -> dict[str, Any]:
         return {
-            "engine": "sim", "version": self._version, "hardware": self.hw.model_dump(),
+            "engine": "sim", "pool": self.pool, "hardware_name": self.hardware_name,
+            "version": self._version, "hardware": self.hw.model_dump(),
             "devices": self.devices, "running": len(self._running),
             "waiting": len(self._waiting), "kv_capacity_tokens": self.capacity,
             "busy_s": self.busy_s, "recompute_s": self.recompute_s, "steps": self.steps,
@@ -453,6 +472,21 @@ class SimEngine:
             self._charge(self.tag_decode_s, share, elapsed)
         self._advance(done)
         self._complete_due()
+
+
+def create_engine(model: Any = None, *, sim: Any = None, binding: dict[str, Any] | None = None,
+                  **options: Any) -> SimEngine:
+    """Engine ``sim``'s factory (``factory(model=, **options)``): the engine's hardware
+    class is its worker's binding's, the model, token block and each task's response
+    lengths the run's (the ``sim`` context a simulated run offers)."""
+    from rollart_sdk.sim.backends import _require
+
+    ctx = _require(sim, "engine")
+    b = binding or {}
+    return SimEngine(**options, hardware=ctx.hardware_of(b), model_spec=ctx.model,
+                     hardware_name=b.get("hardware", ""), pool=b.get("pool", ""),
+                     response_tokens=ctx.response_tokens, token_block=ctx.token_block,
+                     name=b.get("worker", "sim-engine"))
 
 
 def _settle(fut: asyncio.Future[bool]) -> None:

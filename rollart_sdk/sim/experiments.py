@@ -41,7 +41,7 @@ class Outcome:
 def simulate(data: dict[str, Any], steps: int, warmup: int = 2) -> Outcome:
     """Run one config (``data`` of a RunConfig) for ``steps`` steps on virtual time."""
     from rollart_sdk.config import load_config
-    from rollart_sdk.sim.job import build_sim_job, run_sim, step_times
+    from rollart_sdk.sim.job import build_sim_job, engine_stats, run_sim, step_times
 
     data = copy.deepcopy(data)
     with tempfile.TemporaryDirectory(prefix="rollart-sim-") as tmp:
@@ -60,7 +60,7 @@ def simulate(data: dict[str, Any], steps: int, warmup: int = 2) -> Outcome:
         trained=job.pipeline.buffer.trained,
         virtual_s=job.virtual_s,
         wall_s=job.wall_s,
-        engine_stats=[h.target.engine_stats() for h in job.engines],
+        engine_stats=[engine_stats(h) for h in job.engines],
     )
 
 

@@ -1,10 +1,13 @@
-"""A simulated job: the real control plane wired to the sim workers, run on virtual time.
+"""A simulated job: the real job, its workers and control plane, run on virtual time.
 
-``build_sim_job`` mirrors :func:`rollart_sdk.job.build_job`: resolve the backends through
-the installed plugins, plan the pools, open a run directory, spawn each role's workers in
-process (:class:`~rollart_sdk.cluster.spawn.LocalSpawner`, the sim role workers), then
-the very same ``_wire_control_plane`` (LLMProxy, RolloutScheduler, SampleBuffer,
-WeightSync, Pipeline). ``run_sim`` runs the pipeline on a
+``build_sim_job`` is :func:`rollart_sdk.job.build_job` with the simulator's
+:class:`SimRuntime` (:mod:`rollart_sdk.job.runtime`): the sim's checks instead of the real
+preflight (the backends must model time, the ``sim:`` section's model and hardware, the
+devices, each first prompt against its budget: :mod:`rollart_sdk.sim.preflight`), the sim's
+token format (:class:`~rollart_sdk.sim.backends.SimFormat`), every worker in this process
+called on the loop (:class:`~rollart_sdk.cluster.spawn.LocalSpawner`), the sim backends
+offered the run's :class:`~rollart_sdk.sim.backends.SimContext` and every task's envs on
+the virtual-time env host. ``run_sim`` runs the pipeline on a
 :class:`~rollart_sdk.sim.clock.VirtualTimeLoop` and writes ``metrics.jsonl``,
 ``events.jsonl`` (the timeline, in virtual seconds from the start's wall time) and
 ``summary.json`` like a real run.
@@ -19,28 +22,111 @@ from typing import TYPE_CHECKING, Any
 
 from rollart_sdk.config import RunConfig
 from rollart_sdk.errors import ConfigError
+from rollart_sdk.job.runtime import Runtime
 
 if TYPE_CHECKING:
+    from rollart_sdk.cluster.spawn import Spawner
     from rollart_sdk.config import LineMap
+    from rollart_sdk.control.env_manager import TaskRuntime
     from rollart_sdk.control.pipeline import Pipeline, StepRecord
     from rollart_sdk.control.run_dir import RunDir
+    from rollart_sdk.job.build import Job
+    from rollart_sdk.job.preflight import Preflight
     from rollart_sdk.registry import Registry
+    from rollart_sdk.sim.backends import SimContext
 
 SIM_BACKENDS = ("engine", "trainer", "transport")
 
 
 @dataclass
 class SimJob:
-    config: RunConfig
-    run_dir: RunDir
-    pipeline: Pipeline
-    engines: list[Any]
-    trainers: list[Any]
-    envs: list[Any]
-    reward: Any
+    """A built simulated run: the :class:`~rollart_sdk.job.build.Job`, and what
+    ``run_sim`` measured."""
+
+    job: Job
     virtual_s: float = 0.0
     wall_s: float = 0.0
     metrics: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def config(self) -> RunConfig:
+        return self.job.config
+
+    @property
+    def run_dir(self) -> RunDir:
+        return self.job.run_dir
+
+    @property
+    def pipeline(self) -> Pipeline:
+        return self.job.pipeline
+
+    @property
+    def engines(self) -> list[Any]:
+        """The engine workers' handles (prefill engines of PD too)."""
+        w = self.job.workers
+        return [] if w is None else w.engines + w.prefill
+
+    @property
+    def trainers(self) -> list[Any]:
+        return self.job.trainers
+
+    @property
+    def envs(self) -> list[Any]:
+        """The virtual-time env hosts' handles (every task's)."""
+        w = self.job.workers
+        return [] if w is None else next(iter(w.envs.values()), [])
+
+    @property
+    def reward(self) -> Any:
+        """The reward router (``set_backend``: the shared reward pools)."""
+        w = self.job.workers
+        return None if w is None else w.reward.target
+
+
+class SimRuntime(Runtime):
+    """How a simulated run's workers run (see the module docstring)."""
+
+    in_process = True
+
+    def __init__(self) -> None:
+        self.context: SimContext | None = None  # set by check()
+
+    def role_workers(self) -> dict[str, type]:
+        return sim_role_workers()
+
+    def check(self, cfg: RunConfig, resolved: Any, plan: Any, lines: LineMap | None,
+              log: Any, output_dir: bool = True, build_model: bool = True) -> Preflight:
+        """The sim's checks (backends that model time, the ``sim:`` section, devices,
+        first prompts); the sim's token format for every task."""
+        from rollart_sdk.job.preflight import Preflight
+        from rollart_sdk.sim.backends import SimFormat
+        from rollart_sdk.sim.preflight import sim_preflight
+
+        _check_sim_backends(cfg, resolved)
+        self.context = _sim_context(cfg, resolved)
+        _check_devices(cfg, plan, resolved)
+        sim_preflight(cfg, resolved, plan, lines, log=log)  # what `rollart validate` checks
+        fmt = SimFormat(cfg.sim.token_block)
+        return Preflight({}, cfg.model, None, {t.tag: fmt for t in cfg.tasks})
+
+    def task_runtimes(self, cfg: RunConfig, checked: Preflight) -> dict[str, TaskRuntime]:
+        """Each task in the sim's token ids (limits scaled by ``sim.token_block``)."""
+        from rollart_sdk.control.env_manager import TaskRuntime
+
+        return {t.tag: TaskRuntime(_scaled_task(t, cfg.sim.token_block), None, None,
+                                   checked.formats[t.tag]) for t in cfg.tasks}
+
+    def spawner(self, cfg: RunConfig, resolved: Any, plan: Any, run_dir: RunDir,
+                in_process: bool) -> Spawner:
+        from rollart_sdk.cluster.spawn import LocalSpawner
+
+        return LocalSpawner(plan, inline=True)  # virtual time: every call on the loop
+
+    def spawn_options(self) -> dict[str, Any]:
+        from rollart_sdk.cluster.envs.virtual import VirtualEnvHost
+
+        assert self.context is not None, "check() comes first"
+        return {"offer": {"sim": self.context}, "env_host": VirtualEnvHost}
 
 
 def _check_sim_backends(cfg: RunConfig, resolved: Any) -> None:
@@ -75,21 +161,28 @@ def _scaled_task(task: Any, block: int) -> Any:
 
 def build_sim_job(cfg: RunConfig, lines: LineMap | None = None, run_name: str | None = None,
                   log: Any = print, registry: Registry | None = None) -> SimJob:
-    from rollart_sdk.cluster.spawn import LocalSpawner
-    from rollart_sdk.config.resolve import resolve_run
-    from rollart_sdk.control.env_manager import TaskRuntime
-    from rollart_sdk.control.handles import WorkerHandle
-    from rollart_sdk.control.run_dir import RunDir
-    from rollart_sdk.job import _wire_control_plane, _Workers
-    from rollart_sdk.plugins import get_plugins
-    from rollart_sdk.resources.plan import plan_resources
-    from rollart_sdk.sim.backends import SimEnvOptions, SimFormat
-    from rollart_sdk.sim.costs import resolve_hardware
-    from rollart_sdk.sim.workers import SIM_ROLE_WORKERS, SimContext
+    """``build_job`` with the simulator's :class:`SimRuntime`."""
+    from rollart_sdk.job.build import build_job
 
-    resolved = resolve_run(cfg, registry or get_plugins().registry, lines, in_process=True)
-    _check_sim_backends(cfg, resolved)
-    plan = plan_resources(cfg, resolved, workers=SIM_ROLE_WORKERS)
+    return SimJob(build_job(cfg, lines, run_name, log=log, registry=registry,
+                            runtime=SimRuntime()))
+
+
+def sim_role_workers() -> dict[str, type]:
+    """The worker class of each role in a simulated run (``rollart validate`` checks their
+    decorators against the pools): the real ones, the env role's on virtual time."""
+    from rollart_sdk.cluster.envs.virtual import VirtualEnvHost
+    from rollart_sdk.cluster.roles import ROLE_WORKERS
+
+    return {**ROLE_WORKERS, "environment": VirtualEnvHost}
+
+
+def _sim_context(cfg: RunConfig, resolved: Any) -> SimContext:
+    """What the sim backends are offered: the ``sim:`` section's model and hardware
+    classes (checked here), the token block, each task's response lengths."""
+    from rollart_sdk.sim.backends import SimContext, SimEnvOptions
+    from rollart_sdk.sim.costs import resolve_hardware
+
     sim = cfg.sim
     try:
         spec = sim.model_spec()
@@ -98,62 +191,9 @@ def build_sim_job(cfg: RunConfig, lines: LineMap | None = None, run_name: str | 
                 resolve_hardware(p.hardware, sim.hardware)
     except ValueError as exc:
         raise ConfigError([("sim", str(exc))]) from None
-    _check_devices(cfg, plan, resolved)
-    from rollart_sdk.sim.preflight import sim_preflight
-
-    sim_preflight(cfg, resolved, plan, lines, log=log)  # what `rollart validate` checks
-    transport = resolved.transport.descriptor.create(resolved.transport.options)
     response = {tag: SimEnvOptions.model_validate(res.options.model_dump()).response_tokens
                 for tag, res in resolved.envs.items()}
-    ctx = SimContext(spec, dict(sim.hardware), transport, response, sim.token_block)
-    run_dir = RunDir(cfg.output_dir, cfg, run_name)
-    log(f"run directory: {run_dir.path}")
-    spawner = LocalSpawner(plan)
-    r = cfg.roles
-    trainers = spawner.cluster(SIM_ROLE_WORKERS["actor_train"], "train",
-                               (resolved.trainer.descriptor, resolved.trainer.options, ctx),
-                               num_workers=r.actor_train.workers)
-    engines = spawner.cluster(SIM_ROLE_WORKERS["actor_gen"], "gen",
-                              (resolved.engine.descriptor, resolved.engine.options, ctx),
-                              workers_per_pool=plan.role("actor_gen").workers_per_pool,
-                              hw_affinity=plan.hw_affinity())
-    routes = spawner.routes("gen", [t.tag for t in cfg.tasks])
-    prefill, prefill_routes = _spawn_prefill(cfg, plan, spawner, resolved, ctx)
-    if prefill:  # PD, as build_job wires it: every task decodes on the "gen" workers
-        routes = {tag: [e.name for e in engines] for tag in [*routes, "default"]}
-    env_spec = {tag: (res.descriptor, res.options) for tag, res in resolved.envs.items()}
-    envs = spawner.cluster(SIM_ROLE_WORKERS["environment"], "env", (env_spec,),
-                           num_workers=r.environment.workers)
-    from rollart_sdk.cluster.roles import RewardRouter
-
-    router = RewardRouter({tag: (res.descriptor, res.options)
-                           for tag, res in resolved.rewards.items()})
-    reward = WorkerHandle("reward@serverless", router, pool="serverless",
-                          hardware="serverless", is_ray=False)
-    fmt = SimFormat(sim.token_block)
-    tasks = {t.tag: TaskRuntime(_scaled_task(t, sim.token_block), None, None, fmt)
-             for t in cfg.tasks}
-    hosts = {t.tag: envs for t in cfg.tasks}  # every task's envs on the sim env workers
-    workers = _Workers(trainers, engines, routes, reward, hosts, prefill, prefill_routes)
-    pipeline = _wire_control_plane(cfg, workers, tasks, fmt, run_dir)  # type: ignore[arg-type]
-    run_dir.write_json("plan.json", plan.to_json())
-    run_dir.write_json("bindings.json", spawner.bindings())
-    return SimJob(cfg, run_dir, pipeline, engines + prefill, trainers, envs, router)
-
-
-def _spawn_prefill(cfg: RunConfig, plan: Any, spawner: Any, resolved: Any,
-                   ctx: Any) -> tuple[list[Any], dict[str, list[str]]]:
-    """PD (``roles.actor_gen.prefill/decode``): the sim prefill engines, each task routed
-    to its own prefill pool's (as build_job does)."""
-    from rollart_sdk.sim.workers import SIM_ROLE_WORKERS
-
-    if not cfg.roles.actor_gen.disaggregated:
-        return [], {}
-    prefill = spawner.cluster(SIM_ROLE_WORKERS["actor_gen"], "gen-prefill",
-                              (resolved.engine.descriptor, resolved.engine.options, ctx),
-                              workers_per_pool=plan.role("actor_gen").prefill_per_pool,
-                              hw_affinity=plan.prefill_affinity())
-    return prefill, spawner.routes("gen-prefill", [t.tag for t in cfg.tasks])
+    return SimContext(spec, dict(sim.hardware), response, sim.token_block)
 
 
 def _check_devices(cfg: RunConfig, plan: Any, resolved: Any) -> None:
@@ -222,6 +262,7 @@ def run_sim(job: SimJob, steps: int, log: Any = None) -> list[StepRecord]:
     }
     job.run_dir.write_json("summary.json", summary)
     job.run_dir.close()
+    job.job.close()  # the metric sinks of ``logging:``, the spawner
     if error is not None:
         raise error
     return records
@@ -236,6 +277,12 @@ def _rss_mb() -> float | None:
     import os
 
     return round(pages * os.sysconf("SC_PAGE_SIZE") / 2**20, 1)
+
+
+def engine_stats(handle: Any) -> dict[str, Any]:
+    """A sim engine's statistics (``SimEngine.stats``: its pool and hardware among them),
+    with its worker's name."""
+    return {"name": handle.name, **handle.target.engine.stats()}
 
 
 def engine_summary(job: SimJob) -> dict[str, Any]:

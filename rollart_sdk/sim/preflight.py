@@ -22,6 +22,7 @@ from rollart_sdk.job.preflight import (
 )
 from rollart_sdk.sim.backends import SimFormat
 from rollart_sdk.sim.costs import resolve_hardware
+from rollart_sdk.sim.engine import SimEngine
 
 
 def check_sim_context(cfg: RunConfig, resolved: Any, plan: Any) -> tuple[Problems, list[str]]:
@@ -43,9 +44,10 @@ def check_sim_context(cfg: RunConfig, resolved: Any, plan: Any) -> tuple[Problem
     for pool in engine_pools:
         hw = cfg.pool(pool).hardware
         try:
-            engine = resolved.engine.descriptor.create(
-                resolved.engine.options, hardware=resolve_hardware(hw, cfg.sim.hardware),
-                model_spec=spec, hardware_name=hw, response_tokens={}, token_block=block)
+            engine = SimEngine(**resolved.engine.options.model_dump(),
+                               hardware=resolve_hardware(hw, cfg.sim.hardware),
+                               model_spec=spec, hardware_name=hw, response_tokens={},
+                               token_block=block)
         except ValueError as exc:  # the model does not fit the pool's devices
             problems.append((f"pools ({pool})", str(exc)))
             continue

@@ -3,7 +3,9 @@
 ROLLART hides the cost of weight sync by pulling the next version's buckets while rollout
 continues and only swapping them in at the protocol's suspend point. :class:`WeightStager`
 is that mechanism, engine- and transport-agnostic: any ``WeightTransport`` (its blocking
-``fetch`` runs in a background thread) and any ``InferenceEngine`` (only ``version`` and
+``fetch`` runs in a background thread; a transport with ``receive_on_loop(manifest)``,
+which returns the buckets or an awaitable of them, is received on the engine worker's
+event loop instead, which a run on virtual time can sleep: the simulator's) and any ``InferenceEngine`` (only ``version`` and
 ``load_weights`` are used).
 
 Error policy (one choice, used everywhere): ``commit`` RAISES :class:`WeightSyncError`
@@ -22,9 +24,10 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import inspect
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Awaitable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -57,6 +60,35 @@ class _Transfer:
     )
     cancelled: threading.Event = field(default_factory=threading.Event)
     transfer_s: float = 0.0
+    # receive_on_loop: the task receiving on the loop (or the buckets, already there)
+    task: asyncio.Future[list[WeightBucket]] | None = None
+
+    def done(self) -> bool:
+        return self.task.done() if self.task is not None else self.future.done()
+
+    def error(self) -> BaseException | None:
+        """Why the finished transfer failed (None: it arrived, or it is still running)."""
+        if not self.done():
+            return None
+        if self.task is not None:
+            if self.task.cancelled():
+                return WeightSyncError(self.manifest.version, "superseded by a newer start()")
+            return self.task.exception()
+        return self.future.exception()
+
+    def received(self) -> asyncio.Future[list[WeightBucket]]:
+        """The buckets, to await on the running loop."""
+        if self.task is not None:
+            return self.task
+        received = asyncio.wrap_future(self.future)
+        # Marks a late failure as seen (no "exception never retrieved" noise).
+        received.add_done_callback(lambda f: f.cancelled() or f.exception())
+        return received
+
+    def stop(self) -> None:
+        self.cancelled.set()
+        if self.task is not None:
+            self.task.cancel()
 
 
 class WeightStager:
@@ -83,7 +115,7 @@ class WeightStager:
     def ready(self) -> bool:
         """True once the staged version's transfer has finished (successfully or not)."""
         t = self._transfer
-        return t is not None and t.future.done()
+        return t is not None and t.done()
 
     def status(self) -> dict[str, Any]:
         """The staged transfer: ``version`` (None: nothing staged), ``ready`` (finished,
@@ -92,12 +124,9 @@ class WeightStager:
         t = self._transfer
         if t is None:
             return {"version": None, "ready": False, "error": None, "transfer_s": 0.0}
-        error = None
-        if t.future.done():
-            exc = t.future.exception()
-            if exc is not None:
-                error = f"{type(exc).__name__}: {exc}"
-        return {"version": t.manifest.version, "ready": t.future.done(), "error": error,
+        exc = t.error()
+        error = None if exc is None else f"{type(exc).__name__}: {exc}"
+        return {"version": t.manifest.version, "ready": t.done(), "error": error,
                 "transfer_s": t.transfer_s}
 
     async def wait(self, timeout_s: float | None = None) -> dict[str, Any]:
@@ -105,10 +134,11 @@ class WeightStager:
         committing it; returns :meth:`status` (still ``ready: False`` after a timeout)."""
         t = self._transfer
         if t is not None:
-            received = asyncio.wrap_future(t.future)
-            received.add_done_callback(lambda f: f.cancelled() or f.exception())
             try:
-                await asyncio.wait_for(asyncio.shield(received), timeout_s)
+                await asyncio.wait_for(asyncio.shield(t.received()), timeout_s)
+            except asyncio.CancelledError:
+                if not _superseded(t):
+                    raise
             except TimeoutError:
                 pass  # reported as not ready
             except Exception:  # noqa: BLE001 - the failure is reported by status()["error"]
@@ -116,12 +146,17 @@ class WeightStager:
         return self.status()
 
     def start(self, manifest: WeightManifest) -> None:
-        """Begin receiving ``manifest``'s buckets in a background thread; returns at once."""
+        """Begin receiving ``manifest``'s buckets in a background thread (or a task on the
+        running loop: ``receive_on_loop``); returns at once."""
         transfer = _Transfer(manifest)
         with self._lock:
             old, self._transfer = self._transfer, transfer
         if old is not None:
-            old.cancelled.set()
+            old.stop()
+        receive = getattr(self.transport, "receive_on_loop", None)
+        if receive is not None:
+            transfer.task = self._on_loop(transfer, receive)
+            return
         thread = threading.Thread(
             target=self._receive,
             args=(transfer,),
@@ -135,7 +170,7 @@ class WeightStager:
         with self._lock:
             old, self._transfer = self._transfer, None
         if old is not None:
-            old.cancelled.set()
+            old.stop()
 
     close = cancel
 
@@ -158,12 +193,17 @@ class WeightStager:
                 "nothing is staged: call WeightStager.start(manifest) before commit()",
             )
         version = transfer.manifest.version
-        received = asyncio.wrap_future(transfer.future)
-        # The shield keeps a commit timeout from cancelling the transfer itself; the
-        # callback marks a late failure as seen (no "exception never retrieved" noise).
-        received.add_done_callback(lambda f: f.cancelled() or f.exception())
+        received = transfer.received()
         try:
-            buckets = await asyncio.wait_for(asyncio.shield(received), timeout_s)
+            if timeout_s is None and transfer.task is not None:
+                buckets = await received  # a task on this loop: nothing to shield it from
+            else:  # the shield keeps a commit timeout from cancelling the transfer itself
+                buckets = await asyncio.wait_for(asyncio.shield(received), timeout_s)
+        except asyncio.CancelledError:
+            if not _superseded(transfer):
+                raise  # this commit was cancelled, not the transfer
+            self._clear(transfer)
+            raise WeightSyncError(version, "superseded by a newer start()") from None
         except TimeoutError:
             raise WeightSyncError(
                 version,
@@ -209,6 +249,40 @@ class WeightStager:
             if self._transfer is transfer:
                 self._transfer = None
 
+    def _on_loop(self, transfer: _Transfer, receive: Any) -> asyncio.Future[list[WeightBucket]]:
+        """``transport.receive_on_loop(manifest)``: buckets there at once (a done future:
+        the transfer is ready now), or an awaitable received by a task on the loop."""
+        loop = asyncio.get_running_loop()
+        got = receive(transfer.manifest)
+        if inspect.isawaitable(got):
+            task = loop.create_task(self._receive_on_loop(transfer, got),
+                                    name=f"{self.name}-v{transfer.manifest.version}")
+            task.add_done_callback(lambda f: f.cancelled() or f.exception())
+            return task
+        done: asyncio.Future[list[WeightBucket]] = loop.create_future()
+        try:
+            buckets = list(got)
+            check_complete(transfer.manifest, buckets)
+            done.set_result(buckets)
+        except Exception as exc:  # noqa: BLE001 - handed to commit() via the future
+            done.set_exception(exc)
+            done.exception()  # seen: status() and commit() report it
+        return done
+
+    @staticmethod
+    async def _receive_on_loop(transfer: _Transfer,
+                               got: Awaitable[Iterable[WeightBucket]]) -> list[WeightBucket]:
+        """Task body: await the transport's receive, then check it is complete;
+        ``transfer_s`` on the loop's clock (virtual on a simulated run)."""
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        try:
+            buckets = list(await got)
+            check_complete(transfer.manifest, buckets)
+        finally:
+            transfer.transfer_s = loop.time() - t0
+        return buckets
+
     def _receive(self, transfer: _Transfer) -> None:
         """Thread body: drain ``transport.fetch`` into a list, then check it is complete."""
         t0 = time.perf_counter()
@@ -237,3 +311,11 @@ class WeightStager:
             return
         transfer.transfer_s = time.perf_counter() - t0
         transfer.future.set_result(buckets)
+
+
+def _superseded(transfer: _Transfer) -> bool:
+    """The transfer's task was cancelled (a newer ``start``, or ``cancel``) and the
+    current task is not being cancelled itself."""
+    task = asyncio.current_task()
+    return (transfer.task is not None and transfer.task.cancelled()
+            and not (task is not None and task.cancelling()))

@@ -17,6 +17,7 @@ import pytest
 from rollart_sdk.cluster.clients import EngineClient, EnvClient, RewardClient, TrainerClient
 from rollart_sdk.cluster.envs import EnvCallError, EnvHung, EnvWorker, InlineEnvWorker
 from rollart_sdk.cluster.envs.thread import ThreadEnvWorker
+from rollart_sdk.cluster.envs.virtual import VirtualEnvHost
 from rollart_sdk.cluster.handles import WorkerHandle
 from rollart_sdk.cluster.hosts import EngineHost, EnvHost, RewardHost, TrainerHost
 from rollart_sdk.cluster.roles import (
@@ -26,11 +27,6 @@ from rollart_sdk.cluster.roles import (
     TrainerWorker,
 )
 
-try:  # the simulator's env host (sim/workers.py goes with #32 change 4)
-    from rollart_sdk.sim.workers import SimEnvWorker
-except ImportError:
-    SimEnvWorker = None
-
 ROOT = Path(__file__).resolve().parents[2] / "rollart_sdk"
 # Where the control plane calls workers: no method name may be passed as a string here.
 SCANNED = [*sorted((ROOT / "control").rglob("*.py")), ROOT / "weights" / "sync.py",
@@ -39,7 +35,7 @@ PAIRS = [(EngineHost, EngineClient), (TrainerHost, TrainerClient), (EnvHost, Env
          (RewardHost, RewardClient)]
 IMPLEMENTATIONS = [(EngineHost, EngineWorker), (TrainerHost, TrainerWorker),
                    (EnvHost, EnvWorker), (EnvHost, InlineEnvWorker), (EnvHost, ThreadEnvWorker),
-                   *([(EnvHost, SimEnvWorker)] if SimEnvWorker is not None else []),
+                   (EnvHost, VirtualEnvHost),
                    (RewardHost, RewardBackendWorker), (RewardHost, RewardRouter)]
 def members(protocol: type) -> set[str]:
     return {n for n, v in vars(protocol).items() if not n.startswith("_") and callable(v)}
@@ -129,8 +125,8 @@ def test_env_hosts_share_one_set_of_errors() -> None:
 
     # The old import paths name the same classes (one release, CHANGELOG.md).
     assert old_process.EnvHung is EnvHung is old_inline.InlineEnvHung
-    if SimEnvWorker is not None:  # the simulator raises the same one
-        assert vars(sys.modules[SimEnvWorker.__module__])["EnvHung"] is EnvHung
+    # The simulator's (virtual-time) host raises the same one.
+    assert vars(sys.modules[VirtualEnvHost.__module__])["EnvHung"] is EnvHung
     assert old_inline.InlineEnvCallError is EnvCallError is old_process.EnvCallError
     # A thread host's hung call keeps saying that its thread runs on, across processes too.
     hung = pickle.loads(pickle.dumps(EnvHung("no step within 1s", killed=False)))

@@ -12,7 +12,7 @@ from rollart_sdk.config import load_config
 from rollart_sdk.sim import workloads as W
 from rollart_sdk.sim.costs import HARDWARE, MODELS, engine_step_s, prefill_pairs, train_step_s
 from rollart_sdk.sim.experiments import simulate
-from rollart_sdk.sim.job import build_sim_job, run_sim, step_times
+from rollart_sdk.sim.job import build_sim_job, engine_stats, run_sim, step_times
 from rollart_sdk.testing.dists import run_cli
 
 P, N = 1000, 200  # prompt tokens, response tokens
@@ -162,7 +162,7 @@ def test_pd_step_time_is_prefill_then_kv_transfer_then_decode(tmp_path):
     times = step_times(job.metrics)
     assert times[1] == pytest.approx(RESET + prefill + transfer + decode + STEP + WARM
                                      + after_rollout, abs=2e-3)
-    stats = {e.name: e.target.engine_stats() for e in job.engines}
+    stats = {e.name: engine_stats(e) for e in job.engines}
     assert stats["gen-prefill-0"]["prefill_tokens"] == 2 * P
     assert stats["gen-prefill-0"]["decode_tokens"] == 0
     assert stats["gen-0"]["prefill_tokens"] == 0 and stats["gen-0"]["decode_tokens"] > 0

@@ -9,7 +9,8 @@ Each implements :class:`rollart_sdk.cluster.hosts.EnvHost` and raises the errors
   called on the control plane's event loop;
 - :mod:`~rollart_sdk.cluster.envs.thread`: ``env_host: thread``, :class:`ThreadEnvWorker`,
   each call on a thread of the control plane's process;
-- the simulator's ``SimEnvWorker`` (:mod:`rollart_sdk.sim.workers`), on virtual time.
+- :mod:`~rollart_sdk.cluster.envs.virtual`: :class:`VirtualEnvHost`, envs that model their
+  latency (env ``sim``) slept on a virtual-time loop (``rollart sim``).
 
 :mod:`~rollart_sdk.cluster.envs.hosting` picks a task's host;
 :mod:`~rollart_sdk.cluster.envs.faults` injects faults into an env (worker hosts).
@@ -19,6 +20,7 @@ from rollart_sdk.cluster.envs.errors import EnvCallError, EnvHung, EnvProcessDie
 from rollart_sdk.cluster.envs.inline import InlineEnvWorker
 from rollart_sdk.cluster.envs.process import EnvWorker
 from rollart_sdk.cluster.envs.thread import ThreadEnvWorker
+from rollart_sdk.cluster.envs.virtual import VirtualEnvHost
 
 __all__ = ["EnvCallError", "EnvHung", "EnvProcessDied", "EnvWorker", "InlineEnvWorker",
-           "ThreadEnvWorker"]
+           "ThreadEnvWorker", "VirtualEnvHost"]

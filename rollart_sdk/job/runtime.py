@@ -1,0 +1,59 @@
+"""How a run's workers run: the one choice :func:`~rollart_sdk.job.build.build_job` leaves
+open. :class:`Runtime` is a real run's (Ray, or in process): the config's preflight, each
+task's prompt format from the model's tokenizer, the role workers through a Ray or local
+spawner. A run on simulated time passes its own (:class:`rollart_sdk.sim.job.SimRuntime`):
+the sim's checks and token format, every worker in this process called on the virtual-time
+loop, the sim backends offered the run's ``sim`` context. The composition in between
+(resolve -> plan -> checks -> run directory -> workers -> control plane) is ``build_job``'s
+alone."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from rollart_sdk.cluster.spawn import Spawner
+    from rollart_sdk.config import LineMap, RunConfig
+    from rollart_sdk.config.resolve import ResolvedRun
+    from rollart_sdk.control.env_manager import TaskRuntime
+    from rollart_sdk.control.run_dir import RunDir
+    from rollart_sdk.job.preflight import Preflight
+    from rollart_sdk.resources.plan import ResourcePlan
+
+
+class Runtime:
+    """A real run's workers (see the module docstring); a subclass overrides a step."""
+
+    in_process: bool | None = None  # None: the layout's / the caller's choice
+
+    def role_workers(self) -> dict[str, type]:
+        """The worker class of each role (the plan checks their decorators)."""
+        from rollart_sdk.cluster.roles import ROLE_WORKERS
+
+        return ROLE_WORKERS
+
+    def check(self, cfg: RunConfig, resolved: ResolvedRun, plan: ResourcePlan,
+              lines: LineMap | None, log: Any, output_dir: bool = True,
+              build_model: bool = True) -> Preflight:
+        """Every check that can refuse the config, before any worker starts."""
+        from rollart_sdk.job.preflight import preflight
+
+        return preflight(cfg, resolved, lines, log, build_model=build_model,
+                         output_dir=output_dir)
+
+    def task_runtimes(self, cfg: RunConfig, checked: Preflight) -> dict[str, TaskRuntime]:
+        from rollart_sdk.job.wire import task_runtimes
+
+        return task_runtimes(cfg, checked)
+
+    def spawner(self, cfg: RunConfig, resolved: ResolvedRun, plan: ResourcePlan,
+                run_dir: RunDir, in_process: bool) -> Spawner:
+        from rollart_sdk.cluster.spawn import LocalSpawner, RaySpawner
+
+        return (LocalSpawner(plan) if in_process else
+                RaySpawner(cfg, plan, resolved.placement.create(), run_dir.path.name))
+
+    def spawn_options(self) -> dict[str, Any]:
+        """Keyword arguments of :func:`~rollart_sdk.job.spawn.spawn_workers` (``offer``,
+        ``env_host``)."""
+        return {}
