@@ -84,7 +84,9 @@ class EngineWorker(ActorGenWorker):
         self.name = self.worker_name
         self.engine = engine.create(engine_options, model=model)
         self.transport = transport.create(transport_options, role="receiver")
-        self.stager = WeightStager(self.transport)
+        # An engine whose own workers can receive (vllm, sglang) takes a push transport's
+        # rounds there (the collective path, rollart_sdk.weights.direct).
+        self.stager = WeightStager(self.transport, engine=self.engine)
         self._started: set[str] = set()  # requests handed to the engine, not finished
         # ABORTs that arrived before their request (Ray does not order an async actor's
         # calls): honoured when the request comes; the oldest forgotten past the cap.
