@@ -43,6 +43,7 @@ def test_an_engine_receiver_takes_the_collective_path(tmp_path):
 
     stager, engine, report = asyncio.run(run())
     assert engine.version == 1 and engine.staged == [1] and report.version == 1
+    assert report.direct
     assert sorted(engine.tensors) == sorted(make_state_dict(1))
     assert report.nbytes == sum(t.nbytes for t in make_state_dict(1).values())
 

@@ -265,6 +265,7 @@ class WeightStager:
             nbytes=transfer.manifest.nbytes if transfer.direct else sum(
                 b.nbytes for b in buckets),
             recomputed_requests=int(recomputed or 0),
+            direct=transfer.direct,
         )
 
     # -- internals -------------------------------------------------------------------
