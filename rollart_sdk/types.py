@@ -112,6 +112,7 @@ class WeightUpdateReport:
     exposed_s: float  # time generation was blocked (the swap at the suspend point)
     nbytes: int
     recomputed_requests: int = 0
+    direct: bool = False  # received by the engine's own workers (rollart_sdk.weights.direct)
 
 
 @dataclass

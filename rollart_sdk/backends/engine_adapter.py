@@ -70,6 +70,25 @@ class AdapterRequest:
 R = TypeVar("R", bound=AdapterRequest)
 
 
+@dataclass
+class StagedVersion:
+    """What ``_swap`` gets on the collective path: a version the engine's own workers
+    received and hold (``rollart_sdk.weights.direct.WorkerStaging``)."""
+
+    version: int
+
+
+def combine_status(statuses: list[dict[str, Any]]) -> dict[str, Any]:
+    """Several workers' ``WorkerStaging.status`` as one: their version (None unless they
+    all stage the same), ready when all are, the first error, the slowest transfer."""
+    versions = {s["version"] for s in statuses}
+    errors = [s["error"] for s in statuses if s["error"]]
+    return {"version": versions.pop() if len(versions) == 1 else None,
+            "ready": bool(statuses) and all(s["ready"] for s in statuses),
+            "error": errors[0] if errors else None,
+            "transfer_s": max((s["transfer_s"] for s in statuses), default=0.0)}
+
+
 def checkpoint_shapes(path: str) -> dict[str, tuple[list[int], str]]:
     """Name -> (shape, dtype) of every tensor in a checkpoint folder's safetensors files.
 
@@ -285,6 +304,14 @@ class EngineAdapter(Generic[R]):
         async with self._update_lock:
             prepared = await asyncio.to_thread(self._prepare, buckets)
             return await self._swap(prepared, version)
+
+    async def commit_direct(self, version: int) -> int:
+        """The collective path (``rollart_sdk.weights.direct``): swap in the version the
+        engine's workers staged (``_swap`` gets a :class:`StagedVersion`)."""
+        if self._update_lock is None:
+            self._update_lock = asyncio.Lock()
+        async with self._update_lock:
+            return await self._swap(StagedVersion(int(version)), version)
 
     def stats(self) -> dict[str, Any]:
         running = sum(1 for st in self._reqs.values() if st.sub_id is not None)

@@ -35,6 +35,10 @@ workload with ``trainer.options.lora`` (rank 8, every projection): ``model_mb`` 
 adapter payload per update, ``transfer_s`` / ``exposed_s`` its time, ``train_s`` the
 train step's, against full fine-tuning's in the row before.
 
+Engine rows (``--engine vllm``, ``--paths bytes,collective``): one version into a served
+engine by the bytes path against the collective path, per update
+(:mod:`rollart_sdk.bench.weight_paths`); no pipeline or transfer rows then.
+
 Transfer rows (``--transfer-mb``, default 1024): a synthetic state dict of that size
 published and received once through each transport, nothing else running: the transport's
 own throughput, checksum verification included.
@@ -320,6 +324,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="trainer bucket size for the transfer-alone rows")
     parser.add_argument("--defer", default="on",
                         help="rollout.defer_weight_update per pipeline row: on, off or on,off")
+    parser.add_argument("--engine", default=None,
+                        help="engine rows instead: one update into this engine (vllm, "
+                        "sglang) per path, by the nccl transport over gloo")
+    parser.add_argument("--paths", default="bytes,collective",
+                        help="with --engine: bytes, collective or both")
     parser.add_argument("--json", default=None, help="write the result here")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -333,6 +342,8 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [m for m in models if m not in MODELS]
     if unknown:
         parser.error(f"unknown model(s) {unknown}; choose from {sorted(MODELS)}")
+    if args.engine:
+        return _engine_rows(args, models)
     choices = {"on": True, "off": False}
     defers = [d for d in args.defer.split(",") if d]
     if not defers or any(d not in choices for d in defers):
@@ -345,6 +356,30 @@ def main(argv: list[str] | None = None) -> int:
         print(f"skipped (plugin not installed): {', '.join(result['skipped'])}")
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2))
+    return 0
+
+
+def _engine_rows(args: argparse.Namespace, models: list[str]) -> int:
+    from rollart_sdk.bench.weight_paths import run_paths
+
+    paths = [p for p in args.paths.split(",") if p]
+    rows = []
+    for model in models:
+        load0 = _load()
+        for row in run_paths(args.engine, model, paths, args.repeats, args.bucket_mb):
+            row["load"] = [load0, _load()]
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    head = ("engine", "path", "model", "model_mb", "updates", "transfer_s", "exposed_s",
+            "update_s", "gbps", "load")
+    print(" | ".join(head))
+    print(" | ".join("---" for _ in head))
+    for r in rows:
+        print(" | ".join(str(r.get(k)) for k in head))
+    if args.json:
+        Path(args.json).write_text(json.dumps({"benchmark": "weights", "kind": "engine",
+                                               "repeats": args.repeats, "rows": rows},
+                                              indent=2))
     return 0
 
 

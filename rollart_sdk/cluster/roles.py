@@ -90,7 +90,9 @@ class EngineWorker(ActorGenWorker):
         offered = {"binding": {"worker": self.name, **(self.binding or {})}, **(offer or {})}
         self.engine = engine.create(engine_options, model=model, offer=offered)
         self.transport = transport.create(transport_options, role="receiver", offer=offered)
-        self.stager = WeightStager(self.transport)
+        # An engine whose own workers can receive (vllm, sglang) takes a push transport's
+        # rounds there (the collective path, rollart_sdk.weights.direct).
+        self.stager = WeightStager(self.transport, engine=self.engine)
         self._started: set[str] = set()  # requests handed to the engine, not finished
         # ABORTs that arrived before their request (Ray does not order an async actor's
         # calls): honoured when the request comes; the oldest forgotten past the cap.

@@ -58,6 +58,8 @@ def step_metrics(rec: StepRecord, prev: StepRecord | None, buffer: SampleBuffer,
         "weight_sync/recompute_s": round(rec.weight_recompute_s, 4),
         "weight_sync/nbytes": rec.weight_sync_nbytes,
         "weight_sync/recomputed_requests": rec.recomputed,
+        # Engines whose own workers received the version (the collective path).
+        "weight_sync/direct_engines": rec.weight_sync_direct,
         # The bound forced a wait for the staged version (part of exposed_s).
         "weight_sync/wait_s": round(rec.weight_sync_wait_s, 4),
         # 1: at this step's suspend point the staged version had not arrived everywhere,

@@ -100,6 +100,7 @@ class StepRecord:
     weight_deferred: int | None = None  # version not yet arrived at this suspend point
     weight_sync_failed: int | None = None  # version whose transfer failed (engines kept theirs)
     recomputed: int = 0  # in-flight requests whose KV cache the update rebuilt
+    weight_sync_direct: int = 0  # engines whose own workers received it (the collective path)
     train_metrics: dict[str, float] = field(default_factory=dict)
     aborted_stale: int = 0
     aborted_surplus: int = 0

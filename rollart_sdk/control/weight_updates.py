@@ -312,6 +312,7 @@ class WeightUpdates:
             rec.weight_transfer_s = max((r.transfer_s for r in reports), default=0.0)
             rec.weight_sync_nbytes = max((r.nbytes for r in reports), default=0)
             rec.recomputed = sum(r.recomputed_requests for r in reports)
+            rec.weight_sync_direct = sum(1 for r in reports if r.direct)
             if baseline is not None:
                 rec.weight_sync_baseline_s = baseline  # recompute added at report time
                 self._baseline_rec = rec

@@ -1,7 +1,9 @@
 """Conformance kits and pytest helpers for plugin authors.
 
 - ``check_env(env)`` / ``check_reward(backend, cases)``: environments and reward backends;
-- ``check_engine`` / ``check_trainer`` / ``check_transport``: engines, trainers, transports;
+- ``check_engine`` / ``check_trainer`` / ``check_transport``: engines, trainers, transports
+  (``LoadingThrough``: an engine kit whose updates go through a transport;
+  ``DirectRecordingEngine``: a transport kit on the collective path);
 - the pytest plugin (auto-loaded): fixtures ``rollart_plugins`` (an isolated plugin set,
   entry points not loaded) and ``register_plugin`` (add a plugin for one test).
 
@@ -22,6 +24,8 @@ _KITS = {
     "check_engine_async": "engine",
     "check_trainer": "trainer",
     "check_transport": "transport",
+    "DirectRecordingEngine": "transport",
+    "LoadingThrough": "transport",
 }
 
 __all__ = list(_KITS)

@@ -45,7 +45,7 @@ from rollart_sdk.weights import (
     split_buckets,
 )
 
-__all__ = ["RecordingEngine", "check_transport", "make_state_dict"]
+__all__ = ["DirectRecordingEngine", "LoadingThrough", "RecordingEngine", "check_transport", "make_state_dict"]
 
 
 class RecordingEngine:
@@ -74,6 +74,102 @@ class RecordingEngine:
         self._version = version
         self.loads.append(version)
         return 0
+
+
+class DirectRecordingEngine(RecordingEngine):
+    """A :class:`RecordingEngine` on the collective path: its "worker" (a
+    :class:`~rollart_sdk.weights.direct.WorkerStaging`, here in this process) builds its
+    own receiver from the transport's ``receiver_spec`` and receives every version, as
+    vLLM's and SGLang's workers do. ``check_transport(..., make_engine=DirectRecordingEngine)``
+    checks a transport's collective path."""
+
+    def __init__(self, version: int = 0, tensors: dict[str, Any] | None = None) -> None:
+        from rollart_sdk.weights.direct import WorkerStaging
+
+        super().__init__(version, tensors)
+        self.worker = WorkerStaging()
+        self.staged: list[int] = []
+
+    def receives_directly(self, manifest: WeightManifest) -> bool:
+        return True
+
+    async def stage_direct(self, manifest: WeightManifest, spec: dict[str, Any]) -> None:
+        from rollart_sdk.weights.direct import manifest_to_json
+
+        self.worker.stage(manifest_to_json(manifest), spec)
+        self.staged.append(manifest.version)
+
+    async def direct_status(self) -> dict[str, Any]:
+        return self.worker.status()
+
+    async def commit_direct(self, version: int) -> int:
+        return await self.load_weights(self.worker.take(version), version)
+
+    async def cancel_direct(self, version: int) -> None:
+        self.worker.cancel(version)
+
+    def close(self) -> None:
+        self.worker.close()
+
+
+class LoadingThrough:
+    """An engine whose ``load_weights`` goes the engine worker's way: published by
+    ``sender``, staged by a :class:`WeightStager` on ``receiver`` (``engine=`` the engine,
+    so a transport and engine that both offer it take the collective path,
+    ``rollart_sdk.weights.direct``), committed. Everything else is the engine's own.
+
+    The engine conformance kit's ``update`` check run on it exercises that path::
+
+        check_engine(lambda: LoadingThrough(make(), sender, receiver, "nccl"), ...)
+
+    ``reports`` keeps every update's :class:`WeightUpdateReport`; ``direct`` whether each
+    took the collective path.
+    """
+
+    def __init__(self, engine: Any, sender: WeightTransport, receiver: WeightTransport,
+                 name: str, timeout_s: float = 120.0) -> None:
+        self.engine = engine
+        self.sender = sender
+        self.receiver = receiver
+        self.transport_name = name
+        self.timeout_s = timeout_s
+        self.reports: list[WeightUpdateReport] = []
+        self.direct: list[bool] = []
+
+    def __getattr__(self, attr: str) -> Any:
+        return getattr(self.engine, attr)
+
+    @property
+    def version(self) -> int:
+        return int(self.engine.version)
+
+    async def load_weights(self, buckets: Iterable[WeightBucket], version: int) -> int:
+        buckets = list(buckets)
+        stager = WeightStager(self.receiver, name="loading-through", engine=self.engine)
+        style = getattr(type(self.sender), "style", "pull")
+        thread: threading.Thread | None = None
+        published: dict[str, Any] = {}
+        if style == "push":
+            stager.start(plan_manifest(version, self.transport_name, buckets))
+            thread = _publish_in_thread(self.sender, version, buckets, published)
+        else:
+            stager.start(self.sender.publish(version, buckets))
+        self.direct.append(stager.direct)
+        try:
+            report = await stager.commit(self.engine, timeout_s=self.timeout_s)
+        finally:
+            stager.close()
+            if thread is not None:
+                await asyncio.to_thread(thread.join, self.timeout_s)
+        if "error" in published:
+            raise AssertionError(f"publish(version={version}) raised") from published["error"]
+        self.reports.append(report)
+        return report.recomputed_requests
+
+    async def shutdown(self) -> None:
+        await self.engine.shutdown()
+        for transport in (self.receiver, self.sender):
+            transport.close()
 
 
 def make_state_dict(version: int, seed: int = 0) -> dict[str, Any]:
@@ -105,8 +201,13 @@ def check_transport(
     make_manifest: Callable[[int, list[WeightBucket]], WeightManifest] | None = None,
     bucket_bytes: int = 4096,
     timeout_s: float = 60.0,
+    make_engine: Callable[[], RecordingEngine] | None = None,
 ) -> dict[str, Any]:
     """Run the conformance checks; returns a summary dict, raises AssertionError on failure.
+
+    ``make_engine()`` builds each receiver's engine (default :class:`RecordingEngine`); an
+    engine that is also an ``EngineReceiver`` makes each version take the collective path
+    (``rollart_sdk.weights.direct``: its own workers receive).
 
     ``make_sender()`` is called once, ``make_receiver()`` ``num_receivers`` times; both may
     return objects already wired together (a process group, a store address). ``name``
@@ -115,7 +216,7 @@ def check_transport(
     """
     return asyncio.run(
         _check(make_sender, make_receiver, num_receivers, name, make_manifest,
-               bucket_bytes, timeout_s)
+               bucket_bytes, timeout_s, make_engine or RecordingEngine)
     )
 
 
@@ -127,12 +228,14 @@ async def _check(
     make_manifest: Callable[[int, list[WeightBucket]], WeightManifest] | None,
     bucket_bytes: int,
     timeout_s: float,
+    make_engine: Callable[[], RecordingEngine],
 ) -> dict[str, Any]:
     sender = make_sender()
     receivers = [make_receiver() for _ in range(num_receivers)]
     style, make_manifest = _style_and_manifest(sender, receivers, name, make_manifest)
-    engines = [RecordingEngine() for _ in receivers]
-    stagers = [WeightStager(r, name=f"check-receiver-{i}") for i, r in enumerate(receivers)]
+    engines = [make_engine() for _ in receivers]
+    stagers = [WeightStager(r, name=f"check-receiver-{i}", engine=e)
+               for i, (r, e) in enumerate(zip(receivers, engines, strict=True))]
     summary: dict[str, Any] = {"style": style, "receivers": num_receivers, "versions": []}
     manifests: dict[int, WeightManifest] = {}
     try:
@@ -194,6 +297,10 @@ async def _check(
             stager.close()
         for transport in (sender, *receivers):
             transport.close()
+        for engine in engines:
+            close = getattr(engine, "close", None)
+            if callable(close):
+                close()
     return summary
 
 

@@ -18,6 +18,13 @@ Timing: ``transfer_s`` is how long the background receive took; ``exposed_s`` is
 suspend point costs: waiting for whatever of the receive is still outstanding plus the
 engine's ``load_weights``. With enough rollout time between ``start`` and ``commit``,
 ``exposed_s`` is close to the swap alone.
+
+The collective path (:mod:`rollart_sdk.weights.direct`): constructed with ``engine=`` an
+engine whose own workers can receive (``EngineReceiver``: vLLM, SGLang) and given a
+transport that offers it (``receiver_spec``: ``nccl``), a version is received by the
+engine's workers instead of this process: ``start`` asks them to stage it, readiness is
+their status, ``commit`` calls ``engine.commit_direct``. Same protocol, same errors; any
+other pair (a transport that stages to a store, an engine without it) keeps the bytes path.
 """
 
 from __future__ import annotations
@@ -34,6 +41,9 @@ from typing import Any, Protocol, runtime_checkable
 from rollart_sdk.interfaces import WeightTransport
 from rollart_sdk.types import WeightBucket, WeightManifest, WeightUpdateReport
 from rollart_sdk.weights.buckets import WeightSyncError, check_complete
+from rollart_sdk.weights.direct import direct_spec, remote_error
+
+POLL_S = 0.05  # how often the collective path asks the engine's workers for their status
 
 __all__ = ["WeightLoader", "WeightStager", "WeightSyncError"]
 
@@ -62,6 +72,9 @@ class _Transfer:
     transfer_s: float = 0.0
     # receive_on_loop: the task receiving on the loop (or the buckets, already there)
     task: asyncio.Future[list[WeightBucket]] | None = None
+    direct: bool = False  # received by the engine's own workers (the collective path)
+    # the collective path's task (it settles ``future``: done/error/received read that)
+    direct_task: Any = None
 
     def done(self) -> bool:
         return self.task.done() if self.task is not None else self.future.done()
@@ -99,8 +112,10 @@ class WeightStager:
     supersedes an older transfer, finished or not (its buckets are dropped).
     """
 
-    def __init__(self, transport: WeightTransport, *, name: str = "weight-stager") -> None:
+    def __init__(self, transport: WeightTransport, *, name: str = "weight-stager",
+                 engine: Any = None) -> None:
         self.transport = transport
+        self.engine = engine  # an EngineReceiver takes the collective path (module doc)
         self.name = name
         self._transfer: _Transfer | None = None
         self._lock = threading.Lock()
@@ -145,14 +160,36 @@ class WeightStager:
                 pass
         return self.status()
 
+    @property
+    def direct(self) -> bool:
+        """True when the staged version takes the collective path."""
+        t = self._transfer
+        return t is not None and t.direct
+
     def start(self, manifest: WeightManifest) -> None:
         """Begin receiving ``manifest``'s buckets in a background thread (or a task on the
-        running loop: ``receive_on_loop``); returns at once."""
-        transfer = _Transfer(manifest)
+        running loop: ``receive_on_loop``; the collective path: a task of the running loop
+        that has the engine's workers receive them); returns at once."""
+        spec = direct_spec(self.transport, self.engine, manifest)
+        loop = None
+        if spec is not None:
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:
+                raise RuntimeError(
+                    "WeightStager.start: the collective path (engine workers receiving "
+                    "themselves) needs a running event loop; call start() from a coroutine"
+                ) from None
+        transfer = _Transfer(manifest, direct=spec is not None)
         with self._lock:
             old, self._transfer = self._transfer, transfer
         if old is not None:
             old.stop()
+            if old.direct:
+                self._cancel_direct(old.manifest.version)
+        if loop is not None and spec is not None:
+            transfer.direct_task = loop.create_task(self._receive_direct(transfer, spec))
+            return
         receive = getattr(self.transport, "receive_on_loop", None)
         if receive is not None:
             transfer.task = self._on_loop(transfer, receive)
@@ -166,11 +203,34 @@ class WeightStager:
         thread.start()
 
     def cancel(self) -> None:
-        """Drop the staged transfer (the background fetch stops at its next bucket)."""
+        """Drop the staged transfer (the background fetch stops at its next bucket; the
+        engine's workers drop what they staged)."""
         with self._lock:
             old, self._transfer = self._transfer, None
         if old is not None:
             old.stop()
+            if old.direct:
+                self._cancel_direct(old.manifest.version)
+
+    def _cancel_direct(self, version: int) -> None:
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return  # no loop (closing): the workers' next stage supersedes it anyway
+        task = loop.create_task(self.engine.cancel_direct(version))
+        task.add_done_callback(lambda f: f.cancelled() or f.exception())
+
+    def take(self) -> list[WeightBucket]:
+        """The staged version's buckets once they arrived, without an engine (a worker
+        process holding them for the swap); staging is emptied. Raises
+        :class:`WeightSyncError` when nothing arrived or the transfer failed."""
+        transfer = self._transfer
+        if transfer is None or not transfer.done() or transfer.task is not None:
+            raise WeightSyncError(-1 if transfer is None else transfer.manifest.version,
+                                  "nothing has arrived to take")
+        self._clear(transfer)
+        return transfer.future.result()
+
 
     close = cancel
 
@@ -222,16 +282,22 @@ class WeightStager:
             ) from exc
         self._clear(transfer)
         if version < engine.version:
+            if transfer.direct:
+                self._cancel_direct(version)
             raise WeightSyncError(
                 version,
                 f"it is older than the engine's version {engine.version}; refusing to go back",
             )
+        swap = "commit_direct" if transfer.direct else "load_weights"
         try:
-            recomputed = await engine.load_weights(buckets, version)
+            if transfer.direct:
+                recomputed = await self.engine.commit_direct(version)
+            else:
+                recomputed = await engine.load_weights(buckets, version)
         except Exception as exc:
             raise WeightSyncError(
                 version,
-                f"engine.load_weights raised {type(exc).__name__}: {exc} (every bucket had "
+                f"engine.{swap} raised {type(exc).__name__}: {exc} (every bucket had "
                 f"arrived verified; the engine reports version {engine.version})",
             ) from exc
         exposed = time.perf_counter() - t0
@@ -239,8 +305,10 @@ class WeightStager:
             version=version,
             transfer_s=transfer.transfer_s,
             exposed_s=exposed,
-            nbytes=sum(b.nbytes for b in buckets),
+            nbytes=transfer.manifest.nbytes if transfer.direct else sum(
+                b.nbytes for b in buckets),
             recomputed_requests=int(recomputed or 0),
+            direct=transfer.direct,
         )
 
     # -- internals -------------------------------------------------------------------
@@ -282,6 +350,34 @@ class WeightStager:
         finally:
             transfer.transfer_s = loop.time() - t0
         return buckets
+
+    async def _receive_direct(self, transfer: _Transfer, spec: dict[str, Any]) -> None:
+        """Task body (the collective path): the engine's workers stage the version; done
+        when every worker reports it arrived (or one failed)."""
+        t0 = time.perf_counter()
+        version = transfer.manifest.version
+        try:
+            await self.engine.stage_direct(transfer.manifest, spec)
+            while True:
+                if transfer.cancelled.is_set():
+                    raise _Superseded()
+                status = await self.engine.direct_status()
+                if status["version"] != version:
+                    raise WeightSyncError(version, "the engine's workers stage version "
+                                                   f"{status['version']} instead")
+                if status["ready"]:
+                    break
+                await asyncio.sleep(POLL_S)
+            if status["error"]:
+                raise remote_error(version, status["error"])
+        except BaseException as exc:  # noqa: BLE001 - handed to commit() via the future
+            transfer.transfer_s = time.perf_counter() - t0
+            if isinstance(exc, _Superseded | asyncio.CancelledError):
+                exc = WeightSyncError(version, "superseded by a newer start()")
+            transfer.future.set_exception(exc)
+            return
+        transfer.transfer_s = time.perf_counter() - t0
+        transfer.future.set_result([])
 
     def _receive(self, transfer: _Transfer) -> None:
         """Thread body: drain ``transport.fetch`` into a list, then check it is complete."""

@@ -26,6 +26,13 @@ prefix cache was reset with the swap, so no stale KV can be reused).
 extension (``rollart_engine_vllm.worker.RollartWorkerExtension``) via
 ``collective_rpc``; see that module for how each bucket reaches the model.
 
+The collective path (``rollart_sdk.weights.direct``): with a push transport that offers it
+(``nccl``: NCCL on GPUs, gloo on CPU), vLLM's workers join the weight-update group
+themselves (``stage_direct``), receive each round in the background beside the model and
+load it at the swap (``commit_direct``); only the manifest and statuses go through
+``collective_rpc``. Every other transport (Ray, Mooncake: they stage to a store), a LoRA
+adapter payload and ``tensor_parallel_size`` > 1 keep the bytes path above.
+
 The engine-independent bookkeeping (request states, ABORT, suspend / resume, stats,
 shutdown, bucket checks) is :mod:`rollart_sdk.backends.engine_adapter`, shared with engine
 ``sglang``; this module holds the vLLM calls.
@@ -44,15 +51,18 @@ from typing import Any
 from rollart_sdk.backends.engine_adapter import (
     AdapterRequest,
     EngineAdapter,
+    StagedVersion,
     checkpoint_shapes,
+    combine_status,
     convert_buckets,
     eos_ids,
     submission_seed,
 )
 from rollart_sdk.config import ModelConfig
 from rollart_sdk.errors import RollartError
-from rollart_sdk.types import FinishReason, GenerationRequest, WeightBucket
-from rollart_sdk.weights.lora import CheckpointBase
+from rollart_sdk.types import FinishReason, GenerationRequest, WeightBucket, WeightManifest
+from rollart_sdk.weights.direct import manifest_to_json
+from rollart_sdk.weights.lora import CheckpointBase, is_adapter_name
 
 from .lora_native import AdapterSlots, NativeUpdate, split_buckets, write_adapter
 
@@ -136,6 +146,8 @@ class VllmEngine(EngineAdapter[AdapterRequest]):
                 f"the model's {heads} attention heads; choose a divisor of {heads}"
             )
         self._shapes = checkpoint_shapes(model.path)
+        self._checkpoint = model.path
+        self._tp = tensor_parallel_size
         # LoRA payloads are merged against the checkpoint's own tensors (convert_buckets)
         self._base = CheckpointBase(model.path)
         kwargs: dict[str, Any] = dict(
@@ -217,12 +229,48 @@ class VllmEngine(EngineAdapter[AdapterRequest]):
             raise ValueError("load_weights got no buckets; pass at least one WeightBucket")
         return update
 
-    async def _swap(self, prepared: list[bytes] | NativeUpdate, version: int) -> int:
-        """Swap in the checked buckets (and, ``lora: native``, the adapter), reset the
-        prefix cache, set ``version``; in-flight requests are aborted and resubmitted with
-        their generated prefix (their KV is recomputed under the new weights). Returns how
-        many were resubmitted."""
+    # ------------------------------------------------------------------ collective path
+
+    def receives_directly(self, manifest: WeightManifest) -> bool:
+        """vLLM's worker receives the round itself, unless the version is a LoRA adapter
+        payload (merged here, or served natively) or the engine has several TP ranks
+        (the control plane counts one receiver per engine)."""
+        return self._slots is None and self._tp == 1 and not any(
+            is_adapter_name(n) for ref in manifest.buckets for n in ref.names)
+
+    async def stage_direct(self, manifest: WeightManifest, spec: dict[str, Any]) -> None:
+        await self._llm.collective_rpc("rollart_stage", args=(manifest_to_json(manifest), spec))
+
+    async def direct_status(self) -> dict[str, Any]:
+        return combine_status(await self._llm.collective_rpc("rollart_staged_status"))
+
+    async def cancel_direct(self, version: int) -> None:
+        await self._llm.collective_rpc("rollart_cancel_staged", args=(int(version),))
+
+    async def _load(self, prepared: list[bytes] | NativeUpdate | StagedVersion) -> None:
+        """Into the model, through the worker extension (worker.py)."""
+        if isinstance(prepared, StagedVersion):
+            await self._llm.collective_rpc("rollart_commit_staged", args=(prepared.version,))
+            return
         payloads = prepared.full if isinstance(prepared, NativeUpdate) else prepared
+        if payloads:
+            await self._llm.collective_rpc("rollart_begin_update")
+            try:
+                for payload in payloads:
+                    await self._llm.collective_rpc("rollart_load_bucket", args=(payload,))
+            finally:
+                await self._llm.collective_rpc("rollart_finish_update")
+
+    async def _swap(self, prepared: list[bytes] | NativeUpdate | StagedVersion,
+                    version: int) -> int:
+        """Swap in the checked buckets (and, ``lora: native``, the adapter; on the
+        collective path the version the workers staged), reset the prefix cache, set
+        ``version``; in-flight requests are aborted and resubmitted with their generated
+        prefix (their KV is recomputed under the new weights). Returns how many were
+        resubmitted."""
+        if isinstance(prepared, StagedVersion):  # checked before anything is aborted
+            await self._llm.collective_rpc("rollart_check_staged",
+                                           args=(prepared.version, self._checkpoint))
         was_suspended = self._suspended
         if not was_suspended:
             await self.suspend()
@@ -232,13 +280,7 @@ class VllmEngine(EngineAdapter[AdapterRequest]):
         if moved:
             await self._llm.abort([st.sub_id for st in moved if st.sub_id is not None])
             await self._wait_finished(moved)
-        if payloads:
-            await self._llm.collective_rpc("rollart_begin_update")
-            try:
-                for payload in payloads:
-                    await self._llm.collective_rpc("rollart_load_bucket", args=(payload,))
-            finally:
-                await self._llm.collective_rpc("rollart_finish_update")
+        await self._load(prepared)
         if isinstance(prepared, NativeUpdate) and prepared.adapter is not None:
             await self._serve_adapter(prepared.adapter, version)
         await self._llm.reset_prefix_cache()

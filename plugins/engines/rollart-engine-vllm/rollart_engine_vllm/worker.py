@@ -12,6 +12,19 @@ methods through ``AsyncLLM.collective_rpc`` (one call per bucket, on every TP ra
    msgspec, which turns tensors into nested lists;
 3. ``rollart_finish_update``: ``finalize_layerwise_reload`` re-applies the kernel layout.
 
+The collective path (a push transport such as ``nccl``; ``rollart_sdk.weights.direct``):
+the worker joins the trainer's weight-update group itself, so the tensors never pass
+through ``collective_rpc``:
+
+- ``rollart_stage(manifest_json, spec)``: start receiving the version in a background
+  thread of this worker (a ``WorkerStaging``: the transport's receiver, built from
+  ``spec``, verifying every bucket's checksum); returns at once, generation goes on;
+- ``rollart_staged_status()``: that transfer's status (arrived, failed);
+- ``rollart_check_staged(version, checkpoint)``: the staged buckets, checked by name and
+  shape against the served checkpoint (before the engine aborts anything, the model is
+  untouched), then ``rollart_commit_staged(version)`` loads them as in 1-3;
+- ``rollart_cancel_staged(version)``: drop it.
+
 Runs inside vLLM's worker process: it imports vLLM freely.
 """
 
@@ -47,6 +60,67 @@ class RollartWorkerExtension:
         model = self._rollart_model()
         finalize_layerwise_reload(model, self.model_runner.model_config)  # type: ignore[attr-defined]
         return int(getattr(self, "_rollart_loaded", 0))
+
+    # ------------------------------------------------------------------ collective path
+    def _rollart_staging(self) -> Any:
+        staging = getattr(self, "_rollart_staging_obj", None)
+        if staging is None:
+            from rollart_sdk.weights.direct import WorkerStaging
+
+            staging = self._rollart_staging_obj = WorkerStaging()
+        return staging
+
+    def rollart_stage(self, manifest_json: str, spec: dict[str, Any]) -> None:
+        self._rollart_staging().stage(manifest_json, spec)
+
+    def rollart_staged_status(self) -> dict[str, Any]:
+        status: dict[str, Any] = self._rollart_staging().status()
+        return status
+
+    def rollart_cancel_staged(self, version: int) -> None:
+        self._rollart_staging().cancel(version)
+
+    def rollart_check_staged(self, version: int, checkpoint: str) -> int:
+        """Take the staged ``version`` out of staging and check every bucket's names and
+        shapes against the served checkpoint (raises before anything is touched; the
+        engine calls it before it aborts in-flight requests). Returns its tensor count."""
+        from rollart_sdk.backends.engine_adapter import checkpoint_shapes, convert_buckets
+
+        self._rollart_ready: tuple[int, list[dict[str, Any]]] | None = None
+        buckets = self._rollart_staging().take(version)
+        shapes = getattr(self, "_rollart_shapes", None)
+        if shapes is None:
+            shapes = self._rollart_shapes = checkpoint_shapes(checkpoint)
+        checked = convert_buckets(buckets, shapes, lambda b: b.tensors)
+        self._rollart_ready = (version, checked)
+        return sum(len(t) for t in checked)
+
+    def rollart_commit_staged(self, version: int) -> int:
+        """Load the checked ``version`` (``rollart_check_staged``); returns the tensors
+        loaded."""
+        ready = getattr(self, "_rollart_ready", None)
+        if ready is None or ready[0] != version:
+            raise RuntimeError(f"version {version} was not staged and checked on this worker "
+                               "(rollart_check_staged first)")
+        self._rollart_ready = None
+        self.rollart_begin_update()
+        try:
+            model = self._rollart_model()
+            for tensors in ready[1]:
+                model.load_weights(weights=list(tensors.items()))
+                self._rollart_loaded += len(tensors)
+        finally:
+            loaded = self.rollart_finish_update()
+        return loaded
+
+    def rollart_staged_payload(self, version: int) -> list[tuple[int, str, bytes]]:
+        """Take the staged ``version`` out of staging as ``(index, checksum, safetensors
+        bytes)`` per bucket, loading nothing: what this worker received, for the
+        transport conformance kit (tests/test_collective.py)."""
+        from safetensors.torch import save
+
+        return [(b.index, b.checksum, save(b.tensors))
+                for b in self._rollart_staging().take(version)]
 
     def rollart_weight(self, name: str) -> list[float]:
         """A parameter's values by vLLM name (tests compare them with what was sent)."""

@@ -86,6 +86,11 @@ class NcclTransportOptions(BaseModel):
     join_timeout_s: float = Field(
         300.0, gt=0, description="seconds the sender waits for every engine to join a round",
     )
+    direct: bool = Field(
+        True, description="engines that can (vllm, sglang) receive each round in their own "
+        "worker processes, straight beside the model (the collective path); false: the "
+        "engine worker receives and hands the tensors to the engine (the bytes path)",
+    )
 
 
 def _whoami() -> str:
@@ -117,6 +122,7 @@ class NcclTransport:
         receivers: int | None = None,
         timeout_s: float = 120.0,
         join_timeout_s: float = 300.0,
+        direct: bool = True,
     ) -> None:
         if role not in ("sender", "receiver"):
             raise ValueError(f"role must be 'sender' or 'receiver', got {role!r}")
@@ -125,6 +131,7 @@ class NcclTransport:
         self.receivers = receivers
         self.timeout_s = timeout_s
         self.join_timeout_s = join_timeout_s
+        self.direct = direct
         self.name = _whoami()
         self._store: Any = None
         self._group: Any = None
@@ -276,6 +283,16 @@ class NcclTransport:
         return json.loads(self._wait_get(f"{key}/who/{slot}", self.timeout_s, "an engine"))
 
     # ------------------------------------------------------------------ receiver
+    def receiver_spec(self) -> dict[str, Any] | None:
+        """How an engine's own worker process builds a receiver of the same rounds (the
+        collective path, ``rollart_sdk.weights.direct``); None with ``direct=False``."""
+        if not self.direct:
+            return None
+        return {"factory": f"{__name__}:NcclTransport", "kwargs": {
+            "backend": self.requested_backend, "store": self.address,
+            "receivers": self.receivers, "timeout_s": self.timeout_s,
+            "join_timeout_s": self.join_timeout_s}}
+
     def fetch(self, manifest: WeightManifest) -> Iterator[WeightBucket]:
         """Join the version's round, receive everything, then verify and yield each bucket.
 

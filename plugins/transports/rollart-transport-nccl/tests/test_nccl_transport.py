@@ -40,6 +40,35 @@ def test_conformance_kit_gloo():
     assert sorted(sender.sent_s) == [1, 2, 3]  # the corrupt round itself completed
 
 
+def test_conformance_kit_on_the_collective_path():
+    """The kit with engines whose own "workers" receive (rollart_sdk.weights.direct): each
+    builds a receiver from receiver_spec() and joins the rounds itself; the engine
+    worker's receivers never do."""
+    from rollart_sdk.testing.transport import DirectRecordingEngine
+
+    torch.set_num_threads(1)
+    sender = NcclTransport("sender", backend="gloo", timeout_s=30, join_timeout_s=30)
+    receivers, engines = [], []
+
+    def receiver():
+        receivers.append(NcclTransport("receiver", store=sender.address, receivers=2,
+                                       timeout_s=30, join_timeout_s=30))
+        return receivers[-1]
+
+    def engine():
+        engines.append(DirectRecordingEngine())
+        return engines[-1]
+
+    summary = check_transport(lambda: sender, receiver, num_receivers=2, name="nccl",
+                              make_engine=engine)
+    assert summary["versions"] == [1, 2] and summary["corrupt_rejected"] == "fetch"
+    assert [e.staged for e in engines] == [[1, 2, 3]] * 2
+    assert all(r._gen == -1 for r in receivers)  # never joined: the "workers" did
+    assert sorted(sender.sent_s) == [1, 2, 3] and not sender.errors
+    spec = NcclTransport("receiver", store=sender.address, direct=False).receiver_spec()
+    assert spec is None  # direct=False: the bytes path
+
+
 def test_wire_round_trip_keeps_every_dtype_and_shape():
     state = make_state_dict(4)
     state["mask"] = torch.tensor([True, False, True])
