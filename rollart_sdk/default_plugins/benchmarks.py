@@ -72,7 +72,7 @@ def rollart_register_envs(registry):
     # `rollart train` finds it: `rollart bench small --path train` runs the real CLI.
     registry.register(
         "bench-frozenlake",
-        factory="rollart_sdk.bench.small:LatencyFrozenLake",
+        factory="rollart_sdk.bench.latency_env:LatencyFrozenLake",
         options="rollart_sdk.bench.small:LatencyFrozenLakeOptions",
         summary="benchmark env (rollart bench small): FrozenLake whose steps sleep "
                 "N(mu, sigma); needs the frozenlake plugin",
