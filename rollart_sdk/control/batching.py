@@ -3,7 +3,7 @@
 On Ray every ``generate`` is an actor call: the driver pays a task submission and a
 reply per turn, and the engine sees a wave of turns (the environments answered by its
 last step) arrive one call at a time, so it steps on the first few and computes the rest
-in more, smaller steps (``rollart bench turns``: 13 engine steps per wave of 64 turns
+in more, smaller steps (``rollart bench turns``: 7-14 engine steps per wave of 64 turns
 instead of 1). :class:`GenerateBatcher` collects the requests for its worker until the
 event loop has gone ``QUIET_TICKS`` iterations without a new one (no wall-clock wait: a
 wave's callers, woken by one reply, submit within a few iterations), then sends them as
@@ -11,6 +11,7 @@ one ``generate_many`` call (a streaming call on Ray): the engine starts them tog
 and the results come back as they finish, those finished in one step in one message.
 Each caller still awaits its own request's result, so a short turn never waits for a
 long one.
+The K/V releases of trajectories that end together go the same way (``release_many``).
 
 Nothing else changes: the LLMProxy still routes, counts and aborts each request by
 itself (an ABORT reaches the engine worker as before: ``EngineWorker.abort``); a request
@@ -134,12 +135,6 @@ class GenerateBatcher:
         for request, fut in batch:
             _settle(fut, RollartError(f"{self.worker.name}: generate_many ended without "
                                       f"a result for request {request.request_id}"))
-
-    async def close(self) -> None:
-        """Stop the calls in flight (their callers' requests are cancelled)."""
-        for task in list(self._sends):
-            task.cancel()
-        await asyncio.gather(*self._sends, return_exceptions=True)
 
 
 def _settle(fut: asyncio.Future[Any], result: Any) -> None:
