@@ -87,7 +87,7 @@ def _start_local(kwargs: dict[str, Any]) -> Any:
         try:
             # "local": always start our own instance; with no address Ray would attach to
             # any cluster another process started here (/tmp/ray/ray_current_cluster).
-            with ray_daemons_in_own_session():
+            with ray_daemons_in_own_session(), workers_at_driver_niceness():
                 ctx = ray.init(address="local", include_dashboard=False,
                                _node_ip_address="127.0.0.1", **kwargs)
         except Exception as exc:
@@ -101,6 +101,30 @@ def _start_local(kwargs: dict[str, Any]) -> Any:
         ray_leftovers.record()
         return ctx
     raise AssertionError("unreachable")
+
+
+NICENESS_ENV = "RAY_worker_niceness"  # Ray's worker_niceness setting (its default: 15)
+
+
+@contextmanager
+def workers_at_driver_niceness() -> Iterator[None]:
+    """While a local Ray starts: its workers run at the driver's niceness, not 15 above it.
+
+    Ray starts every worker process at nice +15 (its ``worker_niceness``, read from
+    ``RAY_worker_niceness`` by the raylet when it starts). In the Ray layout the workers
+    are the whole computation (trainer, engines, env hosts), so on a machine with any
+    other work they would get a fraction of the CPU the in-process layout gets; Ray's own
+    job manager sets 0 for the same reason. A value the user set is kept; a cluster the
+    run joins (``--address``) keeps its own setting (this applies only to the Ray the
+    SDK starts)."""
+    if NICENESS_ENV in os.environ:
+        yield
+        return
+    os.environ[NICENESS_ENV] = "0"
+    try:
+        yield
+    finally:
+        os.environ.pop(NICENESS_ENV, None)
 
 
 @contextmanager

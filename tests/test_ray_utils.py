@@ -47,3 +47,42 @@ def test_actor_pids_finds_the_workers_of_one_class_below_a_process() -> None:
             os.kill(pid, signal.SIGKILL)
         parent.kill()
         parent.wait(10)
+
+
+def test_a_local_ray_keeps_a_users_worker_niceness(monkeypatch: pytest.MonkeyPatch) -> None:
+    from rollart_sdk.ray_utils import NICENESS_ENV, workers_at_driver_niceness
+
+    monkeypatch.delenv(NICENESS_ENV, raising=False)
+    with workers_at_driver_niceness():
+        assert os.environ[NICENESS_ENV] == "0"  # what the raylet reads when it starts
+    assert NICENESS_ENV not in os.environ  # only while Ray starts
+    monkeypatch.setenv(NICENESS_ENV, "5")
+    with workers_at_driver_niceness():
+        assert os.environ[NICENESS_ENV] == "5"
+
+
+# A driver that starts the SDK's local Ray and prints its own niceness and an actor's.
+NICENESS_DRIVER = """
+import os, ray
+from rollart_sdk.ray_utils import init_ray
+init_ray(num_cpus=1, log_to_driver=False)
+@ray.remote(num_cpus=0)
+class A:
+    def nice(self):
+        return os.nice(0)
+print(os.nice(0), ray.get(A.remote().nice.remote(), timeout=120), flush=True)
+ray.shutdown()
+"""
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Ray's niceness: Linux")
+def test_the_sdks_local_ray_runs_its_workers_at_the_drivers_niceness() -> None:
+    """Ray's default puts every worker 15 above the driver (capped at 19): the trainer and
+    engines of a Ray-layout run would yield the CPU to anything else on the machine."""
+    env = {k: v for k, v in os.environ.items() if k != "RAY_worker_niceness"}
+    out = subprocess.run([sys.executable, "-c", NICENESS_DRIVER], env=env, timeout=280,
+                         capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-2000:]
+    driver, actor = (int(x) for x in out.stdout.split()[-2:])
+    assert actor == driver

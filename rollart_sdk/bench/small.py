@@ -47,7 +47,6 @@ import asyncio
 import importlib.util
 import json
 import os
-import random
 import statistics
 import subprocess
 import sys
@@ -70,48 +69,14 @@ REFERENCE = {  # the issue's synchronous single-process reference (TRL GRPOTrain
 LATENCY = {"none": (0.0, 0.0), "normal": (0.05, 0.02)}
 
 
-class LatencyFrozenLake:
-    """FrozenLake (the ``frozenlake`` plugin's env) whose steps sleep N(mu, sigma), truncated
-    at 0, drawn from the reset seed and a per-process instance counter. Each step's info
-    carries ``env_sleep_s``, the seconds this episode has slept so far, and ``last_sleep_s``
-    (the bench's latency floors are computed from them)."""
+def __getattr__(name: str) -> Any:
+    """``LatencyFrozenLake`` lives in :mod:`rollart_sdk.bench.latency_env` (importing it
+    imports the frozenlake plugin and gymnasium; this module stays light)."""
+    if name == "LatencyFrozenLake":
+        from rollart_sdk.bench.latency_env import LatencyFrozenLake
 
-    _instances = 0
-
-    def __init__(self, mu: float = 0.0, sigma: float = 0.0, **options: Any) -> None:
-        from rollart_env_frozenlake.env import FrozenLakeTextEnv
-
-        self._env = FrozenLakeTextEnv(**options)
-        self.action_vocabulary = self._env.action_vocabulary
-        self.system_prompt = self._env.system_prompt
-        self.mu, self.sigma = mu, sigma
-        LatencyFrozenLake._instances += 1
-        self._index = LatencyFrozenLake._instances
-        self._rng = random.Random(0)
-        self._slept = 0.0
-
-    def reset(self, *, seed: int | None = None, options: Any = None) -> tuple[str, dict[str, Any]]:
-        self._rng = random.Random(f"{seed}/{self._index}")
-        self._slept = 0.0
-        return self._env.reset(seed=seed, options=options)
-
-    def step(self, action: str) -> Any:
-        x = 0.0
-        if self.mu > 0:
-            x = -1.0
-            for _ in range(100):
-                x = self._rng.gauss(self.mu, self.sigma)
-                if x >= 0:
-                    break
-            x = max(0.0, x)
-            time.sleep(x)
-        self._slept += x
-        obs, reward, terminated, truncated, info = self._env.step(action)
-        info = {**info, "env_sleep_s": self._slept, "last_sleep_s": x}
-        return obs, reward, terminated, truncated, info
-
-    def close(self) -> None:
-        self._env.close()
+        return LatencyFrozenLake
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 class LatencyFrozenLakeOptions(BaseModel):

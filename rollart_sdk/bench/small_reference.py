@@ -51,7 +51,8 @@ def setup(latency: str, seed: int, max_steps: int) -> dict[str, Any]:
     tokenizer, chat format, action tokens, 64 envs, the sampling generator, max turns, lr."""
     import torch
 
-    from rollart_sdk.bench.small import LATENCY, LatencyFrozenLake, workload_config
+    from rollart_sdk.bench.latency_env import LatencyFrozenLake
+    from rollart_sdk.bench.small import LATENCY, workload_config
     from rollart_sdk.config import ModelConfig
     from rollart_sdk.control.chat import ChatFormat
     from rollart_sdk.models import load_causal_lm, load_tokenizer, prepare_model

@@ -11,9 +11,10 @@ control plane passes no method name as a string).
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
-from rollart_sdk.cluster.hosts import ResetResult, StepResult
+from rollart_sdk.cluster.hosts import GeneratedBatch, ResetResult, StepResult
 from rollart_sdk.cluster.shards import Shard
 from rollart_sdk.types import (
     GenerationRequest,
@@ -55,6 +56,11 @@ class EngineClient(_Client):
             return await self.handle.call("generate", request)
         return await self.handle.call("generate", request, kv)
 
+    def generate_many(self, requests: list[GenerationRequest]) -> AsyncIterator[GeneratedBatch]:
+        """Several requests in one call; their results as they finish (one streaming call
+        on Ray: :meth:`WorkerHandle.stream`)."""
+        return self.handle.stream("generate_many", requests)
+
     async def prefill_kv(self, request: GenerationRequest, held: int = 0,
                          held_version: int | None = None,
                          kv: list[Any] | None = None) -> Any:
@@ -79,6 +85,9 @@ class EngineClient(_Client):
 
     async def release(self, trajectory_id: str) -> bool:
         return bool(await self.handle.call("release", trajectory_id))
+
+    async def release_many(self, trajectory_ids: list[str]) -> int:
+        return int(await self.handle.call("release_many", trajectory_ids) or 0)
 
     async def abort(self, request_id: str) -> bool:
         return bool(await self.handle.call("abort", request_id))

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+from collections.abc import AsyncIterator
 from typing import Any
 
 from rollart_sdk.cluster.clients import EngineClient, EnvClient, RewardClient, TrainerClient
@@ -49,6 +50,18 @@ class WorkerHandle:
         if inspect.isawaitable(result):  # a plain method that hands back work to await
             result = await result
         return result
+
+    async def stream(self, method: str, *args: Any) -> AsyncIterator[Any]:
+        """Call a worker method that is an async generator and yield its items as they
+        come: on Ray one streaming call (``num_returns="streaming"``: each item comes back
+        as the worker yields it, not when the call ends), in process the generator."""
+        if self.is_ray:
+            refs = getattr(self.target, method).options(num_returns="streaming").remote(*args)
+            async for ref in refs:
+                yield await ref
+            return
+        async for item in getattr(self.target, method)(*args):
+            yield item
 
     def submit(self, method: str, *args: Any) -> Any:
         """Start a call without waiting for it: a Ray ObjectRef (pass it as an argument to

@@ -18,7 +18,7 @@ checks both sides of the boundary: a method renamed or re-typed on a worker fail
 
 from __future__ import annotations
 
-from collections.abc import Awaitable
+from collections.abc import AsyncIterator, Awaitable
 from typing import Any, Protocol, TypeAlias, TypeVar, Union
 
 from rollart_sdk.cluster.shards import Shard
@@ -38,6 +38,9 @@ MaybeAwaitable: TypeAlias = Union[T, Awaitable[T]]
 # An env step's answer: (observation, reward, terminated, truncated, info).
 StepResult = tuple[str, float, bool, bool, dict[str, Any]]
 ResetResult = tuple[str, dict[str, Any]]
+# What ``generate_many`` yields: the requests that finished together, as (their index in
+# the call's list, the result or the exception that request's ``generate`` raised).
+GeneratedBatch = list[tuple[int, Union[GenerationResult, BaseException]]]
 
 
 class EngineHost(Protocol):
@@ -46,6 +49,11 @@ class EngineHost(Protocol):
     async def generate(self, request: GenerationRequest,
                        kv: list[Any] | None = None) -> GenerationResult: ...
 
+    def generate_many(self, requests: list[GenerationRequest]) -> AsyncIterator[GeneratedBatch]:
+        """``generate`` of each request in one call; yields the ones done at the same time
+        together, as they finish (the LLMProxy sends a loop iteration's turns this way)."""
+        ...
+
     async def prefill_kv(self, request: GenerationRequest, held: int = 0,
                          held_version: int | None = None,
                          kv: list[Any] | None = None) -> Any: ...
@@ -53,6 +61,8 @@ class EngineHost(Protocol):
     async def export_kv(self, trajectory_id: str, start: int) -> Any: ...
 
     async def release(self, trajectory_id: str) -> bool: ...
+
+    async def release_many(self, trajectory_ids: list[str]) -> int: ...
 
     async def abort(self, request_id: str) -> bool: ...
 

@@ -13,9 +13,11 @@ affinities (``ResourcePlan.hw_affinity()``), and the LLMProxy routes each task's
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import sys
 import time
+from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
 from rollart_sdk.cluster.envs.process import EnvWorker
@@ -45,7 +47,13 @@ if TYPE_CHECKING:
     from collections.abc import Awaitable
 
     from rollart_sdk.cluster.handles import WorkerHandle
-    from rollart_sdk.cluster.hosts import EngineHost, MaybeAwaitable, RewardHost, TrainerHost
+    from rollart_sdk.cluster.hosts import (
+        EngineHost,
+        GeneratedBatch,
+        MaybeAwaitable,
+        RewardHost,
+        TrainerHost,
+    )
 
 _MAX_EARLY_ABORTS = 4096
 
@@ -135,6 +143,23 @@ class EngineWorker(ActorGenWorker):
             result.handoff_worker_died = is_worker_death(failed)
         return result
 
+    async def generate_many(self, requests: list[GenerationRequest]
+                            ) -> AsyncIterator[GeneratedBatch]:
+        """:meth:`generate` of each request, started together (one actor call for many
+        turns: the engine gets them at once and batches them in one step); yields
+        ``[(index, result or the exception its generate raised), ...]`` for the requests
+        that finished at the same time, as they finish. A request whose caller gave up
+        is ended by its ABORT (:meth:`abort`), as with :meth:`generate`."""
+        pending = {asyncio.ensure_future(self.generate(r)): i for i, r in enumerate(requests)}
+        while pending:
+            done, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            out: GeneratedBatch = []
+            for task in done:
+                exc = (RuntimeError(f"{self.name}: generate was cancelled")
+                       if task.cancelled() else task.exception())
+                out.append((pending.pop(task), exc if exc is not None else task.result()))
+            yield sorted(out, key=lambda x: x[0])
+
     async def _handoff(self, kv: list[Any]) -> tuple[Any, BaseException | None]:
         """(the hand-off, None), or (None, why) when it failed. ``kv[0]``: an ObjectRef
         or an in-process task (awaited), or the hand-off itself (in process)."""
@@ -177,6 +202,11 @@ class EngineWorker(ActorGenWorker):
         without prefix reuse have nothing to free)."""
         release = getattr(self.engine, "release", None)
         return bool(await release(trajectory_id)) if release is not None else False
+
+    async def release_many(self, trajectory_ids: list[str]) -> int:
+        """:meth:`release` of each (the trajectories that ended together, in one call);
+        how many kept K/V were freed."""
+        return sum([await self.release(t) for t in trajectory_ids])
 
     async def abort(self, request_id: str) -> bool:
         if request_id in self._started:

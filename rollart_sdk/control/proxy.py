@@ -24,7 +24,10 @@
   positions the decode worker lacks (the proxy passes on what its last result said it
   kept, ``kv_kept``); a hand-off that is stale or continues a cache the receiver lost is
   ignored (it computes what it lacks);
-- ``release`` (a trajectory ended) frees the K/V its workers kept for a next turn.
+- ``release`` (a trajectory ended) frees the K/V its workers kept for a next turn;
+- on Ray (``batch_calls``) the turns that reach one engine worker in the same few loop
+  iterations go to it in one ``generate_many`` call (``control/batching.py``): one actor
+  call per wave of turns instead of one per turn, and the engine batches them in one step.
 
 It only routes: weights reach the engines through ``rollart_sdk.weights.WeightSync``.
 """
@@ -38,6 +41,7 @@ from typing import Any, TypeVar
 
 from rollart_sdk.cluster.clients import EngineClient
 from rollart_sdk.cluster.handles import WorkerHandle
+from rollart_sdk.control.batching import GenerateBatcher
 from rollart_sdk.errors import RollartError, is_worker_death  # is_worker_death: its old home
 from rollart_sdk.types import GenerationRequest, GenerationResult
 
@@ -56,11 +60,16 @@ class RequestKillsEngines(RollartError):
 class LLMProxy:
     def __init__(self, workers: list[WorkerHandle], routes: dict[str, list[str]],
                  prefill_workers: list[WorkerHandle] | None = None,
-                 prefill_routes: dict[str, list[str]] | None = None) -> None:
+                 prefill_routes: dict[str, list[str]] | None = None,
+                 batch_calls: bool | None = None) -> None:
         """``routes``: task tag -> names of the workers that may serve it (``"default"``
         is used for tags without an entry). ``prefill_workers``: with prefill-decode
         disaggregation, the workers that compute prompts (``workers`` then decode);
-        ``prefill_routes``: task tag -> the prefill workers of its pool (None: any)."""
+        ``prefill_routes``: task tag -> the prefill workers of its pool (None: any).
+        ``batch_calls``: send the turns that arrive together in one call per worker
+        (:class:`GenerateBatcher`; the K/V releases of trajectories that end together
+        too); None: for the workers that are Ray actors (in process a call costs nothing
+        to batch away)."""
         self.workers = {w.name: w for w in workers}
         self.prefill_workers = {w.name: w for w in prefill_workers or []}
         _check_routes(routes, self.workers, "route")
@@ -88,6 +97,8 @@ class LLMProxy:
         self.rerouted = 0  # requests re-sent because their worker died
         self.on_worker_death: list[Any] = []  # callbacks(name, error text)
         self.release_errors: Counter[str] = Counter()  # failed KV releases, by error type
+        self.batch_calls = batch_calls
+        self._batchers: dict[str, GenerateBatcher] = {}
 
     # ------------------------------------------------------------------ routing
     def candidates(self, tag: str) -> list[str]:
@@ -191,6 +202,9 @@ class LLMProxy:
                            request: GenerationRequest) -> GenerationResult:
         pre = self._pick_prefill(request)
         if pre is None:
+            batcher = self._batcher(worker)
+            if batcher is not None:
+                return await batcher.generate(request)
             return await worker.engine.generate(request)
         tid = request.trajectory_id
         name, held, version, pre_has = self._held.pop(tid, ("", 0, -1, 0))
@@ -217,6 +231,23 @@ class LLMProxy:
             # it back), not after every later request paid a failed hand-off.
             self.mark_down(pre.name, f"prefill hand-off: {result.handoff_error}"[:500])
         return result
+
+    def _batcher(self, worker: WorkerHandle) -> GenerateBatcher | None:
+        """The worker's batcher when its calls are batched (None: one call per turn)."""
+        batch = worker.is_ray if self.batch_calls is None else self.batch_calls
+        if not batch:
+            return None
+        batcher = self._batchers.get(worker.name)
+        if batcher is None or batcher.worker is not worker:
+            batcher = self._batchers[worker.name] = GenerateBatcher(
+                worker, on_release=self._track_release)
+        return batcher
+
+    @property
+    def batched_calls(self) -> tuple[int, int]:
+        """(``generate_many`` calls sent, requests in them) over every worker."""
+        return (sum(b.calls for b in self._batchers.values()),
+                sum(b.sent for b in self._batchers.values()))
 
     def _pick_prefill(self, request: GenerationRequest) -> WorkerHandle | None:
         """The prefill worker of the request's trajectory while it is alive (it holds the
@@ -275,9 +306,16 @@ class LLMProxy:
             name = table.pop(trajectory_id, None)
             if name is None or name in self.down:
                 continue
-            task = asyncio.ensure_future(self.worker(name).engine.release(trajectory_id))
-            self._bg.add(task)
-            task.add_done_callback(self._released)
+            worker = self.worker(name)
+            batcher = self._batcher(worker)
+            if batcher is not None:  # with the others that end meanwhile: one call
+                batcher.release(trajectory_id)
+                continue
+            self._track_release(asyncio.ensure_future(worker.engine.release(trajectory_id)))
+
+    def _track_release(self, task: asyncio.Task[Any]) -> None:
+        self._bg.add(task)
+        task.add_done_callback(self._released)
 
     def _released(self, task: asyncio.Task[Any]) -> None:
         self._bg.discard(task)

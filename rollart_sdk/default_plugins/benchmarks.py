@@ -53,6 +53,12 @@ def rollart_register_benchmarks(registry):
                 "as call arguments vs object references, and the sim at 256-2048 in flight",
     )
     registry.register(
+        "turns",
+        factory="rollart_sdk.bench.turns:main",
+        summary="one turn of a multi-turn episode, in process and on Ray: worker calls, "
+                "bytes pickled and CPU seconds per turn (driver, each worker, Ray)",
+    )
+    registry.register(
         "gateway",
         factory="rollart_sdk.bench.gateway:main",
         summary="the OpenAI-compatible gateway vs direct LLMProxy calls, same engine and "
@@ -66,7 +72,7 @@ def rollart_register_envs(registry):
     # `rollart train` finds it: `rollart bench small --path train` runs the real CLI.
     registry.register(
         "bench-frozenlake",
-        factory="rollart_sdk.bench.small:LatencyFrozenLake",
+        factory="rollart_sdk.bench.latency_env:LatencyFrozenLake",
         options="rollart_sdk.bench.small:LatencyFrozenLakeOptions",
         summary="benchmark env (rollart bench small): FrozenLake whose steps sleep "
                 "N(mu, sigma); needs the frozenlake plugin",
