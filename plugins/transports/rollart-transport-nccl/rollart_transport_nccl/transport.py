@@ -57,6 +57,8 @@ log = logging.getLogger(__name__)
 KEEP_VERSIONS = 3  # published versions the sender can replay (served, staged, newest)
 
 
+REPLAY_POLL_S = 0.2  # how often the sender looks for a restarted engine's reload request
+
 class NcclTransportOptions(BaseModel):
     """Options of ``transport: {name: nccl, options: {...}}``."""
 
@@ -422,11 +424,14 @@ class NcclTransport:
                               datetime.timedelta(seconds=self.timeout_s))
         rid = 1
         while not self._closing.is_set():
+            # `check` asks without waiting: a timed-out `store.wait` had c10d log two
+            # "waitForInput ... timed out" warnings every second of the run.
             try:
-                store.wait([f"replay/{rid}"], datetime.timedelta(seconds=1))
-            except Exception:  # noqa: BLE001 - no request yet (or the store went at close)
-                # A store that fails at once (gone) must not turn this into a busy loop.
-                self._closing.wait(0.05)
+                asked = store.check([f"replay/{rid}"])
+            except Exception:  # noqa: BLE001 - the store went (at close): stop asking
+                asked = False
+            if not asked:
+                self._closing.wait(REPLAY_POLL_S)
                 continue
             self._replay_one(store, rid)
             rid += 1

@@ -293,3 +293,21 @@ def test_listed_by_rollart_plugins():
 
     desc = load_plugins().registry.get("transport", "nccl")
     assert desc.distribution == "rollart-transport-nccl"
+
+
+def test_an_idle_sender_logs_nothing(capfd):
+    """The sender's reload thread looks for requests without a timed-out store wait: c10d
+    logged two "waitForInput ... timed out" warnings a second for as long as a run went
+    on (a Ray run's driver log was full of them)."""
+    import time
+
+    # receivers=1, none joining: the round polls the join count (no store wait either)
+    sender = NcclTransport("sender", backend="gloo", receivers=1, timeout_s=30,
+                           join_timeout_s=30)
+    try:
+        sender.publish(1, split_buckets(make_state_dict(1).items(), BUCKET_BYTES, 1))
+        time.sleep(3.5)  # a few of the old 1 s waits
+        err = capfd.readouterr().err
+    finally:
+        sender.close()
+    assert sender._replayer is not None and "waitForInput" not in err, err[-2000:]
