@@ -462,3 +462,9 @@ def test_admission_runs_the_rollout_at_most_alpha_batches_ahead_of_the_trainer()
     # still start (get_batch would wait for it for ever); deferring costs that version.
     versions.engine, versions.held_back = 5, True
     assert room(1) == 2 * 64
+    # ... and training step 6 ends before that update is swapped in (trainer 7): batch 8
+    # (floor 6) could not take what version 5 samples, so nothing more starts; the
+    # trainer's version alone would have allowed a third batch, all of it dropped stale.
+    versions.trainer = 7
+    assert room(1) == 2 * 64
+    assert room(2) == 3 * 64  # alpha 2: batch 8 takes version 5 (floor 5)

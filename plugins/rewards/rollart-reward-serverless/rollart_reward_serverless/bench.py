@@ -195,7 +195,7 @@ class Arm:
                 raise TimeoutError(f"bench reward: {self.deployment} jobs still running "
                                    f"after {limit:.0f} s (--job-timeout-s)")
             time.sleep(0.5)
-        for left in self.apps.values():
+        for j, left in list(self.apps.items()):  # jobs that ended after the last poll
             if left is not None:
                 serve.delete(left, _blocking=False)
                 self.apps[j] = None

@@ -126,3 +126,27 @@ def test_both_arms_deploy_the_same_replica_and_only_serverless_autoscales(tmp_pa
     srv = _deployment(Arm(args, "serverless", 1, 8000).options("s", 0, args.max_replicas)
                       )._deployment_config.autoscaling_config
     assert (srv.max_replicas, srv.target_ongoing_requests, srv.upscale_delay_s) == (2, 8, 5)
+
+
+def test_every_dedicated_app_is_deleted_when_the_jobs_end_together(tmp_path, monkeypatch):
+    """Jobs that end after the last poll: each one's own reservation is deleted (the last
+    loop once deleted one app and marked another job's app deleted, and the bench then
+    waited 60 s for a replica nobody had removed: CI, 5 Dec)."""
+    import argparse
+    import subprocess
+    import sys
+
+    from ray import serve
+    from rollart_reward_serverless.bench import Arm
+
+    deleted: list[str] = []
+    monkeypatch.setattr(serve, "delete", lambda app, _blocking=True: deleted.append(app))
+    args = argparse.Namespace(out=str(tmp_path), jobs=2, job_timeout_s=30)
+    arm = Arm(args, "dedicated", 0, 8000)
+    arm.procs = {j: subprocess.Popen([sys.executable, "-c", "pass"]) for j in range(2)}
+    for p in arm.procs.values():
+        p.wait(timeout=30)
+    arm.apps = {0: "r3-dedicated-r0-j0", 1: "r3-dedicated-r0-j1"}
+    arm._wait_jobs()
+    assert sorted(deleted) == ["r3-dedicated-r0-j0", "r3-dedicated-r0-j1"]
+    assert arm.apps == {0: None, 1: None}
