@@ -11,8 +11,9 @@ control plane passes no method name as a string).
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, Any
+import asyncio
+from collections.abc import AsyncIterator, Coroutine
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from rollart_sdk.cluster.hosts import GeneratedBatch, ResetResult, StepResult
 from rollart_sdk.cluster.shards import Shard
@@ -28,6 +29,17 @@ from rollart_sdk.types import (
 if TYPE_CHECKING:
     from rollart_sdk.cluster.handles import WorkerHandle
     from rollart_sdk.cluster.hosts import EngineHost, EnvHost, RewardHost, TrainerHost
+
+
+T = TypeVar("T")
+
+
+def await_answer(call: Coroutine[Any, Any, T], timeout_s: float) -> T:
+    """Run one client call to its answer from driver code outside the event loop
+    (building the job, the end-of-run summary and final save):
+    ``await_answer(handle.trainer.version(), 60)``. ``TimeoutError`` after ``timeout_s``; the
+    worker's own error as it raised it."""
+    return asyncio.run(asyncio.wait_for(call, timeout_s))
 
 
 class _Client:
