@@ -61,7 +61,7 @@ from rollart_sdk.types import TrainSample, Trajectory, WeightManifest, WeightUpd
 from rollart_sdk.weights.sync import WeightSync
 
 if TYPE_CHECKING:
-    from rollart_sdk.cluster.clients import TrainerClient
+    from rollart_sdk.cluster.handles import TrainerClient
 
 T = TypeVar("T")
 

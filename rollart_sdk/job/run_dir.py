@@ -10,7 +10,7 @@ import os
 import shutil
 from typing import TYPE_CHECKING
 
-from rollart_sdk.cluster.clients import await_answer
+from rollart_sdk.cluster.handles import await_answer
 
 if TYPE_CHECKING:
     from rollart_sdk.control.run_dir import RunDir

@@ -11,7 +11,7 @@ import socket
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from rollart_sdk.cluster.clients import await_answer
+from rollart_sdk.cluster.handles import await_answer
 
 if TYPE_CHECKING:
     from rollart_sdk.cluster.spawn import Spawner

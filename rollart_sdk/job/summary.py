@@ -10,12 +10,12 @@ import sys
 import time
 from typing import TYPE_CHECKING, Any
 
-from rollart_sdk.cluster.clients import await_answer
+from rollart_sdk.cluster.handles import await_answer
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
 
-    from rollart_sdk.cluster.clients import EngineClient
+    from rollart_sdk.cluster.handles import EngineClient
     from rollart_sdk.control.pipeline import Pipeline
     from rollart_sdk.job.build import Job
 

@@ -27,8 +27,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from rollart_sdk.types import WeightManifest, WeightUpdateReport
 
 if TYPE_CHECKING:
-    from rollart_sdk.cluster.clients import EngineClient
-    from rollart_sdk.cluster.handles import WorkerHandle
+    from rollart_sdk.cluster.handles import EngineClient, WorkerHandle
 
 T = TypeVar("T")
 

@@ -13,7 +13,7 @@ import sys
 import pytest
 from test_failures import one_task
 
-from rollart_sdk.cluster.clients import await_answer
+from rollart_sdk.cluster.handles import await_answer
 from rollart_sdk.config import load_config
 from rollart_sdk.control.aio import wait_for
 from rollart_sdk.job import build_job
