@@ -88,6 +88,10 @@ def test_rollart_sim_writes_metrics_events_and_summary(tmp_path):
     res = run_cli("train", str(cfg_path), "--resume", str(run))
     assert res.returncode == 2 and "--resume" in res.stderr, res.stdout + res.stderr
     assert "simulated time (clock: simulated) keeps no checkpoints" in res.stderr, res.stderr
+    # `rollart validate` picks the same runtime: the sim's checks, no layout.
+    res = run_cli("validate", str(cfg_path))
+    assert res.returncode == 0 and "is valid" in res.stdout, res.stdout + res.stderr
+    assert "layout:" not in res.stdout, res.stdout
     # A config that names a real backend is refused with the key to change.
     bad = tiny(tmp_path)
     bad["engine"] = {"name": "torch"}
