@@ -97,9 +97,8 @@ async def _load_weights(workers: Any, ckpt: Path, bucket_bytes: int, versions: A
     manifest = manifests[0]
     if manifest is None:
         raise RuntimeError(f"trainer rank 0 ({trainers[0].name}) published no manifest")
-    sync = WeightSync(workers.engines + workers.prefill)
+    sync = WeightSync(workers.engines + workers.prefill, proxy)
     manifest.meta.setdefault("receivers", len(sync.engines))
-    sync.proxy = proxy
     await sync.stage(manifest)
     await sync.commit()
     versions.engine = version

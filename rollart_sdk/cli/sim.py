@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 from typing import Any
 
 from rollart_sdk.cli.output import console
@@ -24,27 +23,19 @@ def cmd_sim(args: argparse.Namespace) -> int:
     from rollart_sdk.config import load_config
 
     cfg, lines = load_config(args.config, args.overrides)
-    return simulate(cfg, lines, args.steps, source=args.config)
+    return simulate(cfg, lines, args)
 
 
-def simulate(cfg: Any, lines: Any, steps: int | None, source: str | None = None) -> int:
-    """Build and run ``cfg`` on simulated time; print where the run directory is."""
-    from rollart_sdk.errors import ConfigError
-    from rollart_sdk.sim.job import build_sim_job, run_sim
+def simulate(cfg: Any, lines: Any, args: argparse.Namespace) -> int:
+    """``cfg`` on simulated time, whatever its ``clock``: ``rollart train``'s one path
+    (:func:`rollart_sdk.cli.train.train`) with the simulator's runtime."""
+    from rollart_sdk.cli.train import train
+    from rollart_sdk.sim.job import SimRuntime
 
-    try:
-        job = build_sim_job(cfg, lines, log=console.print)
-    except ConfigError as exc:
-        raise ConfigError(exc.problems, source=source) from None
-    run_sim(job, steps or cfg.train.steps, log=console.print)
-    summary = json.loads((job.run_dir.path / "summary.json").read_text())
-    n = summary["steps"]
-    console.print(f"simulated {n} steps: {summary['virtual_s']:.0f} virtual s "
-                  f"({summary['virtual_s'] / max(n, 1):.1f} s a step) in "
-                  f"{summary['wall_s']:.1f} wall s; {summary['launched']} launched, "
-                  f"{summary['trained']} trained")
-    console.print(f"done: {job.run_dir.path}")
-    return 0
+    run_args = argparse.Namespace(config=args.config, overrides=args.overrides,
+                                  steps=args.steps, resume=None, address=None,
+                                  no_progress=True)
+    return train(cfg, lines, run_args, SimRuntime())
 
 
 def cmd_list() -> int:

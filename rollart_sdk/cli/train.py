@@ -7,10 +7,15 @@ import json
 import os
 import shlex
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rollart_sdk.config import load_config
-from rollart_sdk.job import ResumePoint, build_job, newest_checkpoint, run_job
+from rollart_sdk.job import ResumePoint, build_job, newest_checkpoint
+from rollart_sdk.job.runtime import Runtime
+
+if TYPE_CHECKING:
+    from rollart_sdk.config import LineMap, RunConfig
+    from rollart_sdk.job.build import Job
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -19,29 +24,71 @@ def cmd_train(args: argparse.Namespace) -> int:
     local_ray_env()
     if args.address:
         os.environ["RAY_ADDRESS"] = args.address
+    cfg, lines = load_config(args.config, args.overrides)
+    return train(cfg, lines, args, runtime_for(cfg))
+
+
+def runtime_for(cfg: RunConfig) -> Runtime:
+    """How the config's workers run: for real (in process or on Ray: the layout), or with
+    ``clock: simulated`` the simulator's runtime (the same workers and control plane on a
+    virtual clock, docs/simulation.md). Either way the run is :func:`train`'s one path."""
+    if cfg.clock == "simulated":
+        from rollart_sdk.sim.job import SimRuntime
+
+        return SimRuntime()
+    return Runtime()
+
+
+def train(cfg: RunConfig, lines: LineMap | None, args: argparse.Namespace,
+          runtime: Runtime) -> int:
+    """Check, build (:func:`~rollart_sdk.job.build_job`) and run the job on ``runtime``;
+    print its outcome. ``args``: ``rollart train``'s (``config``, ``overrides``,
+    ``steps``, ``resume``, ``address``, ``no_progress``)."""
     from rollart_sdk.errors import ConfigError
 
-    cfg, lines = load_config(args.config, args.overrides)
-    if cfg.clock == "simulated":  # the sim backends on virtual time (docs/simulation.md)
-        from rollart_sdk.cli.sim import simulate
-
-        return simulate(cfg, lines, args.steps, source=args.config)
     steps = args.steps or cfg.train.steps
-    resume = ResumePoint.prepare(cfg, args.resume, steps) if args.resume else None
-    from rollart_sdk.layout import choose_layout
-
     try:
-        layout = choose_layout(cfg)
-        print(layout.line())
-        job = build_job(cfg, lines, resume=resume, layout=layout)
+        resume = _resume_point(cfg, args, steps, runtime)
+        layout = None
+        if runtime.in_process is None:  # the simulator's runtime fixes where workers run
+            from rollart_sdk.layout import choose_layout
+
+            layout = choose_layout(cfg)
+            print(layout.line())
+        job = build_job(cfg, lines, resume=resume, layout=layout, runtime=runtime)
     except ConfigError as exc:
         raise ConfigError(exc.problems, source=args.config) from None
+    code = _run(job, steps, args, runtime)
+    if code:
+        return code
+    summary = json.loads((job.run_dir.path / "summary.json").read_text())
+    for line in outcome_lines(summary):
+        print(line)
+    print(f"done: {job.run_dir.path}")
+    return 0
+
+
+def _resume_point(cfg: RunConfig, args: argparse.Namespace, steps: int,
+                  runtime: Runtime) -> ResumePoint | None:
+    if not args.resume:
+        return None
+    if runtime.no_resume is not None:
+        from rollart_sdk.errors import ConfigError
+
+        raise ConfigError([("--resume", f"{runtime.no_resume}; run it again without "
+                            "--resume")])
+    return ResumePoint.prepare(cfg, args.resume, steps)
+
+
+def _run(job: Job, steps: int, args: argparse.Namespace, runtime: Runtime) -> int:
+    """Run the built job; 0 when it ran to its end, else the exit code (the job is closed
+    either way)."""
     from rollart_sdk.control.resume import ResumeFailed
 
     try:
-        run_job(job, steps, progress=not args.no_progress)
+        runtime.run(job, steps, progress=not args.no_progress)
     except KeyboardInterrupt:
-        if resume is not None and not job.restored:
+        if job.resume is not None and not job.restored:
             print(f"interrupted ({job.signal}) before the checkpoint was loaded; nothing "
                   f"in {job.run_dir.path} was changed")
         else:
@@ -65,18 +112,29 @@ def cmd_train(args: argparse.Namespace) -> int:
     finally:
         job.close()
         _skip_final_collection()
-    summary = json.loads((job.run_dir.path / "summary.json").read_text())
+    return 0
+
+
+def outcome_lines(summary: dict[str, Any]) -> list[str]:
+    """The console lines of a finished run, from its ``summary.json``: on simulated time
+    the virtual and wall seconds, then what was learnt and what the rollout cost."""
     from rollart_sdk.control.metrics import learning_lines
 
-    for line in learning_lines(summary["learning"]):
-        print(line)
+    out = []
+    if "virtual_s" in summary:  # a run on simulated time (sim/job.py::run_sim)
+        n = summary["steps"]
+        out.append(f"simulated {n} steps: {summary['virtual_s']:.0f} virtual s "
+                   f"({summary['virtual_s'] / max(n, 1):.1f} s a step) in "
+                   f"{summary['wall_s']:.1f} wall s; {summary['launched']} launched, "
+                   f"{summary['trained']} trained")
+    out.extend(learning_lines(summary["learning"]))
     ro = summary["rollout"]
     bias = ", ".join(f"{tag} {b:.2f}" for tag, b in ro["length_bias"].items())
-    print(f"rollout: {ro['launched']} launched, {ro['trained']} trained; waste "
-          f"{ro['waste']:.0%} of trajectories, {ro['waste_tokens']:.0%} of generated tokens; "
-          f"{ro['spanning_update']} trained across a weight update; length bias {bias}")
-    print(f"done: {job.run_dir.path}")
-    return 0
+    out.append(f"rollout: {ro['launched']} launched, {ro['trained']} trained; waste "
+               f"{ro['waste']:.0%} of trajectories, {ro['waste_tokens']:.0%} of generated "
+               f"tokens; {ro['spanning_update']} trained across a weight update; length "
+               f"bias {bias}")
+    return out
 
 
 def _skip_final_collection() -> None:

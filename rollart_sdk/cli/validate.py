@@ -10,10 +10,10 @@ from rollart_sdk.cli.output import console
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
+    from rollart_sdk.cli.train import runtime_for
     from rollart_sdk.config import load_config
     from rollart_sdk.config.resolve import resolve_run
     from rollart_sdk.errors import ConfigError
-    from rollart_sdk.job.runtime import Runtime
     from rollart_sdk.layout import choose_layout, inprocess_config
     from rollart_sdk.plugins import get_plugins
     from rollart_sdk.resources.plan import plan_resources
@@ -21,11 +21,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
     cfg, lines = load_config(args.config, args.overrides)
     try:
         plugins = get_plugins()
-        runtime = Runtime()
-        if cfg.clock == "simulated":  # the sim's checks, every worker in one process
-            from rollart_sdk.sim.job import SimRuntime
-
-            runtime = SimRuntime()
+        # `train`'s runtime: with clock: simulated the sim's checks, every worker in one process
+        runtime = runtime_for(cfg)
         layout = None if runtime.in_process else choose_layout(cfg, plugins.registry)
         in_process = bool(runtime.in_process) or (layout is not None and layout.in_process)
         resolved = resolve_run(inprocess_config(cfg) if in_process else cfg,

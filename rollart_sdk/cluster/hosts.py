@@ -2,7 +2,7 @@
 
 One Protocol per role, its methods those the control plane calls (through a
 :class:`~rollart_sdk.cluster.handles.WorkerHandle`, by the typed clients of
-:mod:`rollart_sdk.cluster.clients`), with their argument and result types:
+:mod:`rollart_sdk.cluster.handles`), with their argument and result types:
 
 - :class:`EngineHost`: ``cluster.roles.EngineWorker`` (inference + the weights' receiving side);
 - :class:`TrainerHost`: ``cluster.roles.TrainerWorker`` (one data-parallel rank + the sender);

@@ -45,7 +45,7 @@ from rollart_sdk.config.schema import (
     TinyModelConfig,
     TrainConfig,
 )
-from rollart_sdk.sim.config import SimConfig
+from rollart_sdk.config.sim import SimConfig
 
 __all__ = [
     "MAX_NODES", "Backend", "EnvBackend", "EvalConfig", "EvalSamplingConfig", "FaultConfig",

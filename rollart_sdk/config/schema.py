@@ -10,8 +10,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from rollart_sdk.config.sim import SimConfig
 from rollart_sdk.errors import ConfigError
-from rollart_sdk.sim.config import SimConfig
 
 
 class _Strict(BaseModel):

@@ -61,7 +61,7 @@ from rollart_sdk.types import TrainSample, Trajectory, WeightManifest, WeightUpd
 from rollart_sdk.weights.sync import WeightSync
 
 if TYPE_CHECKING:
-    from rollart_sdk.cluster.clients import TrainerClient
+    from rollart_sdk.cluster.handles import TrainerClient
 
 T = TypeVar("T")
 
@@ -138,10 +138,9 @@ class Pipeline:
     ) -> None:
         self.cfg = config
         self.proxy = proxy
-        # Stages/commits each published version on every engine (default: the proxy's).
-        self.weight_sync = weight_sync or WeightSync(list(proxy.workers.values()))
-        if self.weight_sync.proxy is None:  # engines marked down are left out of updates
-            self.weight_sync.proxy = proxy
+        # Stages/commits each published version on every engine (default: the proxy's,
+        # those it marked down left out of updates).
+        self.weight_sync = weight_sync or WeightSync(list(proxy.workers.values()), proxy)
         self.scheduler = scheduler
         self.buffer = buffer
         self.trainers = trainers

@@ -39,8 +39,7 @@ from collections import Counter
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
-from rollart_sdk.cluster.clients import EngineClient
-from rollart_sdk.cluster.handles import WorkerHandle
+from rollart_sdk.cluster.handles import EngineClient, WorkerHandle
 from rollart_sdk.control.batching import GenerateBatcher
 from rollart_sdk.errors import RollartError, is_worker_death  # is_worker_death: its old home
 from rollart_sdk.types import GenerationRequest, GenerationResult

@@ -10,6 +10,8 @@ import os
 import shutil
 from typing import TYPE_CHECKING
 
+from rollart_sdk.cluster.handles import await_answer
+
 if TYPE_CHECKING:
     from rollart_sdk.control.run_dir import RunDir
     from rollart_sdk.job.build import Job
@@ -41,7 +43,7 @@ def _final_saves(job: Job) -> list[str]:
     # trainer cannot save: that is recorded, and the original error stays the error.
     p = job.pipeline
     try:
-        version = int(job.spawner.call(job.trainers[0], "version", timeout=60))
+        version = await_answer(job.trainers[0].trainer.version(), 60)
         # First: a batch the trainer finished, its answer lost, counts as trained in the
         # saved state too.
         p.report_trained(version)  # trained, interrupted before its line

@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from rollart_sdk.config.resolve import ResolvedRun
     from rollart_sdk.control.env_manager import TaskRuntime
     from rollart_sdk.control.run_dir import RunDir
+    from rollart_sdk.job.build import Job
     from rollart_sdk.job.preflight import Preflight
     from rollart_sdk.resources.plan import ResourcePlan
 
@@ -25,6 +26,8 @@ class Runtime:
     """A real run's workers (see the module docstring); a subclass overrides a step."""
 
     in_process: bool | None = None  # None: the layout's / the caller's choice
+    # Why a run on this runtime cannot be resumed (None: it can, from its checkpoints).
+    no_resume: str | None = None
 
     def role_workers(self) -> dict[str, type]:
         """The worker class of each role (the plan checks their decorators)."""
@@ -57,3 +60,10 @@ class Runtime:
         """Keyword arguments of :func:`~rollart_sdk.job.spawn.spawn_workers` (``offer``,
         ``env_host``)."""
         return {}
+
+    def run(self, job: Job, steps: int, progress: bool = True) -> None:
+        """Run the built job's pipeline for ``steps`` steps with a live display;
+        ``summary.json`` and the final checkpoint are written whatever ends it."""
+        from rollart_sdk.job.run import run_job
+
+        run_job(job, steps, progress=progress)

@@ -11,6 +11,8 @@ import socket
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from rollart_sdk.cluster.handles import await_answer
+
 if TYPE_CHECKING:
     from rollart_sdk.cluster.spawn import Spawner
     from rollart_sdk.config import ModelConfig, RunConfig
@@ -104,8 +106,10 @@ def spawn_workers(cfg: RunConfig, resolved: ResolvedRun, plan: ResourcePlan,
     envs = (_spawn_envs(cfg, resolved, spawner, described) if env_host is None
             else _spawn_env_hosts(cfg, resolved, spawner, env_host))
     spawner.ready()  # every role's workers started at once; wait for all of them
-    for h in engines + prefill + trainers:  # fail fast, with the worker's own error
-        spawner.call(h, "version")
+    for h in engines + prefill:  # fail fast, with the worker's own error
+        await_answer(h.engine.version(), 600)
+    for h in trainers:
+        await_answer(h.trainer.version(), 600)
     return Workers(trainers, engines, routes, reward, envs, prefill, prefill_routes)
 
 

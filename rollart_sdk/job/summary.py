@@ -10,9 +10,12 @@ import sys
 import time
 from typing import TYPE_CHECKING, Any
 
-if TYPE_CHECKING:
-    from collections.abc import Callable
+from rollart_sdk.cluster.handles import await_answer
 
+if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable
+
+    from rollart_sdk.cluster.handles import EngineClient
     from rollart_sdk.control.pipeline import Pipeline
     from rollart_sdk.job.build import Job
 
@@ -108,9 +111,7 @@ def env_summary(job: Job) -> dict[str, Any]:
     threads: dict[str, Any] = {}
     for w in sched.env_workers:
         try:
-            # an in-process host (env_host inline or thread) whatever the spawner
-            stats = (job.spawner.call(w, "stats", timeout=30) if w.is_ray
-                     else w.target.stats())
+            stats = await_answer(w.env.stats(), 30)
         except Exception as exc:  # noqa: BLE001 - a dead env worker: say so in the summary
             built[f"error:{w.name}"] = 0
             pools.setdefault("_errors", {})[w.name] = f"{type(exc).__name__}: {exc}"
@@ -123,15 +124,15 @@ def env_summary(job: Job) -> dict[str, Any]:
     return {"pools": pools, "constructions": built, "threads": threads}
 
 
-def _ask_engines(p: Pipeline, method: str, answer: Callable[[Any], Any],
-                 failed: Callable[[str], Any]) -> dict[str, Any]:
-    """``{engine name: answer(reply)}`` for every engine's reply to ``method`` (30 s each),
-    ``failed("Type: message")`` for an engine that raised or did not answer in time, or
-    ``{"error": ...}`` when the engines could not be asked at all."""
+def _ask_engines(p: Pipeline, ask: Callable[[EngineClient], Awaitable[Any]],
+                 answer: Callable[[Any], Any], failed: Callable[[str], Any]) -> dict[str, Any]:
+    """``{engine name: answer(reply)}`` for every engine's reply to ``ask(client)`` (30 s
+    each), ``failed("Type: message")`` for an engine that raised or did not answer in
+    time, or ``{"error": ...}`` when the engines could not be asked at all."""
     engines = p.weight_sync.engines
 
     async def gather() -> list[Any]:
-        return list(await asyncio.gather(*(asyncio.wait_for(e.call(method), 30)
+        return list(await asyncio.gather(*(asyncio.wait_for(ask(e.engine), 30)
                                            for e in engines), return_exceptions=True))
 
     try:
@@ -146,11 +147,11 @@ def _ask_engines(p: Pipeline, method: str, answer: Callable[[Any], Any],
 def engine_versions(p: Pipeline) -> dict[str, Any]:
     """The version each engine serves at the end, or the error that kept one from saying
     (a dead engine; a restarted one that has not reloaded says so)."""
-    return _ask_engines(p, "weights_status", lambda a: int(a["engine_version"]),
+    return _ask_engines(p, lambda e: e.weights_status(), lambda a: int(a["engine_version"]),
                         lambda err: err[:300])
 
 
 def engine_stats(p: Pipeline) -> dict[str, Any]:
     """Each engine worker's counters at run end (tokens prefilled, reused, generated; KV
     cache; PD hand-off errors), or the error that kept one from answering."""
-    return _ask_engines(p, "stats", lambda s: s, lambda err: {"error": err[:500]})
+    return _ask_engines(p, lambda e: e.stats(), lambda s: s, lambda err: {"error": err[:500]})

@@ -86,7 +86,8 @@ def wire_control_plane(cfg: RunConfig, workers: Workers, tasks: dict[str, TaskRu
     )
     pipeline = Pipeline(cfg, proxy, scheduler, buffer, workers.trainers,
                         checkpoint_dir=str(run_dir.checkpoints), event_sink=run_dir.log_event,
-                        weight_sync=WeightSync(workers.engines + workers.prefill), versions=versions)
+                        weight_sync=WeightSync(workers.engines + workers.prefill, proxy),
+                        versions=versions)
     scheduler.on_finish.append(run_dir.log_finished)  # env close errors
     buffer.on_drop.append(run_dir.log_drop)  # drops.jsonl: every trajectory counted dropped
     buffer.on_side_error = scheduler.side_error

@@ -3,8 +3,8 @@
 Everything here is a pure function of its inputs (no clock, no asyncio), so a test can
 check a simulated duration against the formula by hand.
 
-- :class:`HardwareClass`: peak dense bf16 FLOP/s, HBM bandwidth and memory of one
-  device, with the fractions of peak a real kernel reaches (``mfu``, ``mbu``) and a fixed
+- :class:`HardwareClass` (plain config data, :mod:`rollart_sdk.config.sim`): peak dense
+  bf16 FLOP/s, HBM bandwidth and memory of one device, with the fractions of peak a real kernel reaches (``mfu``, ``mbu``) and a fixed
   per-step overhead (scheduling, kernel launches). Built-ins: H800, H20, H100, A100;
   any class can be declared in the config (``sim.hardware``).
 - :class:`ModelSpec`: parameter count and the attention shape that sets the KV-cache size
@@ -26,83 +26,17 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+# The plain types the config's `sim:` section validates (re-exported: the cost models'
+# callers import them from here).
+from rollart_sdk.config.sim import HARDWARE, MODELS, HardwareClass, ModelSpec
+
+__all__ = ["HARDWARE", "MODELS", "Dist", "HardwareClass", "ModelSpec", "const",
+           "engine_step_s", "kv_capacity_tokens", "prefill_pairs", "resolve_hardware",
+           "train_step_s"]
+
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
-
-
-class HardwareClass(_Strict):
-    """One accelerator: peak dense FLOP/s (TFLOP/s), HBM bandwidth (TB/s), memory (GB)."""
-
-    tflops: float = Field(gt=0, description="peak dense bf16 TFLOP/s of one device")
-    hbm_tbps: float = Field(gt=0, description="memory bandwidth of one device, TB/s")
-    memory_gb: float = Field(80.0, gt=0)
-    mfu: float = Field(0.5, gt=0, le=1, description="fraction of peak FLOP/s reached")
-    mbu: float = Field(0.75, gt=0, le=1, description="fraction of peak bandwidth reached")
-    step_overhead_s: float = Field(0.003, ge=0, description="fixed cost of one engine step")
-    seq_overhead_s: float = Field(0.0, ge=0, description="cost per sequence in a step (host-side "
-                                                       "scheduling/sampling; fitted on CPUs)")
-    kv_memory_fraction: float = Field(0.9, gt=0, le=1,
-                                      description="memory share for weights + KV cache")
-
-    @property
-    def flops(self) -> float:
-        return self.tflops * 1e12 * self.mfu
-
-    @property
-    def bandwidth(self) -> float:
-        return self.hbm_tbps * 1e12 * self.mbu
-
-
-# The paper's two classes (section 7: H800 compute-optimised, H20 bandwidth-optimised).
-HARDWARE: dict[str, HardwareClass] = {
-    "H800": HardwareClass(tflops=989, hbm_tbps=3.35, memory_gb=80),
-    "H100": HardwareClass(tflops=989, hbm_tbps=3.35, memory_gb=80),
-    "H20": HardwareClass(tflops=148, hbm_tbps=4.0, memory_gb=96),
-    "A100": HardwareClass(tflops=312, hbm_tbps=2.0, memory_gb=80),
-}
-
-
-class ModelSpec(_Strict):
-    """The model's size as the cost model needs it."""
-
-    params_b: float = Field(gt=0, description="parameters, billions")
-    active_params_b: float | None = Field(None, gt=0, description="mixture of experts: "
-                                          "parameters a token runs through, billions "
-                                          "(FLOPs); the weights read are all params_b")
-    layers: int = Field(gt=0)
-    hidden: int = Field(gt=0, description="attention width (query heads x head dim)")
-    kv_heads: int = Field(gt=0)
-    head_dim: int = Field(gt=0)
-    bytes_per_param: float = Field(2.0, gt=0)
-
-    @property
-    def params(self) -> float:
-        return self.params_b * 1e9
-
-    @property
-    def active_params(self) -> float:
-        """Parameters per token's FLOPs (all of them for a dense model)."""
-        return (self.active_params_b or self.params_b) * 1e9
-
-    @property
-    def weight_bytes(self) -> float:
-        return self.params * self.bytes_per_param
-
-    @property
-    def kv_bytes_per_token(self) -> float:
-        # K and V, every layer, in the weights' precision.
-        return 2 * self.layers * self.kv_heads * self.head_dim * self.bytes_per_param
-
-
-MODELS: dict[str, ModelSpec] = {
-    "qwen3-8b": ModelSpec(params_b=8.2, layers=36, hidden=4096, kv_heads=8, head_dim=128),
-    "qwen3-14b": ModelSpec(params_b=14.8, layers=40, hidden=5120, kv_heads=8, head_dim=128),
-    "qwen3-32b": ModelSpec(params_b=32.8, layers=64, hidden=8192, kv_heads=8, head_dim=128),
-    # Mixture of experts: 30.5B parameters, 3.3B active per token.
-    "qwen3-30b-a3b": ModelSpec(params_b=30.5, active_params_b=3.3, layers=48, hidden=4096,
-                               kv_heads=4, head_dim=128),
-}
 
 
 class Dist(_Strict):

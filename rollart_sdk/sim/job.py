@@ -87,9 +87,11 @@ class SimRuntime(Runtime):
     """How a simulated run's workers run (see the module docstring)."""
 
     in_process = True
+    no_resume = "a run on simulated time (clock: simulated) keeps no checkpoints"
 
-    def __init__(self) -> None:
+    def __init__(self, log: Any = print) -> None:
         self.context: SimContext | None = None  # set by check()
+        self.log = log  # run_sim's progress lines (sim.progress_every)
 
     def role_workers(self) -> dict[str, type]:
         return sim_role_workers()
@@ -128,6 +130,11 @@ class SimRuntime(Runtime):
         assert self.context is not None, "check() comes first"
         return {"offer": {"sim": self.context}, "env_host": VirtualEnvHost}
 
+    def run(self, job: Job, steps: int, progress: bool = True) -> None:
+        """The pipeline on a virtual-time loop (:func:`run_sim`); no live display (a
+        step takes milliseconds of wall time): ``sim.progress_every`` lines instead."""
+        run_sim(SimJob(job), steps, log=self.log)
+
 
 def _check_sim_backends(cfg: RunConfig, resolved: Any) -> None:
     """A simulated run needs backends that model time (engine/trainer/transport ``sim``);
@@ -165,7 +172,7 @@ def build_sim_job(cfg: RunConfig, lines: LineMap | None = None, run_name: str | 
     from rollart_sdk.job.build import build_job
 
     return SimJob(build_job(cfg, lines, run_name, log=log, registry=registry,
-                            runtime=SimRuntime()))
+                            runtime=SimRuntime(log)))
 
 
 def sim_role_workers() -> dict[str, type]:

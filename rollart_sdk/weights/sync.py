@@ -9,7 +9,8 @@ version has fully arrived everywhere, so that the pipeline can defer the commit 
 has not (the engines keep generating on the old version meanwhile). The request router
 (``LLMProxy``) only routes; this object is the weight-sync channel.
 
-Dead engines: with a ``proxy`` (the Pipeline attaches its LLMProxy), every call goes to the
+Dead engines: with a ``proxy`` (given at construction: the run's LLMProxy, or anything with
+its ``down`` map and ``mark_down``: :class:`EngineHealth`), every call goes to the
 engines the proxy has not marked down, and an engine whose process dies during a call (or
 that was restarted and has not reloaded: ``EngineRestartedError``) is marked down and left
 out of that call's answers instead of failing the update. Once Ray restarted it,
@@ -21,24 +22,33 @@ another version than its peers, and a down one catches up before it serves.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Sequence
-from typing import TYPE_CHECKING, Any, TypeVar
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from rollart_sdk.types import WeightManifest, WeightUpdateReport
 
 if TYPE_CHECKING:
-    from rollart_sdk.cluster.clients import EngineClient
-    from rollart_sdk.cluster.handles import WorkerHandle
+    from rollart_sdk.cluster.handles import EngineClient, WorkerHandle
 
 T = TypeVar("T")
+
+
+class EngineHealth(Protocol):
+    """Which engines are out of service (the LLMProxy's record): a weight call skips them
+    and marks down one that dies during it."""
+
+    @property
+    def down(self) -> Mapping[str, str]: ...
+
+    def mark_down(self, name: str, why: str) -> None: ...
 
 
 class WeightSync:
     """Stages and commits a version on every live engine worker."""
 
-    def __init__(self, engines: Sequence[WorkerHandle]) -> None:
+    def __init__(self, engines: Sequence[WorkerHandle], proxy: EngineHealth | None = None) -> None:
         self.engines = list(engines)
-        self.proxy: Any = None  # LLMProxy: which engines are down (set by the Pipeline)
+        self.proxy = proxy  # which engines are down (None: every engine is live)
 
     def live(self) -> list[WorkerHandle]:
         """The engines not marked down."""

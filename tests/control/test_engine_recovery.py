@@ -171,20 +171,28 @@ def test_summary_asks_every_engine_and_names_the_one_that_failed():
     place of a dead engine's answer (versions: the message; stats: {"error": message})."""
     from types import SimpleNamespace
 
+    from rollart_sdk.cluster.handles import WorkerHandle
     from rollart_sdk.job import _engine_stats, _engine_versions
 
-    class Engine:
-        def __init__(self, name, fail=None):
-            self.name, self.fail, self.asked = name, fail, []
+    class Engine:  # the worker's side of the two calls, behind a real handle
+        def __init__(self, fail=None):
+            self.fail, self.asked = fail, []
 
-        async def call(self, method):
+        def _answer(self, method):
             self.asked.append(method)
             if self.fail:
                 raise self.fail
             return {"engine_version": "4", "tokens_generated": 7}
 
-    engines = [Engine("gen-0"), Engine("gen-1", RuntimeError("actor died " + "x" * 600))]
-    p = SimpleNamespace(weight_sync=SimpleNamespace(engines=engines))
+        def weights_status(self):
+            return self._answer("weights_status")
+
+        def stats(self):
+            return self._answer("stats")
+
+    engines = [Engine(), Engine(RuntimeError("actor died " + "x" * 600))]
+    handles = [WorkerHandle(f"gen-{i}", e, is_ray=False) for i, e in enumerate(engines)]
+    p = SimpleNamespace(weight_sync=SimpleNamespace(engines=handles))
     versions = _engine_versions(p)
     assert versions["gen-0"] == 4
     assert versions["gen-1"].startswith("RuntimeError: actor died") and len(versions["gen-1"]) == 300

@@ -13,6 +13,7 @@ import sys
 import pytest
 from test_failures import one_task
 
+from rollart_sdk.cluster.handles import await_answer
 from rollart_sdk.config import load_config
 from rollart_sdk.control.aio import wait_for
 from rollart_sdk.job import build_job
@@ -115,7 +116,7 @@ def test_a_stop_that_lands_with_the_train_steps_answer_counts_the_batch_once(tmp
         with pytest.raises(asyncio.CancelledError):
             asyncio.run(main())
         trainer.call = real_call  # type: ignore[method-assign]
-        version = int(job.spawner.call(job.trainers[0], "version", timeout=60))
+        version = await_answer(job.trainers[0].trainer.version(), 60)
         assert version == 2  # the trainer did train the second batch ...
         p.report_trained(version)  # ... as run_job's final checkpoint then accounts it
         dropped = sum(p.buffer.dropped.values())

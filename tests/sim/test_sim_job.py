@@ -80,9 +80,18 @@ def test_rollart_sim_writes_metrics_events_and_summary(tmp_path):
     assert summary["clock"] == "simulated" and summary["trained"] == 2
     spans = {json.loads(line)["span"] for line in (run / "events.jsonl").read_text().splitlines()}
     assert {"env_reset", "generate", "env_step", "reward", "train"} <= spans
-    # `clock: simulated` makes `rollart train` run it on simulated time too.
+    # `clock: simulated` makes `rollart train` run it on simulated time too: the same
+    # build_job and outcome lines, no layout to choose, and no checkpoint to resume from.
     res = run_cli("train", str(cfg_path), "--steps", "1")
     assert res.returncode == 0 and "simulated 1 steps" in res.stdout, res.stdout + res.stderr
+    assert "rollout: " in res.stdout and "layout:" not in res.stdout, res.stdout
+    res = run_cli("train", str(cfg_path), "--resume", str(run))
+    assert res.returncode == 2 and "--resume" in res.stderr, res.stdout + res.stderr
+    assert "simulated time (clock: simulated) keeps no checkpoints" in res.stderr, res.stderr
+    # `rollart validate` picks the same runtime: the sim's checks, no layout.
+    res = run_cli("validate", str(cfg_path))
+    assert res.returncode == 0 and "is valid" in res.stdout, res.stdout + res.stderr
+    assert "layout:" not in res.stdout, res.stdout
     # A config that names a real backend is refused with the key to change.
     bad = tiny(tmp_path)
     bad["engine"] = {"name": "torch"}
