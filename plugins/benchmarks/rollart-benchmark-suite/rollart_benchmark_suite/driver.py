@@ -189,7 +189,7 @@ def run_inflight(sizes: list[int], steps: int, repeats: int) -> list[dict[str, A
     for n in sizes:
         runs = []
         for _ in range(repeats):
-            res = subprocess.run([sys.executable, "-m", "rollart_sdk.bench.driver",
+            res = subprocess.run([sys.executable, "-m", "rollart_benchmark_suite.driver",
                                   "--sim-once", str(n), "--steps", str(steps)],
                                  capture_output=True, text=True, timeout=1800, check=False)
             if res.returncode != 0:
