@@ -1,3 +1,3 @@
 """The SDK's benchmarks, run by ``rollart bench NAME`` (each prints a table and can write
-JSON); registered through ``rollart_register_benchmarks`` by :mod:`.plugin`. Until 0.1 they
-were ``rollart_sdk.bench`` in the core (docs/benchmarks.md has every figure)."""
+JSON); registered through ``rollart_register_benchmarks`` by :mod:`.plugin`. Before this
+package they were ``rollart_sdk.bench`` in the core (docs/benchmarks.md has every figure)."""

@@ -97,9 +97,9 @@ class LatencyFrozenLakeOptions(BaseModel):
 
 
 def _registry() -> Any:
-    """The installed plugins: env ``bench-frozenlake`` is a built-in's
-    (``rollart_sdk.default_plugins.benchmarks``), so that ``rollart train`` finds it too
-    (``--path train``) and both paths build the same env class."""
+    """The installed plugins: env ``bench-frozenlake`` is registered by this package's
+    entry point (:mod:`rollart_benchmark_suite.plugin`), so that ``rollart train`` finds it
+    too (``--path train``) and both paths build the same env class."""
     from rollart_sdk.plugins import load_plugins
 
     return load_plugins().registry
