@@ -45,15 +45,16 @@ def cmd_bench(args: argparse.Namespace, rest: list[str]) -> int:
 
 
 def _missing_suite(listed: dict[str, str]) -> None:
-    """Say how to get the SDK's own benchmarks when their package is not installed."""
-    from rollart_sdk.registry import BENCHMARK_SUITE, FIRST_PARTY
+    """Say how to get the SDK's own benchmarks when their package is not installed (or is
+    disabled, or failed to import)."""
+    from rollart_sdk.plugins import get_registry
+    from rollart_sdk.registry import BENCHMARK_SUITE, install_hint
 
     missing = [n for n in BENCHMARK_SUITE if n not in listed]
     if missing:
-        dist = FIRST_PARTY[("benchmark", missing[0])]
-        console.print(f"\n  not installed: {', '.join(missing)} (the SDK's benchmarks): "
-                      f"pip install {dist} (plugins/benchmarks/{dist} in the rollart-sdk "
-                      "repository; scripts/install.sh installs it)", highlight=False)
+        why = install_hint("benchmark", missing[0], get_registry().not_loaded)
+        console.print(f"\n  not available: {', '.join(missing)} (the SDK's benchmarks). {why}",
+                      highlight=False)
 
 
 def _option_value(argv: list[str], option: str) -> str | None:
