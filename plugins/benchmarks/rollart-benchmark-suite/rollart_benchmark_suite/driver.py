@@ -37,10 +37,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+from rollart_benchmark_suite import EXAMPLES
 from rollart_sdk.types import TrainSample
 
 RANKS = 2
-SIM_CONFIG = Path(__file__).resolve().parents[2] / "examples" / "paper-128gpu.yaml"
+SIM_CONFIG = EXAMPLES / "paper-128gpu.yaml"
 
 
 def _status_kib(field: str) -> int | None:

@@ -60,6 +60,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from rollart_benchmark_suite import EXAMPLES
+
 TRANSPORTS = ["local", "ray", "nccl", "mooncake"]
 MODELS = {"tiny": "quickstart.yaml", "smollm2-135m": "smollm2.yaml",
           "tiny-lora": "quickstart.yaml", "smollm2-135m-lora": "smollm2.yaml"}
@@ -71,7 +73,7 @@ PLUGIN_MODULE = {"ray": "rollart_transport_ray", "nccl": "rollart_transport_nccl
 
 
 def _examples() -> Path:
-    return Path(__file__).resolve().parents[2] / "examples"
+    return EXAMPLES
 
 
 def _mkdir(path: Path) -> Path:

@@ -16,8 +16,8 @@ from rollart_sdk.cli import main
 from rollart_sdk.cli.bench import benchmarks
 
 
-def test_benchmarks_are_registered_through_the_hook(rollart_plugins):
-    registry = rollart_plugins.registry
+def test_benchmarks_are_registered_through_the_hook(suite_plugins):
+    registry = suite_plugins.registry
     assert registry.get("benchmark", "straggler").factory == "rollart_benchmark_suite.straggler:main"
     assert registry.get("benchmark", "async").factory == "rollart_benchmark_suite.async_modes:main"
     # The torch engine plugin registers its own benchmark (installed in the core env).

@@ -12,8 +12,8 @@ from rollart_sdk.cli import main
 pytestmark = pytest.mark.timeout(600)
 
 
-def test_driver_bench_is_registered(rollart_plugins):
-    desc = rollart_plugins.registry.get("benchmark", "driver")
+def test_driver_bench_is_registered(suite_plugins):
+    desc = suite_plugins.registry.get("benchmark", "driver")
     assert desc.factory == "rollart_benchmark_suite.driver:main"
 
 

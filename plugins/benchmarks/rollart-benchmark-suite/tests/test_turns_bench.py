@@ -14,8 +14,8 @@ from rollart_sdk.cluster.handles import WorkerHandle
 pytestmark = pytest.mark.timeout(900)
 
 
-def test_turns_bench_is_registered(rollart_plugins) -> None:
-    desc = rollart_plugins.registry.get("benchmark", "turns")
+def test_turns_bench_is_registered(suite_plugins) -> None:
+    desc = suite_plugins.registry.get("benchmark", "turns")
     assert desc.factory == "rollart_benchmark_suite.turns:main"
 
 
