@@ -40,7 +40,6 @@ ENTRY_POINT_GROUP = "rollart"
 DEFAULT_PLUGINS: dict[str, str] = {
     "rollart-builtins": "rollart_sdk.default_plugins.placements",
     "rollart-builtins-transports": "rollart_sdk.default_plugins.transports",
-    "rollart-builtins-benchmarks": "rollart_sdk.default_plugins.benchmarks",
     "rollart-builtins-serverless": "rollart_sdk.default_plugins.serverless",
     "rollart-builtins-sims": "rollart_sdk.default_plugins.sims",
     "rollart-builtins-envs": "rollart_sdk.default_plugins.envs",

@@ -13,6 +13,11 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from rollart_sdk.errors import ConfigError, PluginError, UnknownBackendError
 from rollart_sdk.interfaces import KINDS
 
+# `rollart bench NAME` of the first-party benchmark package (plugins/benchmarks/
+# rollart-benchmark-suite; `rollart bench` names it when it is not installed).
+BENCHMARK_SUITE = ("async", "calibration", "dispatch", "driver", "gateway", "small", "soak",
+                   "straggler", "turns", "weights")
+
 # Names that first-party plugin packages in this repository provide, so an unknown name can
 # say what to install. Only packages that exist under plugins/ (tests/test_registry.py checks).
 FIRST_PARTY: dict[tuple[str, str], str] = {
@@ -36,6 +41,7 @@ FIRST_PARTY: dict[tuple[str, str], str] = {
     ("sink", "tensorboard"): "rollart-sink-tensorboard",
     ("sink", "mlflow"): "rollart-sink-mlflow",
     ("sink", "wandb"): "rollart-sink-wandb",
+    **{("benchmark", name): "rollart-benchmark-suite" for name in BENCHMARK_SUITE},
 }
 
 # Name prefixes a first-party plugin provides (e.g. every "gem/<id>").

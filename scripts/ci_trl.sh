@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The tests of `rollart bench small --modes trl` (tests/bench/test_small_trl.py): Hugging
-# Face TRL's real GRPOTrainer against the plain-torch reference, in a venv of its own
+# The tests of `rollart bench small --modes trl`
+# (plugins/benchmarks/rollart-benchmark-suite/tests/test_small_trl.py): Hugging Face TRL's
+# real GRPOTrainer against the plain-torch reference, in a venv of its own
 # (ROLLART_TRL_VENV, default ${TMPDIR:-/tmp}/rollart-ci-trl, kept between runs) that sees
 # the core environment's packages (--system-site-packages) and adds trl==1.16.0 (TRL is not
 # a rollart dependency). If the venv cannot be installed the suite fails with the reason
@@ -29,7 +30,7 @@ echo "trl venv ready in $(( $(date +%s) - t0 )) s: $("$vpy" -c 'from importlib.m
 cd "$root"
 # The suite must not skip here: trl is installed.
 log="$venv/last-test.log"
-"$vpy" -m pytest -q -x tests/bench/test_small_trl.py -p no:cacheprovider -rs "$@" | tee "$log"
+"$vpy" -m pytest -q -x plugins/benchmarks/rollart-benchmark-suite/tests/test_small_trl.py -p no:cacheprovider -rs "$@" | tee "$log"
 if grep -q "skipped" "$log"; then
   echo "FAILED: tests were skipped in the trl venv (see the reasons above)" >&2; exit 1
 fi

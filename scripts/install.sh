@@ -2,6 +2,7 @@
 # Installs rollart-sdk and its first-party plugins (editable) into the current Python
 # ($PYTHON, default python3), and on request the heavy backends next to them.
 #   bash scripts/install.sh                    # the SDK + embedded backends + example envs/rewards
+#                                              # + the benchmarks (rollart bench)
 #   bash scripts/install.sh --dev              # ... plus test tools (pytest, ruff) and the metric
 #                                              # sinks' libraries (tensorboard, mlflow-skinny, wandb),
 #                                              # peft (trainer.options.lora) and the OpenAI Agents
@@ -91,6 +92,7 @@ light_plugins=(
   plugins/sinks/rollart-sink-tensorboard
   plugins/sinks/rollart-sink-mlflow
   plugins/sinks/rollart-sink-wandb
+  plugins/benchmarks/rollart-benchmark-suite
 )
 
 install_light() {

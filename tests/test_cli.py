@@ -115,6 +115,31 @@ def test_unknown_benchmark_lists_available():
         assert f"{len(installed) - 5} more: `rollart bench`" in res.stderr
 
 
+def test_bench_says_which_package_has_the_sdks_benchmarks_when_it_is_missing():
+    """The SDK's benchmarks are the first-party package rollart-benchmark-suite: without it
+    (disabled here; in the core's own tests it is installed) `rollart bench` lists the
+    other benchmarks and names the missing ones and why, and running one says the same."""
+    from rollart_sdk.registry import install_hint
+
+    env = {"ROLLART_DISABLE_PLUGINS": "rollart-benchmark-suite"}
+    listing = run_cli("bench", env=env)
+    out = " ".join(listing.stdout.split())
+    assert listing.returncode == 0 and "engine " in out and "straggler " not in out
+    assert ("not available: async, calibration, dispatch, driver, gateway, small, soak, "
+            "straggler, turns, weights (the SDK's benchmarks). It is provided by "
+            "rollart-benchmark-suite, which is installed but disabled") in out
+    res = run_cli("bench", "small", env=env)
+    assert res.returncode == 2
+    assert "It is provided by rollart-benchmark-suite, which is installed but disabled" in res.stderr
+    # Not installed at all: what to pip install, and where it is in this repository.
+    assert install_hint("benchmark", "small") == (
+        "It is provided by rollart-benchmark-suite, which is not installed: pip install "
+        "rollart-benchmark-suite (plugins/benchmarks/rollart-benchmark-suite in the "
+        "rollart-sdk repository).")
+    full = " ".join(run_cli("bench").stdout.split())
+    assert "straggler " in full and "not available" not in full
+
+
 def test_validate_suggests_close_names():
     res = run_cli("validate", "examples/quickstart.yaml", "tasks.0.env.name=frozenlak",
                   cwd=ROOT)

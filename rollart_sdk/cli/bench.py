@@ -1,8 +1,9 @@
 """``rollart bench NAME [ARGS]``: run a benchmark; each one owns its arguments.
 
-Benchmarks are a plugin kind (hook ``rollart_register_benchmarks``): the built-in ones in
-``rollart_sdk.default_plugins.benchmarks``, others from their plugins (the torch engine
-registers ``engine``). ``rollart bench NAME --help`` is the benchmark's own help.
+Benchmarks are a plugin kind (hook ``rollart_register_benchmarks``): the SDK's own come
+from the first-party package ``rollart-benchmark-suite`` (plugins/benchmarks/), others
+from their plugins (the torch engine registers ``engine``). ``rollart bench NAME --help``
+is the benchmark's own help.
 """
 
 from __future__ import annotations
@@ -27,8 +28,10 @@ def cmd_bench(args: argparse.Namespace, rest: list[str]) -> int:
 
     if args.name is None or args.name in ("-h", "--help"):
         console.print("usage: rollart bench NAME [ARGS]   (rollart bench NAME --help)\n")
-        for name, summary in benchmarks().items():
+        listed = benchmarks()
+        for name, summary in listed.items():
             console.print(f"  {name:<10} {summary}")
+        _missing_suite(listed)
         return 0
     registry = get_registry()
     name = args.name
@@ -39,6 +42,19 @@ def cmd_bench(args: argparse.Namespace, rest: list[str]) -> int:
     desc = registry.get("benchmark", name)  # unknown: "did you mean", exit 2
     fn: Callable[[list[str]], int] = desc.load()
     return int(fn(rest) or 0)
+
+
+def _missing_suite(listed: dict[str, str]) -> None:
+    """Say how to get the SDK's own benchmarks when their package is not installed (or is
+    disabled, or failed to import)."""
+    from rollart_sdk.plugins import get_registry
+    from rollart_sdk.registry import BENCHMARK_SUITE, install_hint
+
+    missing = [n for n in BENCHMARK_SUITE if n not in listed]
+    if missing:
+        why = install_hint("benchmark", missing[0], get_registry().not_loaded)
+        console.print(f"\n  not available: {', '.join(missing)} (the SDK's benchmarks). {why}",
+                      highlight=False)
 
 
 def _option_value(argv: list[str], option: str) -> str | None:

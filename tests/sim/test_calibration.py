@@ -15,8 +15,7 @@ from __future__ import annotations
 
 import pytest
 
-from rollart_sdk.bench.calibration import REAL
-from rollart_sdk.sim.calibrate import calibration_check, least_squares
+from rollart_sdk.sim.calibrate import REAL, calibration_check, least_squares
 
 
 def test_least_squares_recovers_known_costs():

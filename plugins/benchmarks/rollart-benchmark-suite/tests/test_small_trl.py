@@ -22,8 +22,7 @@ def _fixed_batch(seed: int = 1):
     from concurrent.futures import ThreadPoolExecutor
 
     import torch
-
-    from rollart_sdk.bench.small_reference import GROUP_SIZE, _rollout, setup
+    from rollart_benchmark_suite.small_reference import GROUP_SIZE, _rollout, setup
 
     s = setup("none", seed, 4)
     pool = ThreadPoolExecutor(max_workers=len(s["envs"]))
@@ -42,8 +41,7 @@ def _fixed_batch(seed: int = 1):
 
 def _reference_update(model, seqs, masks, rewards, updates, lr, sgd=False):
     import torch
-
-    from rollart_sdk.bench.small_reference import _train_step
+    from rollart_benchmark_suite.small_reference import _train_step
 
     m = copy.deepcopy(model)
     if sgd:  # the weights move by lr * the loss's gradient, unclipped
@@ -70,7 +68,7 @@ def test_reference_update_is_trls(tmp_path, updates):
     weights after, to float32 rounding. A reference that weighted tokens or groups
     differently, or clipped differently in the second update, would differ by about the
     size of the update itself (the control below)."""
-    from rollart_sdk.bench import small_trl
+    from rollart_benchmark_suite import small_trl
 
     s, seqs, masks, rewards = _fixed_batch()
     before = copy.deepcopy(s["model"])
@@ -104,7 +102,7 @@ def test_reference_loss_is_trls(tmp_path):
     lr times the gradient, so a reference whose loss differed from TRL's by any factor (a
     token count over other rows, a mean per sequence instead of DAPO's per token) fails
     here even where Adam's normalisation would hide it."""
-    from rollart_sdk.bench import small_trl
+    from rollart_benchmark_suite import small_trl
 
     s, seqs, masks, rewards = _fixed_batch()
     before = copy.deepcopy(s["model"])
@@ -125,8 +123,8 @@ def test_reference_loss_is_trls(tmp_path):
 def test_trl_mode_runs_and_is_summarized(tmp_path):
     """``--modes trl``'s child: a real TRL run of 2 steps in the bench's row format (the
     rollout's prompt/completion split and env mask accepted by TRL)."""
-    from rollart_sdk.bench.small import summarize
-    from rollart_sdk.bench.small_trl import trl_child
+    from rollart_benchmark_suite.small import summarize
+    from rollart_benchmark_suite.small_trl import trl_child
 
     data = trl_child("none", 0, 2, str(tmp_path / "unused.json"))
     assert len(data["metrics"]) == 2
@@ -138,7 +136,7 @@ def test_trl_mode_runs_and_is_summarized(tmp_path):
 
 
 def test_trl_batch_splits_at_the_first_action():
-    from rollart_sdk.bench.small_trl import trl_batch
+    from rollart_benchmark_suite.small_trl import trl_batch
 
     b = trl_batch([[5, 6, 7, 8, 9]], [[0, 0, 1, 0, 1]], [1.0])
     assert b["prompt_ids"] == [[5, 6]] and b["completion_ids"] == [[7, 8, 9]]

@@ -7,9 +7,8 @@ from __future__ import annotations
 import json
 
 import pytest
-
-from rollart_sdk.bench.small import TAG, summarize
-from rollart_sdk.bench.small_train import (
+from rollart_benchmark_suite.small import TAG, summarize
+from rollart_benchmark_suite.small_train import (
     MetricsTail,
     _as_data,
     follow,
@@ -17,6 +16,7 @@ from rollart_sdk.bench.small_train import (
     run_train,
     train_config,
 )
+
 from rollart_sdk.cli import main
 from rollart_sdk.config import load_config
 from rollart_sdk.layout import choose_layout
@@ -118,8 +118,8 @@ def test_a_real_rollart_train_run_is_stopped_by_sigterm_at_the_target():
 
 def test_the_command_forwards_path_layout_target_and_overrides(monkeypatch, tmp_path):
     # The runs themselves are the test above's; here only what the command hands them.
-    import rollart_sdk.bench.small as small
-    import rollart_sdk.bench.small_train as small_train
+    import rollart_benchmark_suite.small as small
+    import rollart_benchmark_suite.small_train as small_train
 
     calls = []
 

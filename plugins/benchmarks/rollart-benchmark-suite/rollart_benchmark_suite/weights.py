@@ -37,7 +37,7 @@ train step's, against full fine-tuning's in the row before.
 
 Engine rows (``--engine vllm``, ``--paths bytes,collective``): one version into a served
 engine by the bytes path against the collective path, per update
-(:mod:`rollart_sdk.bench.weight_paths`); no pipeline or transfer rows then.
+(:mod:`rollart_benchmark_suite.weight_paths`); no pipeline or transfer rows then.
 
 Transfer rows (``--transfer-mb``, default 1024): a synthetic state dict of that size
 published and received once through each transport, nothing else running: the transport's
@@ -60,6 +60,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from rollart_benchmark_suite import EXAMPLES
+
 TRANSPORTS = ["local", "ray", "nccl", "mooncake"]
 MODELS = {"tiny": "quickstart.yaml", "smollm2-135m": "smollm2.yaml",
           "tiny-lora": "quickstart.yaml", "smollm2-135m-lora": "smollm2.yaml"}
@@ -71,7 +73,7 @@ PLUGIN_MODULE = {"ray": "rollart_transport_ray", "nccl": "rollart_transport_nccl
 
 
 def _examples() -> Path:
-    return Path(__file__).resolve().parents[2] / "examples"
+    return EXAMPLES
 
 
 def _mkdir(path: Path) -> Path:
@@ -165,7 +167,7 @@ def run_pipeline_isolated(transport: str, model: str, steps: int, options: dict[
     """
     spec = json.dumps({"transport": transport, "model": model, "steps": steps,
                        "options": options, "defer": defer})
-    proc = subprocess.run([sys.executable, "-m", "rollart_sdk.bench.weights", "--child", spec],
+    proc = subprocess.run([sys.executable, "-m", "rollart_benchmark_suite.weights", "--child", spec],
                           stdout=subprocess.PIPE, text=True, check=False)
     rows = [line[len(_CHILD_MARK):] for line in proc.stdout.splitlines()
             if line.startswith(_CHILD_MARK)]
@@ -360,7 +362,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _engine_rows(args: argparse.Namespace, models: list[str]) -> int:
-    from rollart_sdk.bench.weight_paths import run_paths
+    from rollart_benchmark_suite.weight_paths import run_paths
 
     paths = [p for p in args.paths.split(",") if p]
     rows = []

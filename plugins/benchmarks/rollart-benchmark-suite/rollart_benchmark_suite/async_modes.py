@@ -58,7 +58,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from rollart_sdk.bench.straggler import latency_config, latency_registry, wide_executor
+from rollart_benchmark_suite.straggler import latency_config, latency_registry, wide_executor
 
 # (mode, interaction, alpha)
 CONFIGS: list[tuple[str, str, int]] = [

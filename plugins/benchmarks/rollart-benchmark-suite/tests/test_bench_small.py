@@ -7,8 +7,7 @@ import json
 import sys
 
 import pytest
-
-from rollart_sdk.bench.small import (
+from rollart_benchmark_suite.small import (
     LATENCY,
     TAG,
     LatencyFrozenLake,
@@ -18,6 +17,7 @@ from rollart_sdk.bench.small import (
     summarize,
     workload_config,
 )
+
 from rollart_sdk.cli import main
 from rollart_sdk.config import load_config
 
@@ -91,7 +91,7 @@ def test_bench_small_runs_end_to_end(tmp_path):
 
 
 def test_reference_advantages_are_trl_group_scaling():
-    from rollart_sdk.bench.small_reference import _advantages
+    from rollart_benchmark_suite.small_reference import _advantages
 
     # One success in a group of 8: mean 0.125, Bessel std sqrt(0.125) = 0.35355.
     adv = _advantages([1.0] + [0.0] * 7 + [0.0] * 8)
@@ -105,7 +105,7 @@ def test_reference_trainer_runs_the_same_workload(tmp_path):
     """The synchronous single-process reference: a real run of 2 steps through the same
     summary as rollart's runs; its episodes are the workload's (64 per step, at most 8
     turns, the token layout of rollart's ChatFormat)."""
-    from rollart_sdk.bench import small_reference as ref
+    from rollart_benchmark_suite import small_reference as ref
 
     seen = []
     original = ref._rollout
@@ -194,10 +194,9 @@ def test_reference_updates_per_batch_is_trls_num_iterations():
     import copy
 
     import torch
+    from rollart_benchmark_suite.small import reference_updates
+    from rollart_benchmark_suite.small_reference import _train_step
     from transformers import LlamaConfig, LlamaForCausalLM
-
-    from rollart_sdk.bench.small import reference_updates
-    from rollart_sdk.bench.small_reference import _train_step
 
     torch.manual_seed(0)
     model = LlamaForCausalLM(LlamaConfig(vocab_size=16, hidden_size=16, intermediate_size=32,
@@ -237,7 +236,7 @@ def test_trl_mode_without_trl_says_how_to_install_it(monkeypatch):
     is missing, where, and the commands that fix it), not a failed run per seed."""
     import importlib.util
 
-    from rollart_sdk.bench import small
+    from rollart_benchmark_suite import small
 
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec",
@@ -257,8 +256,7 @@ def test_latency_env_options_refuse_an_unknown_key():
     """``bench-frozenlake`` takes ``mu``/``sigma`` plus any ``frozenlake`` option; a typo
     fails when the config is checked, naming the key."""
     from pydantic import ValidationError
-
-    from rollart_sdk.bench.small import LatencyFrozenLakeOptions
+    from rollart_benchmark_suite.small import LatencyFrozenLakeOptions
 
     ok = LatencyFrozenLakeOptions(mu=0.05, sigma=0.02, desc=["SFF", "FHF", "FFG"])
     assert ok.mu == 0.05 and ok.model_extra == {"desc": ["SFF", "FHF", "FFG"]}

@@ -10,15 +10,16 @@ from __future__ import annotations
 
 import json
 
-from rollart_sdk.bench.straggler import draw_latencies, ideal_times
+from rollart_benchmark_suite.straggler import draw_latencies, ideal_times
+
 from rollart_sdk.cli import main
 from rollart_sdk.cli.bench import benchmarks
 
 
-def test_benchmarks_are_registered_through_the_hook(rollart_plugins):
-    registry = rollart_plugins.registry
-    assert registry.get("benchmark", "straggler").factory == "rollart_sdk.bench.straggler:main"
-    assert registry.get("benchmark", "async").factory == "rollart_sdk.bench.async_modes:main"
+def test_benchmarks_are_registered_through_the_hook(suite_plugins):
+    registry = suite_plugins.registry
+    assert registry.get("benchmark", "straggler").factory == "rollart_benchmark_suite.straggler:main"
+    assert registry.get("benchmark", "async").factory == "rollart_benchmark_suite.async_modes:main"
     # The torch engine plugin registers its own benchmark (installed in the core env).
     assert "engine" in benchmarks() and "dispatch" in benchmarks()
 
@@ -98,7 +99,7 @@ def test_async_bench_equal_capacity_and_bounds(tmp_path):
 
 
 def test_the_async_bound_is_the_tighter_of_env_and_trainer_capacity():
-    from rollart_sdk.bench.async_modes import apply_bounds
+    from rollart_benchmark_suite.async_modes import apply_bounds
 
     def run(tps, sleep, train):
         return {"max_envs": 16, "batch_size": 8, "env_sleep_mean_s": sleep,
@@ -118,7 +119,7 @@ def test_the_async_bound_is_the_tighter_of_env_and_trainer_capacity():
 
 
 def test_soak_memory_figures_measure_growth_after_warm_up():
-    from rollart_sdk.bench.soak import memory_figures
+    from rollart_benchmark_suite.soak import memory_figures
 
     # 100 MiB until warm-up ends at 60 s, then +1 MiB every 10 s (110 MiB at 160 s); the
     # end is the median of the last 3 samples (108, 109, 110).

@@ -6,17 +6,17 @@ from __future__ import annotations
 import json
 
 import pytest
+from rollart_benchmark_suite.turns import CallMeter
 
-from rollart_sdk.bench.turns import CallMeter
 from rollart_sdk.cli import main
 from rollart_sdk.cluster.handles import WorkerHandle
 
 pytestmark = pytest.mark.timeout(900)
 
 
-def test_turns_bench_is_registered(rollart_plugins) -> None:
-    desc = rollart_plugins.registry.get("benchmark", "turns")
-    assert desc.factory == "rollart_sdk.bench.turns:main"
+def test_turns_bench_is_registered(suite_plugins) -> None:
+    desc = suite_plugins.registry.get("benchmark", "turns")
+    assert desc.factory == "rollart_benchmark_suite.turns:main"
 
 
 def test_the_meter_counts_calls_and_leaves_the_handle_as_it_was() -> None:

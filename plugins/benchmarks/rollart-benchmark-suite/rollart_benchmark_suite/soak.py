@@ -37,6 +37,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from rollart_benchmark_suite import EXAMPLES
 from rollart_sdk.ray_utils import actor_pids
 
 DEFAULT_FAULTS = {"reset_error": 0.1, "step_error": 0.05, "hang": 0.01, "hang_s": 3600}
@@ -140,8 +141,7 @@ def memory_figures(samples: list[tuple[float, float, int]], warm_s: float) -> di
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="rollart bench soak", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--config", default=str(Path(__file__).resolve().parents[2]
-                                            / "examples" / "quickstart.yaml"))
+    ap.add_argument("--config", default=str(EXAMPLES / "quickstart.yaml"))
     ap.add_argument("--minutes", type=float, default=30.0)
     ap.add_argument("--faults", default=json.dumps(DEFAULT_FAULTS),
                     help="tasks[].env.faults for every task, as JSON")

@@ -5,16 +5,16 @@ from __future__ import annotations
 import json
 
 import pytest
+from rollart_benchmark_suite.driver import sim_once
 
-from rollart_sdk.bench.driver import sim_once
 from rollart_sdk.cli import main
 
 pytestmark = pytest.mark.timeout(600)
 
 
-def test_driver_bench_is_registered(rollart_plugins):
-    desc = rollart_plugins.registry.get("benchmark", "driver")
-    assert desc.factory == "rollart_sdk.bench.driver:main"
+def test_driver_bench_is_registered(suite_plugins):
+    desc = suite_plugins.registry.get("benchmark", "driver")
+    assert desc.factory == "rollart_benchmark_suite.driver:main"
 
 
 def test_send_part_compares_arguments_with_references(tmp_path):

@@ -1,6 +1,6 @@
 """The ``rollart bench small`` workload trained by Hugging Face TRL's real ``GRPOTrainer``.
 
-:mod:`rollart_sdk.bench.small_reference` is TRL's loop written out in plain torch; this
+:mod:`rollart_benchmark_suite.small_reference` is TRL's loop written out in plain torch; this
 module runs the same workload through TRL itself (``trl==1.16.0``; it is not a rollart
 dependency, install it in a separate environment), so the benchmark can measure TRL on
 this machine next to rollart instead of quoting figures.
@@ -62,7 +62,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from rollart_sdk.bench.small_reference import CLIP_EPS, GROUP_SIZE, GROUPS, _rollout, setup
+from rollart_benchmark_suite.small_reference import CLIP_EPS, GROUP_SIZE, GROUPS, _rollout, setup
 
 
 class _Rollout:
@@ -120,7 +120,7 @@ def _callback(rollout: _Rollout, updates: int, metrics: list[dict[str, Any]],
               ready: dict[str, float]) -> Any:
     from transformers import TrainerCallback
 
-    from rollart_sdk.bench.small import TAG, TARGET, WINDOW
+    from rollart_benchmark_suite.small import TAG, TARGET, WINDOW
 
     class StepRecord(TrainerCallback):
         def on_train_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
@@ -204,7 +204,7 @@ def trl_child(latency: str, seed: int, max_steps: int, out: str,
             "cpu_ready": ready["cpu"], "engine": {}}
 
 
-if __name__ == "__main__":  # python -m rollart_sdk.bench.small_trl latency seed max_steps out [updates]
+if __name__ == "__main__":  # python -m rollart_benchmark_suite.small_trl latency seed max_steps out [updates]
     import json
     from pathlib import Path
 

@@ -37,10 +37,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+from rollart_benchmark_suite import EXAMPLES
 from rollart_sdk.types import TrainSample
 
 RANKS = 2
-SIM_CONFIG = Path(__file__).resolve().parents[2] / "examples" / "paper-128gpu.yaml"
+SIM_CONFIG = EXAMPLES / "paper-128gpu.yaml"
 
 
 def _status_kib(field: str) -> int | None:
@@ -189,7 +190,7 @@ def run_inflight(sizes: list[int], steps: int, repeats: int) -> list[dict[str, A
     for n in sizes:
         runs = []
         for _ in range(repeats):
-            res = subprocess.run([sys.executable, "-m", "rollart_sdk.bench.driver",
+            res = subprocess.run([sys.executable, "-m", "rollart_benchmark_suite.driver",
                                   "--sim-once", str(n), "--steps", str(steps)],
                                  capture_output=True, text=True, timeout=1800, check=False)
             if res.returncode != 0:

@@ -36,7 +36,7 @@ when its success rate over its last 5 steps is 0 after having been above 0.3.
 
 That is ``--path job`` (the default). ``--path train`` runs each variant as a user does,
 ``rollart train CONFIG`` as a subprocess with the CLI's own layout choice, stopped by
-SIGTERM at the target (:mod:`rollart_sdk.bench.small_train`). Env ``bench-frozenlake`` is
+SIGTERM at the target (:mod:`rollart_benchmark_suite.small_train`). Env ``bench-frozenlake`` is
 registered by the built-in benchmarks plugin, so both paths find the same env.
 """
 
@@ -58,7 +58,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 ENV_NAME = "bench-frozenlake"
-_MODULE = "rollart_sdk.bench.small"
+_MODULE = "rollart_benchmark_suite.small"
 TAG = "FrozenLake"
 TARGET = 0.7
 WINDOW = 5
@@ -70,10 +70,10 @@ LATENCY = {"none": (0.0, 0.0), "normal": (0.05, 0.02)}
 
 
 def __getattr__(name: str) -> Any:
-    """``LatencyFrozenLake`` lives in :mod:`rollart_sdk.bench.latency_env` (importing it
+    """``LatencyFrozenLake`` lives in :mod:`rollart_benchmark_suite.latency_env` (importing it
     imports the frozenlake plugin and gymnasium; this module stays light)."""
     if name == "LatencyFrozenLake":
-        from rollart_sdk.bench.latency_env import LatencyFrozenLake
+        from rollart_benchmark_suite.latency_env import LatencyFrozenLake
 
         return LatencyFrozenLake
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
@@ -97,9 +97,9 @@ class LatencyFrozenLakeOptions(BaseModel):
 
 
 def _registry() -> Any:
-    """The installed plugins: env ``bench-frozenlake`` is a built-in's
-    (``rollart_sdk.default_plugins.benchmarks``), so that ``rollart train`` finds it too
-    (``--path train``) and both paths build the same env class."""
+    """The installed plugins: env ``bench-frozenlake`` is registered by this package's
+    entry point (:mod:`rollart_benchmark_suite.plugin`), so that ``rollart train`` finds it
+    too (``--path train``) and both paths build the same env class."""
     from rollart_sdk.plugins import load_plugins
 
     return load_plugins().registry
@@ -190,7 +190,7 @@ def child(mode: str, latency: str, seed: int, max_steps: int, out: str,
     """One run from this process; writes its figures as JSON to ``out``. ``overrides``:
     dotted ``key=value`` changes to the workload's config (``rollart train``'s syntax)."""
     if mode == "reference":  # the synchronous single-process GRPO trainer (small_reference)
-        from rollart_sdk.bench.small_reference import reference_child
+        from rollart_benchmark_suite.small_reference import reference_child
 
         updates = reference_updates(overrides)
         Path(out).write_text(json.dumps(reference_child(latency, seed, max_steps, out,
@@ -199,7 +199,7 @@ def child(mode: str, latency: str, seed: int, max_steps: int, out: str,
     if mode == "trl":  # Hugging Face TRL's real GRPOTrainer on the workload (small_trl)
         if importlib.util.find_spec("trl") is None:
             raise SystemExit(TRL_MISSING)
-        from rollart_sdk.bench.small_trl import trl_child
+        from rollart_benchmark_suite.small_trl import trl_child
 
         Path(out).write_text(json.dumps(trl_child(latency, seed, max_steps, out,
                                                   reference_updates(overrides))))
@@ -361,7 +361,7 @@ def run_one(mode: str, latency: str, seed: int, max_steps: int,
         out = str(Path(tmp) / "run.json")
         t_cmd = time.time()
         proc = subprocess.run(
-            [sys.executable, "-m", "rollart_sdk.bench.small", "--child", mode, latency,
+            [sys.executable, "-m", "rollart_benchmark_suite.small", "--child", mode, latency,
              str(seed), str(max_steps), out, layout, *(overrides or [])],
             env={**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
                  TARGET_ENV: str(target),
@@ -415,7 +415,7 @@ def _run_variant(args: argparse.Namespace, mode: str, latency: str, seed: int,
                  model_path: str) -> dict[str, Any]:
     """One row: through ``rollart train`` (``--path train``) or ``build_job`` (``job``)."""
     if args.path == "train":
-        from rollart_sdk.bench.small_train import run_train
+        from rollart_benchmark_suite.small_train import run_train
 
         return run_train(mode, latency, seed, args.max_steps, args.layout, args.overrides,
                          model_path, target=args.target)
@@ -436,9 +436,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--modes", nargs="+", default=["sync", "async"],
                         choices=["sync", "async", "reference", "trl"],
                         help="reference: the synchronous single-process GRPO trainer of "
-                             "rollart_sdk/bench/small_reference.py (TRL's loop in plain "
+                             "rollart_benchmark_suite/small_reference.py (TRL's loop in plain "
                              "torch); trl: Hugging Face TRL's own GRPOTrainer on the same "
-                             f"workload (rollart_sdk/bench/small_trl.py; needs trl=="
+                             f"workload (rollart_benchmark_suite/small_trl.py; needs trl=="
                              f"{TRL_VERSION} installed, not a rollart dependency)")
     parser.add_argument("--latency", nargs="+", default=["none", "normal"], choices=list(LATENCY))
     parser.add_argument("--repeats", type=int, default=3, help="seeds 0..N-1 per variant")
@@ -447,7 +447,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--path", choices=["job", "train"], default="job",
                         help="job: each run drives build_job() in a child process of the "
                              "bench; train: each run is `rollart train CONFIG` (a YAML file), "
-                             "stopped by SIGTERM at the target (rollart_sdk/bench/"
+                             "stopped by SIGTERM at the target (rollart_benchmark_suite/"
                              "small_train.py)")
     parser.add_argument("--layout", choices=["inprocess", "ray"], default=None,
                         help="one process (engine and trainer colocated) or one Ray "

@@ -34,7 +34,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-_MODULE = "rollart_sdk.bench.turns"
+_MODULE = "rollart_benchmark_suite.turns"
 # The engines' counters reported (summed over engines): forward steps, tokens computed.
 ENGINE_COUNTS = ("steps", "inline_steps", "tokens_generated", "prefill_tokens",
                  "reused_tokens", "shared_tokens", "step_seconds")
@@ -195,7 +195,7 @@ def cpu_of(pids: dict[int, str]) -> dict[int, float]:
 
 
 def _config(layout: str, seed: int, steps: int, tmp: str, env_host: str | None) -> Any:
-    from rollart_sdk.bench.small import workload_config
+    from rollart_benchmark_suite.small import workload_config
 
     data = workload_config("sync", "none", seed, tmp, steps, layout)
     if env_host is not None:
@@ -207,7 +207,7 @@ def child(layout: str, steps: int, seed: int, env_host: str | None, profile: int
           out: str) -> None:
     """One run in this process; writes its figures as JSON to ``out``."""
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    from rollart_sdk.bench.small import _registry
+    from rollart_benchmark_suite.small import _registry
     from rollart_sdk.config import load_config
     from rollart_sdk.job import build_job
 

@@ -33,7 +33,7 @@ from typing import Any
 
 import yaml
 
-from rollart_sdk.bench.small import TAG, TARGET, WINDOW, summarize, workload_config
+from rollart_benchmark_suite.small import TAG, TARGET, WINDOW, summarize, workload_config
 
 POLL_S = 0.05  # how often metrics.jsonl is read
 EXIT_BOUND_S = 60.0  # SIGTERM to exit, at most; then the process group is killed
@@ -141,7 +141,7 @@ def _run_dir_layout(root: Path) -> dict[str, Any] | None:
 
 
 def _as_data(lines: list[dict[str, Any]], t_cmd: float) -> dict[str, Any]:
-    """What :func:`~rollart_sdk.bench.small.summarize` reads, from metrics.jsonl lines."""
+    """What :func:`~rollart_benchmark_suite.small.summarize` reads, from metrics.jsonl lines."""
     steps = [x for x in lines if f"success/{TAG}" in x]
     t_ready = min((x["seen"] - x["wall_time"] for x in steps), default=t_cmd)
     metrics = [{**x, "t": t_ready + x["wall_time"], "train_tokens": x.get("train/tokens", 0.0)}

@@ -26,7 +26,7 @@ seeds, next to rollart's runs (``rollart bench small --reference``):
   ratio ``exp(logp - logp_first_pass)`` clipped at ``1 +- 0.2`` (TRL's ``epsilon``), the
   same as rollart's ``trainer.options.updates_per_batch``.
 
-It reports what ``rollart_sdk.bench.small.summarize`` reads, so both kinds of run go
+It reports what ``rollart_benchmark_suite.small.summarize`` reads, so both kinds of run go
 through one summary.
 """
 
@@ -51,8 +51,8 @@ def setup(latency: str, seed: int, max_steps: int) -> dict[str, Any]:
     tokenizer, chat format, action tokens, 64 envs, the sampling generator, max turns, lr."""
     import torch
 
-    from rollart_sdk.bench.latency_env import LatencyFrozenLake
-    from rollart_sdk.bench.small import LATENCY, workload_config
+    from rollart_benchmark_suite.latency_env import LatencyFrozenLake
+    from rollart_benchmark_suite.small import LATENCY, workload_config
     from rollart_sdk.config import ModelConfig
     from rollart_sdk.control.chat import ChatFormat
     from rollart_sdk.models import load_causal_lm, load_tokenizer, prepare_model
@@ -86,7 +86,7 @@ def reference_child(latency: str, seed: int, max_steps: int, out: str,
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     import torch
 
-    from rollart_sdk.bench.small import TAG, TARGET, WINDOW
+    from rollart_benchmark_suite.small import TAG, TARGET, WINDOW
 
     s = setup(latency, seed, max_steps)
     model, chat, envs, allowed, gen = s["model"], s["chat"], s["envs"], s["allowed"], s["gen"]

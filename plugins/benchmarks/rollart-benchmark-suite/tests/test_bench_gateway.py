@@ -15,7 +15,8 @@ pytestmark = pytest.mark.timeout(300)
 
 
 def test_bench_gateway_measures_both_sides(tmp_path: Path) -> None:
-    from rollart_sdk.bench.gateway import main
+    from rollart_benchmark_suite.gateway import main
+
     from rollart_sdk.plugins import get_registry
 
     assert get_registry().get("benchmark", "gateway").load() is main
