@@ -47,9 +47,12 @@ def _expose_scheduler_plugin() -> None:
     if any(ep.value.startswith("rollart_engine_sglang.scheduler")
            for ep in entry_points(group="sglang.srt.plugins")):
         return
+    import atexit
+    import shutil
     import tempfile
 
     root = tempfile.mkdtemp(prefix="rollart-sglang-ep-")
+    atexit.register(shutil.rmtree, root, True)
     info = os.path.join(root, "rollart_engine_sglang_scheduler_ep-0.0.0.dist-info")
     os.makedirs(info)
     with open(os.path.join(info, "METADATA"), "w") as fh:
