@@ -30,6 +30,14 @@ The weights go in between ``begin_weight_update`` and ``end_weight_update`` (SGL
 0.5.23 refuses updates outside that session), one ``update_weights_from_tensor`` per
 bucket, then ``flush_cache``.
 
+The collective path (``rollart_sdk.weights.direct``): with a push transport that offers it
+(``nccl``), SGLang's scheduler process receives each round itself into a staging buffer
+(``scheduler.py``, loaded there as an SGLang plugin; driven by RPCs, ``collective.py``),
+the staged version is checked against the checkpoint before anything is aborted, and the
+swap loads it in one ``load_weights`` call through a custom weight loader inside the same
+weight-update session. Every other transport, a LoRA adapter payload and ``tp_size`` > 1
+keep the tensor path above (the bytes path).
+
 The engine-independent bookkeeping (request states, ABORT, suspend / resume, stats,
 shutdown, bucket checks) is :mod:`rollart_sdk.backends.engine_adapter`, shared with engine
 ``vllm``; this module holds the SGLang calls.
