@@ -104,7 +104,40 @@ def _staging() -> Any:
 
 def _stage(manifest: str, spec: str) -> None:
     _state["ready"] = None
-    _staging().stage(manifest, json.loads(spec))
+    _staging().stage(manifest, on_scheduler_device(json.loads(spec)))
+
+
+def on_scheduler_device(spec: dict[str, Any]) -> dict[str, Any]:
+    """``spec`` wrapped in :class:`OnDevice` when the scheduler runs on a GPU: the staging
+    thread is new, and a new thread's current CUDA device is 0, not SGLang's ``gpu_id``."""
+    import torch
+
+    if not (torch.cuda.is_available() and torch.cuda.is_initialized()):
+        return spec
+    return {"factory": f"{__name__}:OnDevice",
+            "kwargs": {"inner": spec, "device": torch.cuda.current_device()}}
+
+
+class OnDevice:
+    """A receiver built from ``inner`` (a transport's ``receiver_spec``) whose ``fetch``
+    runs with CUDA device ``device`` current (NCCL receives into the current device)."""
+
+    def __init__(self, role: str, inner: dict[str, Any], device: int) -> None:
+        from rollart_sdk.registry import import_string
+
+        self._inner = import_string(inner["factory"])(role=role, **inner.get("kwargs", {}))
+        self._device = device
+
+    def fetch(self, manifest: Any) -> Any:
+        import torch
+
+        torch.cuda.set_device(self._device)
+        yield from self._inner.fetch(manifest)
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return getattr(self._inner, name)
 
 
 def _cancel(version: int) -> None:

@@ -144,7 +144,8 @@ def test_stand_in_matches_the_wheel():
     io = _tree("srt/managers/io_struct.py")
     for cls in (contract.PauseGenerationReqInput, contract.ContinueGenerationReqInput,
                 contract.UpdateWeightsFromTensorReqInput, contract.BeginWeightUpdateReqInput,
-                contract.EndWeightUpdateReqInput, contract.FlushCacheReqOutput):
+                contract.EndWeightUpdateReqInput, contract.FlushCacheReqOutput,
+                contract.RpcReqInput, contract.RpcReqOutput):
         real = set(_fields(_class(io, cls.__name__)))
         mine = {f.name for f in dataclasses.fields(cls)}
         assert mine <= real, f"{cls.__name__}: stand-in fields {mine - real} not in 0.5.23"
