@@ -1,4 +1,4 @@
-"""``rollart bench weights --engine vllm``: one weight update into a served engine, by path.
+"""``rollart bench weights --engine vllm|sglang``: one weight update into a served engine, by path.
 
 The same version delivered to one running engine (vLLM, SGLang, or any engine plugin) by
 the ``nccl`` transport (gloo on CPU), one update at a time, the engine idle:
@@ -31,7 +31,9 @@ from typing import Any
 PATHS = ("bytes", "collective")
 ENGINE_OPTIONS: dict[str, dict[str, Any]] = {
     "vllm": {"max_num_seqs": 8, "max_model_len": 512, "cpu_kv_cache_gb": 0.25},
-    "sglang": {},
+    # SGLang's CPU engine (its README: the test-only kit); on CPU it sizes the KV cache
+    # from free memory unless max_total_tokens bounds it
+    "sglang": {"device": "cpu", "context_length": 512, "max_total_tokens": 8192},
 }
 
 

@@ -30,6 +30,14 @@ The weights go in between ``begin_weight_update`` and ``end_weight_update`` (SGL
 0.5.23 refuses updates outside that session), one ``update_weights_from_tensor`` per
 bucket, then ``flush_cache``.
 
+The collective path (``rollart_sdk.weights.direct``): with a push transport that offers it
+(``nccl``), SGLang's scheduler process receives each round itself into a staging buffer
+(``scheduler.py``, loaded there as an SGLang plugin; driven by RPCs, ``collective.py``),
+the staged version is checked against the checkpoint before anything is aborted, and the
+swap loads it in one ``load_weights`` call through a custom weight loader inside the same
+weight-update session. Every other transport, a LoRA adapter payload and ``tp_size`` > 1
+keep the tensor path above (the bytes path).
+
 The engine-independent bookkeeping (request states, ABORT, suspend / resume, stats,
 shutdown, bucket checks) is :mod:`rollart_sdk.backends.engine_adapter`, shared with engine
 ``vllm``; this module holds the SGLang calls.
@@ -38,6 +46,7 @@ shutdown, bucket checks) is :mod:`rollart_sdk.backends.engine_adapter`, shared w
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 from collections.abc import Iterable
@@ -46,14 +55,17 @@ from typing import Any
 
 import torch
 
+from rollart_engine_sglang.collective import SchedulerRpc
 from rollart_engine_sglang.constrained import (
     allowed_logprobs,
     allowed_policy_logprob,
     choose_allowed,
 )
+from rollart_engine_sglang.scheduler import LOADER, MARKER
 from rollart_sdk.backends.engine_adapter import (
     AdapterRequest,
     EngineAdapter,
+    StagedVersion,
     checkpoint_shapes,
     convert_buckets,
     eos_ids,
@@ -61,8 +73,9 @@ from rollart_sdk.backends.engine_adapter import (
 )
 from rollart_sdk.config import ModelConfig
 from rollart_sdk.errors import RollartError
-from rollart_sdk.types import FinishReason, GenerationRequest, WeightBucket
-from rollart_sdk.weights.lora import CheckpointBase
+from rollart_sdk.types import FinishReason, GenerationRequest, WeightBucket, WeightManifest
+from rollart_sdk.weights.direct import manifest_to_json
+from rollart_sdk.weights.lora import CheckpointBase, is_adapter_name
 
 log = logging.getLogger(__name__)
 SETTLE_QUIET_S = 0.05  # no stream chunk for this long after a pause: the last step arrived
@@ -160,6 +173,8 @@ class SglangEngine(EngineAdapter[_Request]):
             random_seed=seed,
             device=device,
             log_level="error",
+            # the collective path's commit (scheduler.py): load_format=LOADER
+            custom_weight_loader=[LOADER],
         )
         if deterministic_inference:
             kwargs["enable_deterministic_inference"] = True
@@ -173,7 +188,14 @@ class SglangEngine(EngineAdapter[_Request]):
         self._tm = self._engine.tokenizer_manager
         self._device = device
         self._tp = tp_size
+        self._checkpoint = model.path
         self._shapes = checkpoint_shapes(model.path)
+        self._rpc = SchedulerRpc(self._engine)
+        self.direct_unavailable = self._rpc.available() if tp_size == 1 else "tp_size > 1"
+        if self.direct_unavailable is not None:
+            log.info("engine 'sglang': weights take the bytes path with every transport "
+                     "(the collective path needs this plugin in SGLang's scheduler: %s)",
+                     self.direct_unavailable)
         # LoRA payloads are merged against the checkpoint's own tensors (convert_buckets)
         self._base = CheckpointBase(model.path)
         import transformers
@@ -222,14 +244,56 @@ class SglangEngine(EngineAdapter[_Request]):
                                lambda b: [(k, v.contiguous()) for k, v in b.tensors.items()],
                                self._base)
 
-    async def _swap(self, named: list[list[tuple[str, Any]]], version: int) -> int:
-        """Retract, abort the in-flight requests (``_drive`` resubmits them), load ``named``
-        in one weight-update session, flush the cache, set ``version``. Returns how many
-        requests were moved."""
+    # ------------------------------------------------------------------ collective path
+
+    def receives_directly(self, manifest: WeightManifest) -> bool:
+        """SGLang's scheduler receives the round itself (``scheduler.py``), when this
+        plugin is loaded there, ``tp_size`` is 1 (the control plane counts one receiver
+        per engine) and the version is not a LoRA adapter payload (merged here)."""
+        return self.direct_unavailable is None and not any(
+            is_adapter_name(n) for ref in manifest.buckets for n in ref.names)
+
+    async def stage_direct(self, manifest: WeightManifest, spec: dict[str, Any]) -> None:
+        await self._rpc.acall("rollart_stage", manifest=manifest_to_json(manifest),
+                              spec=json.dumps(spec))
+
+    async def direct_status(self) -> dict[str, Any]:
+        status: dict[str, Any] = await self._rpc.acall("rollart_status")
+        return status
+
+    async def cancel_direct(self, version: int) -> None:
+        await self._rpc.acall("rollart_cancel", version=int(version))
+
+    # ------------------------------------------------------------------ the swap
+
+    async def _swap(self, prepared: list[list[tuple[str, Any]]] | StagedVersion,
+                    version: int) -> int:
+        """Retract, abort the in-flight requests (``_drive`` resubmits them), load
+        ``prepared`` in one weight-update session, flush the cache, set ``version``.
+        Returns how many requests were moved. On the collective path the staged version
+        is checked in the scheduler first, before anything is aborted."""
+        if isinstance(prepared, StagedVersion):
+            await self._rpc.acall("rollart_check", version=prepared.version,
+                                  checkpoint=self._checkpoint)
         was_suspended = self._suspended
         self._suspended = True
-        # Retract: running requests go back to SGLang's waiting queue, their KV freed,
-        # so that the aborts below land at once and flush_cache is allowed.
+        try:
+            moved = await self._retract()
+            await self._load(prepared)
+            _check_ok("flush_cache", await self._tm.flush_cache())
+            self._version = int(version)  # _drive counts each request's KV rebuild
+        finally:
+            # on failure the weights are the old ones and the moved requests go on there
+            self._suspended = was_suspended
+            if not was_suspended:
+                self._suspended = True  # resume() flips it and wakes the held requests
+                await self.resume()
+        return len(moved)
+
+    async def _retract(self) -> list[_Request]:
+        """Running requests back to SGLang's waiting queue (KV freed, so that the aborts
+        land at once and ``flush_cache`` is allowed), then every in-flight one aborted
+        and marked for resubmission; returns them."""
         await self._tm.pause_generation(self._io["pause"](mode="retract"))
         # In flight: started and not finished (a constrained request between two of
         # its one-token submissions too); requests held since a suspend() before they
@@ -240,28 +304,37 @@ class SglangEngine(EngineAdapter[_Request]):
             if st.sub_id is not None:
                 self._tm.abort_request(rid=st.sub_id)
         await self._wait_finished(moved)
+        return moved
+
+    async def _load(self, prepared: list[list[tuple[str, Any]]] | StagedVersion) -> None:
+        """One weight-update session: ``update_weights_from_tensor`` per bucket (the bytes
+        path), or once with ``load_format=LOADER`` and the version as its one tensor (the
+        collective path: the scheduler loads what it staged and checked)."""
         _check_ok("begin_weight_update",
                   await self._tm.begin_weight_update(self._io["begin"](), None))
         try:
-            from sglang.srt.utils.common import MultiprocessingSerializer
-
-            for tensors in named:
-                payload = [MultiprocessingSerializer.serialize(tensors)
-                           for _ in range(self._tp)]
-                _check_ok("update_weights_from_tensor", await self._tm.update_weights_from_tensor(
-                    self._io["tensor"](serialized_named_tensors=payload, flush_cache=False),
-                    None,
-                ))
+            if isinstance(prepared, StagedVersion):
+                await self._update_tensors([(MARKER, torch.tensor([prepared.version]))],
+                                           LOADER)
+            else:
+                for tensors in prepared:
+                    await self._update_tensors(tensors, None)
         finally:
             _check_ok("end_weight_update",
                       await self._tm.end_weight_update(self._io["end"](), None))
-        _check_ok("flush_cache", await self._tm.flush_cache())
-        self._version = int(version)  # _drive counts each request's KV rebuild
-        self._suspended = was_suspended
-        if not was_suspended:
-            self._suspended = True  # resume() flips it and wakes the held requests
-            await self.resume()
-        return len(moved)
+        if isinstance(prepared, StagedVersion):
+            await self._rpc.acall("rollart_result", version=prepared.version)
+
+    async def _update_tensors(self, tensors: list[tuple[str, Any]],
+                              load_format: str | None) -> None:
+        from sglang.srt.utils.common import MultiprocessingSerializer
+
+        payload = [MultiprocessingSerializer.serialize(tensors) for _ in range(self._tp)]
+        _check_ok("update_weights_from_tensor", await self._tm.update_weights_from_tensor(
+            self._io["tensor"](serialized_named_tensors=payload, flush_cache=False,
+                               load_format=load_format),
+            None,
+        ))
 
     async def _close(self) -> None:
         await asyncio.to_thread(self._engine.shutdown)

@@ -36,8 +36,37 @@ def _install_contract() -> None:
     sys.modules["sglang.srt.utils.common"] = contract  # type: ignore[assignment]
 
 
+def _expose_scheduler_plugin() -> None:
+    """The collective path needs this plugin's ``sglang.srt.plugins`` entry point, which
+    ``pip install -e`` of this checkout registers (ci.sh's install does). A venv whose
+    rollart-engine-sglang was installed from an older checkout lacks it: this makes it
+    visible with a ``.dist-info`` of its own on ``sys.path`` (SGLang's spawned scheduler
+    inherits ``sys.path``), the same metadata the pyproject declares. Tests only."""
+    from importlib.metadata import entry_points
+
+    if any(ep.value.startswith("rollart_engine_sglang.scheduler")
+           for ep in entry_points(group="sglang.srt.plugins")):
+        return
+    import atexit
+    import shutil
+    import tempfile
+
+    root = tempfile.mkdtemp(prefix="rollart-sglang-ep-")
+    atexit.register(shutil.rmtree, root, True)
+    info = os.path.join(root, "rollart_engine_sglang_scheduler_ep-0.0.0.dist-info")
+    os.makedirs(info)
+    with open(os.path.join(info, "METADATA"), "w") as fh:
+        fh.write("Metadata-Version: 2.1\nName: rollart-engine-sglang-scheduler-ep\n"
+                 "Version: 0.0.0\n")
+    with open(os.path.join(info, "entry_points.txt"), "w") as fh:
+        fh.write("[sglang.srt.plugins]\nrollart = rollart_engine_sglang.scheduler:register\n")
+    sys.path.append(root)
+
+
 if not REAL_SGLANG:
     _install_contract()
+else:
+    _expose_scheduler_plugin()
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -51,17 +80,22 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> ModelConfig:
 
 
 @pytest.fixture(scope="session")
-def other_weights(tmp_path_factory: pytest.TempPathFactory) -> dict[str, torch.Tensor]:
-    other = prepare_model(ModelConfig(tiny=TINY.model_copy(update={"seed": 1})),
-                          tmp_path_factory.mktemp("models2"), ACTIONS)
-    assert other.path is not None
-    return {k: v.clone() for k, v in load_causal_lm(other.path).state_dict().items()}
+def other_model(tmp_path_factory: pytest.TempPathFactory) -> ModelConfig:
+    """Same architecture, different seed: a 'new policy version'."""
+    return prepare_model(ModelConfig(tiny=TINY.model_copy(update={"seed": 1})),
+                         tmp_path_factory.mktemp("models2"), ACTIONS)
 
 
 @pytest.fixture(scope="session")
-def reference(tiny_model: ModelConfig) -> Callable[[list[int], list[int]], list[float]]:
-    assert tiny_model.path is not None
-    model = load_causal_lm(tiny_model.path)
+def other_weights(other_model: ModelConfig) -> dict[str, torch.Tensor]:
+    assert other_model.path is not None
+    return {k: v.clone() for k, v in load_causal_lm(other_model.path).state_dict().items()}
+
+
+def _reference(path: str | None) -> Callable[[list[int], list[int]], list[float]]:
+    """Teacher-forced log-probs (raw distribution) of a checkpoint's tokens."""
+    assert path is not None
+    model = load_causal_lm(path)
 
     def logprobs(prompt: list[int], tokens: list[int]) -> list[float]:
         with torch.no_grad():
@@ -70,6 +104,16 @@ def reference(tiny_model: ModelConfig) -> Callable[[list[int], list[int]], list[
         return [float(lp[len(prompt) - 1 + i, t]) for i, t in enumerate(tokens)]
 
     return logprobs
+
+
+@pytest.fixture(scope="session")
+def reference(tiny_model: ModelConfig) -> Callable[[list[int], list[int]], list[float]]:
+    return _reference(tiny_model.path)
+
+
+@pytest.fixture(scope="session")
+def other_reference(other_model: ModelConfig) -> Callable[[list[int], list[int]], list[float]]:
+    return _reference(other_model.path)
 
 
 @pytest.fixture(scope="session")

@@ -75,6 +75,18 @@ class UpdateWeightsFromTensorReqInput:
 
 
 @dataclass(kw_only=True)
+class RpcReqInput:
+    method: str
+    parameters: dict[str, Any] | None = None
+
+
+@dataclass(kw_only=True)
+class RpcReqOutput:
+    success: bool
+    message: str
+
+
+@dataclass(kw_only=True)
 class FlushCacheReqOutput:
     success: bool
     message: str = ""

@@ -12,8 +12,10 @@ backends only (not torch_native), so seeded requests are not reproducible there.
 
 from __future__ import annotations
 
+import importlib.util
 import sys
 
+import pytest
 from rollart_engine_sglang.engine import SglangEngine
 
 from rollart_sdk.models import load_tokenizer
@@ -44,3 +46,38 @@ def test_check_engine(tiny_model, reference_logits, other_weights):
     )
     assert report["skipped"] == ([] if not REAL_SGLANG else ["seeded_determinism"])
     assert report["stats"]["recomputed"] >= 1
+
+
+@pytest.mark.skipif(not REAL_SGLANG or importlib.util.find_spec("rollart_transport_nccl") is None,
+                    reason="needs the real SGLang (ci.sh part 2) and the nccl transport plugin")
+def test_check_engine_with_weights_over_the_collective(tiny_model, other_weights):
+    """The kit's update check with the version broadcast by the nccl transport (gloo) into
+    SGLang's scheduler process: the collective path (scheduler.py)."""
+    from rollart_transport_nccl.transport import NcclTransport
+
+    from rollart_sdk.testing.transport import LoadingThrough
+
+    tok = load_tokenizer(tiny_model.path)
+    sender = NcclTransport("sender", backend="gloo", receivers=1, timeout_s=60,
+                           join_timeout_s=60)
+    receiver = NcclTransport("receiver", store=sender.address, receivers=1, timeout_s=60,
+                             join_timeout_s=60)
+    engines = []
+
+    def make():
+        engines.append(LoadingThrough(
+            SglangEngine(model=tiny_model, device="cpu", context_length=1024,
+                         max_total_tokens=16384), sender, receiver, "nccl"))
+        return engines[-1]
+
+    report = check_engine(
+        make, tokenizer_vocab_size=len(tok),
+        update_buckets=lambda v: split_buckets(other_weights.items(), 16_000, v),
+        prompt_ids=tok.encode("You are on a frozen lake. Move:"),
+        eos_token_ids=[tok.eos_token_id], timeout_s=120.0,
+        only=("generate", "suspend_resume", "update"),
+    )
+    assert {"generate", "suspend_resume", "update"} <= set(report["passed"])
+    (engine,) = engines
+    assert engine.direct == [True] and engine.reports[0].nbytes > 0
+    assert receiver._gen == -1 and sorted(sender.sent_s) == [1]  # SGLang's scheduler received

@@ -110,13 +110,42 @@ def test_request_structs_and_sampling_fields():
 
 
 @needs_src
+def test_collective_path_hooks_exist_in_the_wheel():
+    """What the collective path (scheduler.py, collective.py) relies on in 0.5.23: general
+    plugins loaded in the scheduler process before the Scheduler is built, the hook
+    registry, the RPC handler and socket, and custom weight loaders."""
+    root = Path(SRC or "") / "sglang/srt"
+    plugins = (root / "plugins/__init__.py").read_text()
+    assert 'GENERAL_PLUGINS_GROUP = "sglang.srt.plugins"' in plugins
+    assert "HookRegistry.apply_hooks()" in plugins
+    sched = _tree("srt/managers/scheduler.py")
+    run = next(n for n in ast.walk(sched)
+               if isinstance(n, ast.FunctionDef) and n.name == "run_scheduler_process")
+    assert ast.unparse(run.body[0]) == "load_plugins()", "plugins no longer load first"
+    handler = ast.unparse(_method(_class(sched, "Scheduler"), "handle_rpc_request"))
+    assert "getattr(self, recv_req.method)" in handler and "RpcReqOutput(" in handler
+    hooks = _class(_tree("srt/plugins/hook_registry.py"), "HookRegistry")
+    assert _params(_method(hooks, "register"))[:4] == ["cls", "target", "hook", "hook_type"]
+    io = _tree("srt/managers/io_struct.py")
+    assert {"method", "parameters"} <= set(_fields(_class(io, "RpcReqInput")))
+    assert {"success", "message"} <= set(_fields(_class(io, "RpcReqOutput")))
+    engine = ast.unparse(_class(_tree("srt/entrypoints/engine.py"), "Engine"))
+    assert "self.send_to_rpc = get_zmq_socket(" in engine
+    assert "custom_weight_loader" in (root / "arg_groups/fields/model.py").read_text()
+    updater = (root / "model_executor/model_runner_components/weight_updater.py").read_text()
+    assert "elif load_format in self.custom_weight_loaders:" in updater
+    assert "custom_loader(self.get_model(), named_tensors)" in updater
+
+
+@needs_src
 def test_stand_in_matches_the_wheel():
     """Every struct field and control-call parameter of the stand-in exists in 0.5.23."""
     contract = sys.modules["rollart_sglang_contract"]
     io = _tree("srt/managers/io_struct.py")
     for cls in (contract.PauseGenerationReqInput, contract.ContinueGenerationReqInput,
                 contract.UpdateWeightsFromTensorReqInput, contract.BeginWeightUpdateReqInput,
-                contract.EndWeightUpdateReqInput, contract.FlushCacheReqOutput):
+                contract.EndWeightUpdateReqInput, contract.FlushCacheReqOutput,
+                contract.RpcReqInput, contract.RpcReqOutput):
         real = set(_fields(_class(io, cls.__name__)))
         mine = {f.name for f in dataclasses.fields(cls)}
         assert mine <= real, f"{cls.__name__}: stand-in fields {mine - real} not in 0.5.23"
