@@ -20,11 +20,17 @@ quota modes; admission control gives async the room back). At most
 ``max_filtered_per_step`` groups are filtered between two batches; past that cap such
 groups are kept (trained as they are) and counted, so a task that gives no signal cannot
 keep a step from filling.
+
+What every trajectory's arrival and every wake-up of ``get_batch`` costs does not grow with
+the groups waiting (issue 35): the ready trajectories are counted in total and per task as
+groups come and go, and eviction finds the groups below the floor in a heap by start
+version instead of scanning them all.
 """
 
 from __future__ import annotations
 
 import asyncio
+import heapq
 from collections import Counter, OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -70,6 +76,15 @@ class SampleBuffer:
         self.last_filter: tuple[int, dict[str, list[float | None]]] = (0, {})
         self._open: dict[str, Group] = {}
         self._ready: OrderedDict[str, Group] = OrderedDict()
+        # Kept with ``_ready`` (``_add_ready`` / ``_pop_ready``): its trajectories in total
+        # and per task; per group its start version and arrival number; a heap of
+        # (start version, arrival, group) for eviction (entries of groups gone or of an
+        # older start version are skipped; compacted when mostly such).
+        self._ready_n = 0
+        self._ready_tag: Counter[str] = Counter()
+        self._ready_at: dict[str, tuple[int, int]] = {}
+        self._by_version: list[tuple[int, int, str]] = []
+        self._arrivals = 0
         self._cond = asyncio.Condition()
         self.dropped: Counter[str] = Counter()  # reason -> trajectories
         self.trained = 0
@@ -130,7 +145,7 @@ class SampleBuffer:
 
     def held_by_tag(self, tag: str) -> int:
         """Usable trajectories of ``tag`` finished and not trained (ready or in open groups)."""
-        return (sum(len(g.members) for g in self._ready.values() if g.tag == tag)
+        return (self._ready_tag[tag]
                 + sum(len(g.usable) for g in self._open.values() if g.tag == tag))
 
     def held(self) -> int:
@@ -174,7 +189,7 @@ class SampleBuffer:
                 return
             if self._filtered(group):
                 return
-            self._ready[group.group_id] = group
+            self._add_ready(group)
             self.max_ready_trajectories = max(self.max_ready_trajectories, self.ready_trajectories)
             self._cond.notify_all()
 
@@ -203,7 +218,28 @@ class SampleBuffer:
     # ------------------------------------------------------------------ consumer
     @property
     def ready_trajectories(self) -> int:
-        return sum(len(g.members) for g in self._ready.values())
+        return self._ready_n
+
+    def _add_ready(self, group: Group) -> None:
+        self._ready[group.group_id] = group
+        self._arrivals += 1
+        version = group.start_version
+        self._ready_at[group.group_id] = (version, self._arrivals)
+        heapq.heappush(self._by_version, (version, self._arrivals, group.group_id))
+        self._ready_n += len(group.members)
+        self._ready_tag[group.tag] += len(group.members)
+
+    def _pop_ready(self, group_id: str) -> Group:
+        group = self._ready.pop(group_id)
+        del self._ready_at[group_id]
+        self._ready_n -= len(group.members)
+        self._ready_tag[group.tag] -= len(group.members)
+        if not self._ready_tag[group.tag]:
+            del self._ready_tag[group.tag]
+        if len(self._by_version) > 2 * len(self._ready) + 64:  # mostly entries of gone groups
+            self._by_version = [(v, k, g) for g, (v, k) in self._ready_at.items()]
+            heapq.heapify(self._by_version)
+        return group
 
     @property
     def ready_groups(self) -> int:
@@ -212,8 +248,14 @@ class SampleBuffer:
     def evict_older_than(self, min_version: int) -> list[Trajectory]:
         """Remove ready groups started before ``min_version``; returns the evicted."""
         evicted: list[Trajectory] = []
-        for gid in [g for g, grp in self._ready.items() if grp.start_version < min_version]:
-            group = self._ready.pop(gid)
+        below: list[tuple[int, str]] = []
+        heap = self._by_version
+        while heap and heap[0][0] < min_version:
+            version, arrival, gid = heapq.heappop(heap)
+            if self._ready_at.get(gid) == (version, arrival):
+                below.append((arrival, gid))
+        for _, gid in sorted(below):  # in the order they became ready, as before
+            group = self._pop_ready(gid)
             for t in group.members:
                 self._drop(t, "stale")
                 evicted.append(t)
@@ -228,10 +270,7 @@ class SampleBuffer:
             fn()
 
     def ready_by_tag(self) -> dict[str, int]:
-        out: dict[str, int] = {}
-        for g in self._ready.values():
-            out[g.tag] = out.get(g.tag, 0) + len(g.members)
-        return out
+        return dict(self._ready_tag)
 
     async def get_batch(
         self, num_trajectories: int, min_version: int, quota: dict[str, int] | None = None
@@ -251,24 +290,23 @@ class SampleBuffer:
                     if self.ready_trajectories >= num_trajectories:
                         break
                 else:
-                    ready = self.ready_by_tag()
-                    if all(ready.get(tag, 0) >= n for tag, n in quota.items()):
+                    if all(self._ready_tag[tag] >= n for tag, n in quota.items()):
                         break
                 await self._cond.wait()
             batch: list[Trajectory] = []
-            oldest_first = sorted(self._ready, key=lambda g: self._ready[g].start_version)
+            oldest_first = sorted(self._ready, key=lambda g: self._ready_at[g][0])
             if quota is None:
                 for gid in oldest_first:
                     if len(batch) >= num_trajectories:
                         break
-                    batch.extend(self._ready.pop(gid).members)
+                    batch.extend(self._pop_ready(gid).members)
             else:
                 need = dict(quota)
                 for gid in oldest_first:
                     group = self._ready[gid]
                     if need.get(group.tag, 0) > 0:
                         need[group.tag] -= len(group.members)
-                        batch.extend(self._ready.pop(gid).members)
+                        batch.extend(self._pop_ready(gid).members)
             # Counted as trained once its train step returned (mark_trained), or as
             # dropped if the run stopped first (drop_untrained).
             self.last_filter = (self._filtered_now, self._kept_now)
@@ -310,8 +348,16 @@ class SampleBuffer:
             t.dropped = None  # a save at the run's end saw them counted run_end
             group = self._ready.get(t.group_id)
             if group is None:
-                group = self._ready[t.group_id] = Group(t.group_id, t.tag, self.group_size)
+                group = Group(t.group_id, t.tag, self.group_size, [t])
+                self._add_ready(group)
+                continue
             group.members.append(t)
+            self._ready_n += 1
+            self._ready_tag[group.tag] += 1
+            version, arrival = self._ready_at[group.group_id]
+            if t.start_version < version:  # the old heap entry is skipped from now on
+                self._ready_at[group.group_id] = (t.start_version, arrival)
+                heapq.heappush(self._by_version, (t.start_version, arrival, group.group_id))
 
     def discard_all(self, reason: str) -> int:
         """Drop every group not handed out yet, ready or still running (e.g. the surplus of
@@ -331,6 +377,10 @@ class SampleBuffer:
                     self._drop(t)
             self._discarded[gid] = [reason, group.size - len(group.members)]
         self._ready.clear()
+        self._ready_at.clear()
+        self._by_version.clear()
+        self._ready_tag.clear()
+        self._ready_n = 0
         self._open.clear()
         if n:
             self._notify_room()

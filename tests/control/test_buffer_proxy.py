@@ -79,6 +79,95 @@ def test_discard_all_counts_late_members():
     asyncio.run(main())
 
 
+def _naive(buf):
+    """What the buffer's counters must say, recomputed from its ready members."""
+    members = buf.ready_members()
+    groups: dict[str, list[Trajectory]] = {}
+    for t in members:
+        groups.setdefault(t.group_id, []).append(t)
+    by_tag: dict[str, int] = {}
+    for t in members:
+        by_tag[t.tag] = by_tag.get(t.tag, 0) + 1
+    return len(members), by_tag, groups
+
+
+def test_ready_counts_and_eviction_match_a_full_scan():
+    """Random puts, carried-in members, evictions, batches and discards: the kept counts
+    and the heap-driven eviction say what a scan of every ready group says, in the same
+    order (issue 35: the scans are gone, the accounting is the same)."""
+    import random
+
+    async def main():
+        rng = random.Random(7)
+        buf = SampleBuffer(group_size=2)
+        gid = 0
+        for _ in range(400):
+            op = rng.random()
+            if op < 0.55:
+                gid += 1
+                tag = rng.choice("ABC")
+                for i in range(2):
+                    await buf.put(traj(f"t{gid}-{i}", f"g{gid}", tag=tag,
+                                       version=rng.randrange(10)))
+            elif op < 0.65:
+                gid += 1
+                tag = rng.choice("AB")
+                buf.carry_in([traj(f"c{gid}-{i}", f"g{gid}", tag=tag,
+                                   version=rng.randrange(10)) for i in range(2)])
+            elif op < 0.85:
+                floor = rng.randrange(8)
+                _, _, groups = _naive(buf)
+                want = [t.trajectory_id for g in groups.values()
+                        if min(t.start_version for t in g) < floor for t in g]
+                assert [t.trajectory_id for t in buf.evict_older_than(floor)] == want
+            elif op < 0.97:
+                n, _, _ = _naive(buf)
+                if n >= 4:
+                    batch = await asyncio.wait_for(buf.get_batch(4, min_version=0), 5)
+                    firsts: dict[str, int] = {}
+                    for t in batch:  # oldest group (its oldest member) first
+                        firsts[t.group_id] = min(firsts.get(t.group_id, 99), t.start_version)
+                    versions = list(firsts.values())
+                    assert len(batch) >= 4 and versions == sorted(versions)
+            else:
+                buf.discard_all("surplus")
+            n, by_tag, groups = _naive(buf)
+            assert buf.ready_trajectories == n and buf.ready_by_tag() == by_tag
+            assert buf.ready_groups == len(groups)
+            assert all(buf.held_by_tag(tag) == by_tag.get(tag, 0) for tag in "ABC")
+            assert len(buf._by_version) <= 2 * len(groups) + 64  # compacted, not leaking
+        assert gid > 100 and buf.dropped["stale"] > 0
+
+    asyncio.run(main())
+
+
+def test_arrivals_and_wakeups_do_not_visit_every_ready_group(monkeypatch):
+    """With 500 groups ready, each arrival and each eviction check that finds nothing
+    older than the floor reads no group's start version (before: every ready group's,
+    each a min over its members, on every put and every wake-up of get_batch)."""
+    from rollart_sdk.control import buffer as buffer_mod
+
+    reads = []
+    plain = buffer_mod.Group.start_version.fget
+    monkeypatch.setattr(buffer_mod.Group, "start_version",
+                        property(lambda g: reads.append(g.group_id) or plain(g)))
+
+    async def main():
+        buf = SampleBuffer(group_size=2)
+        for g in range(500):
+            await buf.put(traj(f"a{g}", f"g{g}", version=5))
+            await buf.put(traj(f"b{g}", f"g{g}", version=5))
+        assert len(reads) == 500  # once per group, when it became ready
+        reads.clear()
+        for _ in range(100):
+            assert buf.evict_older_than(5) == []
+        assert reads == [] and buf.ready_trajectories == 1000
+        assert buf.ready_by_tag() == {"A": 1000}
+        assert len(buf.evict_older_than(6)) == 1000 and buf.ready_trajectories == 0
+
+    asyncio.run(main())
+
+
 class SlowEngine:
     """A real in-process worker object: answers after a delay unless aborted."""
 

@@ -20,7 +20,9 @@ Two parts, each config run ``--repeats`` times, the median reported:
   run is in process on the simulator's virtual clock, so the CPU time is that of the
   driver plus the sim workers (which only sleep); on the real clock the same work is
   spread over the run's wall time. The sim trainer is in process: the ``send`` part is
-  where the batch path shows.
+  where the batch path shows. Of that CPU time, what Python's garbage collector took
+  (``gc.callbacks``, per generation) is reported apart: it is what grows with the
+  trajectories in flight (docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -161,6 +163,26 @@ def _round(x: float | None, nd: int) -> float | None:
     return None if x is None else round(x, nd)
 
 
+class GcTimer:
+    """CPU seconds and count of the garbage collector's passes, per generation, while on."""
+
+    def __init__(self) -> None:
+        self.seconds = [0.0, 0.0, 0.0]
+        self.passes = [0, 0, 0]
+        self.on = False
+        self._t0 = 0.0
+        gc.callbacks.append(self._callback)
+
+    def _callback(self, phase: str, info: dict[str, Any]) -> None:
+        if not self.on:
+            return
+        if phase == "start":
+            self._t0 = time.process_time()
+        else:
+            self.seconds[info["generation"]] += time.process_time() - self._t0
+            self.passes[info["generation"]] += 1
+
+
 def sim_once(n: int, steps: int) -> dict[str, Any]:
     """One simulated run with ``n`` trajectories in flight (this process: run it fresh)."""
     import tempfile
@@ -176,11 +198,15 @@ def sim_once(n: int, steps: int) -> dict[str, Any]:
         "rollout.alpha=2",
         f"train.steps={steps}", "sim.progress_every=0"])
     job = build_sim_job(cfg, lines)
+    gct = GcTimer()
+    gct.on = True
     c0 = time.process_time()
     records = run_sim(job, steps)
     cpu = time.process_time() - c0
+    gct.on = False
     p = job.pipeline
-    return {"cpu_s": cpu, "launched": p.scheduler.launched, "trained": p.buffer.trained,
+    return {"cpu_s": cpu, "gc_s": gct.seconds, "gc_passes": gct.passes,
+            "launched": p.scheduler.launched, "trained": p.buffer.trained,
             "in_flight_max": max(r.in_flight for r in records),
             "peak_rss_mib": (_status_kib("VmHWM") or 0) / 1024, "wall_s": job.wall_s}
 
@@ -202,11 +228,14 @@ def run_inflight(sizes: list[int], steps: int, repeats: int) -> list[dict[str, A
 
 def _inflight_row(n: int, runs: list[dict[str, Any]]) -> dict[str, Any]:
     per = [r["cpu_s"] / r["launched"] * 1e6 for r in runs]
+    gc_per = [sum(r["gc_s"]) / r["launched"] * 1e6 for r in runs]
     return {"part": "inflight", "max_envs": n, "repeats": len(runs),
             "in_flight_max": _median([r["in_flight_max"] for r in runs]),
             "launched": _median([r["launched"] for r in runs]),
             "cpu_s": round(_median([r["cpu_s"] for r in runs]), 2),
             "cpu_us_per_traj": round(_median(per), 1),
+            "gc_us_per_traj": round(_median(gc_per), 1),
+            "other_us_per_traj": round(_median([a - b for a, b in zip(per, gc_per, strict=True)]), 1),
             "peak_rss_mib": round(_median([r["peak_rss_mib"] for r in runs]), 1)}
 
 
@@ -219,7 +248,8 @@ def _print(rows: list[dict[str, Any]]) -> None:
         else:
             print(f"inflight max_envs {r['max_envs']:>5} (in flight {r['in_flight_max']})  "
                   f"launched {r['launched']}  cpu {r['cpu_s']} s = "
-                  f"{r['cpu_us_per_traj']:>7.1f} us/traj  peak RSS {r['peak_rss_mib']} MiB")
+                  f"{r['cpu_us_per_traj']:>7.1f} us/traj (gc {r['gc_us_per_traj']:.1f}, the rest "
+                  f"{r['other_us_per_traj']:.1f})  peak RSS {r['peak_rss_mib']} MiB")
 
 
 def main(argv: list[str] | None = None) -> int:

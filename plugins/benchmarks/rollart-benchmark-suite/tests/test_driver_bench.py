@@ -34,3 +34,5 @@ def test_inflight_part_keeps_that_many_trajectories_in_flight(tmp_path, monkeypa
     res = sim_once(256, steps=1)
     assert res["in_flight_max"] == 256  # max_envs: the scheduler kept them all busy
     assert res["launched"] >= 256 and res["trained"] >= 128 and res["cpu_s"] > 0
+    # The collector's share, per generation: counted while the run ran, within its CPU.
+    assert res["gc_passes"][0] > 0 and 0 < sum(res["gc_s"]) < res["cpu_s"]
