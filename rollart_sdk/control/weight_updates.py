@@ -193,6 +193,11 @@ class WeightUpdates:
         manifest = self.manifests.get(self.staged)
         if not gone or manifest is None or not self._is_push(manifest.transport):
             return
+        statuses = await self.sync.status()
+        if any(s.get("ready") and not s.get("error") and s.get("version") == self.staged
+               for s in statuses):  # the round completed before the death: nothing waits
+            self._round = None
+            return
         self._round = None  # each survivor receives it alone: no round left to re-form
         self.reforms.append((self.staged, gone))
         self.log.append(f"reform:{self.staged}")
