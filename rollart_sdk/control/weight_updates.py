@@ -120,7 +120,8 @@ class WeightUpdates:
         self._reformer: asyncio.Future[None] | None = None
         self._push: dict[str, bool] = {}  # transport name -> its style is "push"
         self.reforms: list[tuple[int, list[str]]] = []  # (version, engines left out)
-        proxy.on_worker_death.append(self.on_death)
+        if proxy is not None:  # (unit tests drive it without one)
+            proxy.on_worker_death.append(self.on_death)
 
     # ------------------------------------------------------------------ versions
     @property
