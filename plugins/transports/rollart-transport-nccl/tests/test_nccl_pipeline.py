@@ -97,7 +97,7 @@ def test_an_engine_dying_in_a_round_is_left_out_at_once(tmp_path, monkeypatch):
     monkeypatch.setattr(LocalSpawner, "cluster", cluster)
     cfg, lines = load_config(data=copy.deepcopy(SMALL_RUN), overrides=[
         f"output_dir={tmp_path}", "transport.name=nccl", "transport.options.backend=gloo",
-        "transport.options.timeout_s=30", "transport.options.join_timeout_s=240",
+        "transport.options.timeout_s=60", "transport.options.join_timeout_s=240",
         "train.steps=7", "train.save_final_model=false"])
     job = build_job(cfg, lines, in_process=True, log=lambda *a: None)
     p = job.pipeline
