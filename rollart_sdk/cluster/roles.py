@@ -64,6 +64,9 @@ class EngineRestartedError(RuntimeError):
     worker, so EngineRecovery reloads it before it serves again."""
 
 
+HOLD_RESTARTED_ENV = "ROLLART_HOLD_RESTARTED"  # restart_state: rehearse a long restart
+
+
 def _was_restarted() -> bool:
     """True in a Ray actor whose process is a restart (its ``__init__`` runs again)."""
     import warnings
@@ -273,7 +276,17 @@ class EngineWorker(ActorGenWorker):
 
     async def restart_state(self) -> dict[str, Any]:
         """For EngineRecovery: the engine's version and whether this process is a restart
-        that has not reloaded yet."""
+        that has not reloaded yet.
+
+        Rehearsing a long restart (tests, drills): while the file named by the environment
+        variable ``ROLLART_HOLD_RESTARTED`` exists, a restarted process says it is not
+        ready (EngineRecovery asks again, up to ``restart_timeout_s``)."""
+        import os
+
+        hold = os.environ.get(HOLD_RESTARTED_ENV)
+        if self.restarted and hold and os.path.exists(hold):
+            raise EngineRestartedError(f"{self.name} is held back while {hold} exists "
+                                       f"({HOLD_RESTARTED_ENV})")
         return {"version": self.engine.version, "restarted": self.restarted}
 
     async def stats(self) -> dict[str, Any]:

@@ -532,6 +532,7 @@ class Pipeline:
             await self.scheduler.stop("run_end")
             self._ready_at_end = self.buffer.ready_members()  # the final save carries them
             self.buffer.discard_all("run_end")
+            await self.weights.close()
             await self.recovery.close(wait_s=RECOVERY_WAIT_S if completed else 0.0)
         return self.records
 

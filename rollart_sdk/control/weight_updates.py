@@ -36,6 +36,17 @@ the engines' version is the only way on); when the bound does not allow going on
 a newer version, that one is waited for, and the run stops with the reason only if it
 fails too (or none was published yet).
 
+An engine counted in the round of the staged version dies before that round completed
+(``on_death``, from the LLMProxy): a push transport's round (``nccl``) would wait for it
+(``join_timeout_s``) and fail. So the round is re-formed for the survivors at once, not
+waited out: every live engine is staged the same version again, marked
+(:func:`~rollart_sdk.weights.sync.for_reform`: the transport cancels the round in flight
+and each survivor receives the version alone), by whoever holds the weight-update lock
+(an update waiting for the transfer notices the death and re-forms before it waits on;
+else a task as soon as the lock is free, before the dead engine's reload). The commit
+stays all-or-nothing over the survivors; the dead engine loads the served version when it
+is back (control/recovery.py). Pull transports have no round: nothing is re-staged.
+
 The first update of a run is the baseline: received only at its suspend point, so that
 its pull + swap + KV recompute run with nothing overlapping; every later update's
 ``hidden_fraction`` is measured against it.
@@ -51,7 +62,7 @@ from typing import TYPE_CHECKING, Any
 from rollart_sdk.control.versions import PolicyVersions
 from rollart_sdk.control.watchdog import RunFailure
 from rollart_sdk.types import WeightManifest, WeightUpdateReport
-from rollart_sdk.weights.sync import WeightSync
+from rollart_sdk.weights.sync import WeightSync, for_reform
 
 if TYPE_CHECKING:
     from rollart_sdk.control.pipeline import StepRecord
@@ -60,6 +71,8 @@ if TYPE_CHECKING:
 KEEP_MANIFESTS = 3  # versions whose manifests are kept (served, staged, just published)
 # defer_weight_update "auto": defer a transfer that took at least this share of a step.
 DEFER_MIN_SHARE = 0.1
+# Re-forms one wait for a transfer goes through before it waits without watching deaths.
+MAX_REFORMS = 16
 
 
 class WeightUpdates:
@@ -100,6 +113,15 @@ class WeightUpdates:
         self._baseline_taken = False  # the baseline update happened (its figure may follow)
         self._baseline_rec: StepRecord | None = None
         self._recompute_mark: dict[str, float] = {}  # engine -> its recompute_s after a swap
+        # The engines counted in the staged version's round (None: no round to re-form:
+        # nothing staged, or already re-formed), and a death to look at (on_death).
+        self._round: set[str] | None = None
+        self._died = asyncio.Event()
+        self._reformer: asyncio.Future[None] | None = None
+        self._push: dict[str, bool] = {}  # transport name -> its style is "push"
+        self.reforms: list[tuple[int, list[str]]] = []  # (version, engines left out)
+        if proxy is not None:  # (unit tests drive it without one)
+            proxy.on_worker_death.append(self.on_death)
 
     # ------------------------------------------------------------------ versions
     @property
@@ -139,8 +161,80 @@ class WeightUpdates:
                 await self._stage(manifest)
 
     async def _stage(self, manifest: WeightManifest) -> None:
+        self._round = {w.name for w in self.sync.live()}  # counted in meta["receivers"]
         await self.sync.stage(manifest)
         self.staged = manifest.version
+
+    # ------------------------------------------------------------------ deaths
+    def on_death(self, name: str, why: str) -> None:
+        """An engine died (LLMProxy.mark_down): re-form the staged round without it as
+        soon as the weight-update lock allows (an update waiting holds it: it re-forms)."""
+        self._died.set()
+        if self._reformer is None or self._reformer.done():
+            self._reformer = asyncio.ensure_future(self._reform_when_free())
+
+    async def close(self) -> None:
+        """The run ended: a re-form still waiting for the lock is not needed any more."""
+        if self._reformer is not None and not self._reformer.done():
+            self._reformer.cancel()
+            await asyncio.gather(self._reformer, return_exceptions=True)
+
+    async def _reform_when_free(self) -> None:
+        async with self.lock:
+            await self._reform()
+
+    async def _reform(self) -> None:
+        """Stage the staged version again on the live engines, alone each, when an engine
+        counted in its round is down (module docstring); else nothing."""
+        self._died.clear()
+        if self.staged is None or self._round is None or self.staged <= self.engine:
+            return
+        live = {w.name for w in self.sync.live()}
+        gone = sorted(self._round - live)
+        manifest = self.manifests.get(self.staged)
+        if not gone or manifest is None or not self._is_push(manifest.transport):
+            return
+        statuses = await self.sync.status()
+        if any(s.get("ready") and not s.get("error") and s.get("version") == self.staged
+               for s in statuses):  # the round completed before the death: nothing waits
+            self._round = None
+            return
+        self._round = None  # each survivor receives it alone: no round left to re-form
+        self.reforms.append((self.staged, gone))
+        self.log.append(f"reform:{self.staged}")
+        now = time.time()
+        self._emit({"trajectory": None, "tag": None, "span": "weight_sync_reformed",
+                    "worker": None, "t0": now, "t1": now, "version": self.staged,
+                    "left_out": gone, "receivers": sorted(live)})
+        await self.sync.stage(for_reform(manifest))
+
+    def _is_push(self, transport: str) -> bool:
+        """The transport's style is "push" (its receivers meet in rounds); unknown: True
+        (re-staging a pull transport's version only fetches it once more)."""
+        if transport not in self._push:
+            try:
+                from rollart_sdk.plugins import get_registry
+
+                factory = get_registry().get("transport", transport).load()
+                self._push[transport] = getattr(factory, "style", "push") == "push"
+            except Exception:  # noqa: BLE001 - not registered (a test's own): assume push
+                self._push[transport] = True
+        return self._push[transport]
+
+    async def _wait_ready(self) -> list[dict[str, Any]]:
+        """``sync.wait_ready()``, re-forming the round at once when an engine dies while
+        it waits (the wait on the old round then ends: superseded) and waiting again."""
+        for _ in range(MAX_REFORMS):
+            await self._reform()
+            waiting = asyncio.ensure_future(self.sync.wait_ready())
+            died = asyncio.ensure_future(self._died.wait())
+            await asyncio.wait({waiting, died}, return_when=asyncio.FIRST_COMPLETED)
+            died.cancel()
+            if not self._died.is_set():
+                return await waiting
+            await self._reform()
+            await waiting  # the transfers it waited for were superseded (or ended)
+        return await self.sync.wait_ready()
 
     # ------------------------------------------------------------------ suspend point
     async def update(self, rec: StepRecord | None) -> None:
@@ -190,6 +284,7 @@ class WeightUpdates:
 
     async def _update(self, rec: StepRecord | None) -> None:
         assert self.published is not None
+        await self._reform()  # an engine died since the version was staged
         if self.staged is None:
             if self._failed(self.published):  # dropped: the next published one comes next
                 if self._bound_allows():
@@ -203,7 +298,7 @@ class WeightUpdates:
         wait_s = 0.0
         if not ready:
             t0 = time.perf_counter()
-            statuses = await self.sync.wait_ready()
+            statuses = await self._wait_ready()
             wait_s = time.perf_counter() - t0
         failed, why = self._check(statuses)
         if failed is None:
@@ -216,7 +311,7 @@ class WeightUpdates:
         if newer is not None and newer in self.manifests:
             await self._stage(self.manifests[newer])
             t0 = time.perf_counter()
-            statuses = await self.sync.wait_ready()
+            statuses = await self._wait_ready()
             wait_s += time.perf_counter() - t0
             failed, why = self._check(statuses)
             if failed is None:
@@ -302,8 +397,11 @@ class WeightUpdates:
             self.last_transfer_s = max(r.transfer_s for r in reports)
         self._wake()
         self.reports.extend(reports)
+        t0_wall = time.time() - (time.perf_counter() - t0)
         for w in self.sync.live():  # the engines that swapped (a down one reloads later)
-            self._span("weight_sync", w.name, t0, self.versions.trainer)
+            self._emit({"trajectory": None, "tag": None, "span": "weight_sync",
+                        "worker": w.name, "step": self.versions.trainer, "t0": t0_wall,
+                        "t1": time.time(), "version": self.versions.engine})
         if released:  # every engine committed a newer version: the trainer may drop it
             await self._release(released)
         if rec is not None:

@@ -56,7 +56,10 @@ def collect(job: Job, interrupted: bool, error: Exception | None,
         "retried": p.scheduler.retried,
         "drop_examples": job.run_dir.drop_examples,
         "engine_recovery": {**p.recovery.summary(), "rerouted_requests": p.proxy.rerouted,
-                            "down_at_end": dict(p.proxy.down)},
+                            "down_at_end": dict(p.proxy.down),
+                            # rounds re-formed without a dead engine (version, left out)
+                            "reformed_rounds": [{"version": v, "left_out": gone}
+                                                for v, gone in p.weights.reforms]},
         "engine_versions": engine_versions(p),
         "env_close_errors": dict(job.run_dir.close_errors),
         # Errors beside a trajectory's outcome (a finish hook, an env slot): count, examples.

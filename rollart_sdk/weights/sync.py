@@ -22,6 +22,7 @@ another version than its peers, and a down one catches up before it serves.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
@@ -41,6 +42,16 @@ class EngineHealth(Protocol):
     def down(self) -> Mapping[str, str]: ...
 
     def mark_down(self, name: str, why: str) -> None: ...
+
+
+def for_reform(manifest: WeightManifest) -> WeightManifest:
+    """The staged ``manifest`` as the live engines receive it again after an engine
+    counted in its round died (``control/weight_updates.py``): ``meta["reform"]`` (a push
+    transport cancels the round in flight) and, like a restarted engine's reload,
+    ``meta["reload"]`` with ``meta["receivers"] = 1`` (each survivor receives it alone,
+    so no round waits for anyone). A pull transport reads the stored version as always."""
+    return dataclasses.replace(manifest, meta={**manifest.meta, "receivers": 1,
+                                               "reload": True, "reform": True})
 
 
 class WeightSync:
@@ -81,8 +92,10 @@ class WeightSync:
         """Every live engine starts receiving ``manifest``'s buckets; generation continues.
 
         ``meta["receivers"]`` is set to the live engines now (a push transport's round
-        waits for that many; a down engine reloads when it is back)."""
-        manifest.meta["receivers"] = len(self.live())
+        waits for that many; a down engine reloads when it is back), unless each receives
+        it alone (``meta["reload"]``: :func:`for_reform`)."""
+        if not manifest.meta.get("reload"):
+            manifest.meta["receivers"] = len(self.live())
         await self._each(lambda e: e.stage_weights(manifest))
 
     async def commit(self) -> list[WeightUpdateReport]:

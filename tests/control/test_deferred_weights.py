@@ -206,6 +206,9 @@ def test_a_failed_version_is_skipped_whatever_auto_would_choose_for_a_healthy_on
         async def stage(self, manifest):
             self.staged.append(manifest.version)
 
+        def live(self):
+            return []
+
         async def status(self):
             return [{"name": "gen-0", "ready": True, "version": 3,
                      "error": "ConnectionError: link dropped"}]

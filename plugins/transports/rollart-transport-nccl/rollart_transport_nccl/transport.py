@@ -26,6 +26,14 @@ own, beside any round in progress (which the receiver is not part of). The recei
 under ``replay/<id>`` (ids from the counter ``replay/seq``); the sender answers with a
 plan or an error (``replay/<id>/plan``: the version is no longer held).
 
+Re-forming a round without a dead engine (``control/weight_updates.py``): when an engine
+counted in a version's round dies before the round completed, the control plane stages
+that version again on the survivors with ``meta["reform"]`` (and ``meta["reload"]``). The
+first such fetch cancels the round (``v<N>/cancel``): the sender stops waiting for joins or
+aborts its collectives at once, wakes the receivers still waiting for the plan, and keeps
+the version (it is not a failure: no ``errors`` entry); each survivor then receives it
+alone, as a reload. So nobody waits ``join_timeout_s`` for an engine that is gone.
+
 Every store wait and collective has a timeout (``timeout_s``; joining ``join_timeout_s``).
 A failed round is reported by every side that is still alive under ``v<N>/failed/<rank>``,
 so an error names the peer that did not answer. A failing receiver raises
@@ -209,9 +217,8 @@ class NcclTransport:
         t0 = time.perf_counter()
         world = 0
         try:
-            n = self.receivers or int(self._wait_get(f"{key}/n", self.join_timeout_s,
-                                                     "any engine worker").decode())
-            joins = self._await_joins(key, n)
+            joins = self._await_joins(key)
+            n = len(joins)
             world = n + 1
             reuse = (self._group is not None and self._world == world
                      and all(j["gen"] == self._gen for j in joins)
@@ -239,6 +246,11 @@ class NcclTransport:
         except Exception as exc:  # noqa: BLE001 - recorded, logged, and seen by receivers
             pg.abandon(self._group)
             self._group = None
+            cancelled = self._cancelled(key)
+            if cancelled is not None:  # re-formed: the survivors receive it alone (kept)
+                log.info("transport nccl: round of version %s cancelled: %s", v, cancelled)
+                self._give_up(key, f"the round was cancelled: {cancelled}")
+                return
             with self._held_lock:  # a failed version is never served: no reload asks for it
                 self._held.pop(v, None)
             if self._closing.is_set():  # a version nobody fetched before the run ended
@@ -254,7 +266,7 @@ class NcclTransport:
         finally:
             for old in self._done_keys:
                 self._delete(old)
-            self._done_keys = [f"{key}/{k}" for k in ("n", "joined", "plan")] + [
+            self._done_keys = [f"{key}/{k}" for k in ("n", "joined", "plan", "cancel")] + [
                 f"{key}/who/{i}" for i in range(max(world - 1, 0))
             ]
 
@@ -266,12 +278,23 @@ class NcclTransport:
         except Exception as exc:  # noqa: BLE001 - receivers then time out on their own
             log.debug("transport nccl: could not cancel the round: %s", exc)
 
-    def _await_joins(self, key: str, n: int) -> list[dict[str, Any]]:
+    def _await_joins(self, key: str) -> list[dict[str, Any]]:
+        """Wait until the round's receivers joined (their number: the option
+        ``receivers``, else what the first one to join says) or it was cancelled."""
         deadline = time.monotonic() + self.join_timeout_s
-        while (joined := self._store.add(f"{key}/joined", 0)) < n:
+        n = self.receivers
+        while n is None or (joined := self._store.add(f"{key}/joined", 0)) < n:
             if self._closing.is_set():
                 raise RuntimeError("the transport was closed")
+            if (why := self._cancelled(key)) is not None:
+                raise RuntimeError(f"the round was cancelled: {why}")
+            if n is None and self._store.check([f"{key}/n"]):
+                n = int(self._store.get(f"{key}/n").decode())
+                continue
             if time.monotonic() > deadline:
+                if n is None:
+                    raise TimeoutError(f"no engine worker joined within "
+                                       f"{self.join_timeout_s}s")
                 names = [self._who(key, i).get("name", "?") for i in range(joined)]
                 raise TimeoutError(
                     f"only {joined} of {n} engine workers joined within "
@@ -280,6 +303,15 @@ class NcclTransport:
                 )
             time.sleep(0.01)
         return [self._who(key, i) for i in range(n)]
+
+    def _cancelled(self, key: str) -> str | None:
+        """Why the round ``key`` was cancelled (a survivor re-formed it), or None."""
+        try:
+            if self._store.check([f"{key}/cancel"]):
+                return str(self._store.get(f"{key}/cancel").decode())
+        except Exception:  # noqa: BLE001 - an unreachable store cancels nothing
+            pass
+        return None
 
     def _who(self, key: str, slot: int) -> dict[str, Any]:
         return json.loads(self._wait_get(f"{key}/who/{slot}", self.timeout_s, "an engine"))
@@ -306,9 +338,15 @@ class NcclTransport:
                 manifest.version, f"manifest of transport {manifest.transport!r} given to "
                 "transport 'nccl'; sender and receivers must use the same transport",
             )
-        with self._lock:
-            received = (self._replay(manifest) if manifest.meta.get("reload")
-                        else self._receive(manifest))
+        if manifest.meta.get("reform"):
+            self._cancel_round(manifest)
+        if manifest.meta.get("reload"):
+            # Its own store client and group: a round this receiver is still in (being
+            # cancelled) holds the lock until it has given up.
+            received = self._replay(manifest)
+        else:
+            with self._lock:
+                received = self._receive(manifest)
         by_index = {b.index: b for b in received}
         for ref in manifest.buckets:
             bucket = by_index.get(ref.index)
@@ -394,6 +432,8 @@ class NcclTransport:
             for k in keys:
                 if self._store.check([k]):
                     return f"rank {k.rsplit('/', 1)[1]} reported: {self._store.get(k).decode()}"
+            if self._store.check([f"{key}/cancel"]):
+                return f"the round was cancelled: {self._store.get(f'{key}/cancel').decode()}"
             return None
 
         return check
@@ -465,15 +505,40 @@ class NcclTransport:
             except Exception:  # noqa: BLE001 - the store may be what failed
                 pass
 
+    def _client(self, manifest: WeightManifest) -> Any:
+        """A store client of this receiver's own (not the one its rounds use)."""
+        import torch.distributed as dist
+
+        v, address = manifest.version, manifest.meta.get("store") or self.address
+        if not address:
+            raise WeightSyncError(
+                v, "the manifest names no rendezvous store (meta['store']) and this "
+                "receiver has none (option store='host:port')",
+            )
+        host, _, port = address.rpartition(":")
+        try:
+            return dist.TCPStore(host, int(port), None, False,
+                                 datetime.timedelta(seconds=self.timeout_s))
+        except Exception as exc:
+            raise WeightSyncError(v, f"cannot reach the sender's store at {address}: "
+                                     f"{exc}") from exc
+
+    def _cancel_round(self, manifest: WeightManifest) -> None:
+        """Cancel the round of ``manifest``'s version: an engine it counted is gone, and
+        every survivor receives the version alone instead (``meta["reform"]``)."""
+        self._client(manifest).set(
+            f"v{manifest.version}/cancel",
+            f"{self.name}: an engine counted in it is down; the others receive the "
+            "version alone")
+
     def _replay(self, manifest: WeightManifest) -> list[WeightBucket]:
         """Receiver: ask the sender for ``manifest``'s version alone (a reload)."""
         v = manifest.version
-        self._connect(v, manifest.meta.get("store") or self.address)
-        store = self._store
+        store = self._client(manifest)
         key = f"replay/{store.add('replay/seq', 1)}"
         store.set(key, json.dumps({"version": v, "name": self.name}))
         plan_ = json.loads(self._wait_get(f"{key}/plan", self.join_timeout_s,
-                                          "the sender (trainer rank 0)"))
+                                          "the sender (trainer rank 0)", store))
         if "error" in plan_:
             raise WeightSyncError(v, f"the sender cannot send it for a reload: {plan_['error']}")
         group = None
@@ -529,10 +594,11 @@ class NcclTransport:
         pg.barrier(group, device, self.timeout_s, abort)
         return header, flats
 
-    def _wait_get(self, key: str, timeout_s: float, whom: str) -> bytes:
+    def _wait_get(self, key: str, timeout_s: float, whom: str, store: Any = None) -> bytes:
+        store = store if store is not None else self._store
         try:
-            self._store.wait([key], datetime.timedelta(seconds=timeout_s))
-            return self._store.get(key)
+            store.wait([key], datetime.timedelta(seconds=timeout_s))
+            return store.get(key)
         except Exception as exc:
             raise TimeoutError(f"{whom} did not answer within {timeout_s}s "
                                f"(waiting for {key!r}: {exc})") from exc

@@ -50,6 +50,10 @@ def engine_worker(conn: Any, store: str, die_at_broadcast: int | None = None,
     engine = RecordingEngine()
     conn.send({"name": transport.name})
     while (manifest := conn.recv()) is not None:
+        if isinstance(manifest, tuple):  # ("stage", manifest): start receiving, answer at once
+            stager.start(manifest[1])
+            conn.send({"staged": manifest[1].version})
+            continue
         stager.start(manifest)
         try:
             asyncio.run(stager.commit(engine, timeout_s=4 * timeout_s))

@@ -124,6 +124,11 @@ class Engines:
                 out[i] = {"ok": False, "error": "no answer", "dead": True}
         return out
 
+    def stage(self, manifest, i: int) -> None:
+        """Engine ``i`` starts receiving ``manifest`` (in the background) and answers."""
+        self.conns[i].send(("stage", manifest))
+        assert self.conns[i].poll(60) and self.conns[i].recv() == {"staged": manifest.version}
+
     def close(self) -> None:
         for conn, proc in zip(self.conns, self.procs, strict=True):
             if proc.is_alive():
@@ -229,6 +234,41 @@ def test_a_restarted_engine_reloads_a_version_the_others_already_have(sender, en
     got = engines.deliver(reload1, [c])[c]
     assert not got["ok"] and "no longer held" in got["error"], got
     assert got["version"] == 3  # it keeps what it has
+
+
+def test_a_round_re_formed_without_a_dead_engine_is_not_waited_out(sender, engines):
+    """An engine counted in a round dies before joining it: the survivor, staged again
+    with ``meta["reform"]`` (control/weight_updates.py), cancels the round and receives
+    the version alone. The sender records no failure and keeps the version, so the
+    restarted engine reloads it later; the next round goes on with the survivor."""
+    import dataclasses
+    import time
+
+    a, b = engines.start(), engines.start()
+    assert all(r["ok"] for r in engines.deliver(publish(sender, 1), [a, b]).values())
+    v2 = publish(sender, 2)
+    v2.meta["receivers"] = 2  # staged to both ...
+    engines.stage(v2, a)
+    engines.procs[b].kill()  # ... and b dies before it joined
+    engines.procs[b].join(10)
+    deadline = time.monotonic() + 60  # a has joined; the sender waits for b
+    while sender._store.add("v2/joined", 0) < 1 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert sender._store.add("v2/joined", 0) == 1
+    reform = dataclasses.replace(v2, meta={**v2.meta, "reload": True, "reform": True})
+    got = engines.deliver(reform, [a])[a]
+    assert got["ok"] and got["version"] == 2, got
+    assert got["fp"] == fingerprints(make_state_dict(2))
+    # The round ended (cancelled, long before join_timeout_s=60) without a failure.
+    assert sender.wait(30) and sender.errors == {}
+    assert sender.replayed == [2] and 2 in sender._held
+    c = engines.start()  # b's restart reloads the version the survivor serves
+    reload = dataclasses.replace(v2, meta={**v2.meta, "receivers": 1, "reload": True})
+    got = engines.deliver(reload, [c])[c]
+    assert got["ok"] and got["version"] == 2, got
+    results = engines.deliver(publish(sender, 3), [a, c])
+    assert all(r["ok"] and r["version"] == 3 for r in results.values()), results
+    assert sender.wait(30) and sender.errors == {}
 
 
 def test_a_missing_engine_fails_the_round_in_bounded_time():
