@@ -459,6 +459,12 @@ class Pipeline:
 
     # ------------------------------------------------------------------ the loop
     async def run(self, steps: int) -> list[StepRecord]:
+        from rollart_sdk.control.collector import driver_collector
+
+        with driver_collector():  # the collector's passes stay flat as in-flight grows
+            return await self._run(steps)
+
+    async def _run(self, steps: int) -> list[StepRecord]:
         mode = self.cfg.rollout.mode
         batch_size = self.cfg.rollout.batch_size
         self.started = time.time()

@@ -1,0 +1,43 @@
+"""The driver's collector settings during a run are undone after it (and a user's
+disabled collector stays disabled)."""
+
+from __future__ import annotations
+
+import gc
+
+from rollart_sdk.control.collector import YOUNG_THRESHOLD, driver_collector
+
+
+def test_the_run_freezes_and_raises_the_young_threshold_then_restores_both() -> None:
+    before = gc.get_threshold()
+    frozen = gc.get_freeze_count()
+    marker = [object()]  # exists before the run: moved to the permanent generation
+    with driver_collector():
+        assert gc.get_threshold()[0] == max(before[0], YOUNG_THRESHOLD)
+        assert gc.get_threshold()[1:] == before[1:]
+        assert gc.get_freeze_count() > frozen
+    assert gc.get_threshold() == before
+    assert gc.get_freeze_count() == 0
+    assert marker
+
+
+def test_a_disabled_collector_stays_disabled() -> None:
+    before = gc.get_threshold()
+    gc.disable()
+    try:
+        with driver_collector():
+            assert not gc.isenabled()
+            assert gc.get_threshold() == before
+            assert gc.get_freeze_count() == 0
+    finally:
+        gc.enable()
+
+
+def test_an_error_in_the_run_still_restores_the_collector() -> None:
+    before = gc.get_threshold()
+    try:
+        with driver_collector():
+            raise RuntimeError("the run failed")
+    except RuntimeError:
+        pass
+    assert gc.get_threshold() == before and gc.get_freeze_count() == 0
