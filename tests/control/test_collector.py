@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import gc
 
+import pytest
+
 from rollart_sdk.control.collector import YOUNG_THRESHOLD, driver_collector
 
 
@@ -35,9 +37,6 @@ def test_a_disabled_collector_stays_disabled() -> None:
 
 def test_an_error_in_the_run_still_restores_the_collector() -> None:
     before = gc.get_threshold()
-    try:
-        with driver_collector():
-            raise RuntimeError("the run failed")
-    except RuntimeError:
-        pass
+    with pytest.raises(RuntimeError, match="the run failed"), driver_collector():
+        raise RuntimeError("the run failed")
     assert gc.get_threshold() == before and gc.get_freeze_count() == 0

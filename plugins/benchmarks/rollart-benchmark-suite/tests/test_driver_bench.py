@@ -34,5 +34,7 @@ def test_inflight_part_keeps_that_many_trajectories_in_flight(tmp_path, monkeypa
     res = sim_once(256, steps=1)
     assert res["in_flight_max"] == 256  # max_envs: the scheduler kept them all busy
     assert res["launched"] >= 256 and res["trained"] >= 128 and res["cpu_s"] > 0
-    # The collector's share, per generation: counted while the run ran, within its CPU.
-    assert res["gc_passes"][0] > 0 and 0 < sum(res["gc_s"]) < res["cpu_s"]
+    # The collector's passes, per generation, counted while the run ran; its seconds are
+    # a part of the run's CPU seconds (the split the bench reports), never more.
+    assert res["gc_passes"][0] > 0 and len(res["gc_s"]) == 3
+    assert sum(res["gc_s"]) <= res["cpu_s"]

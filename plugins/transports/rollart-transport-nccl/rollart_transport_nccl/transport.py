@@ -309,8 +309,10 @@ class NcclTransport:
         try:
             if self._store.check([f"{key}/cancel"]):
                 return str(self._store.get(f"{key}/cancel").decode())
-        except Exception:  # noqa: BLE001 - an unreachable store cancels nothing
-            pass
+        except Exception as exc:  # noqa: BLE001 - an unreachable store cancels nothing: the
+            # caller's own store calls (the join loop) or its original error (the failed
+            # round it is reporting) say what went wrong
+            log.debug("transport nccl: could not read %s/cancel: %s", key, exc)
         return None
 
     def _who(self, key: str, slot: int) -> dict[str, Any]:
