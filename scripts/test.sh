@@ -15,7 +15,9 @@ ruff check . || exit 1
 "$PY" -m mypy || exit 1   # [tool.mypy] in pyproject.toml: rollart_sdk and the plugin packages
 # Two test processes (pytest-xdist): many tests wait on Ray, subprocesses and sleeps, so
 # two share the 2 cores well (core suite about 16-19 min instead of about 30 on this machine).
-"$PY" -m pytest -q -n "${ROLLART_TEST_WORKERS:-2}" || exit 1
+# --durations: the slowest tests in the log, where to cut when the run nears its budget
+# (CI: 45 minutes).
+"$PY" -m pytest -q -n "${ROLLART_TEST_WORKERS:-2}" --durations=30 || exit 1
 echo "core suite: $(( $(date +%s) - start )) s"
 failed=()
 if [ "${ROLLART_SKIP_HEAVY:-0}" != "1" ]; then
