@@ -52,7 +52,7 @@ class Deadlines:
     at once (O(1)), an expired one is cancelled by the timer."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self.loop = loop
+        self._loop = weakref.ref(loop)  # weak: the loop holds this table, not the reverse
         self.queues: dict[float, OrderedDict[_Deadline, None]] = {}
         self._timer: asyncio.TimerHandle | None = None
 
@@ -65,13 +65,15 @@ class Deadlines:
         return self._timer
 
     def add(self, task: asyncio.Task[object], timeout: float) -> _Deadline:
-        entry = _Deadline(task, timeout, self.loop.time() + timeout)
+        loop = self._loop()
+        assert loop is not None  # a task of the loop is running: it is alive
+        entry = _Deadline(task, timeout, loop.time() + timeout)
         queue = self.queues.get(timeout)
         if queue is None:
             queue = self.queues[timeout] = OrderedDict()
         queue[entry] = None
         if self._timer is None or entry.when < self._timer.when():
-            self._arm(entry.when)
+            self._arm(loop, entry.when)
         return entry
 
     def discard(self, entry: _Deadline) -> None:
@@ -84,14 +86,14 @@ class Deadlines:
                 self._timer.cancel()
                 self._timer = None
 
-    def _arm(self, when: float) -> None:
+    def _arm(self, loop: asyncio.AbstractEventLoop, when: float) -> None:
         if self._timer is not None:
             self._timer.cancel()
-        self._timer = self.loop.call_at(when, self._fire)
+        self._timer = loop.call_at(when, self._fire, loop)
 
-    def _fire(self) -> None:
+    def _fire(self, loop: asyncio.AbstractEventLoop) -> None:
         self._timer = None
-        now = self.loop.time()
+        now = loop.time()
         heads: list[float] = []
         for key in list(self.queues):
             queue = self.queues[key]
@@ -106,18 +108,26 @@ class Deadlines:
             if not queue:
                 del self.queues[key]
         if heads:
-            self._arm(min(heads))
+            self._arm(loop, min(heads))
 
 
+# For a loop that takes no attributes (a compiled one); the others hold their own table.
 _DEADLINES: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Deadlines] = (
     weakref.WeakKeyDictionary())
+_ATTR = "_rollart_deadlines"
 
 
 def deadlines(loop: asyncio.AbstractEventLoop) -> Deadlines:
     """``loop``'s :class:`Deadlines` (made on first use, gone with the loop)."""
-    found = _DEADLINES.get(loop)
+    found: Deadlines | None = getattr(loop, _ATTR, None)
     if found is None:
-        found = _DEADLINES[loop] = Deadlines(loop)
+        found = _DEADLINES.get(loop)
+    if found is None:
+        found = Deadlines(loop)
+        try:
+            setattr(loop, _ATTR, found)
+        except AttributeError:
+            _DEADLINES[loop] = found
     return found
 
 

@@ -156,3 +156,16 @@ def test_zero_or_no_timeout_behaves_as_asyncio_wait_for():
         return await wait_for(asyncio.sleep(1, result="x"), None)
 
     assert run_virtual(main())[0] == "x"
+
+
+def test_the_table_goes_with_its_loop():
+    import gc
+    import weakref
+
+    loop = asyncio.new_event_loop()
+    loop.run_until_complete(wait_for(asyncio.sleep(0), 5))
+    table = weakref.ref(deadlines(loop))
+    loop.close()
+    del loop
+    gc.collect()
+    assert table() is None
