@@ -193,7 +193,7 @@ class EnvManager:
         """Close the env (in its own process); a failing close is recorded on the
         trajectory (``info["env_close_error"]``, logged to the run dir), never raised."""
         try:
-            err = await asyncio.wait_for(self.env_host.close(self.env_id), timeout=20)
+            err = await wait_for(self.env_host.close(self.env_id), 20)
         except Exception as exc:  # noqa: BLE001 - recorded below; the result stands
             err = f"{type(exc).__name__}: {exc}"
         if err:

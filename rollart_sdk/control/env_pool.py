@@ -12,12 +12,12 @@ first, so constructions stay at the number of slots a task needs at once.
 
 from __future__ import annotations
 
-import asyncio
 import heapq
 from dataclasses import dataclass, field
 from typing import Any
 
 from rollart_sdk.cluster.handles import WorkerHandle
+from rollart_sdk.control.aio import wait_for
 
 # Drop reasons that mean the environment instance itself is broken (not an abort).
 ENV_FAILURES = ("env_reset_failed", "env_reset_timeout", "env_step_failed", "env_step_timeout")
@@ -114,6 +114,6 @@ async def close_instance(worker: WorkerHandle, env_id: str, timeout: float = 10.
     """Close one instance on its worker; the error text if that failed (never raises)."""
     try:
         # The host answers the env's own close error as text (None: closed cleanly).
-        return await asyncio.wait_for(worker.env.close(env_id), timeout=timeout)
+        return await wait_for(worker.env.close(env_id), timeout)
     except Exception as exc:  # noqa: BLE001 - closing a broken env must not stop the run
         return f"{type(exc).__name__}: {exc}"

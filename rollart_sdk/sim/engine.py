@@ -135,6 +135,9 @@ class SimEngine:
         self.name = name
         self._version = 0
         self._waiting: deque[_Req] = deque()
+        # Admitted, in the prefill step now (neither waiting nor running): an abort
+        # answers them at once and the step then frees their KV.
+        self._prefilling: dict[str, _Req] = {}
         self._running: dict[str, _Req] = {}
         self._heap: list[tuple[float, int, str]] = []
         self._seq = 0
@@ -244,6 +247,10 @@ class SimEngine:
                 self._waiting.remove(r)
                 self._finish(r, 0, "abort")
                 return True
+        r3 = self._prefilling.pop(request_id, None)
+        if r3 is not None:
+            self._finish(r3, 0, "abort")
+            return True
         r2 = self._running.get(request_id)
         if r2 is None:
             return False
@@ -424,7 +431,9 @@ class SimEngine:
         self.prefill_tokens += new
         if new:
             self._charge(self.tag_prefill_s, share, dt)
+        self._prefilling = {r.request.request_id: r for r in admitted}
         await self._sleep(dt)
+        admitted = self._drop_aborted_in_prefill(admitted)
         if batch:
             self._advance(1.0)
         for r in [r for r in admitted if r.handoff_from >= 0]:  # PD prefill: hand over
@@ -443,6 +452,16 @@ class SimEngine:
             self._seq += 1
             heapq.heappush(self._heap, (r.start + r.n_out, self._seq, r.request.request_id))
         self._complete_due()
+
+    def _drop_aborted_in_prefill(self, admitted: list[_Req]) -> list[_Req]:
+        """Those of ``admitted`` not aborted during the prefill step; the aborted ones'
+        KV freed (their answer went at the abort)."""
+        kept = [r for r in admitted if r.request.request_id in self._prefilling]
+        for r in admitted:
+            if r.request.request_id not in self._prefilling:
+                self._kv_used -= r.prompt + r.n_out
+        self._prefilling = {}
+        return kept
 
     def _advance(self, iters: float) -> None:
         for tag, n in self._tag_n.items():

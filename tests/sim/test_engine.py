@@ -129,6 +129,31 @@ def test_abort_returns_the_tokens_so_far_and_frees_the_slot():
     assert stats["running"] == 0 and elapsed == pytest.approx(5.0, abs=0.1)
 
 
+def test_abort_during_the_prefill_step_answers_at_once_and_frees_the_kv():
+    # Admitted and in the prefill step (neither waiting nor running): the abort used to
+    # find nothing, and the request generated its whole response (a run's stop then
+    # waited for it). Now it is answered at the abort and its KV freed after the step.
+    eng = engine(100_000)
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        task = asyncio.ensure_future(eng.generate(request("r", 30_000)))
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)
+        before = eng.stats()  # the long prompt's prefill step is under way
+        assert before["waiting"] == 0 and before["running"] == 0
+        t0 = loop.time()
+        assert await eng.abort("r")
+        res = await task
+        answered = loop.time() - t0
+        await asyncio.sleep(10)  # past the prefill step
+        return res, answered, eng.stats(), eng._kv_used
+
+    (res, answered, stats, kv_used), _ = run_virtual(main())
+    assert res.finish_reason == "abort" and res.token_ids == [] and answered == 0.0
+    assert stats["running"] == 0 and kv_used == 0
+
+
 def test_weight_swap_recomputes_in_flight_and_stamps_versions():
     eng = engine(2000)
 

@@ -15,14 +15,15 @@ Two parts, each config run ``--repeats`` times, the median reported:
   before), and the bytes of the call arguments.
 - ``inflight``: the real control plane (scheduler, LLMProxy, buffer, pipeline) with the
   ``sim`` engine, trainer and envs (examples/paper-128gpu.yaml), ``rollout.max_envs`` =
-  N and ``batch_size`` = N / 2 (async, alpha 1: N trajectories in flight), each run in a
-  fresh process: its CPU time per launched trajectory and its peak resident memory. The
-  run is in process on the simulator's virtual clock, so the CPU time is that of the
-  driver plus the sim workers (which only sleep); on the real clock the same work is
-  spread over the run's wall time. The sim trainer is in process: the ``send`` part is
-  where the batch path shows. Of that CPU time, what Python's garbage collector took
-  (``gc.callbacks``, per generation) is reported apart: it is what grows with the
-  trajectories in flight (docs/benchmarks.md).
+  N and ``batch_size`` = N / 2 (async, alpha 2: N trajectories in flight), each run in a
+  fresh process: its CPU time per launched trajectory, per generation call (turn; the
+  number of turns a launched trajectory gets through in 3 steps is not fixed, so this is
+  the per-work figure) and its peak resident memory. The run is in process on the
+  simulator's virtual clock, so the CPU time is that of the driver plus the sim workers
+  (which only sleep); on the real clock the same work is spread over the run's wall
+  time. The sim trainer is in process: the ``send`` part is where the batch path shows.
+  Of that CPU time, what Python's garbage collector took (``gc.callbacks``, per
+  generation) is reported apart (docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -207,6 +208,7 @@ def sim_once(n: int, steps: int) -> dict[str, Any]:
     p = job.pipeline
     return {"cpu_s": cpu, "gc_s": gct.seconds, "gc_passes": gct.passes,
             "launched": p.scheduler.launched, "trained": p.buffer.trained,
+            "turns": sum(p.proxy.served.values()),
             "in_flight_max": max(r.in_flight for r in records),
             "peak_rss_mib": (_status_kib("VmHWM") or 0) / 1024, "wall_s": job.wall_s}
 
@@ -234,6 +236,8 @@ def _inflight_row(n: int, runs: list[dict[str, Any]]) -> dict[str, Any]:
             "launched": _median([r["launched"] for r in runs]),
             "cpu_s": round(_median([r["cpu_s"] for r in runs]), 2),
             "cpu_us_per_traj": round(_median(per), 1),
+            "turns": _median([r["turns"] for r in runs]),
+            "cpu_us_per_turn": round(_median([r["cpu_s"] / r["turns"] * 1e6 for r in runs]), 1),
             "gc_us_per_traj": round(_median(gc_per), 1),
             "other_us_per_traj": round(_median([a - b for a, b in zip(per, gc_per, strict=True)]), 1),
             "peak_rss_mib": round(_median([r["peak_rss_mib"] for r in runs]), 1)}
@@ -249,7 +253,8 @@ def _print(rows: list[dict[str, Any]]) -> None:
             print(f"inflight max_envs {r['max_envs']:>5} (in flight {r['in_flight_max']})  "
                   f"launched {r['launched']}  cpu {r['cpu_s']} s = "
                   f"{r['cpu_us_per_traj']:>7.1f} us/traj (gc {r['gc_us_per_traj']:.1f}, the rest "
-                  f"{r['other_us_per_traj']:.1f})  peak RSS {r['peak_rss_mib']} MiB")
+                  f"{r['other_us_per_traj']:.1f}); {r['turns']} turns, {r['cpu_us_per_turn']:.1f} us "
+                  f"per turn  peak RSS {r['peak_rss_mib']} MiB")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -38,3 +38,6 @@ def test_inflight_part_keeps_that_many_trajectories_in_flight(tmp_path, monkeypa
     # a part of the run's CPU seconds (the split the bench reports), never more.
     assert res["gc_passes"][0] > 0 and len(res["gc_s"]) == 3
     assert sum(res["gc_s"]) <= res["cpu_s"]
+    # The generation calls it served (the per-turn figure's divisor): every trained
+    # trajectory had at least one turn, and the multi-turn tasks more.
+    assert res["turns"] > res["trained"]
