@@ -135,6 +135,12 @@ class Pipeline:
         event_sink: Callable[[dict[str, Any]], None] | None = None,
         weight_sync: WeightSync | None = None,
         versions: PolicyVersions | None = None,
+        *,
+        watchdog: Watchdog | None = None,
+        rebind: Callable[[str], None] | None = None,
+        say: Callable[[str], None] | None = None,
+        on_eval: Callable[[dict[str, Any]], None] | None = None,
+        evaluator: Any = None,
     ) -> None:
         self.cfg = config
         self.proxy = proxy
@@ -174,36 +180,33 @@ class Pipeline:
         self.checkpoint_failures = 0
         self.checkpoint_errors: list[str] = []
         self._last_save = time.monotonic()
-        self.say: Callable[[str], None] = lambda line: None
+        self.say: Callable[[str], None] = say or (lambda line: None)
         self._ready_at_end: list[Trajectory] = []  # ready groups when the run stopped
-        r0 = config.rollout
-        self.watchdog = Watchdog([t.tag for t in config.tasks], r0.drop_window,
-                                 r0.max_drop_rate, r0.stall_timeout_s,
-                                 first_progress_s=first_episode_s(config))
-        scheduler.on_finish.append(self.watchdog.record)
+        # The stall clock and the drop-rate rule; it reads every finished trajectory from
+        # the run's RolloutEvents (the composition root made it one of its readers).
+        self.watchdog = watchdog or run_watchdog(config)
+        if self.watchdog.record not in scheduler.events.finish_readers:
+            raise ValueError("the watchdog must read the finished trajectories: build the "
+                             "scheduler's RolloutEvents with on_finish=[watchdog.record, ...] "
+                             "and pass the watchdog (rollart_sdk/job/wire.py does)")
         r = config.rollout
         self.alpha = r.effective_alpha
         # Published, staged and served versions; the suspend point's swap (deferred while
         # the next version is arriving, as far as alpha allows).
         self.weights = WeightUpdates(
             self.weight_sync, proxy, self.versions, mode=r.mode, alpha=self.alpha,
-            defer=r.defer_weight_update, log=self.log, emit=self._emit, span=self._span,
-            release=lambda v: self.trainers[0].trainer.release_weights(v),
-            wake=scheduler.wake)
+            defer=r.defer_weight_update, log=self.log, emit=self._emit,
+            trainer=trainers[0].trainer if trainers else None, events=scheduler.events)
         self.sync_lock = self.weights.lock
-        self.recovery = EngineRecovery(
-            proxy, self.sync_lock, manifest=self.weights.served_manifest,
-            engine_version=lambda: self.engine_version, emit=self._emit,
-            staged=self.weights.staged_manifest,
-        )
+        self.recovery = EngineRecovery(proxy, self.weights, rebind=rebind, emit=self._emit)
         self.started = time.time()
         self.ended: float | None = None
         self.quota = task_quota(config)
         self.launch_per_step = launches_per_step(config)
-        # Held-out evaluation (config ``eval:``, control/evaluation.py): set by the job
+        # Held-out evaluation (config ``eval:``, control/evaluation.py): given by the job
         # when ``eval.every_steps`` > 0; each evaluation's metrics line goes to ``on_eval``.
-        self.evaluator: Any = None
-        self.on_eval: Callable[[dict[str, Any]], None] | None = None
+        self.evaluator: Any = evaluator
+        self.on_eval = on_eval
         self.eval_lines: list[dict[str, Any]] = []
 
     @property
@@ -671,6 +674,14 @@ class Pipeline:
         old = len(self.records) - 1 - KEEP_BATCHES
         if old >= 0:
             self.records[old].batch = []
+
+
+def run_watchdog(config: RunConfig) -> Watchdog:
+    """The run's watchdog by its ``rollout`` keys (the stall limit until the first progress:
+    :func:`first_episode_s`)."""
+    r = config.rollout
+    return Watchdog([t.tag for t in config.tasks], r.drop_window, r.max_drop_rate,
+                    r.stall_timeout_s, first_progress_s=first_episode_s(config))
 
 
 def first_episode_s(config: RunConfig) -> float:

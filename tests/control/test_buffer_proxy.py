@@ -65,12 +65,11 @@ def test_quota_waits_for_each_tasks_share():
 def test_discard_all_counts_late_members():
     async def main():
         buf = SampleBuffer(group_size=2)
-        room = []
-        buf.on_room.append(lambda: room.append(1))
         await buf.put(traj("a1", "g1"))
         await buf.put(traj("a2", "g1"))
         await buf.put(traj("b1", "g2"))  # g2 still running
-        assert buf.discard_all("surplus") == 3 and room
+        assert not buf.events.wakeup.is_set()
+        assert buf.discard_all("surplus") == 3 and buf.events.wakeup.is_set()  # room freed
         await buf.put(traj("b2", "g2", dropped="aborted:surplus"))
         await buf.put(traj("c1", "g3"))  # a new group is unaffected
         assert buf.dropped == {"surplus": 3, "aborted:surplus": 1}
