@@ -196,7 +196,7 @@ class RolloutScheduler:
             self._wave = TurnBarrier()
 
     def wake(self) -> None:
-        """Re-check what may launch (the pipeline calls it after a weight update)."""
+        """Re-check what may launch (what the parts below write into ``events.room()``)."""
         self._wakeup.set()
 
     def admission_room(self, tag: str) -> int | None:

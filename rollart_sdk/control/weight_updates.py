@@ -72,8 +72,8 @@ from rollart_sdk.weights.sync import WeightSync, for_reform
 
 if TYPE_CHECKING:
     from rollart_sdk.cluster.handles import TrainerClient
-    from rollart_sdk.control.pipeline import StepRecord
     from rollart_sdk.control.proxy import LLMProxy
+    from rollart_sdk.control.records import StepRecord
 
 KEEP_MANIFESTS = 3  # versions whose manifests are kept (served, staged, just published)
 # defer_weight_update "auto": defer a transfer that took at least this share of a step.

@@ -276,9 +276,8 @@ class SimStepReports:
             self.also(rec, metrics)
 
     def eval(self, line: dict[str, Any]) -> None:
-        """A held-out evaluation's line (metrics.jsonl)."""
-        if self.metrics is not None:
-            self.run_dir.log_metrics(line)
+        """A held-out evaluation: kept in ``Pipeline.eval_lines`` only (a simulated run
+        writes no evaluation lines)."""
 
 
 def run_sim(job: SimJob, steps: int, log: Any = None) -> list[StepRecord]:
