@@ -10,16 +10,21 @@ or counted as dropped; the buffer also keeps what waste and length bias are meas
 Groups are trained whole or not at all (group-preserving): the scheduler re-runs a failed
 member from the group's env seed (``count_drop`` counts the failed attempt); a group that
 still completes with a dropped member (its retries used up, or aborted) is dropped whole
-as ``group_incomplete`` and ``on_group_dropped`` listeners (the scheduler, which launches
-a replacement group in quota modes) are told. See docs/failures.md.
+as ``group_incomplete`` and queued in the run's
+:class:`~rollart_sdk.control.events.RolloutEvents` (``group_dropped``), which the scheduler
+drains to launch a replacement group in quota modes. See docs/failures.md.
 
 Dynamic sampling (``rollout.filter_zero_variance``, DAPO's): a whole group whose rewards
 are all equal gives GRPO no signal (every advantage is 0); it is dropped as
-``zero_variance`` and the ``on_group_dropped`` listeners replace it (the scheduler in
-quota modes; admission control gives async the room back). At most
+``zero_variance`` and queued the same way (the scheduler replaces it in quota modes;
+admission control gives async the room back). At most
 ``max_filtered_per_step`` groups are filtered between two batches; past that cap such
 groups are kept (trained as they are) and counted, so a task that gives no signal cannot
 keep a step from filling.
+
+The buffer never calls the scheduler: it writes into the ``RolloutEvents`` it is given
+(room freed: ``room``; a group dropped whole: ``group_dropped``; a trajectory counted
+dropped: ``dropped``), which the scheduler's loop awaits and drains.
 
 What every trajectory's arrival and every wake-up of ``get_batch`` costs does not grow with
 the groups waiting (issue 35): the ready trajectories are counted in total and per task as
@@ -32,10 +37,10 @@ from __future__ import annotations
 import asyncio
 import heapq
 from collections import Counter, OrderedDict
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from rollart_sdk.control.events import RolloutEvents
 from rollart_sdk.types import Trajectory
 
 
@@ -63,8 +68,11 @@ class SampleBuffer:
     """Collects finished trajectories by group; ``get_batch`` blocks for whole groups."""
 
     def __init__(self, group_size: int, filter_zero_variance: bool = False,
-                 max_filtered_per_step: int = 0) -> None:
+                 max_filtered_per_step: int = 0, events: RolloutEvents | None = None) -> None:
         self.group_size = group_size
+        # Where room freed, groups dropped whole and trajectories counted dropped are
+        # written (the scheduler reads them; the run directory logs the drops).
+        self.events = events if events is not None else RolloutEvents()
         self.filter_zero_variance = filter_zero_variance
         self.max_filtered_per_step = max_filtered_per_step
         self.filtered_groups = 0  # run total of groups dropped as zero_variance
@@ -89,20 +97,9 @@ class SampleBuffer:
         self.dropped: Counter[str] = Counter()  # reason -> trajectories
         self.trained = 0
         self.max_ready_trajectories = 0  # high-water mark, for the O(alpha * E) bound
-        # Called whenever room is freed (a batch taken, groups evicted): the scheduler
-        # listens so that it launches again.
-        self.on_room: list[Callable[[], None]] = []
         # Groups dropped whole -> [reason, members still out]; members that finish later
         # are counted under it; an entry goes once its last member is counted.
         self._discarded: dict[str, list[Any]] = {}
-        # Called with (tag, group_id) when a group is dropped for a failure or as stale.
-        self.on_group_dropped: list[Callable[[str, str], None]] = []
-        # Called with every trajectory as it is counted dropped, whatever decided it (its
-        # own failure, its group's, dynamic sampling, staleness, the run's end): the run
-        # directory writes drops.jsonl from it. A listener's error goes to ``on_side_error``
-        # (what, trajectory, exception); the count stands.
-        self.on_drop: list[Callable[[Trajectory], None]] = []
-        self.on_side_error: Callable[[str, Trajectory, BaseException], None] | None = None
         self.dropped_by_tag: Counter[str] = Counter()  # admission control counts on it
         self.tokens_dropped = 0  # generated tokens of dropped trajectories
         self.tokens_trained = 0  # generated tokens of trajectories handed out in batches
@@ -117,13 +114,8 @@ class SampleBuffer:
         self.dropped[t.dropped.split(": ", 1)[0]] += 1
         self.dropped_by_tag[t.tag] += 1
         self.tokens_dropped += t.generated_tokens
-        for fn in self.on_drop:
-            try:
-                fn(t)
-            except Exception as exc:
-                if self.on_side_error is None:
-                    raise
-                self.on_side_error(f"on_drop {getattr(fn, '__qualname__', fn)}", t, exc)
+        # Its readers (drops.jsonl) see it; a reader's error is a side error, the count stands.
+        self.events.dropped(t)
 
     def count_drop(self, traj: Trajectory) -> None:
         """Count a dropped member that the scheduler re-runs (it never joins its group)."""
@@ -184,8 +176,7 @@ class SampleBuffer:
                 # toward the episodes that did not fail; drop it whole, count the rest.
                 for t in usable:
                     self._drop(t, "group_incomplete")
-                for fn in self.on_group_dropped:
-                    fn(group.tag, group.group_id)
+                self.events.group_dropped(group.tag, group.group_id)
                 return
             if self._filtered(group):
                 return
@@ -210,8 +201,7 @@ class SampleBuffer:
         for t in group.members:
             self._drop(t, f"zero_variance: all {len(group.members)} rewards of the group "
                           f"were {reward}")
-        for fn in self.on_group_dropped:
-            fn(group.tag, group.group_id)
+        self.events.group_dropped(group.tag, group.group_id)
         self._notify_room()
         return True
 
@@ -259,15 +249,13 @@ class SampleBuffer:
             for t in group.members:
                 self._drop(t, "stale")
                 evicted.append(t)
-            for fn in self.on_group_dropped:
-                fn(group.tag, gid)
+            self.events.group_dropped(group.tag, gid)
         if evicted:
             self._notify_room()
         return evicted
 
     def _notify_room(self) -> None:
-        for fn in self.on_room:
-            fn()
+        self.events.room()
 
     def ready_by_tag(self) -> dict[str, int]:
         return dict(self._ready_tag)

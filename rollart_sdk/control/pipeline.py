@@ -42,7 +42,6 @@ import math
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from rollart_sdk.cluster.handles import WorkerHandle
@@ -52,6 +51,7 @@ from rollart_sdk.control.aio import wait_for
 from rollart_sdk.control.buffer import SampleBuffer
 from rollart_sdk.control.metrics import step_metrics
 from rollart_sdk.control.proxy import LLMProxy
+from rollart_sdk.control.records import StepRecord
 from rollart_sdk.control.recovery import EngineRecovery
 from rollart_sdk.control.scheduler import RolloutScheduler
 from rollart_sdk.control.versions import PolicyVersions
@@ -73,54 +73,6 @@ KEEP_BATCHES = 16  # steps whose trained trajectories stay in ``Pipeline.records
 MAX_CHECKPOINT_FAILURES = 3
 
 
-@dataclass
-class StepRecord:
-    """What one iteration did, for metrics and tests."""
-
-    step: int
-    version: int  # trainer version the batch was trained at
-    batch: list[Trajectory]
-    get_batch_wait_s: float
-    engine_version: int = 0  # version the engines served while the batch was formed
-    formed_at: float = 0.0  # wall time the batch was formed
-    # Run totals when the batch was formed (waste and length bias are read from them).
-    launched: int = 0
-    dropped: int = 0
-    dropped_during_run: int = 0  # dropped, the run's end aborts excluded
-    tokens_dropped: int = 0
-    tokens_trained: int = 0
-    finished_turns: dict[str, tuple[int, int]] = field(default_factory=dict)
-    train_s: float = 0.0
-    weight_sync_exposed_s: float = 0.0  # the whole window rollout waited (weight_updates.py)
-    weight_transfer_s: float = 0.0  # the background receive (slowest engine)
-    weight_recompute_s: float = 0.0  # engines' KV recompute after the swap (slowest engine)
-    weight_sync_baseline_s: float | None = None  # the same update with nothing overlapping
-    weight_sync_nbytes: int = 0
-    weight_sync_wait_s: float = 0.0  # waiting for the staged version the bound required
-    weight_deferred: int | None = None  # version not yet arrived at this suspend point
-    weight_sync_failed: int | None = None  # version whose transfer failed (engines kept theirs)
-    recomputed: int = 0  # in-flight requests whose KV cache the update rebuilt
-    weight_sync_direct: int = 0  # engines whose own workers received it (the collective path)
-    train_metrics: dict[str, float] = field(default_factory=dict)
-    aborted_stale: int = 0
-    aborted_surplus: int = 0
-    trained_total: int = 0  # trajectories trained on, this step included
-    # Per task: mean reward and success rate of the batch (kept when ``batch`` is freed).
-    task_stats: dict[str, dict[str, float | None]] = field(default_factory=dict)
-    # The batch's share of the run summary, kept when ``batch`` is freed: trajectories
-    # trained across a weight update, staleness (engine version - start version) counts,
-    # and per task (trajectories, turns) trained.
-    spanning: int = 0
-    staleness: dict[int, int] = field(default_factory=dict)
-    trained_turns: dict[str, tuple[int, int]] = field(default_factory=dict)
-    in_flight: int = 0  # launched, neither trained nor dropped yet (at the batch's formation)
-    # Dynamic sampling (rollout.filter_zero_variance), since the previous batch: groups
-    # filtered (dropped as zero_variance), and per task the rewards of the equal-reward
-    # groups kept past the cap (max_filtered_per_step). None: the filter is off.
-    filtered_groups: int | None = None
-    zero_variance_kept: dict[str, list[float | None]] = field(default_factory=dict)
-
-
 class Pipeline:
     def __init__(
         self,
@@ -135,6 +87,12 @@ class Pipeline:
         event_sink: Callable[[dict[str, Any]], None] | None = None,
         weight_sync: WeightSync | None = None,
         versions: PolicyVersions | None = None,
+        *,
+        watchdog: Watchdog | None = None,
+        rebind: Callable[[str], None] | None = None,
+        say: Callable[[str], None] | None = None,
+        on_eval: Callable[[dict[str, Any]], None] | None = None,
+        evaluator: Any = None,
     ) -> None:
         self.cfg = config
         self.proxy = proxy
@@ -174,36 +132,33 @@ class Pipeline:
         self.checkpoint_failures = 0
         self.checkpoint_errors: list[str] = []
         self._last_save = time.monotonic()
-        self.say: Callable[[str], None] = lambda line: None
+        self.say: Callable[[str], None] = say or (lambda line: None)
         self._ready_at_end: list[Trajectory] = []  # ready groups when the run stopped
-        r0 = config.rollout
-        self.watchdog = Watchdog([t.tag for t in config.tasks], r0.drop_window,
-                                 r0.max_drop_rate, r0.stall_timeout_s,
-                                 first_progress_s=first_episode_s(config))
-        scheduler.on_finish.append(self.watchdog.record)
+        # The stall clock and the drop-rate rule; it reads every finished trajectory from
+        # the run's RolloutEvents (the composition root made it one of its readers).
+        self.watchdog = watchdog or run_watchdog(config)
+        if self.watchdog.record not in scheduler.events.finish_readers:
+            raise ValueError("the watchdog must read the finished trajectories: build the "
+                             "scheduler's RolloutEvents with on_finish=[watchdog.record, ...] "
+                             "and pass the watchdog (rollart_sdk/job/wire.py does)")
         r = config.rollout
         self.alpha = r.effective_alpha
         # Published, staged and served versions; the suspend point's swap (deferred while
         # the next version is arriving, as far as alpha allows).
         self.weights = WeightUpdates(
             self.weight_sync, proxy, self.versions, mode=r.mode, alpha=self.alpha,
-            defer=r.defer_weight_update, log=self.log, emit=self._emit, span=self._span,
-            release=lambda v: self.trainers[0].trainer.release_weights(v),
-            wake=scheduler.wake)
+            defer=r.defer_weight_update, log=self.log, emit=self._emit,
+            trainer=trainers[0].trainer if trainers else None, events=scheduler.events)
         self.sync_lock = self.weights.lock
-        self.recovery = EngineRecovery(
-            proxy, self.sync_lock, manifest=self.weights.served_manifest,
-            engine_version=lambda: self.engine_version, emit=self._emit,
-            staged=self.weights.staged_manifest,
-        )
+        self.recovery = EngineRecovery(proxy, self.weights, rebind=rebind, emit=self._emit)
         self.started = time.time()
         self.ended: float | None = None
         self.quota = task_quota(config)
         self.launch_per_step = launches_per_step(config)
-        # Held-out evaluation (config ``eval:``, control/evaluation.py): set by the job
+        # Held-out evaluation (config ``eval:``, control/evaluation.py): given by the job
         # when ``eval.every_steps`` > 0; each evaluation's metrics line goes to ``on_eval``.
-        self.evaluator: Any = None
-        self.on_eval: Callable[[dict[str, Any]], None] | None = None
+        self.evaluator: Any = evaluator
+        self.on_eval = on_eval
         self.eval_lines: list[dict[str, Any]] = []
 
     @property
@@ -671,6 +626,14 @@ class Pipeline:
         old = len(self.records) - 1 - KEEP_BATCHES
         if old >= 0:
             self.records[old].batch = []
+
+
+def run_watchdog(config: RunConfig) -> Watchdog:
+    """The run's watchdog by its ``rollout`` keys (the stall limit until the first progress:
+    :func:`first_episode_s`)."""
+    r = config.rollout
+    return Watchdog([t.tag for t in config.tasks], r.drop_window, r.max_drop_rate,
+                    r.stall_timeout_s, first_progress_s=first_episode_s(config))
 
 
 def first_episode_s(config: RunConfig) -> float:

@@ -17,6 +17,12 @@ A worker that does not come back within ``restart_timeout_s`` stays out (``faile
 summary); if that leaves a task without engines, the watchdog stops the run with the
 reason. At the end of a completed run, a recovery in progress may finish (bounded: the
 Pipeline's ``RECOVERY_WAIT_S``).
+
+What it reads it is given at construction: the run's
+:class:`~rollart_sdk.control.weight_updates.WeightUpdates` (the served and the staged
+manifest, the weight-update lock, the engines' version) and ``rebind``, the composition
+root's re-binding of a restarted worker (``job/build.py``: the spawner's record and
+``bindings.json``).
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ from typing import Any
 
 from rollart_sdk.control.aio import wait_for
 from rollart_sdk.control.proxy import LLMProxy
+from rollart_sdk.control.weight_updates import WeightUpdates
 from rollart_sdk.types import WeightManifest
 
 
@@ -44,18 +51,14 @@ def for_reload(manifest: WeightManifest | None) -> WeightManifest | None:
 
 
 class EngineRecovery:
-    def __init__(self, proxy: LLMProxy, sync_lock: asyncio.Lock,
-                 manifest: Callable[[], Any], engine_version: Callable[[], int],
-                 staged: Callable[[], Any] | None = None,
+    def __init__(self, proxy: LLMProxy, weights: WeightUpdates,
                  rebind: Callable[[str], None] | None = None,
                  emit: Callable[[dict[str, Any]], None] | None = None,
                  restart_timeout_s: float = 300.0, poll_s: float = 2.0) -> None:
         self.proxy = proxy
-        self.sync_lock = sync_lock
-        self.manifest = manifest
-        self.engine_version = engine_version
-        self.staged = staged or (lambda: None)
-        self.rebind = rebind
+        self.weights = weights
+        self.sync_lock = weights.lock  # no weight update lands while an engine reloads
+        self._rebind = rebind
         self._emit = emit or (lambda e: None)
         self.restart_timeout_s = restart_timeout_s
         self.poll_s = poll_s
@@ -99,8 +102,8 @@ class EngineRecovery:
                 self._emit({"trajectory": None, "tag": None, "span": "reload_retry",
                             "worker": name, "t0": time.time(), "t1": time.time(),
                             "error": why})
-                served = self.engine_version()
-                while (self.engine_version() == served and time.monotonic() < deadline
+                served = self.weights.engine
+                while (self.weights.engine == served and time.monotonic() < deadline
                        and not self._closing):
                     await asyncio.sleep(self.poll_s)
 
@@ -119,17 +122,17 @@ class EngineRecovery:
                     self._lost(name)
                     return rebound
                 await asyncio.sleep(self.poll_s)
-        if state["restarted"] and not rebound and self.rebind is not None:
+        if state["restarted"] and not rebound and self._rebind is not None:
             rebound = True
             try:
-                await asyncio.to_thread(self.rebind, name)
+                await asyncio.to_thread(self._rebind, name)
             except Exception as exc:  # noqa: BLE001 - the record is informative; serve anyway
                 self._emit({"trajectory": None, "tag": None, "span": "rebind_failed",
                             "worker": name, "t0": time.time(), "t1": time.time(),
                             "error": f"{type(exc).__name__}: {exc}"[:500]})
         async with self.sync_lock:  # no weight update lands while it reloads
-            target = self.engine_version()
-            manifest = self.manifest() if target > 0 else None
+            target = self.weights.engine
+            manifest = self.weights.served_manifest() if target > 0 else None
             if target > 0 and (manifest is None or manifest.version != target):
                 raise LookupError(f"no manifest of the served version {target} to reload")
             # The served version, then the one published and not loaded yet (if any).
@@ -138,7 +141,8 @@ class EngineRecovery:
             limit = max(1.0, deadline - time.monotonic())
             try:
                 loaded = await wait_for(
-                    worker.engine.reload(for_reload(manifest), for_reload(self.staged())),
+                    worker.engine.reload(for_reload(manifest),
+                                         for_reload(self.weights.staged_manifest())),
                     limit)
             except TimeoutError:
                 raise TimeoutError(f"the reload did not finish within {limit:.0f}s "

@@ -36,8 +36,8 @@ MAX_INFO_CHARS = 4000  # an env info (or reward details) longer than this is cut
 
 
 class SampleLog:
-    """Writes ``samples.jsonl``. ``finished`` sees every finished trajectory (the
-    scheduler's ``on_finish``: dropped ones are kept for the next step's lines), ``step``
+    """Writes ``samples.jsonl``. ``finished`` sees every finished trajectory (a reader
+    of the run's ``RolloutEvents``: dropped ones are kept for the next step's lines), ``step``
     every reported step (its trained batch). ``decoders[tag]`` turns ids into text."""
 
     def __init__(self, path: str | Path, decoders: dict[str, Any], per_task: int = 2,
@@ -236,11 +236,12 @@ def read_samples(path: str | Path) -> list[dict[str, Any]]:
     return out
 
 
-def sample_log(cfg: Any, run_dir: str | Path, scheduler: Any, steps: int) -> SampleLog:
+def sample_log(cfg: Any, run_dir: str | Path, tasks: dict[str, Any], chat: Any,
+               steps: int | None = None) -> SampleLog:
     """The run's sample log (``train.samples_per_task``, ``train.samples_max_mb``), each
-    task decoded by its own prompt format's tokenizer."""
-    decoders = {tag: (rt.prompt_format or scheduler.chat)
-                for tag, rt in scheduler.tasks.items()}
+    task (``tasks``: tag -> TaskRuntime) decoded by its own prompt format's tokenizer, else
+    by ``chat``; ``steps``: the run's length, if known (else set before the first step)."""
+    decoders = {tag: (rt.prompt_format or chat) for tag, rt in tasks.items()}
     t = cfg.train
     return SampleLog(Path(run_dir) / "samples.jsonl", decoders, t.samples_per_task,
                      int(t.samples_max_mb * 2**20), steps)

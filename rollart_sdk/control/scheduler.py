@@ -28,6 +28,13 @@ a new group in quota modes (admission control gives async the room back anyway).
 whose trajectories keep failing backs off before its next launch (doubling, up to
 ``MAX_BACKOFF_S``). An exception escaping an EnvManager is a bug: it is kept in ``fatal``
 and the pipeline stops the run with it, instead of retrying for ever.
+
+What the parts below it say reaches it through the run's
+:class:`~rollart_sdk.control.events.RolloutEvents` (given to it and to the buffer): its
+launch loop awaits ``events.wakeup`` (room freed in the buffer, a new engine version) and
+drains the groups the buffer dropped whole; every finished trajectory is written to
+``events.finished``, whose readers (the watchdog, the run directory, the sample log) the
+composition root fixed. Nothing below calls into the scheduler.
 """
 
 from __future__ import annotations
@@ -47,6 +54,7 @@ from rollart_sdk.control.buffer import SampleBuffer
 from rollart_sdk.control.chat import ChatFormat
 from rollart_sdk.control.env_manager import EnvManager, TaskRuntime
 from rollart_sdk.control.env_pool import EnvPool, EnvSlot, close_instance
+from rollart_sdk.control.events import RolloutEvents
 from rollart_sdk.control.lockstep import TurnBarrier
 from rollart_sdk.control.proxy import LLMProxy
 from rollart_sdk.types import Trajectory
@@ -83,6 +91,7 @@ class RolloutScheduler:
         env_pools: dict[str, int] | None = None,
         max_member_retries: int = 3,
         admission_version: Callable[[], int] | None = None,
+        events: RolloutEvents | None = None,
     ) -> None:
         if max_running < group_size:
             raise ValueError(f"max_running ({max_running}) must hold a group ({group_size})")
@@ -97,6 +106,12 @@ class RolloutScheduler:
                                  for w in ws}.values())
         self.reward_worker = reward_worker
         self.buffer = buffer
+        # Shared with the buffer (and the weight updates): what wakes the launch loop, the
+        # groups dropped whole, the finished-trajectory stream.
+        if events is not None and events is not buffer.events:
+            raise ValueError("the scheduler and its buffer must share one RolloutEvents: "
+                             "pass the same object to both (job/wire.py does)")
+        self.events = buffer.events
         self.version = version  # the engines' (stamped on each trajectory)
         # What admission control counts from (PolicyVersions.admission_base: the newest
         # trained version); default: version. Capped by what ``version`` can still feed.
@@ -119,10 +134,9 @@ class RolloutScheduler:
         self.running: dict[str, tuple[EnvManager, asyncio.Task[Trajectory]]] = {}
         self._quota: dict[str, int] | None = None  # per-task launches left; None: continuous
         self._quota_closed = False
-        self._wakeup = asyncio.Event()
+        self._wakeup = self.events.wakeup  # the launch loop awaits it
         self._stopped = False
         self._loop_task: asyncio.Task[None] | None = None
-        buffer.on_room.append(self._wakeup.set)
         self._group_counter = 0
         self._traj_counter = 0
         self._env_rr = 0
@@ -149,12 +163,7 @@ class RolloutScheduler:
         self.landing: dict[str, tuple[Trajectory, asyncio.Task[Any]]] = {}
         self.fatal: BaseException | None = None  # a bug in the control plane: ends the run
         self.fatal_traceback = ""
-        # Called with every finished trajectory (the watchdog, the run dir's drop log).
-        self.on_finish: list[Callable[[Trajectory], None]] = []
         self._abandoned: set[str] = set()  # counted by stop() while still running
-        self.side_error_count = 0  # errors beside an outcome (logging, env slots): side_error
-        self.side_errors: list[str] = []
-        buffer.on_group_dropped.append(self._group_dropped)
 
     # ------------------------------------------------------------------ control
     def start(self, quota: dict[str, int] | None = None) -> None:
@@ -187,7 +196,7 @@ class RolloutScheduler:
             self._wave = TurnBarrier()
 
     def wake(self) -> None:
-        """Re-check what may launch (the pipeline calls it after a weight update)."""
+        """Re-check what may launch (what the parts below write into ``events.room()``)."""
         self._wakeup.set()
 
     def admission_room(self, tag: str) -> int | None:
@@ -296,6 +305,7 @@ class RolloutScheduler:
 
     async def _loop(self) -> None:
         while not self._stopped:
+            self._replace_dropped_groups()  # e.g. groups evicted as stale by get_batch
             while tags := self._launchable_tags():
                 self._launch_group(tags)
             self._wakeup.clear()
@@ -335,6 +345,11 @@ class RolloutScheduler:
         self.launched_by_tag[tag] += 1
 
     # ------------------------------------------------------------------ failures
+    def _replace_dropped_groups(self) -> None:
+        """The groups the buffer dropped whole since the last look (``events``)."""
+        for tag, group_id in self.events.take_dropped_groups():
+            self._group_dropped(tag, group_id)
+
     def _group_dropped(self, tag: str, group_id: str) -> None:
         """The buffer dropped a group (a failure, or stale): in quota modes its share of
         the batch would never arrive, so grant a replacement group."""
@@ -426,15 +441,16 @@ class RolloutScheduler:
                             "reason": traj.dropped, "close_error": err})
 
     def side_error(self, what: str, traj: Trajectory, exc: BaseException) -> None:
-        """An error beside a trajectory's outcome (not of it): counted, the first few kept
-        (summary.json ``side_errors``) and printed once."""
-        self.side_error_count += 1
-        text = f"{what} for trajectory {traj.trajectory_id} ({traj.tag}): {type(exc).__name__}: {exc}"
-        if len(self.side_errors) < 20:
-            self.side_errors.append(text[:500])
-        if self.side_error_count == 1:
-            print(f"rollart: {text} (the trajectory is kept; later such errors are only "
-                  "counted in summary.json side_errors)", file=sys.stderr, flush=True)
+        """An error beside a trajectory's outcome (not of it): counted in ``events``."""
+        self.events.side_error(what, traj, exc)
+
+    @property
+    def side_error_count(self) -> int:
+        return self.events.side_error_count
+
+    @property
+    def side_errors(self) -> list[str]:
+        return self.events.side_errors
 
     def _pick_env_worker(self, tag: str) -> WorkerHandle:
         workers = self.env_by_tag[tag]
@@ -474,18 +490,14 @@ class RolloutScheduler:
     async def _land(self, traj: Trajectory) -> None:
         """A finished trajectory's env slot back, its hooks run, and it counted: into the
         buffer, or dropped and re-run."""
-        # Returning the env slot and the finish hooks (logs, the watchdog) may fail, e.g.
+        # Returning the env slot and the finish readers (logs, the watchdog) may fail, e.g.
         # a full disk: counted and reported, and the trajectory still lands below.
         try:
             await self._return_slot(traj)
         except Exception as exc:  # noqa: BLE001 - counted in side_errors
             self.side_error("returning its env slot", traj, exc)
         self._note_outcome(traj)
-        for fn in self.on_finish:
-            try:
-                fn(traj)
-            except Exception as exc:  # noqa: BLE001 - counted in side_errors
-                self.side_error(f"on_finish {getattr(fn, '__qualname__', fn)}", traj, exc)
+        self.events.finished(traj)  # its readers' errors are counted as side errors
         if traj.trajectory_id in self._abandoned:
             pass  # counted by stop()
         elif traj.dropped is not None and self._should_rerun(traj):
@@ -498,6 +510,7 @@ class RolloutScheduler:
             task.add_done_callback(self._delayed.discard)
         else:
             await self.buffer.put(traj)
+            self._replace_dropped_groups()  # its group, dropped whole now
             if not self.buffer.is_open(traj.group_id):
                 self._groups.pop(traj.group_id, None)
         self._wakeup.set()

@@ -47,6 +47,11 @@ else a task as soon as the lock is free, before the dead engine's reload). The c
 stays all-or-nothing over the survivors; the dead engine loads the served version when it
 is back (control/recovery.py). Pull transports have no round: nothing is re-staged.
 
+It calls down only: the trainer's client (``release_weights`` once every engine moved past
+a version) and the run's :class:`~rollart_sdk.control.events.RolloutEvents` (``room``: the
+engines' version changed or an update was held back, which admission control counts
+from; the scheduler's launch loop awaits it).
+
 The first update of a run is the baseline: received only at its suspend point, so that
 its pull + swap + KV recompute run with nothing overlapping; every later update's
 ``hidden_fraction`` is measured against it.
@@ -56,17 +61,19 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from rollart_sdk.control.events import RolloutEvents
 from rollart_sdk.control.versions import PolicyVersions
 from rollart_sdk.control.watchdog import RunFailure
 from rollart_sdk.types import WeightManifest, WeightUpdateReport
 from rollart_sdk.weights.sync import WeightSync, for_reform
 
 if TYPE_CHECKING:
-    from rollart_sdk.control.pipeline import StepRecord
+    from rollart_sdk.cluster.handles import TrainerClient
     from rollart_sdk.control.proxy import LLMProxy
+    from rollart_sdk.control.records import StepRecord
 
 KEEP_MANIFESTS = 3  # versions whose manifests are kept (served, staged, just published)
 # defer_weight_update "auto": defer a transfer that took at least this share of a step.
@@ -81,9 +88,8 @@ class WeightUpdates:
     def __init__(self, weight_sync: WeightSync, proxy: LLMProxy, versions: PolicyVersions,
                  *, mode: str, alpha: int, defer: bool | str, log: list[str],
                  emit: Callable[[dict[str, Any]], None],
-                 span: Callable[[str, str, float, int], None],
-                 release: Callable[[int], Awaitable[Any]],
-                 wake: Callable[[], None]) -> None:
+                 trainer: TrainerClient | None = None,
+                 events: RolloutEvents | None = None) -> None:
         self.sync = weight_sync
         self.proxy = proxy
         self.versions = versions
@@ -96,9 +102,10 @@ class WeightUpdates:
         self.last_transfer_s: float | None = None  # the latest swap's slowest transfer
         self.log = log
         self._emit = emit
-        self._span = span
-        self._release = release  # the trainer drops a version every engine moved past
-        self._wake = wake  # admission control: a newer engine version makes room
+        # The trainer (rank 0) drops a version every engine moved past (None: unit tests).
+        self.trainer = trainer
+        # Admission control counts from the engines' version: a change makes room.
+        self.events = events if events is not None else RolloutEvents()
         # Weight updates and an engine's reload after a restart never interleave.
         self.lock = asyncio.Lock()
         self.manifests: dict[int, WeightManifest] = {}  # version -> manifest (the last few)
@@ -252,7 +259,7 @@ class WeightUpdates:
             held = self.published > self.engine
             if held != self.versions.held_back:
                 self.versions.held_back = held
-                self._wake()  # admission control counts one version more (or less) now
+                self.events.room()  # admission control counts one version more (or less) now
             if self.published > self.engine:  # the engines go on generating on theirs
                 self.log.append(f"defer:{self.published}")
                 if rec is not None:
@@ -395,15 +402,15 @@ class WeightUpdates:
         self.versions.engine = versions.pop()
         if reports:
             self.last_transfer_s = max(r.transfer_s for r in reports)
-        self._wake()
+        self.events.room()
         self.reports.extend(reports)
         t0_wall = time.time() - (time.perf_counter() - t0)
         for w in self.sync.live():  # the engines that swapped (a down one reloads later)
             self._emit({"trajectory": None, "tag": None, "span": "weight_sync",
                         "worker": w.name, "step": self.versions.trainer, "t0": t0_wall,
                         "t1": time.time(), "version": self.versions.engine})
-        if released:  # every engine committed a newer version: the trainer may drop it
-            await self._release(released)
+        if released and self.trainer is not None:  # every engine committed a newer one
+            await self.trainer.release_weights(released)  # the trainer may drop it
         if rec is not None:
             rec.weight_sync_exposed_s = window
             rec.weight_sync_wait_s = wait_s

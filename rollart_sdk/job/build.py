@@ -17,11 +17,13 @@ from rollart_sdk.job.runtime import Runtime
 from rollart_sdk.job.wire import wire_control_plane
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from rollart_sdk.cluster.spawn import Spawner
     from rollart_sdk.config import LineMap
     from rollart_sdk.config.resolve import ResolvedRun
     from rollart_sdk.control.handles import WorkerHandle
-    from rollart_sdk.control.pipeline import Pipeline
+    from rollart_sdk.control.pipeline import Pipeline, StepRecord
     from rollart_sdk.control.run_dir import RunDir
     from rollart_sdk.control.sinks import SinkSet
     from rollart_sdk.job.resume import ResumePoint
@@ -46,6 +48,9 @@ class Job:
     sinks: SinkSet | None = None  # the metric sinks of ``logging:`` (control/sinks.py)
     layout: Layout | None = None  # where the workers run and why (rollart_sdk/layout.py)
     workers: Workers | None = None  # every started worker's handle, as the plane is wired
+    # What each step and evaluation does in the driver (job/progress.py::StepReports; the
+    # simulator's sim/job.py::SimStepReports); ``run_job`` shows it on its display.
+    reports: Any = None
 
     def close(self) -> None:
         if self.sinks is not None:
@@ -56,7 +61,8 @@ class Job:
 def build_job(cfg: RunConfig, lines: LineMap | None = None, run_name: str | None = None,
               log: Any = print, in_process: bool = False, registry: Registry | None = None,
               resume: ResumePoint | None = None, layout: Layout | None = None,
-              runtime: Runtime | None = None) -> Job:
+              runtime: Runtime | None = None,
+              on_step: Callable[[StepRecord, dict[str, Any]], None] | None = None) -> Job:
     """Check the config, then spawn every worker and wire the control plane.
 
     ``in_process=True`` runs every worker in this process (no Ray): the control plane and
@@ -68,6 +74,8 @@ def build_job(cfg: RunConfig, lines: LineMap | None = None, run_name: str | None
     ``resume``: continue that run (its directory; ``run_job`` loads the checkpoint).
     ``runtime``: how the workers run (:mod:`rollart_sdk.job.runtime`; default: for real;
     ``rollart sim`` passes the simulator's).
+    ``on_step``: called with each trained step's record and metrics line (after the run
+    directory's own reports), e.g. by a benchmark that drives ``job.pipeline.run`` itself.
     """
     from rollart_sdk.config.resolve import resolve_run
     from rollart_sdk.control.run_dir import RunDir
@@ -106,19 +114,20 @@ def build_job(cfg: RunConfig, lines: LineMap | None = None, run_name: str | None
         abandon(run_dir, resumed=resume is not None)
         raise
     chat = tasks[cfg.tasks[0].tag].prompt_format  # the scheduler's default format
-    pipeline = wire_control_plane(cfg, workers, tasks, chat, run_dir)
 
     def rebind(worker: str) -> None:  # a restarted engine: its record counts the restart
         spawner.rebind(worker)
         run_dir.write_json("bindings.json", spawner.bindings())
 
-    pipeline.recovery.rebind = rebind
-    pipeline.say = log
+    sinks = _start_sinks(cfg, resolved, run_dir, log)
+    reports = runtime.step_reports(cfg, run_dir, tasks, chat, sinks, log, on_step)
+    pipeline = wire_control_plane(cfg, workers, tasks, chat, run_dir, reports=reports,
+                                  rebind=rebind, say=log)
     run_dir.write_json("plan.json", {**plan.to_json(), "threads": threads,
                                      **({"layout": layout.to_json()} if layout else {})})
     run_dir.write_json("bindings.json", spawner.bindings())
     return Job(cfg, run_dir, pipeline, workers.trainers, spawner, resume=resume, layout=layout,
-               sinks=_start_sinks(cfg, resolved, run_dir, log), workers=workers)
+               sinks=sinks, workers=workers, reports=reports)
 
 
 def _threads(cfg: RunConfig, in_process: bool) -> dict[str, Any]:

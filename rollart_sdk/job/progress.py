@@ -10,39 +10,94 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from rollart_sdk.config import RunConfig
+    from rollart_sdk.control.chat import ChatFormat
+    from rollart_sdk.control.env_manager import TaskRuntime
     from rollart_sdk.control.pipeline import StepRecord
-    from rollart_sdk.job.build import Job
+    from rollart_sdk.control.run_dir import RunDir
+    from rollart_sdk.control.samples import SampleLog
+    from rollart_sdk.control.sinks import SinkSet
+    from rollart_sdk.types import Trajectory
 
 
-def step_callback(job: Job, display: Any, steps: int) -> Callable[[StepRecord, dict[str, Any]],
-                                                                    None]:
-    """What each trained step does in the driver: its metrics line, its samples
-    (samples.jsonl; dropped trajectories are seen as they finish), console warnings on
-    action diagnostics, the progress display."""
-    from rollart_sdk.control.diagnostics import ActionWatch
-    from rollart_sdk.control.samples import sample_log
+class StepReports:
+    """What each trained step and each held-out evaluation does in the driver: its
+    metrics line, its samples (``samples.jsonl``; the dropped trajectories are read from
+    the finished-trajectory stream as they finish: ``finish_readers``), the metric sinks,
+    console warnings on action diagnostics, the progress display.
 
-    samples = sample_log(job.config, job.run_dir.path, job.pipeline.scheduler, steps)
-    job.pipeline.scheduler.on_finish.append(samples.finished)
-    watch = ActionWatch()
+    Made by ``build_job`` before the control plane: the pipeline is given :meth:`step` and
+    :meth:`eval` in its constructor and the run's ``RolloutEvents`` are given
+    ``finish_readers``. Nothing is reported before :meth:`show` (``run_job`` calls it with
+    its display): a caller that drives ``pipeline.run`` itself reports as it likes, through
+    ``build_job(on_step=...)``, which is called after this object's own work."""
 
-    if job.sinks is not None:
-        job.sinks.warn = display.warn
+    def __init__(self, cfg: RunConfig, run_dir: RunDir, sinks: SinkSet | None,
+                 samples: SampleLog, say: Callable[[str], None],
+                 also: Callable[[StepRecord, dict[str, Any]], None] | None = None) -> None:
+        from rollart_sdk.control.diagnostics import ActionWatch
 
-    said_no_signal: set[str] = set()
+        self.cfg = cfg
+        self.run_dir = run_dir
+        self.sinks = sinks
+        self.samples = samples
+        self.say = say
+        self.also = also
+        self.watch = ActionWatch()
+        self.display: Any = None  # until show()
+        self._said_no_signal: set[str] = set()
 
-    def on_step(rec: StepRecord, metrics: dict[str, Any]) -> None:
-        job.run_dir.log_metrics(metrics)
-        for line in no_signal_warnings(rec, job.config, said_no_signal):
-            display.warn(line)
-        samples.step(rec)
-        if job.sinks is not None:
-            job.sinks.step(metrics, samples.last)
-        for line in watch.check(metrics):
-            display.warn(line)
-        display.update(metrics)
+    @classmethod
+    def for_run(cls, cfg: RunConfig, run_dir: RunDir, tasks: dict[str, TaskRuntime],
+                chat: ChatFormat, sinks: SinkSet | None, say: Callable[[str], None],
+                also: Callable[[StepRecord, dict[str, Any]], None] | None = None
+                ) -> StepReports:
+        from rollart_sdk.control.samples import sample_log
 
-    return on_step
+        return cls(cfg, run_dir, sinks, sample_log(cfg, run_dir.path, tasks, chat), say, also)
+
+    @property
+    def finish_readers(self) -> tuple[Callable[[Trajectory], None], ...]:
+        return (self.samples.finished,)
+
+    def show(self, display: Any, steps: int) -> None:
+        """Report from now on, on ``display``, for a run of ``steps`` steps (the sample
+        log spreads its budget over them)."""
+        self.display = display
+        self.samples.steps = steps
+        if self.sinks is not None:
+            self.sinks.warn = display.warn
+
+    def step(self, rec: StepRecord, metrics: dict[str, Any]) -> None:
+        display = self.display
+        if display is not None:
+            self.run_dir.log_metrics(metrics)
+            for line in no_signal_warnings(rec, self.cfg, self._said_no_signal):
+                display.warn(line)
+            self.samples.step(rec)
+            if self.sinks is not None:
+                self.sinks.step(metrics, self.samples.last)
+            for line in self.watch.check(metrics):
+                display.warn(line)
+            display.update(metrics)
+        if self.also is not None:
+            self.also(rec, metrics)
+
+    def eval(self, line: dict[str, Any]) -> None:
+        """Each held-out evaluation: its line in metrics.jsonl (``"kind": "eval"``) and a
+        console line per task."""
+        if self.display is None:
+            return
+        self.run_dir.log_metrics(line)
+        if self.sinks is not None:  # the metric sinks get eval/<tag>/... too
+            self.sinks.step(line)
+        for tag in sorted({k.split("/")[1] for k in line if k.startswith("eval/") and
+                           k.count("/") == 2}):
+            succ, rew = line[f"eval/{tag}/success"], line[f"eval/{tag}/reward"]
+            self.say(
+                f"eval after {line['step']} steps: {tag} success "
+                f"{'n/a' if succ is None else f'{succ:.3f}'}, reward "
+                f"{'n/a' if rew is None else f'{rew:.3f}'} "
+                f"({line[f'eval/{tag}/episodes']} episodes)")
 
 
 def no_signal_warnings(rec: StepRecord, cfg: RunConfig, said: set[str]) -> list[str]:
@@ -62,23 +117,3 @@ def no_signal_warnings(rec: StepRecord, cfg: RunConfig, said: set[str]) -> list[
             "The task is too hard or too easy for the model now: check its reward "
             "(rollart samples RUN) or its difficulty; this is said once per task")
     return out
-
-
-def eval_callback(job: Job) -> Callable[[dict[str, Any]], None]:
-    """Each held-out evaluation: its line in metrics.jsonl (``"kind": "eval"``) and a
-    console line per task."""
-
-    def on_eval(line: dict[str, Any]) -> None:
-        job.run_dir.log_metrics(line)
-        if job.sinks is not None:  # the metric sinks get eval/<tag>/... too
-            job.sinks.step(line)
-        for tag in sorted({k.split("/")[1] for k in line if k.startswith("eval/") and
-                           k.count("/") == 2}):
-            succ, rew = line[f"eval/{tag}/success"], line[f"eval/{tag}/reward"]
-            job.pipeline.say(
-                f"eval after {line['step']} steps: {tag} success "
-                f"{'n/a' if succ is None else f'{succ:.3f}'}, reward "
-                f"{'n/a' if rew is None else f'{rew:.3f}'} "
-                f"({line[f'eval/{tag}/episodes']} episodes)")
-
-    return on_eval

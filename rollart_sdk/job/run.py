@@ -7,7 +7,6 @@ import asyncio
 from typing import TYPE_CHECKING
 
 from rollart_sdk.job import resume, summary
-from rollart_sdk.job.progress import eval_callback, step_callback
 from rollart_sdk.job.run_dir import final_checkpoint
 from rollart_sdk.job.signals import SigtermStop, quiet_cancellations
 
@@ -21,8 +20,7 @@ def run_job(job: Job, steps: int, progress: bool = True) -> list[StepRecord]:
     from rollart_sdk.control.progress import ProgressDisplay
 
     display = ProgressDisplay(job.config, steps, enabled=progress)
-    job.pipeline.on_step = step_callback(job, display, steps)
-    job.pipeline.on_eval = eval_callback(job)
+    job.reports.show(display, steps)  # the pipeline reports each step through it
     interrupted = False
     error: Exception | None = None
     with display, SigtermStop() as stop:

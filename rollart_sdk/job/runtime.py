@@ -12,11 +12,16 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from rollart_sdk.cluster.spawn import Spawner
     from rollart_sdk.config import LineMap, RunConfig
     from rollart_sdk.config.resolve import ResolvedRun
+    from rollart_sdk.control.chat import ChatFormat
     from rollart_sdk.control.env_manager import TaskRuntime
+    from rollart_sdk.control.pipeline import StepRecord
     from rollart_sdk.control.run_dir import RunDir
+    from rollart_sdk.control.sinks import SinkSet
     from rollart_sdk.job.build import Job
     from rollart_sdk.job.preflight import Preflight
     from rollart_sdk.resources.plan import ResourcePlan
@@ -60,6 +65,16 @@ class Runtime:
         """Keyword arguments of :func:`~rollart_sdk.job.spawn.spawn_workers` (``offer``,
         ``env_host``)."""
         return {}
+
+    def step_reports(self, cfg: RunConfig, run_dir: RunDir, tasks: dict[str, TaskRuntime],
+                     chat: ChatFormat, sinks: SinkSet | None, say: Any,
+                     also: Callable[[StepRecord, dict[str, Any]], None] | None = None) -> Any:
+        """What each step and evaluation does in the driver (the pipeline's ``on_step``
+        and ``on_eval``, and readers of the finished trajectories): ``job/progress.py``'s
+        :class:`~rollart_sdk.job.progress.StepReports`."""
+        from rollart_sdk.job.progress import StepReports
+
+        return StepReports.for_run(cfg, run_dir, tasks, chat, sinks, say, also)
 
     def run(self, job: Job, steps: int, progress: bool = True) -> None:
         """Run the built job's pipeline for ``steps`` steps with a live display;

@@ -2,6 +2,12 @@
 format, system prompt, allowed action tokens, the agent gateway) from what preflight
 found, then LLMProxy, RolloutScheduler, SampleBuffer, WeightSync and the Pipeline.
 
+Everything a part of the control plane reports to or reads from is given to its
+constructor here: the run's :class:`~rollart_sdk.control.events.RolloutEvents` (with the
+readers of its finished and dropped trajectories: the watchdog, the run directory's logs,
+the sample log), the watchdog, the step reports, the re-binding of a restarted engine.
+Nothing is attached to a part after it is built.
+
 Nothing here refuses the config: every check ran in :mod:`rollart_sdk.job.preflight` before
 the first worker started."""
 
@@ -12,6 +18,8 @@ from typing import TYPE_CHECKING, Any
 from rollart_sdk.job.spawn import Workers, max_running
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from rollart_sdk.config import RunConfig
     from rollart_sdk.control.chat import ChatFormat
     from rollart_sdk.control.env_manager import TaskRuntime
@@ -57,19 +65,31 @@ def env_pool_sizes(cfg: RunConfig, max_running: int) -> dict[str, int]:
 
 
 def wire_control_plane(cfg: RunConfig, workers: Workers, tasks: dict[str, TaskRuntime],
-                       chat: ChatFormat, run_dir: RunDir) -> Pipeline:
+                       chat: ChatFormat, run_dir: RunDir, reports: Any = None,
+                       rebind: Callable[[str], None] | None = None,
+                       say: Callable[[str], None] | None = None) -> Pipeline:
     """The control plane on ``workers``: the proxy over the engines, the scheduler over
     the env hosts and reward, the buffer, weight sync and (``eval.every_steps``) the
-    evaluator; run-directory logs hooked to them."""
+    evaluator, sharing one ``RolloutEvents`` whose readers are the watchdog, the
+    run-directory logs and ``reports.finish_readers``. ``reports``: each step's and
+    evaluation's (``step``, ``eval``; job/progress.py); ``rebind``: a restarted engine's
+    re-binding (EngineRecovery); ``say``: a line for the user."""
     from rollart_sdk.control.buffer import SampleBuffer
-    from rollart_sdk.control.pipeline import Pipeline, task_quota
+    from rollart_sdk.control.events import RolloutEvents
+    from rollart_sdk.control.pipeline import Pipeline, run_watchdog, task_quota
     from rollart_sdk.control.proxy import LLMProxy
     from rollart_sdk.control.scheduler import RolloutScheduler
     from rollart_sdk.control.versions import PolicyVersions
     from rollart_sdk.weights import WeightSync
 
     r = cfg.rollout
-    buffer = SampleBuffer(r.group_size, r.filter_zero_variance, r.filter_cap)
+    watchdog = run_watchdog(cfg)
+    events = RolloutEvents(
+        # Every finished trajectory: the drop-rate rule, env close errors, the samples.
+        on_finish=(watchdog.record, run_dir.log_finished,
+                   *(reports.finish_readers if reports is not None else ())),
+        on_drop=(run_dir.log_drop,))  # drops.jsonl: every trajectory counted dropped
+    buffer = SampleBuffer(r.group_size, r.filter_zero_variance, r.filter_cap, events=events)
     proxy = LLMProxy(workers.engines, workers.routes, prefill_workers=workers.prefill,
                      prefill_routes=workers.prefill_routes)
     # Trajectories are stamped with the version the engines serve.
@@ -82,23 +102,23 @@ def wire_control_plane(cfg: RunConfig, workers: Workers, tasks: dict[str, TaskRu
         seed=cfg.seed, event_sink=run_dir.log_event, interaction=r.interaction,
         env_pools=env_pool_sizes(cfg, running),
         max_member_retries=cfg.rollout.max_member_retries,
-        admission_version=versions.admission_base,
+        admission_version=versions.admission_base, events=events,
     )
-    pipeline = Pipeline(cfg, proxy, scheduler, buffer, workers.trainers,
-                        checkpoint_dir=str(run_dir.checkpoints), event_sink=run_dir.log_event,
-                        weight_sync=WeightSync(workers.engines + workers.prefill, proxy),
-                        versions=versions)
-    scheduler.on_finish.append(run_dir.log_finished)  # env close errors
-    buffer.on_drop.append(run_dir.log_drop)  # drops.jsonl: every trajectory counted dropped
-    buffer.on_side_error = scheduler.side_error
+    evaluator = None
     if cfg.eval is not None and cfg.eval.every_steps:
         from rollart_sdk.control.evaluation import Evaluator
 
         # The same proxy (engines), env hosts and reward handle as training; episodes
         # that no buffer or trainer ever sees (control/evaluation.py).
-        pipeline.evaluator = Evaluator.build(cfg, cfg.eval, tasks, chat, proxy, workers.envs,
-                                             workers.reward, versions.serving)
-    return pipeline
+        evaluator = Evaluator.build(cfg, cfg.eval, tasks, chat, proxy, workers.envs,
+                                    workers.reward, versions.serving)
+    return Pipeline(cfg, proxy, scheduler, buffer, workers.trainers,
+                    on_step=reports.step if reports is not None else None,
+                    checkpoint_dir=str(run_dir.checkpoints), event_sink=run_dir.log_event,
+                    weight_sync=WeightSync(workers.engines + workers.prefill, proxy),
+                    versions=versions, watchdog=watchdog, rebind=rebind, say=say,
+                    on_eval=reports.eval if reports is not None else None,
+                    evaluator=evaluator)
 
 
 def _legacy_task_runtimes(cfg: RunConfig, described: dict[str, dict[str, Any]],

@@ -25,6 +25,8 @@ from rollart_sdk.errors import ConfigError
 from rollart_sdk.job.runtime import Runtime
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from rollart_sdk.cluster.spawn import Spawner
     from rollart_sdk.config import LineMap
     from rollart_sdk.control.env_manager import TaskRuntime
@@ -34,6 +36,7 @@ if TYPE_CHECKING:
     from rollart_sdk.job.preflight import Preflight
     from rollart_sdk.registry import Registry
     from rollart_sdk.sim.backends import SimContext
+    from rollart_sdk.types import Trajectory
 
 SIM_BACKENDS = ("engine", "trainer", "transport")
 
@@ -129,6 +132,13 @@ class SimRuntime(Runtime):
 
         assert self.context is not None, "check() comes first"
         return {"offer": {"sim": self.context}, "env_host": VirtualEnvHost}
+
+    def step_reports(self, cfg: RunConfig, run_dir: RunDir, tasks: dict[str, TaskRuntime],
+                     chat: Any, sinks: Any, say: Any,
+                     also: Callable[[StepRecord, dict[str, Any]], None] | None = None
+                     ) -> SimStepReports:
+        """Each step's metrics line with its virtual and wall seconds (no samples)."""
+        return SimStepReports(run_dir, also)
 
     def run(self, job: Job, steps: int, progress: bool = True) -> None:
         """The pipeline on a virtual-time loop (:func:`run_sim`); no live display (a
@@ -226,24 +236,56 @@ def _check_devices(cfg: RunConfig, plan: Any, resolved: Any) -> None:
         raise ConfigError(problems)
 
 
+class SimStepReports:
+    """A simulated run's step reports, the pipeline's ``on_step`` from its construction
+    (:meth:`SimRuntime.step_reports`): each step's metrics line, with ``sim/virtual_s``,
+    ``sim/wall_s`` and ``sim/rss_mb``, written to ``metrics.jsonl`` and kept in the
+    ``SimJob``'s ``metrics``, and a progress line every ``sim.progress_every`` steps.
+    Nothing is reported before :meth:`show` (``run_sim``); ``also`` (``build_job``'s
+    ``on_step``) is called after."""
+
+    finish_readers: tuple[Callable[[Trajectory], None], ...] = ()
+
+    def __init__(self, run_dir: RunDir,
+                 also: Callable[[StepRecord, dict[str, Any]], None] | None = None) -> None:
+        self.run_dir = run_dir
+        self.also = also
+        self.metrics: list[dict[str, Any]] | None = None  # until show()
+        self.log: Any = None
+        self.steps = 0
+        self.every = 0
+        self.t0 = 0.0
+
+    def show(self, metrics: list[dict[str, Any]], log: Any, steps: int, every: int) -> None:
+        """Report from now on into ``metrics``; ``log`` a line every ``every`` steps."""
+        self.metrics, self.log, self.steps, self.every = metrics, log, steps, every
+        self.t0 = time.perf_counter()
+
+    def step(self, rec: StepRecord, metrics: dict[str, Any]) -> None:
+        if self.metrics is not None:
+            metrics["sim/virtual_s"] = metrics.get("wall_time")
+            metrics["sim/wall_s"] = round(time.perf_counter() - self.t0, 3)
+            metrics["sim/rss_mb"] = _rss_mb()  # memory stays flat over a long run
+            self.run_dir.log_metrics(metrics)
+            self.metrics.append(metrics)
+            if self.log is not None and self.every and (rec.step + 1) % self.every == 0:
+                log = self.log
+                log(f"step {rec.step + 1}/{self.steps}: {metrics.get('wall_time') or 0.0:.0f} "
+                    f"virtual s, {time.perf_counter() - self.t0:.0f} wall s")
+        if self.also is not None:
+            self.also(rec, metrics)
+
+    def eval(self, line: dict[str, Any]) -> None:
+        """A held-out evaluation: kept in ``Pipeline.eval_lines`` only (a simulated run
+        writes no evaluation lines)."""
+
+
 def run_sim(job: SimJob, steps: int, log: Any = None) -> list[StepRecord]:
     """Run ``steps`` training steps on virtual time; write metrics, events, summary."""
     from rollart_sdk.control.metrics import learning_summary, run_rollout_summary
     from rollart_sdk.sim.clock import run_virtual
 
-    every = job.config.sim.progress_every
-
-    def on_step(rec: StepRecord, metrics: dict[str, Any]) -> None:
-        metrics["sim/virtual_s"] = metrics.get("wall_time")
-        metrics["sim/wall_s"] = round(time.perf_counter() - t0, 3)
-        metrics["sim/rss_mb"] = _rss_mb()  # memory stays flat over a long run
-        job.run_dir.log_metrics(metrics)
-        job.metrics.append(metrics)
-        if log is not None and every and (rec.step + 1) % every == 0:
-            log(f"step {rec.step + 1}/{steps}: {rec.formed_at - job.pipeline.started:.0f} "
-                f"virtual s, {time.perf_counter() - t0:.0f} wall s")
-
-    job.pipeline.on_step = on_step
+    job.job.reports.show(job.metrics, log, steps, job.config.sim.progress_every)
     t0 = time.perf_counter()
     error: BaseException | None = None
     try:

@@ -65,16 +65,49 @@ def test_quota_waits_for_each_tasks_share():
 def test_discard_all_counts_late_members():
     async def main():
         buf = SampleBuffer(group_size=2)
-        room = []
-        buf.on_room.append(lambda: room.append(1))
         await buf.put(traj("a1", "g1"))
         await buf.put(traj("a2", "g1"))
         await buf.put(traj("b1", "g2"))  # g2 still running
-        assert buf.discard_all("surplus") == 3 and room
+        assert not buf.events.wakeup.is_set()
+        assert buf.discard_all("surplus") == 3 and buf.events.wakeup.is_set()  # room freed
         await buf.put(traj("b2", "g2", dropped="aborted:surplus"))
         await buf.put(traj("c1", "g3"))  # a new group is unaffected
         assert buf.dropped == {"surplus": 3, "aborted:surplus": 1}
         assert buf.ready_groups == 0 and "g3" in buf._open
+
+    asyncio.run(main())
+
+
+def test_the_buffer_writes_its_events_and_calls_no_one():
+    """What the buffer tells the scheduler goes into the run's RolloutEvents: room freed
+    sets ``wakeup``, a group dropped whole is queued (incomplete, then stale), every
+    trajectory counted dropped goes to the drop readers; a reader that raises is a side
+    error and the count stands."""
+    from rollart_sdk.control.events import RolloutEvents
+
+    seen: list[str] = []
+
+    def log_drop(t: Trajectory) -> None:
+        seen.append(t.trajectory_id)
+
+    def broken(t: Trajectory) -> None:
+        raise OSError("disk full")
+
+    async def main():
+        events = RolloutEvents(on_drop=(log_drop, broken))
+        buf = SampleBuffer(group_size=2, events=events)
+        await buf.put(traj("a1", "g1"))
+        await buf.put(traj("a2", "g1", dropped="env_step_failed: boom"))
+        assert events.take_dropped_groups() == [("A", "g1")]
+        assert events.take_dropped_groups() == []  # drained
+        assert not events.wakeup.is_set()  # a dropped group frees no batch room
+        await buf.put(traj("b1", "g2", version=0))
+        await buf.put(traj("b2", "g2", version=0))
+        assert buf.evict_older_than(1) and events.wakeup.is_set()
+        assert events.take_dropped_groups() == [("A", "g2")]
+        assert seen == ["a2", "a1", "b1", "b2"]
+        assert buf.dropped == {"env_step_failed": 1, "group_incomplete": 1, "stale": 2}
+        assert events.side_error_count == 4 and "on_drop" in events.side_errors[0]
 
     asyncio.run(main())
 

@@ -165,12 +165,8 @@ def test_auto_defers_only_a_transfer_slow_next_to_a_training_step():
     from rollart_sdk.control.weight_updates import WeightUpdates
 
     def updates(defer: bool | str) -> WeightUpdates:
-        async def release(_v: int) -> None:
-            return None
-
         w = WeightUpdates(None, None, PolicyVersions(engine=4, trainer=5),  # type: ignore[arg-type]
-                          mode="async", alpha=1, defer=defer, log=[], emit=lambda e: None,
-                          span=lambda *a: None, release=release, wake=lambda: None)
+                          mode="async", alpha=1, defer=defer, log=[], emit=lambda e: None)
         w.last_train_s = 0.2
         return w
 
@@ -219,13 +215,9 @@ def test_a_failed_version_is_skipped_whatever_auto_would_choose_for_a_healthy_on
             return None
 
     def updates(trainer: int, alpha: int, mode: str = "async") -> WeightUpdates:
-        async def release(_v: int) -> None:
-            return None
-
         w = WeightUpdates(Sync(), None, PolicyVersions(engine=2, trainer=trainer),  # type: ignore[arg-type]
                           mode=mode, alpha=alpha, defer="auto", log=[],
-                          emit=lambda e: None, span=lambda *a: None, release=release,
-                          wake=lambda: None)
+                          emit=lambda e: None)
         w._baseline_taken = True
         w.last_train_s, w.last_transfer_s = 0.5, 0.001  # auto would not defer this one
         m = WeightManifest(version=3, transport="local", buckets=[], meta={})

@@ -8,6 +8,8 @@ import asyncio
 from rollart_sdk.control.handles import WorkerHandle
 from rollart_sdk.control.proxy import LLMProxy
 from rollart_sdk.control.recovery import EngineRecovery
+from rollart_sdk.control.versions import PolicyVersions
+from rollart_sdk.control.weight_updates import WeightUpdates
 
 
 class StallingEngine:
@@ -31,9 +33,10 @@ def run(stall: bool):
     async def main():
         engine = StallingEngine(stall)
         proxy = LLMProxy([WorkerHandle("e0", engine, pool="P", is_ray=False)], {"default": ["e0"]})
-        lock = asyncio.Lock()
-        rec = EngineRecovery(proxy, lock, manifest=lambda: None, engine_version=lambda: 0,
-                             restart_timeout_s=1.5, poll_s=0.05)
+        weights = WeightUpdates(None, None, PolicyVersions(), mode="async",  # type: ignore[arg-type]
+                                alpha=1, defer=False, log=[], emit=lambda e: None)
+        lock = weights.lock
+        rec = EngineRecovery(proxy, weights, restart_timeout_s=1.5, poll_s=0.05)
         proxy.mark_down("e0", "test: killed")
         await asyncio.wait_for(rec._tasks["e0"], 10)
         # The weight-update lock is free again either way.

@@ -72,22 +72,25 @@ TRAIN_MICRO_BATCH = 8
 TINY_MODEL = {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "intermediate_size": 64}
 
 
-async def _drive(job: Any, steps: int, threads: int,
-                 sleeps: list[float]) -> tuple[list[Any], list[dict[str, Any]], float]:
-    pool = wide_executor(asyncio.get_running_loop(), threads)  # in-process workers' calls
-    metrics: list[dict[str, Any]] = []
+def _step_reader(metrics: list[dict[str, Any]], sleeps: list[float]) -> Any:
+    """``build_job``'s ``on_step``: each step's metrics line and its trained episodes'
+    drawn env latency."""
 
     def on_step(rec: Any, m: dict[str, Any]) -> None:
         metrics.append(m)
         sleeps.extend(float(t.info.get("env_sleep_s", 0.0)) for t in rec.batch)
 
-    job.pipeline.on_step = on_step
+    return on_step
+
+
+async def _drive(job: Any, steps: int, threads: int) -> tuple[list[Any], float]:
+    pool = wide_executor(asyncio.get_running_loop(), threads)  # in-process workers' calls
     t0 = time.perf_counter()
     try:
         records = await job.pipeline.run(steps)
     finally:
         pool.shutdown(wait=False)
-    return records, metrics, time.perf_counter() - t0
+    return records, time.perf_counter() - t0
 
 
 def run_config(mode: str, interaction: str, alpha: int, steps: int, env_options: dict[str, Any],
@@ -108,10 +111,12 @@ def run_config(mode: str, interaction: str, alpha: int, steps: int, env_options:
         if not in_process:
             data["transport"] = {"name": "ray"}  # the object store, across processes
         cfg, lines = load_config(data=data)
-        job = build_job(cfg, lines, in_process=in_process, log=lambda *a: None, registry=registry)
+        metrics: list[dict[str, Any]] = []
         sleeps: list[float] = []  # drawn env latency of every trained trajectory
+        job = build_job(cfg, lines, in_process=in_process, log=lambda *a: None, registry=registry,
+                        on_step=_step_reader(metrics, sleeps))
         try:
-            records, metrics, wall = asyncio.run(_drive(job, steps, 2 * max_envs + 16, sleeps))
+            records, wall = asyncio.run(_drive(job, steps, 2 * max_envs + 16))
         finally:
             job.run_dir.close()
             job.close()

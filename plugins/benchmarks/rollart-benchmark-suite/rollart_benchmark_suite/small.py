@@ -213,12 +213,14 @@ def child(mode: str, latency: str, seed: int, max_steps: int, out: str,
     with tempfile.TemporaryDirectory(prefix="rollart-bench-small-") as tmp:
         cfg, lines = load_config(data=workload_config(mode, latency, seed, tmp, max_steps,
                                                       layout), overrides=overrides)
+        metrics: list[dict[str, Any]] = []
+        reached = asyncio.Event()  # the success target held over the last WINDOW steps
         job = build_job(cfg, lines, in_process=layout == "inprocess", log=lambda *a: None,
-                        registry=registry)
+                        registry=registry, on_step=_step_reader(metrics, reached))
         t_ready = time.time()
         cpu_ready = time.process_time()
         try:
-            metrics = asyncio.run(_drive(job, max_steps))
+            asyncio.run(_drive(job, max_steps, reached))
             (engine,) = job.pipeline.proxy.workers.values()
             stats = job.spawner.call(engine, "stats", timeout=60)
         finally:
@@ -233,14 +235,9 @@ def child(mode: str, latency: str, seed: int, max_steps: int, out: str,
                                      "concurrency": job.pipeline.scheduler.max_running}))
 
 
-async def _drive(job: Any, max_steps: int) -> list[dict[str, Any]]:
-    from concurrent.futures import ThreadPoolExecutor
-
-    loop = asyncio.get_running_loop()
-    pool = ThreadPoolExecutor(max_workers=job.pipeline.scheduler.max_running + 16)
-    loop.set_default_executor(pool)
-    metrics: list[dict[str, Any]] = []
-    reached = asyncio.Event()
+def _step_reader(metrics: list[dict[str, Any]], reached: asyncio.Event) -> Any:
+    """``build_job``'s ``on_step``: each step's metrics line with its time, CPU and
+    latency figures; ``reached`` is set once the success target held over ``WINDOW``."""
     target = float(os.environ.get(TARGET_ENV, TARGET))
 
     def on_step(rec: Any, m: dict[str, Any]) -> None:
@@ -253,7 +250,15 @@ async def _drive(job: Any, max_steps: int) -> list[dict[str, Any]]:
         if len(succ) == WINDOW and sum(succ) / WINDOW >= target:
             reached.set()
 
-    job.pipeline.on_step = on_step
+    return on_step
+
+
+async def _drive(job: Any, max_steps: int, reached: asyncio.Event) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    loop = asyncio.get_running_loop()
+    pool = ThreadPoolExecutor(max_workers=job.pipeline.scheduler.max_running + 16)
+    loop.set_default_executor(pool)
     run = asyncio.create_task(job.pipeline.run(max_steps))
     stop = asyncio.create_task(reached.wait())
     await asyncio.wait([run, stop], return_when=asyncio.FIRST_COMPLETED)
@@ -265,7 +270,6 @@ async def _drive(job: Any, max_steps: int) -> list[dict[str, Any]]:
     except asyncio.CancelledError:
         pass
     pool.shutdown(wait=False)
-    return metrics
 
 
 def latency_figures(batch: list[Any]) -> dict[str, float]:

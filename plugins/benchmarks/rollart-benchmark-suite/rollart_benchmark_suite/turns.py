@@ -215,10 +215,17 @@ def child(layout: str, steps: int, seed: int, env_host: str | None, profile: int
     meter = CallMeter()
     with tempfile.TemporaryDirectory(prefix="rollart-bench-turns-") as tmp:
         cfg, lines = load_config(data=_config(layout, seed, steps, tmp, env_host))
+        successes: list[float] = []
+        trajectories = [0]
+
+        def on_step(rec: Any, m: dict[str, Any]) -> None:
+            successes.append(m.get("success/FrozenLake", 0.0))
+            trajectories[0] += len(rec.batch)
+
         job = build_job(cfg, lines, in_process=layout == "inprocess", log=lambda *a: None,
-                        registry=registry)
+                        registry=registry, on_step=on_step)
         try:
-            res = _measure(job, steps, meter, profile)
+            res = _measure(job, steps, meter, profile, successes, trajectories)
         finally:
             meter.uninstall()
             job.run_dir.close()
@@ -231,20 +238,15 @@ def child(layout: str, steps: int, seed: int, env_host: str | None, profile: int
     Path(out).write_text(json.dumps(res))
 
 
-def _measure(job: Any, steps: int, meter: CallMeter, profile: int) -> dict[str, Any]:
+def _measure(job: Any, steps: int, meter: CallMeter, profile: int, successes: list[float],
+             trajectories: list[int]) -> dict[str, Any]:
+    """Run ``steps`` steps and measure them; ``successes`` and ``trajectories`` are filled
+    by the job's ``on_step`` (``child``)."""
     import cProfile
     import io
     import pstats
 
     pids = ray_processes() if any(h.is_ray for h in job.trainers) else {}
-    successes: list[float] = []
-    trajectories = [0]
-
-    def on_step(rec: Any, m: dict[str, Any]) -> None:
-        successes.append(m.get("success/FrozenLake", 0.0))
-        trajectories[0] += len(rec.batch)
-
-    job.pipeline.on_step = on_step
     prof = cProfile.Profile() if profile else None
     meter.install()
     cpu0, workers0, threads0 = time.process_time(), cpu_of(pids), threads_of(pids)
