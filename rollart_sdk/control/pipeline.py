@@ -43,6 +43,7 @@ import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from rollart_sdk.cluster.handles import WorkerHandle
@@ -485,11 +486,9 @@ class Pipeline:
                 t0 = time.perf_counter()
                 # The staleness bound: trajectories started at >= the floor (the version
                 # the engines serve now, were every suspend point to swap, minus alpha).
-                batch = await self._guarded(self.buffer.get_batch(
-                    batch_size, min_version=self.weights.batch_floor(step), quota=self.quota
-                ))
+                batch, early = await self._next_batch(step, batch_size, pending)
                 self._untrained[step] = batch
-                rec = self._record(step, batch, time.perf_counter() - t0)
+                rec = self._record(step, batch, time.perf_counter() - t0, early)
                 if mode != "async":
                     # The batch is full: the rest of this iteration's launches is surplus.
                     self.buffer.discard_all("surplus")
@@ -541,6 +540,32 @@ class Pipeline:
             await self.weights.close()
             await self.recovery.close(wait_s=RECOVERY_WAIT_S if completed else 0.0)
         return self.records
+
+    async def _next_batch(self, step: int, batch_size: int, pending: asyncio.Task[StepRecord] | None
+                          ) -> tuple[list[Trajectory], SimpleNamespace | None]:
+        """Batch ``step``; and, in async mode, should the training step before it end
+        while the batch still forms, its weights go to the engines at once (a suspend
+        point inside the wait), not after the batch: every trajectory started from then
+        on samples the newest version. Waiting for the batch first started the next
+        batch's trajectories on the version before (admission counts from the trainer's),
+        so that batches were trained two versions after their weights (``staleness/
+        trainer_max`` 2 on most steps of ``rollart bench small``'s async runs). The
+        update's figures (``early``) go into the step's record once the batch is formed."""
+        get = asyncio.ensure_future(self.buffer.get_batch(
+            batch_size, min_version=self.weights.batch_floor(step), quota=self.quota))
+        early: SimpleNamespace | None = None
+        try:
+            if self.cfg.rollout.mode == "async" and pending is not None:
+                await self._guarded(asyncio.wait({get, pending},
+                                                 return_when=asyncio.FIRST_COMPLETED))
+                if pending.done() and not get.done():
+                    await self._guarded(pending)  # a failed training step raises here
+                    early = SimpleNamespace()
+                    self.log.append(f"update_in_wait:{step}")
+                    await self._guarded(self.weights.update(early))  # type: ignore[arg-type]
+            return await self._guarded(get), early
+        finally:
+            get.cancel()  # (done by now unless the run is failing)
 
     # ------------------------------------------------------------------ evaluation
     def _eval_due(self, done: int, steps: int, where: str) -> bool:
@@ -610,7 +635,8 @@ class Pipeline:
         self.watchdog.restart()
 
     # ------------------------------------------------------------------ metrics
-    def _record(self, step: int, batch: list[Trajectory], wait_s: float) -> StepRecord:
+    def _record(self, step: int, batch: list[Trajectory], wait_s: float,
+                early: SimpleNamespace | None = None) -> StepRecord:
         b = self.buffer
         run_end = sum(n for k, n in b.dropped.items() if k.endswith("run_end"))
         # Batches handed out (this one included) count as trained in the step's figures.
@@ -632,6 +658,8 @@ class Pipeline:
         )
         if b.filter_zero_variance:
             rec.filtered_groups, rec.zero_variance_kept = b.last_filter
+        if early is not None:  # the weight update that swapped in while the batch formed
+            self.weights.carry_over(early, rec)
         self.records.append(rec)
         self.trained_by_tag.update(t.tag for t in batch)
         self.trained_by_tag_at[step + 1] = Counter(self.trained_by_tag)

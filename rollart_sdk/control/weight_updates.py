@@ -123,6 +123,13 @@ class WeightUpdates:
         if proxy is not None:  # (unit tests drive it without one)
             proxy.on_worker_death.append(self.on_death)
 
+    def carry_over(self, early: Any, rec: StepRecord) -> None:
+        """An update ran before its step's record existed (inside the wait for the batch,
+        ``Pipeline._next_batch``, given ``early`` to fill): its figures go into ``rec``."""
+        vars(rec).update(vars(early))
+        if self._baseline_rec is early:
+            self._baseline_rec = rec
+
     # ------------------------------------------------------------------ versions
     @property
     def engine(self) -> int:
