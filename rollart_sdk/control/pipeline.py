@@ -559,13 +559,19 @@ class Pipeline:
                 await self._guarded(asyncio.wait({get, pending},
                                                  return_when=asyncio.FIRST_COMPLETED))
                 if pending.done() and not get.done():
-                    await self._guarded(pending)  # a failed training step raises here
+                    if pending.cancelled() or pending.exception() is not None:
+                        get.cancel()  # not done: it took nothing out of the buffer yet
+                        pending.result()  # the training step's failure ends the run
                     early = SimpleNamespace()
                     self.log.append(f"update_in_wait:{step}")
                     await self._guarded(self.weights.update(early))  # type: ignore[arg-type]
             return await self._guarded(get), early
         finally:
-            get.cancel()  # (done by now unless the run is failing)
+            if get.done() and not get.cancelled() and get.exception() is None:
+                # Formed while the run failed: counted as untrained when it stops.
+                self._untrained.setdefault(step, get.result())
+            else:
+                get.cancel()
 
     # ------------------------------------------------------------------ evaluation
     def _eval_due(self, done: int, steps: int, where: str) -> bool:
