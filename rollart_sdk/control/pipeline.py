@@ -438,13 +438,9 @@ class Pipeline:
                     self.scheduler.allow(self.launch_per_step)
                 self.log.append(f"get_batch:{step}")
                 t0 = time.perf_counter()
-                # The staleness bound: trajectories started at >= the floor (the version
-                # the engines serve now, were every suspend point to swap, minus alpha).
-                batch = await self._guarded(self.buffer.get_batch(
-                    batch_size, min_version=self.weights.batch_floor(step), quota=self.quota
-                ))
+                batch, early = await self._next_batch(step, batch_size, pending)
                 self._untrained[step] = batch
-                rec = self._record(step, batch, time.perf_counter() - t0)
+                rec = self._record(step, batch, time.perf_counter() - t0, early)
                 if mode != "async":
                     # The batch is full: the rest of this iteration's launches is surplus.
                     self.buffer.discard_all("surplus")
@@ -496,6 +492,48 @@ class Pipeline:
             await self.weights.close()
             await self.recovery.close(wait_s=RECOVERY_WAIT_S if completed else 0.0)
         return self.records
+
+    async def _next_batch(self, step: int, batch_size: int, pending: asyncio.Task[StepRecord] | None
+                          ) -> tuple[list[Trajectory], StepRecord | None]:
+        """Batch ``step``; and, in async mode, should the training step before it end
+        while the batch still forms, its weights go to the engines at once (a suspend
+        point inside the wait), not after the batch: every trajectory started from then
+        on samples the newest version. Waiting for the batch first started the next
+        batch's trajectories on the version before (admission counts from the engines'),
+        so that batches were trained two versions after their weights (``staleness/
+        trainer_max`` 2 on most steps of ``rollart bench small``'s async runs).
+
+        The wait for the batch is given up (it took nothing) before the swap and asked
+        again after it, with the floor of the engines' new version: the bound stays
+        "started at ``>= engine version - alpha``" for the version the batch is formed
+        under. The update's figures (``early``) go into the step's record."""
+        early: StepRecord | None = None
+        if self.cfg.rollout.mode == "async" and pending is not None:
+            get = asyncio.ensure_future(self._get_batch(step, batch_size))
+            try:
+                await self._guarded(asyncio.wait({get, pending},
+                                                 return_when=asyncio.FIRST_COMPLETED))
+                if get.done():
+                    return get.result(), None
+                get.cancel()  # not done: it took nothing out of the buffer
+                await asyncio.gather(get, return_exceptions=True)
+            finally:
+                if get.done() and not get.cancelled() and get.exception() is None:
+                    # Formed while the run failed: counted as untrained when it stops.
+                    self._untrained.setdefault(step, get.result())
+                else:
+                    get.cancel()
+            pending.result()  # a failed training step ends the run here
+            early = StepRecord(step=step, version=-1, batch=[], get_batch_wait_s=0.0)
+            self.log.append(f"update_in_wait:{step}")
+            await self._guarded(self.weights.update(early))
+        return await self._guarded(self._get_batch(step, batch_size)), early
+
+    def _get_batch(self, step: int, batch_size: int) -> Awaitable[list[Trajectory]]:
+        # The staleness bound: trajectories started at >= the floor (the version the
+        # engines serve now, were every suspend point to swap, minus alpha).
+        return self.buffer.get_batch(batch_size, min_version=self.weights.batch_floor(step),
+                                     quota=self.quota)
 
     # ------------------------------------------------------------------ evaluation
     def _eval_due(self, done: int, steps: int, where: str) -> bool:
@@ -565,7 +603,8 @@ class Pipeline:
         self.watchdog.restart()
 
     # ------------------------------------------------------------------ metrics
-    def _record(self, step: int, batch: list[Trajectory], wait_s: float) -> StepRecord:
+    def _record(self, step: int, batch: list[Trajectory], wait_s: float,
+                early: StepRecord | None = None) -> StepRecord:
         b = self.buffer
         run_end = sum(n for k, n in b.dropped.items() if k.endswith("run_end"))
         # Batches handed out (this one included) count as trained in the step's figures.
@@ -587,6 +626,8 @@ class Pipeline:
         )
         if b.filter_zero_variance:
             rec.filtered_groups, rec.zero_variance_kept = b.last_filter
+        if early is not None:  # the weight update that swapped in while the batch formed
+            self.weights.carry_over(early, rec)
         self.records.append(rec)
         self.trained_by_tag.update(t.tag for t in batch)
         self.trained_by_tag_at[step + 1] = Counter(self.trained_by_tag)

@@ -7,10 +7,12 @@ SampleBuffer. How many may run is set by the pipeline:
 - continuous (``async``): up to ``max_running`` at once, under admission control
   (AReaL's rule, ``N <= (i + eta + 1) * B``): a task starts a group only while the
   trajectories it launched and has not lost stay within ``(base + max(alpha, 1) + 1) *
-  share``, ``base`` being the newest trained version (``PolicyVersions.admission_base``)
-  and ``share`` its trajectories per batch. Batch ``j`` is trained at trainer version
-  ``j``, so a trajectory started now lands, if trajectories finish about in launch order,
-  in a batch trained at most ``max(alpha, 1)`` versions after the newest weights: the
+  share``, ``base`` being the engines' version, one more while a newer one is held back
+  (``PolicyVersions.admission_base``), and ``share`` its trajectories per batch. Batch
+  ``j`` is trained at trainer version ``j`` and the engines swap a finished step in at
+  once (``Pipeline._next_batch``), so a trajectory started now lands, if trajectories
+  finish about in launch order, in a batch trained at most ``max(alpha, 1)`` versions
+  after the newest weights: the
   rollout runs no further ahead of the trainer than that. And never beyond what the
   engines' version ``v`` can feed, ``(v + alpha + 2) * share`` (batch ``k`` takes start
   versions ``>= k - 1 - alpha``): while a deferred update keeps the engines a version
@@ -113,8 +115,9 @@ class RolloutScheduler:
                              "pass the same object to both (job/wire.py does)")
         self.events = buffer.events
         self.version = version  # the engines' (stamped on each trajectory)
-        # What admission control counts from (PolicyVersions.admission_base: the newest
-        # trained version); default: version. Capped by what ``version`` can still feed.
+        # What admission control counts from (PolicyVersions.admission_base: the engines'
+        # version, +1 while one is held back); default: version. Capped by what
+        # ``version`` can still feed.
         self.admission_version = admission_version or version
         self.group_size = group_size
         self.max_running = max_running

@@ -24,10 +24,12 @@ class PolicyVersions:
         return self.engine
 
     def admission_base(self) -> int:
-        """The version admission control counts from: the newest trained one (the
-        engines', one more while an update is held back or not yet swapped in): the batch
-        that version would have sampled must still start, or ``get_batch`` waits for it
-        until a straggler ends (an agent episode that runs for minutes stalled the run at
-        alpha 1 when this counted the engines' version while an update waited for the
-        next suspend point)."""
-        return max(self.engine + (1 if self.held_back else 0), self.trainer)
+        """The version admission control counts from: the engines' (one more while a
+        newer version is held back: deferred, or failed to arrive), the version new
+        trajectories are sampled from. The engines follow the trainer at once: an update
+        runs as soon as a training step ends, also while a batch still forms
+        (``Pipeline._next_batch``), so a batch waiting for a straggler's group gets room as
+        soon as the step ends. (Counting from the trainer's version instead let the next
+        batch start on the older weights in the moment between the step's end and the
+        swap: batches trained two versions after their weights.)"""
+        return self.engine + (1 if self.held_back else 0)

@@ -80,6 +80,10 @@ KEEP_MANIFESTS = 3  # versions whose manifests are kept (served, staged, just pu
 DEFER_MIN_SHARE = 0.1
 # Re-forms one wait for a transfer goes through before it waits without watching deaths.
 MAX_REFORMS = 16
+# The step record's fields an update fills (``update``; ``carry_over`` moves them).
+UPDATE_FIELDS = ("weight_sync_exposed_s", "weight_transfer_s", "weight_recompute_s",
+                 "weight_sync_baseline_s", "weight_sync_nbytes", "weight_sync_wait_s",
+                 "weight_deferred", "weight_sync_failed", "recomputed", "weight_sync_direct")
 
 
 class WeightUpdates:
@@ -130,6 +134,15 @@ class WeightUpdates:
         if proxy is not None:  # (unit tests drive it without one)
             proxy.on_worker_death.append(self.on_death)
 
+    def carry_over(self, early: StepRecord, rec: StepRecord) -> None:
+        """An update ran before its step's record existed (inside the wait for the batch,
+        ``Pipeline._next_batch``, given a provisional record ``early`` to fill): its figures
+        go into ``rec``."""
+        for name in UPDATE_FIELDS:
+            setattr(rec, name, getattr(early, name))
+        if self._baseline_rec is early:
+            self._baseline_rec = rec
+
     # ------------------------------------------------------------------ versions
     @property
     def engine(self) -> int:
@@ -138,9 +151,11 @@ class WeightUpdates:
     def batch_floor(self, step: int) -> int:
         """Oldest start version batch ``step`` may take (the staleness bound). Async: the
         version the engines serve at ``get_batch`` when every suspend point swaps
-        (``step - 1``) minus alpha, so that a deferred swap never loosens the bound."""
+        (``step - 1``; ``step`` once the step before has been swapped in while the batch
+        formed, ``Pipeline._next_batch``) minus alpha, so that a deferred swap never
+        loosens the bound."""
         if self.mode == "async":
-            return max(step - 1, 0) - self.alpha
+            return max(step - 1, self.engine, 0) - self.alpha
         return self.engine - self.alpha
 
     def staged_manifest(self) -> WeightManifest | None:

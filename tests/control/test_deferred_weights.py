@@ -32,7 +32,9 @@ def test_generation_continues_while_the_next_version_arrives(tmp_path, alpha):
     # Metrics: the deferral and the engines' lag behind the trainer are logged per step.
     lines = metrics(job)
     assert sum(m["weight_sync/deferred"] for m in lines) >= 2
-    assert max(m["weight_sync/lag"] for m in lines) == 2
+    # (1 when the deferred version was swapped in inside the next batch's wait,
+    # Pipeline._next_batch, before the step's line: 2 when it waited for the batch.)
+    assert 1 <= max(m["weight_sync/lag"] for m in lines) <= 2
     assert all(m["staleness/trainer_max"] <= alpha + 1 for m in lines)
 
 
@@ -86,8 +88,11 @@ def test_without_room_to_defer_the_wait_is_exposed(tmp_path, overrides):
         job.close()
     log = job.pipeline.log
     assert not [e for e in log if e.startswith("defer:")], log
-    # Every version swapped in at the suspend point right after its publish.
-    assert [r.engine_version for r in records] == [0, 0, 1, 2]
+    # Every version swapped in at the suspend point right after its publish (inside the
+    # next batch's wait when the step ended first: Pipeline._next_batch).
+    early = {k for k in range(1, 4) if f"update_in_wait:{k}" in log}
+    assert [r.engine_version for r in records] == [0] + [k if k in early else k - 1
+                                                         for k in range(1, 4)]
     later = [r for r in records if r.weight_sync_exposed_s > 0][1:]
     assert len(later) == 2
     for r in later:
