@@ -18,25 +18,27 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import dataclasses
 import importlib.util
 import sys
 import threading
-from collections.abc import Iterator
-from typing import Any, ClassVar
+from typing import Any
 
 import pytest
 import torch
 
+from rollart_sdk.testing.collective import (
+    EngineSideReceiver,
+    check_adapters_take_the_bytes_path,
+    check_transport_in_engine,
+    nccl_pair,
+)
 from rollart_sdk.types import GenerationRequest, SamplingParams, WeightBucket, WeightManifest
 from rollart_sdk.weights import (
     WeightStager,
     WeightSyncError,
-    checksum,
     plan_manifest,
     split_buckets,
 )
-from rollart_sdk.weights.direct import direct_spec, remote_error
 
 pytestmark = [
     pytest.mark.skipif("rollart_sglang_contract" in sys.modules,
@@ -65,16 +67,6 @@ def module_engine(tiny_model, loop):
     assert engine.direct_unavailable is None, engine.direct_unavailable
     yield engine
     loop.run_until_complete(asyncio.wait_for(engine.shutdown(), 120))
-
-
-def pair(**kw: Any) -> tuple[Any, Any]:
-    from rollart_transport_nccl.transport import NcclTransport
-
-    sender = NcclTransport("sender", backend="gloo", receivers=1, timeout_s=60,
-                           join_timeout_s=60)
-    receiver = NcclTransport("receiver", store=sender.address, receivers=1, timeout_s=60,
-                             join_timeout_s=60, **kw)
-    return sender, receiver
 
 
 async def served(engine: Any) -> torch.Tensor:
@@ -118,7 +110,7 @@ def test_update_over_collective(module_engine, loop, other_weights, other_refere
     old, version = engine.version, engine.version + 1
     before = loop.run_until_complete(served(engine))
     buckets = list(split_buckets(other_weights.items(), bucket_bytes=30_000, version=version))
-    sender, receiver = pair()
+    sender, receiver = nccl_pair()
     try:
         direct, status, before_commit, report = loop.run_until_complete(
             deliver(engine, sender, receiver, buckets, version))
@@ -151,7 +143,7 @@ def serving(engine: Any, loop: asyncio.AbstractEventLoop, reference: Any,
 
 def refused(engine: Any, loop: asyncio.AbstractEventLoop, buckets: list[WeightBucket],
             version: int, manifest: WeightManifest | None = None) -> WeightSyncError:
-    sender, receiver = pair()
+    sender, receiver = nccl_pair()
     try:
         with pytest.raises(WeightSyncError) as err:
             loop.run_until_complete(deliver(engine, sender, receiver, buckets, version,
@@ -202,7 +194,7 @@ def test_direct_false_keeps_the_bytes_path(module_engine, loop, other_weights):
     engine = module_engine
     version = engine.version + 1
     buckets = list(split_buckets(other_weights.items(), bucket_bytes=30_000, version=version))
-    sender, receiver = pair(direct=False)
+    sender, receiver = nccl_pair(direct=False)
     try:
         direct, _, _, report = loop.run_until_complete(
             deliver(engine, sender, receiver, buckets, version))
@@ -211,64 +203,17 @@ def test_direct_false_keeps_the_bytes_path(module_engine, loop, other_weights):
         sender.close()
     assert not direct and not report.direct and receiver._gen >= 0  # this process joined
     assert engine.version == version == report.version
-    manifest = plan_manifest(version, "nccl", buckets)
-    lora = WeightManifest(version, "nccl", [
-        dataclasses.replace(manifest.buckets[0], names=["model.layers.0.mlp.down_proj.lora_A"]),
-        *manifest.buckets[1:]])
-    _, with_direct = pair()
-    assert direct_spec(with_direct, engine, manifest) is not None
-    assert direct_spec(with_direct, engine, lora) is None  # adapter payloads: bytes path
+    check_adapters_take_the_bytes_path(engine, buckets, version)
 
 
-class SchedulerReceiver:
+class SchedulerReceiver(EngineSideReceiver):
     """The kit's receiver whose ``fetch`` runs in SGLang's scheduler process: it stages the
     round there (the collective path) and reads back what the scheduler received."""
 
-    style: ClassVar[str] = "push"
-
-    def __init__(self, engine: Any, loop: asyncio.AbstractEventLoop, inner: Any) -> None:
-        self.engine, self.loop, self.inner = engine, loop, inner
-
-    def _call(self, coro: Any) -> Any:
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(120)
-
-    def fetch(self, manifest: WeightManifest) -> Iterator[WeightBucket]:
-        from safetensors.torch import load
-
-        v = manifest.version
-        spec = direct_spec(self.inner, self.engine, manifest)
-        assert spec is not None
-        self._call(self.engine.stage_direct(manifest, spec))
-        while not (status := self._call(self.engine.direct_status()))["ready"]:
-            threading.Event().wait(0.05)
-        if status["error"]:
-            raise remote_error(v, status["error"])
-        for index, digest, payload in self._call(
-                self.engine._rpc.acall("rollart_payload", version=v)):
-            tensors = load(base64.b64decode(payload))
-            yield WeightBucket(v, index, tensors, digest or checksum(tensors))
-
-    def release(self, version: int) -> None: ...
-
-    def close(self) -> None: ...
+    def payloads(self, version: int) -> list[tuple[int, str | None, bytes]]:
+        staged = self.call(self.engine._rpc.acall("rollart_payload", version=version))
+        return [(index, digest, base64.b64decode(payload)) for index, digest, payload in staged]
 
 
 def test_transport_kit_with_the_scheduler_receiving(module_engine, loop):
-    from rollart_transport_nccl.transport import NcclTransport
-
-    from rollart_sdk.testing.transport import check_transport
-
-    sender, inner = pair()
-    runner = threading.Thread(target=loop.run_forever, daemon=True)
-    runner.start()
-    try:
-        summary = check_transport(
-            lambda: sender, lambda: SchedulerReceiver(module_engine, loop, inner),
-            num_receivers=1, name="nccl", timeout_s=120)
-    finally:
-        loop.call_soon_threadsafe(loop.stop)
-        runner.join(30)
-        inner.close()
-        sender.close()
-    assert summary["versions"] == [1, 2] and summary["corrupt_rejected"] == "fetch"
-    assert sorted(sender.sent_s) == [1, 2, 3] and isinstance(inner, NcclTransport)
+    check_transport_in_engine(module_engine, loop, SchedulerReceiver)

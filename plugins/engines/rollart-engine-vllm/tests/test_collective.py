@@ -15,24 +15,26 @@ The engine kit over this path is in test_conformance.py.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import importlib.util
 import threading
-from collections.abc import Iterator
-from typing import Any, ClassVar
+from typing import Any
 
 import pytest
 import torch
 
+from rollart_sdk.testing.collective import (
+    EngineSideReceiver,
+    check_adapters_take_the_bytes_path,
+    check_transport_in_engine,
+    nccl_pair,
+)
 from rollart_sdk.types import WeightBucket, WeightManifest
 from rollart_sdk.weights import (
     WeightStager,
     WeightSyncError,
-    checksum,
     plan_manifest,
     split_buckets,
 )
-from rollart_sdk.weights.direct import direct_spec, remote_error
 
 pytestmark = [
     pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
@@ -42,16 +44,6 @@ pytestmark = [
     pytest.mark.timeout(600),
 ]
 EMBED = "model.embed_tokens.weight"
-
-
-def pair(**kw: Any) -> tuple[Any, Any]:
-    from rollart_transport_nccl.transport import NcclTransport
-
-    sender = NcclTransport("sender", backend="gloo", receivers=1, timeout_s=60,
-                           join_timeout_s=60)
-    receiver = NcclTransport("receiver", store=sender.address, receivers=1, timeout_s=60,
-                             join_timeout_s=60, **kw)
-    return sender, receiver
 
 
 async def deliver(engine: Any, sender: Any, receiver: Any, buckets: list[WeightBucket],
@@ -79,7 +71,7 @@ def test_update_over_collective(module_engine, loop, other_weights, other_refere
     engine = module_engine
     version = engine.version + 1
     buckets = list(split_buckets(other_weights.items(), bucket_bytes=30_000, version=version))
-    sender, receiver = pair()
+    sender, receiver = nccl_pair()
     try:
         direct, report = loop.run_until_complete(
             deliver(engine, sender, receiver, buckets, version))
@@ -113,7 +105,7 @@ def test_corrupt_bucket_keeps_old_weights(module_engine, loop, other_weights):
     manifest = plan_manifest(version, "nccl", buckets)  # checksums of the sound bytes
     buckets[len(buckets) // 2].tensors[next(iter(buckets[len(buckets) // 2].tensors))] \
         .view(-1)[0] += 1.0
-    sender, receiver = pair()
+    sender, receiver = nccl_pair()
     try:
         with pytest.raises(WeightSyncError) as err:
             loop.run_until_complete(deliver(engine, sender, receiver, buckets, version,
@@ -134,7 +126,7 @@ def test_bucket_that_does_not_fit_is_refused_before_the_swap(module_engine, loop
     state = dict(other_weights)
     state[EMBED] = state[EMBED][:-1].clone()  # one row short: fits no served parameter
     buckets = list(split_buckets(state.items(), bucket_bytes=30_000, version=version))
-    sender, receiver = pair()
+    sender, receiver = nccl_pair()
     try:
         with pytest.raises(WeightSyncError, match="shape"):
             loop.run_until_complete(deliver(engine, sender, receiver, buckets, version))
@@ -149,7 +141,7 @@ def test_direct_false_keeps_the_bytes_path(module_engine, loop, other_weights):
     engine = module_engine
     version = engine.version + 1
     buckets = list(split_buckets(other_weights.items(), bucket_bytes=30_000, version=version))
-    sender, receiver = pair(direct=False)
+    sender, receiver = nccl_pair(direct=False)
     try:
         direct, report = loop.run_until_complete(
             deliver(engine, sender, receiver, buckets, version))
@@ -158,64 +150,17 @@ def test_direct_false_keeps_the_bytes_path(module_engine, loop, other_weights):
         sender.close()
     assert not direct and receiver._gen >= 0  # this process joined the round
     assert engine.version == version == report.version
-    manifest = plan_manifest(version, "nccl", buckets)
-    lora = WeightManifest(version, "nccl", [
-        dataclasses.replace(manifest.buckets[0], names=["model.layers.0.mlp.down_proj.lora_A"]),
-        *manifest.buckets[1:]])
-    _, with_direct = pair()
-    assert direct_spec(with_direct, engine, manifest) is not None
-    assert direct_spec(with_direct, engine, lora) is None  # adapter payloads: bytes path
+    check_adapters_take_the_bytes_path(engine, buckets, version)
 
 
-class WorkerReceiver:
+class WorkerReceiver(EngineSideReceiver):
     """The kit's receiver whose ``fetch`` runs in vLLM's worker process: it stages the
     round there (the collective path) and reads back what that worker received."""
 
-    style: ClassVar[str] = "push"
-
-    def __init__(self, engine: Any, loop: asyncio.AbstractEventLoop, inner: Any) -> None:
-        self.engine, self.loop, self.inner = engine, loop, inner
-
-    def _call(self, coro: Any) -> Any:
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(120)
-
-    def fetch(self, manifest: WeightManifest) -> Iterator[WeightBucket]:
-        v = manifest.version
-        spec = direct_spec(self.inner, self.engine, manifest)
-        assert spec is not None
-        self._call(self.engine.stage_direct(manifest, spec))
-        while not (status := self._call(self.engine.direct_status()))["ready"]:
-            threading.Event().wait(0.05)
-        if status["error"]:
-            raise remote_error(v, status["error"])
-        from safetensors.torch import load
-
-        for index, digest, payload in self._call(self.engine._llm.collective_rpc(
-                "rollart_staged_payload", args=(v,)))[0]:
-            tensors = load(bytes(payload))
-            yield WeightBucket(v, index, tensors, digest or checksum(tensors))
-
-    def release(self, version: int) -> None: ...
-
-    def close(self) -> None: ...
+    def payloads(self, version: int) -> list[tuple[int, str | None, bytes]]:
+        return self.call(self.engine._llm.collective_rpc("rollart_staged_payload",
+                                                         args=(version,)))[0]
 
 
 def test_transport_kit_with_vllm_worker_receiving(module_engine, loop):
-    from rollart_transport_nccl.transport import NcclTransport
-
-    from rollart_sdk.testing.transport import check_transport
-
-    sender, inner = pair()
-    runner = threading.Thread(target=loop.run_forever, daemon=True)
-    runner.start()
-    try:
-        summary = check_transport(
-            lambda: sender, lambda: WorkerReceiver(module_engine, loop, inner),
-            num_receivers=1, name="nccl", timeout_s=120)
-    finally:
-        loop.call_soon_threadsafe(loop.stop)
-        runner.join(30)
-        inner.close()
-        sender.close()
-    assert summary["versions"] == [1, 2] and summary["corrupt_rejected"] == "fetch"
-    assert sorted(sender.sent_s) == [1, 2, 3] and isinstance(inner, NcclTransport)
+    check_transport_in_engine(module_engine, loop, WorkerReceiver)
