@@ -504,9 +504,12 @@ class Pipeline:
         trainer_max`` 2 on most steps of ``rollart bench small``'s async runs).
 
         The wait for the batch is given up (it took nothing) before the swap and asked
-        again after it, with the floor of the engines' new version: the bound stays
-        "started at ``>= engine version - alpha``" for the version the batch is formed
-        under. The update's figures (``early``) go into the step's record."""
+        again after it, so no batch forms while the engines swap. The floor stays the
+        batch's (``WeightUpdates.batch_floor``: trained at most ``alpha + 1`` versions
+        after it started, as without the early swap): the swap gives the trajectories
+        started from then on newer weights and evicts nothing more (a floor following the
+        engines evicted the long episodes that alpha 2 is there to keep). The update's
+        figures (``early``) go into the step's record."""
         early: StepRecord | None = None
         if self.cfg.rollout.mode == "async" and pending is not None:
             get = asyncio.ensure_future(self._get_batch(step, batch_size))

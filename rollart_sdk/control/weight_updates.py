@@ -150,12 +150,13 @@ class WeightUpdates:
 
     def batch_floor(self, step: int) -> int:
         """Oldest start version batch ``step`` may take (the staleness bound). Async: the
-        version the engines serve at ``get_batch`` when every suspend point swaps
-        (``step - 1``; ``step`` once the step before has been swapped in while the batch
-        formed, ``Pipeline._next_batch``) minus alpha, so that a deferred swap never
-        loosens the bound."""
+        version the engines serve at ``get_batch`` when every suspend point swaps after
+        its batch (``step - 1``) minus alpha, so that a deferred swap never loosens the
+        bound: batch ``step``, trained at version ``step``, takes trajectories started at
+        most ``alpha + 1`` versions before. (A swap inside the wait for the batch,
+        ``Pipeline._next_batch``, leaves it there: it freshens what starts after it.)"""
         if self.mode == "async":
-            return max(step - 1, self.engine, 0) - self.alpha
+            return max(step - 1, 0) - self.alpha
         return self.engine - self.alpha
 
     def staged_manifest(self) -> WeightManifest | None:

@@ -116,25 +116,29 @@ def test_async_protocol_order_and_alpha_bound(tmp_path):
 
 
 def test_alpha_two_allows_older_but_bounded(tmp_path):
+    # Batch k takes start versions >= k - 1 - alpha and is trained at k. Against the
+    # engines' version at its formation that is <= alpha, or alpha + 1 where the step
+    # before was swapped in while the batch formed (``update_in_wait:k``: the engines
+    # moved on, the floor did not).
     job, records = run(tmp_path, ["rollout.alpha=2"], steps=5)
-    staleness = [r.engine_version - t.start_version for r in records for t in r.batch]
-    assert max(staleness) <= 2
-    assert all(r.version - t.start_version <= 3 for r in records for t in r.batch)
+    log = job.pipeline.log
+    for r in records:
+        bound = 2 + (1 if f"update_in_wait:{r.step}" in log else 0)
+        assert all(r.engine_version - t.start_version <= bound for t in r.batch), r.step
+        assert all(r.version - t.start_version <= 3 for t in r.batch)
 
 
 def test_async_alpha_zero_runs_at_most_one_version_behind_the_trainer(tmp_path):
-    # alpha = 0: batch k takes start versions >= the engines' version (the batch floor),
-    # so every trained trajectory is at most one version behind the trainer; where the
-    # step before was swapped in while batch k formed (``update_in_wait:k``), the floor
-    # follows the engines and batch k is on the trainer's own version.
+    # alpha = 0: batch k takes start versions >= k - 1 (the batch floor) and is trained
+    # at k, so every trained trajectory is at most one version behind the trainer; those
+    # started after a swap inside the batch's wait (``update_in_wait:k``) none.
     job, records = run(tmp_path, ["rollout.alpha=0"], steps=4)
     assert len(records) == 4
-    lag = {r.step: [r.version - t.start_version for t in r.batch] for r in records[1:]}
-    assert all(set(v) <= {0, 1} for v in lag.values()), lag
-    early = [k for k in lag if f"update_in_wait:{k}" in job.pipeline.log]
-    assert all(set(lag[k]) == {0} for k in early), (early, lag)
-    assert all(r.engine_version - t.start_version == 0 for r in records for t in r.batch)
+    lag = [r.version - t.start_version for r in records[1:] for t in r.batch]
+    assert set(lag) <= {0, 1}, lag
     p = job.pipeline
+    early = [r for r in records if f"update_in_wait:{r.step}" in p.log]
+    assert all(r.engine_version == r.version for r in early)  # swapped before it formed
     assert p.scheduler.launched == p.buffer.trained + sum(p.buffer.dropped.values())
 
 
