@@ -8,6 +8,8 @@ import math
 from collections import Counter
 from typing import TYPE_CHECKING, Any
 
+from rollart_sdk.control.records import staleness as paper_staleness
+
 if TYPE_CHECKING:
     from rollart_sdk.control.buffer import SampleBuffer
     from rollart_sdk.control.pipeline import Pipeline, StepRecord
@@ -21,9 +23,10 @@ def step_metrics(rec: StepRecord, prev: StepRecord | None, buffer: SampleBuffer,
     by_tag: dict[str, list[Trajectory]] = {}
     for t in rec.batch:
         by_tag.setdefault(t.tag, []).append(t)
-    # The paper's staleness: engine version when the batch was formed - start version;
-    # the trainer's: version the batch is trained at - start version (one more in async).
-    staleness = [rec.engine_version - t.start_version for t in rec.batch]
+    # The paper's staleness: engine version when the batch's wait began - start version
+    # (records.staleness); the trainer's: version the batch is trained at - start version
+    # (one more in async).
+    staleness = [paper_staleness(rec, t) for t in rec.batch]
     trainer_staleness = [rec.version - t.start_version for t in rec.batch]
     decided = rec.trained_total + rec.dropped_during_run
     tokens = rec.tokens_trained + rec.tokens_dropped

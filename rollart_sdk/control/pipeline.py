@@ -52,6 +52,7 @@ from rollart_sdk.control.buffer import SampleBuffer
 from rollart_sdk.control.metrics import step_metrics
 from rollart_sdk.control.proxy import LLMProxy
 from rollart_sdk.control.records import StepRecord
+from rollart_sdk.control.records import staleness as paper_staleness
 from rollart_sdk.control.recovery import EngineRecovery
 from rollart_sdk.control.scheduler import RolloutScheduler
 from rollart_sdk.control.versions import PolicyVersions
@@ -437,10 +438,10 @@ class Pipeline:
                 if mode == "sync" and step > self.first_step:
                     self.scheduler.allow(self.launch_per_step)
                 self.log.append(f"get_batch:{step}")
-                t0 = time.perf_counter()
+                t0, served = time.perf_counter(), self.engine_version
                 batch, early = await self._next_batch(step, batch_size, pending)
                 self._untrained[step] = batch
-                rec = self._record(step, batch, time.perf_counter() - t0, early)
+                rec = self._record(step, batch, time.perf_counter() - t0, served, early)
                 if mode != "async":
                     # The batch is full: the rest of this iteration's launches is surplus.
                     self.buffer.discard_all("surplus")
@@ -606,14 +607,15 @@ class Pipeline:
         self.watchdog.restart()
 
     # ------------------------------------------------------------------ metrics
-    def _record(self, step: int, batch: list[Trajectory], wait_s: float,
+    def _record(self, step: int, batch: list[Trajectory], wait_s: float, served: int,
                 early: StepRecord | None = None) -> StepRecord:
+        """``served``: the engines' version when the wait for ``batch`` began."""
         b = self.buffer
         run_end = sum(n for k, n in b.dropped.items() if k.endswith("run_end"))
         # Batches handed out (this one included) count as trained in the step's figures.
         handed = [t for batch_ in self._untrained.values() for t in batch_]
         rec = StepRecord(
-            step, step, batch, wait_s, engine_version=self.engine_version, formed_at=time.time(),
+            step, step, batch, wait_s, engine_version=served, formed_at=time.time(),
             launched=self.scheduler.launched, dropped=sum(b.dropped.values()),
             dropped_during_run=sum(b.dropped.values()) - run_end,
             tokens_dropped=b.tokens_dropped,
@@ -622,11 +624,11 @@ class Pipeline:
             trained_total=b.trained + len(handed), task_stats=task_stats(batch),
             in_flight=len(self.scheduler.running) + len(self.scheduler.landing) + b.held(),
             spanning=sum(1 for t in batch if len(t.versions) > 1),
-            staleness=dict(Counter(self.engine_version - t.start_version for t in batch)),
             trained_turns={tag: (sum(1 for t in batch if t.tag == tag),
                                  sum(len(t.turns) for t in batch if t.tag == tag))
                            for tag in sorted({t.tag for t in batch})},
         )
+        rec.staleness = dict(Counter(paper_staleness(rec, t) for t in batch))
         if b.filter_zero_variance:
             rec.filtered_groups, rec.zero_variance_kept = b.last_filter
         if early is not None:  # the weight update that swapped in while the batch formed

@@ -18,7 +18,10 @@ class StepRecord:
     version: int  # trainer version the batch was trained at
     batch: list[Trajectory]
     get_batch_wait_s: float
-    engine_version: int = 0  # version the engines served while the batch was formed
+    # Version the engines served when the wait for the batch began (the batch's floor
+    # counts from it; a swap inside the wait, ``Pipeline._next_batch``, moves the engines
+    # on, not this).
+    engine_version: int = 0
     formed_at: float = 0.0  # wall time the batch was formed
     # Run totals when the batch was formed (waste and length bias are read from them).
     launched: int = 0
@@ -56,3 +59,10 @@ class StepRecord:
     # groups kept past the cap (max_filtered_per_step). None: the filter is off.
     filtered_groups: int | None = None
     zero_variance_kept: dict[str, list[float | None]] = field(default_factory=dict)
+
+
+def staleness(rec: StepRecord, traj: Trajectory) -> int:
+    """The paper's staleness of ``traj`` in ``rec``'s batch: the engines' version when the
+    batch's wait began minus its start version; 0 for one started after a swap inside
+    that wait (it sampled the newest weights)."""
+    return max(0, rec.engine_version - traj.start_version)

@@ -26,6 +26,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from rollart_sdk.control.records import staleness as paper_staleness
 from rollart_sdk.control.run_dir import dumps
 
 if TYPE_CHECKING:
@@ -171,9 +172,9 @@ class SampleLog:
             "turns": turns,
         }
         if rec is not None:
-            # The paper's staleness (the engines' version when the batch was formed minus
+            # The paper's staleness (the engines' version when the batch's wait began minus
             # the start version) and the trainer's (the version it was trained at).
-            out["staleness"] = rec.engine_version - t.start_version
+            out["staleness"] = paper_staleness(rec, t)
             out["trainer_staleness"] = rec.version - t.start_version
         return out
 
