@@ -195,9 +195,9 @@ def test_trajectories_landing_count_as_in_flight_at_every_step(tmp_path, monkeyp
     landing_at_record = []
     record = Pipeline._record
 
-    def spy(self, step, batch, wait_s, early=None):
+    def spy(self, step, batch, wait_s, served, early=None):
         landing_at_record.append(len(self.scheduler.landing))
-        return record(self, step, batch, wait_s, early)
+        return record(self, step, batch, wait_s, served, early)
 
     monkeypatch.setattr(RolloutScheduler, "_return_slot", slow_return)
     monkeypatch.setattr(Pipeline, "_record", spy)
