@@ -534,8 +534,8 @@ class Pipeline:
         return await self._guarded(self._get_batch(step, batch_size)), early
 
     def _get_batch(self, step: int, batch_size: int) -> Awaitable[list[Trajectory]]:
-        # The staleness bound: trajectories started at >= the floor (the version the
-        # engines serve now, were every suspend point to swap, minus alpha).
+        # The staleness bound: trajectories started at >= the batch's floor
+        # (WeightUpdates.batch_floor; a swap inside the wait does not move it).
         return self.buffer.get_batch(batch_size, min_version=self.weights.batch_floor(step),
                                      quota=self.quota)
 
