@@ -522,16 +522,28 @@ class Pipeline:
                 get.cancel()  # not done: it took nothing out of the buffer
                 await asyncio.gather(get, return_exceptions=True)
             finally:
-                if get.done() and not get.cancelled() and get.exception() is None:
-                    # Formed while the run failed: counted as untrained when it stops.
-                    self._untrained.setdefault(step, get.result())
-                else:
-                    get.cancel()
+                self._keep_taken(step, get)
             pending.result()  # a failed training step ends the run here
             early = StepRecord(step=step, version=-1, batch=[], get_batch_wait_s=0.0)
             self.log.append(f"update_in_wait:{step}")
             await self._guarded(self.weights.update(early))
-        return await self._guarded(self._get_batch(step, batch_size)), early
+        get = asyncio.ensure_future(self._get_batch(step, batch_size))
+        try:
+            return await self._guarded(get), early
+        finally:
+            self._keep_taken(step, get)
+
+    def _keep_taken(self, step: int, get: asyncio.Future[list[Trajectory]]) -> None:
+        """A wait for batch ``step`` ends (answered, given up, or the run stopped): a batch
+        it took out of the buffer is the step's (``_untrained``: trained, or counted dropped
+        when the run stops). A stop (SIGTERM cancels the run) landing after the get had
+        taken its groups but before the run's task woke to read them lost the batch: 8
+        trajectories neither trained nor dropped in a fresh-clone CI run. A get not done is
+        cancelled (it took nothing)."""
+        if get.done() and not get.cancelled() and get.exception() is None:
+            self._untrained.setdefault(step, get.result())
+        else:
+            get.cancel()
 
     def _get_batch(self, step: int, batch_size: int) -> Awaitable[list[Trajectory]]:
         # The staleness bound: trajectories started at >= the batch's floor

@@ -125,3 +125,48 @@ def test_a_stop_that_lands_with_the_train_steps_answer_counts_the_batch_once(tmp
             p.scheduler.launched, p.buffer.trained, dict(p.buffer.dropped))
     finally:
         job.close()
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_a_stop_that_lands_as_a_batch_is_taken_counts_the_batch(tmp_path, mode):
+    """The run is cancelled (as SIGTERM cancels it) after the buffer handed out step 1's
+    batch but before the run's task woke to read it. The batch is the step's: counted
+    dropped (run_end), never lost. A fresh-clone CI run once ended with launched 24 =
+    trained 8 + dropped 8: one batch of 8 taken out of the buffer and then forgotten."""
+    data = one_task()
+    data["rollout"] = {**data["rollout"], "mode": mode}
+    cfg, lines = load_config(data=copy.deepcopy(data), overrides=[f"output_dir={tmp_path}"])
+    job = build_job(cfg, lines, in_process=True, log=lambda *a: None)
+    p = job.pipeline
+    real_get = p.buffer.get_batch
+    taken: list[int] = []
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        run_task = asyncio.current_task()
+        assert run_task is not None
+
+        async def get_batch(*args, **kwargs):
+            batch = await real_get(*args, **kwargs)
+            taken.append(len(batch))
+            if len(taken) == 2:
+                # Runs before the get task's own completion wakes the run's task.
+                loop.call_soon(run_task.cancel)
+            return batch
+
+        p.buffer.get_batch = get_batch  # type: ignore[method-assign]
+        await p.run(50)
+
+    try:
+        with pytest.raises(asyncio.CancelledError):
+            asyncio.run(main())
+        assert len(taken) == 2
+        version = await_answer(job.trainers[0].trainer.version(), 60)
+        p.report_trained(version)  # as run_job's final checkpoint accounts the steps
+        dropped = dict(p.buffer.dropped)
+        assert dropped.get("run_end", 0) >= taken[1], dropped  # the 2nd batch, untrained
+        assert p.scheduler.launched == p.buffer.trained + sum(dropped.values()), (
+            p.scheduler.launched, p.buffer.trained, dropped)
+    finally:
+        job.close()
