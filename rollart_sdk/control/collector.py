@@ -9,6 +9,16 @@ flight the collector took 690-720 us of driver CPU per trajectory against 475-49
 before it are moved to the permanent generation (``gc.freeze``: no pass walks them again)
 and the young generation collects every 20,000 net allocations instead of 700; both are
 undone when the run ends. A user who switched the collector off keeps it off.
+
+The young threshold also follows the trajectories in flight (:meth:`DriverCollector.fit`,
+once per training step): ``YOUNG_PER_TRAJECTORY`` net allocations per trajectory in
+flight, at least ``YOUNG_THRESHOLD``. A fixed threshold made the collector's share per
+trajectory grow with concurrency: a turn's objects live until that turn of every other
+trajectory has run, so with 8x the trajectories in flight 8x the passes fall inside their
+lives, each pass walks the survivors, and the survivors promoted to the middle
+generation are walked again there (``rollart bench driver``: 24.5 us per trajectory at
+256 in flight, 75 at 2,048 with 20,000; 37 at 2,048 when the threshold follows).
+The young generation held then is bounded: ``YOUNG_CAP`` objects.
 """
 
 from __future__ import annotations
@@ -18,20 +28,42 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 YOUNG_THRESHOLD = 20_000
+YOUNG_PER_TRAJECTORY = 80  # 20,000 at 256 in flight, where the fixed threshold was tuned
+YOUNG_CAP = 2_000_000  # at most this many young objects wait for a pass (~200 MB)
+
+
+class DriverCollector:
+    """The young threshold of a run (see the module's text); inert when the collector is
+    off, so a user's ``gc.disable()`` is kept."""
+
+    def __init__(self, young: int, active: bool) -> None:
+        self.floor = young
+        self.active = active
+        self.young = young
+
+    def fit(self, in_flight: int) -> int:
+        """Set the young threshold for ``in_flight`` trajectories; returns it."""
+        want = min(max(self.floor, YOUNG_PER_TRAJECTORY * max(in_flight, 0)), YOUNG_CAP)
+        if self.active and gc.isenabled() and want != self.young:
+            self.young = want
+            gc.set_threshold(want, *gc.get_threshold()[1:])
+        return self.young
 
 
 @contextmanager
-def driver_collector(young: int = YOUNG_THRESHOLD) -> Iterator[None]:
+def driver_collector(young: int = YOUNG_THRESHOLD) -> Iterator[DriverCollector]:
     """Freeze what exists now and raise the young generation's threshold to ``young``
-    for the duration (never lowering it); restore both on exit."""
+    for the duration (never lowering it); restore both on exit. The yielded
+    :class:`DriverCollector` raises it further with the trajectories in flight."""
     if not gc.isenabled():
-        yield
+        yield DriverCollector(young, active=False)
         return
     before, was_frozen = gc.get_threshold(), gc.get_freeze_count() > 0
     gc.freeze()
-    gc.set_threshold(max(before[0], young), *before[1:])
+    floor = max(before[0], young)
+    gc.set_threshold(floor, *before[1:])
     try:
-        yield
+        yield DriverCollector(floor, active=True)
     finally:
         gc.set_threshold(*before)
         if not was_frozen:  # a caller who froze before the run keeps its frozen heap

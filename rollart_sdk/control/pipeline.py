@@ -49,6 +49,7 @@ from rollart_sdk.cluster.shards import shard_batch
 from rollart_sdk.config import RunConfig
 from rollart_sdk.control.aio import wait_for
 from rollart_sdk.control.buffer import SampleBuffer
+from rollart_sdk.control.collector import YOUNG_THRESHOLD, DriverCollector, driver_collector
 from rollart_sdk.control.metrics import step_metrics
 from rollart_sdk.control.proxy import LLMProxy
 from rollart_sdk.control.records import StepRecord
@@ -111,6 +112,7 @@ class Pipeline:
         # Every step's record; the trajectories of all but the last KEEP_BATCHES steps are
         # freed once reported (memory stays flat over a long run).
         self.records: list[StepRecord] = []
+        self._collector = DriverCollector(YOUNG_THRESHOLD, active=False)  # run() sets it
         self._untrained: dict[int, list[Trajectory]] = {}  # step -> its batch, in training
         self._dropped_untrained: dict[int, list[Trajectory]] = {}  # ... when the run stopped
         # Resume (control/resume.py): the first step of this session, the wall time and
@@ -415,9 +417,11 @@ class Pipeline:
 
     # ------------------------------------------------------------------ the loop
     async def run(self, steps: int) -> list[StepRecord]:
-        from rollart_sdk.control.collector import driver_collector
-
-        with driver_collector():  # the collector's passes stay flat as in-flight grows
+        # The collector's passes stay flat per trajectory as the trajectories in flight
+        # grow (control/collector.py): its young threshold follows them, step by step.
+        with driver_collector() as self._collector:
+            r = self.cfg.rollout
+            self._collector.fit(r.max_envs or r.batch_size)  # until the first step says
             return await self._run(steps)
 
     async def _run(self, steps: int) -> list[StepRecord]:
@@ -442,6 +446,7 @@ class Pipeline:
                 batch, early = await self._next_batch(step, batch_size, pending)
                 self._untrained[step] = batch
                 rec = self._record(step, batch, time.perf_counter() - t0, served, early)
+                self._collector.fit(rec.in_flight)
                 if mode != "async":
                     # The batch is full: the rest of this iteration's launches is surplus.
                     self.buffer.discard_all("surplus")

@@ -223,7 +223,8 @@ class BrokenTransport(LocalTransport):
 
 
 class SlowEnv(gym.Env):
-    '''Four turns of 0.15 s each: trajectories outlive a training step.'''
+    '''Four turns of 0.3 s each: trajectories outlive a training step, also on a loaded CI
+    machine (at 0.15 s a training step there once outlasted the episodes).'''
 
     action_vocabulary = None
     system_prompt = None
@@ -233,7 +234,7 @@ class SlowEnv(gym.Env):
         return "go", {}
 
     def step(self, action):
-        time.sleep(0.15)
+        time.sleep(0.3)
         self.t += 1
         done = self.t >= 4
         return "go on", float(done), done, False, {"success": done}
