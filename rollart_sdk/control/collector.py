@@ -10,9 +10,10 @@ before it are moved to the permanent generation (``gc.freeze``: no pass walks th
 and the young generation collects every 20,000 net allocations instead of 700; both are
 undone when the run ends. A user who switched the collector off keeps it off.
 
-The young threshold also follows the trajectories in flight (:meth:`DriverCollector.fit`,
-once per training step): ``YOUNG_PER_TRAJECTORY`` net allocations per trajectory in
-flight, at least ``YOUNG_THRESHOLD``. A fixed threshold made the collector's share per
+The young threshold also follows the trajectories in flight (:meth:`DriverCollector.fit`:
+at the start from ``rollout.max_envs`` or the batch size, then once per training step from
+the larger of that and the step's ``trajectories/in_flight``): ``YOUNG_PER_TRAJECTORY``
+net allocations per trajectory in flight, at least ``YOUNG_THRESHOLD``. A fixed threshold made the collector's share per
 trajectory grow with concurrency: a turn's objects live until that turn of every other
 trajectory has run, so with 8x the trajectories in flight 8x the passes fall inside their
 lives, each pass walks the survivors, and the survivors promoted to the middle

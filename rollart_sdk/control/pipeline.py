@@ -113,6 +113,7 @@ class Pipeline:
         # freed once reported (memory stays flat over a long run).
         self.records: list[StepRecord] = []
         self._collector = DriverCollector(YOUNG_THRESHOLD, active=False)  # run() sets it
+        self._in_flight_hint = 0
         self._untrained: dict[int, list[Trajectory]] = {}  # step -> its batch, in training
         self._dropped_untrained: dict[int, list[Trajectory]] = {}  # ... when the run stopped
         # Resume (control/resume.py): the first step of this session, the wall time and
@@ -419,9 +420,14 @@ class Pipeline:
     async def run(self, steps: int) -> list[StepRecord]:
         # The collector's passes stay flat per trajectory as the trajectories in flight
         # grow (control/collector.py): its young threshold follows them, step by step.
+        # The hint: what a step's rollout has in flight at its peak, at least (max_envs,
+        # else the batch: a sync step launches its whole batch at once). A step's record
+        # counts what is in flight when its batch is whole (async: the rollout going on;
+        # sync: only the surplus), so the threshold follows the larger of the two.
+        r = self.cfg.rollout
+        self._in_flight_hint = r.max_envs or r.batch_size
         with driver_collector() as self._collector:
-            r = self.cfg.rollout
-            self._collector.fit(r.max_envs or r.batch_size)  # until the first step says
+            self._collector.fit(self._in_flight_hint)
             return await self._run(steps)
 
     async def _run(self, steps: int) -> list[StepRecord]:
@@ -446,7 +452,7 @@ class Pipeline:
                 batch, early = await self._next_batch(step, batch_size, pending)
                 self._untrained[step] = batch
                 rec = self._record(step, batch, time.perf_counter() - t0, served, early)
-                self._collector.fit(rec.in_flight)
+                self._collector.fit(max(rec.in_flight, self._in_flight_hint))
                 if mode != "async":
                     # The batch is full: the rest of this iteration's launches is surplus.
                     self.buffer.discard_all("surplus")

@@ -503,3 +503,31 @@ def test_async_swaps_in_a_finished_step_while_the_next_batch_forms(tmp_path, tes
     assert max(lag) <= 1, sorted(set(lag))
     early = [r for r in records if f"update_in_wait:{r.step}" in log]
     assert all(r.weight_sync_exposed_s > 0 for r in early)  # its figures were carried over
+
+
+def test_the_run_sets_the_collectors_young_threshold_from_the_trajectories_in_flight(
+        tmp_path, monkeypatch):
+    """control/collector.py: the young threshold is set at the start from the hint
+    (``rollout.max_envs``) and after each step from max(in flight, hint); the user's
+    threshold is back after the run."""
+    import gc
+
+    from rollart_sdk.control.collector import YOUNG_PER_TRAJECTORY, DriverCollector
+
+    before = gc.get_threshold()
+    seen: list[tuple[int, int]] = []
+    fit = DriverCollector.fit
+
+    def spy(self, in_flight):
+        out = fit(self, in_flight)
+        seen.append((in_flight, gc.get_threshold()[0]))
+        return out
+
+    monkeypatch.setattr(DriverCollector, "fit", spy)
+    _, records = run(tmp_path, ["rollout.max_envs=300"], steps=2)
+    assert len(records) == 2 and len(seen) == 1 + 2, seen
+    assert seen[0] == (300, YOUNG_PER_TRAJECTORY * 300)  # the hint, before any step
+    for (n, threshold), rec in zip(seen[1:], records, strict=True):
+        assert n == max(rec.in_flight, 300)
+        assert threshold == YOUNG_PER_TRAJECTORY * n
+    assert gc.get_threshold() == before
