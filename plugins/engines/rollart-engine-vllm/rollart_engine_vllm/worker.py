@@ -6,7 +6,8 @@ methods through ``AsyncLLM.collective_rpc`` (one call per bucket, on every TP ra
 1. ``rollart_begin_update``: ``initialize_layerwise_reload(model)`` - vLLM's CPU backend
    (and quantized layers on GPU) repack linear weights after loading, so a plain
    ``model.load_weights`` on a live model fails; the layer-wise reload restores the
-   loadable layout first;
+   loadable layout first (and :class:`RotaryReloadFilter` drops the reload's warning for
+   rotary embeddings, whose cos/sin cache no checkpoint holds);
 2. ``rollart_load_bucket(payload)``: ``model.load_weights`` on one bucket. The bucket
    arrives as safetensors bytes: ``collective_rpc`` serialises its arguments with
    msgspec, which turns tensors into nested lists;
@@ -30,7 +31,32 @@ Runs inside vLLM's worker process: it imports vLLM freely.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
+
+# vLLM's layer-wise reload logs here (vllm/model_executor/model_loader/reload/layerwise.py).
+RELOAD_LOGGER = "vllm.model_executor.model_loader.reload.layerwise"
+
+
+class RotaryReloadFilter(logging.Filter):
+    """Drops one line of vLLM's layer-wise reload: "<Layer>: Failed to load weights" for a
+    rotary embedding. The reload warns for every layer with loadable tensors that received
+    none; a rotary embedding's only tensor is its cos/sin cache, a buffer that no
+    checkpoint holds (the trainer never sends it), which the reload puts back from the
+    live model. So every weight update printed it once per model, looking like an error.
+    The same warning for any other layer (a weight the trainer did not send) still shows."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args if isinstance(record.args, tuple) else ()
+        return not (record.msg == "%s: Failed to load weights" and len(args) == 1
+                    and str(args[0]).endswith("RotaryEmbedding"))
+
+
+def quiet_rotary_reload() -> None:
+    """Install :class:`RotaryReloadFilter` on vLLM's reload logger (once per process)."""
+    log = logging.getLogger(RELOAD_LOGGER)
+    if not any(isinstance(f, RotaryReloadFilter) for f in log.filters):
+        log.addFilter(RotaryReloadFilter())
 
 
 class RollartWorkerExtension:
@@ -43,6 +69,7 @@ class RollartWorkerExtension:
     def rollart_begin_update(self) -> None:
         from vllm.model_executor.model_loader.reload import initialize_layerwise_reload
 
+        quiet_rotary_reload()
         initialize_layerwise_reload(self._rollart_model())
         self._rollart_loaded = 0
 
