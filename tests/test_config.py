@@ -40,6 +40,18 @@ def test_loads_and_applies_overrides(tmp_path):
     assert lines.line_of("rollout.alpha") == 15
 
 
+def test_overrides_leave_the_callers_data_as_it_was():
+    import copy
+
+    import yaml
+
+    data = yaml.safe_load(BASE)
+    before = copy.deepcopy(data)
+    cfg, _ = load_config(data=data, overrides=["rollout.alpha=2", "train.steps=7"])
+    assert (cfg.rollout.alpha, cfg.train.steps) == (2, 7)
+    assert data == before  # the same dict can start the next run without them
+
+
 def test_malformed_yaml_names_line(tmp_path):
     with pytest.raises(ConfigError) as exc:
         load_config(write(tmp_path, BASE + "train:\n  steps: [1, 2\n"))

@@ -155,6 +155,12 @@ class LossStats:
         if bool(fresh.any()):
             top["mismatch"] = max(top["mismatch"], float(gap.max()))
 
+    def rescale_losses(self, factor: float) -> None:
+        """The losses added so far, divided by a new normaliser: ``factor`` = old / new
+        (a step added up from parts, each divided by the count of the parts so far)."""
+        self.sums["loss"] *= factor
+        self.sums["pg_loss"] *= factor
+
     def add_last(self, obj: Objective) -> None:
         """A micro-batch of a batch's last pass (of several): its clip fraction."""
         self.sums["last_clip"] += float(obj.clip["clip_frac"]) * float(obj.clip["tokens"])

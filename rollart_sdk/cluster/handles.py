@@ -231,6 +231,14 @@ class TrainerClient(_Client):
         store (:func:`rollart_sdk.cluster.shards.shard_batch`)."""
         return await self.handle.call("train_step", batch)
 
+    async def can_accumulate(self) -> bool:
+        return bool(await self.handle.call("can_accumulate"))
+
+    async def accumulate(self, batch: Shard) -> None:
+        """Part of the next step's batch (whole groups): forward and backward now, the
+        optimiser step with the next ``train_step``."""
+        await self.handle.call("accumulate", batch)
+
     async def publish_weights(self, bucket_bytes: int) -> WeightManifest | None:
         return await self.handle.call("publish_weights", bucket_bytes)
 

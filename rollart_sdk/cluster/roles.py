@@ -325,6 +325,7 @@ class TrainerWorker(ActorTrainWorker):
             transport.create(transport_options, role="sender", offer=offered)
             if self.rank == 0 else None
         )
+        self._accumulate_s = 0.0  # compute seconds of the step's accumulate calls
 
     @register("dp_split", collect="list")
     def train_step(self, batch: Shard) -> MaybeAwaitable[dict[str, float]]:
@@ -341,7 +342,23 @@ class TrainerWorker(ActorTrainWorker):
             return _with_compute_time(out, t0)
         metrics = dict(out)
         metrics["time/train_compute"] = time.perf_counter() - t0
+        if self._accumulate_s:  # the step's parts sent before it (accumulate)
+            metrics["time/train_accumulate"] = self._accumulate_s
+            self._accumulate_s = 0.0
         return metrics
+
+    def can_accumulate(self) -> bool:
+        """Whether the trainer adds a step up from parts (:meth:`accumulate`): one rank
+        and a trainer whose ``can_accumulate`` says so (the torch trainer's does)."""
+        return self.world_size == 1 and bool(getattr(self.trainer, "can_accumulate", False))
+
+    def accumulate(self, batch: Shard) -> None:
+        """Forward and backward of part of the next step's batch (whole groups); the next
+        ``train_step`` ends the step with its own part (``train.stream_groups``)."""
+        samples = fetch_shard(batch, self.rank)
+        t0 = time.perf_counter()
+        self.trainer.accumulate(samples)
+        self._accumulate_s += time.perf_counter() - t0
 
     @register("execute_all")
     def publish_weights(self, bucket_bytes: int) -> MaybeAwaitable[WeightManifest | None]:

@@ -7,6 +7,7 @@ validated by the schema; every problem reported with its key and YAML line::
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -24,10 +25,13 @@ def load_config(
     overrides: list[str] | None = None,
     data: dict[str, Any] | None = None,
 ) -> tuple[RunConfig, LineMap]:
-    """Load and validate a run config from YAML (or ``data``), applying dotted overrides."""
+    """Load and validate a run config from YAML (or ``data``, left as it is), applying
+    dotted overrides."""
     source = str(path) if path is not None else None
     lines = LineMap()
-    if data is None:
+    if data is not None:
+        data = copy.deepcopy(data)  # the overrides go into a copy, not the caller's dict
+    else:
         if path is None:
             raise ValueError("give a path or data")
         data, lines = read_config_file(path)

@@ -297,10 +297,39 @@ class SampleBuffer:
                         batch.extend(self._pop_ready(gid).members)
             # Counted as trained once its train step returned (mark_trained), or as
             # dropped if the run stopped first (drop_untrained).
-            self.last_filter = (self._filtered_now, self._kept_now)
-            self._filtered_now, self._kept_now = 0, {}
-            self._notify_room()
+            self._end_batch()
             return batch
+
+    async def take_groups(self, need: dict[str, int], min_version: int) -> list[Trajectory]:
+        """A batch taken group by group (``train.stream_groups``): block until a ready
+        group of a task in ``need`` (task tag -> trajectories still wanted) is there,
+        evicting groups older than ``min_version`` first; take every ready group that a
+        task still wants, oldest first, and lower ``need`` in place. Over the calls that
+        bring every ``need`` to 0 or below, these are the groups :meth:`get_batch` with
+        ``quota`` would take once they are all ready: each task's first ready groups."""
+        async with self._cond:
+            while True:
+                self.evict_older_than(min_version)
+                if any(n > 0 and self._ready_tag[tag] for tag, n in need.items()):
+                    break
+                await self._cond.wait()
+            batch: list[Trajectory] = []
+            for gid in sorted(self._ready, key=lambda g: self._ready_at[g][0]):
+                group = self._ready[gid]
+                if need.get(group.tag, 0) > 0:
+                    need[group.tag] -= len(group.members)
+                    batch.extend(self._pop_ready(gid).members)
+            if all(n <= 0 for n in need.values()):
+                self._end_batch()
+            else:
+                self._notify_room()
+            return batch
+
+    def _end_batch(self) -> None:
+        """A batch is whole: the dynamic-sampling figures of its formation are its own."""
+        self.last_filter = (self._filtered_now, self._kept_now)
+        self._filtered_now, self._kept_now = 0, {}
+        self._notify_room()
 
     def mark_trained(self, batch: list[Trajectory]) -> None:
         """``batch`` (from get_batch) was trained."""

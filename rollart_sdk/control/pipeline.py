@@ -114,6 +114,8 @@ class Pipeline:
         self.records: list[StepRecord] = []
         self._collector = DriverCollector(YOUNG_THRESHOLD, active=False)  # run() sets it
         self._in_flight_hint = 0
+        self._stream = False  # sync: groups go to the trainer as they complete (_streams)
+        self._parts: _Parts | None = None  # ... those of the step being streamed
         self._untrained: dict[int, list[Trajectory]] = {}  # step -> its batch, in training
         self._dropped_untrained: dict[int, list[Trajectory]] = {}  # ... when the run stopped
         # Resume (control/resume.py): the first step of this session, the wall time and
@@ -186,16 +188,24 @@ class Pipeline:
     # ------------------------------------------------------------------ protocol pieces
     async def _train(self, step: int, batch: list[Trajectory]) -> StepRecord:
         rec = self.records[step - self.first_step]
+        t0 = time.perf_counter()
+        sent = 0
+        if self._parts is not None and self._parts.step == step:
+            # Streamed (sync, train.stream_groups): the groups sent while the batch formed
+            # are in the trainer; their forward and backward finish first (a failed one
+            # fails the step here), then the rest ends the step.
+            sent = self._parts.sent
+            await self._trainer_call(self._parts.drain(), "accumulate")
         # Advantages are the trainer's (its options, over the batch on all its ranks).
-        samples: list[TrainSample] = [t.to_sample() for t in batch]
+        samples: list[TrainSample] = [t.to_sample() for t in batch[sent:]]
         # TrainerWorker.train_step is @register("dp_split"): shard by that one rule; on
         # Ray each shard goes into the object store once and its rank gets a reference.
         shards = shard_batch(samples, self.trainers)
-        t0 = time.perf_counter()
         results = await self._trainer_call(asyncio.gather(
             *(w.trainer.train_step(shard)
               for w, shard in zip(self.trainers, shards, strict=True))
         ), "train_step")
+        self._parts = None
         rec.train_s = time.perf_counter() - t0
         self._count_trained(step, batch)
         self._span("train", self.trainers[0].name, t0, step)
@@ -439,6 +449,7 @@ class Pipeline:
         self.watchdog.restart()
         self._last_save = time.monotonic()
         await self._evaluate(self.first_step, steps, "start")
+        self._stream = await self._streams()
         self.scheduler.start(quota=self.launch_per_step if mode != "async" else None)
         pending: asyncio.Task[StepRecord] | None = None
         completed = False
@@ -488,8 +499,7 @@ class Pipeline:
             await self._evaluate(steps, steps, "beside")
             completed = True
         finally:
-            if pending is not None and not pending.done():
-                pending.cancel()
+            self._cancel_training(pending)
             self.ended = time.time()  # the rollout stopped (before the run-end cleanup)
             # A batch handed out whose train step did not return was not trained.
             # (report_trained redeems one the trainer did finish, its answer lost.)
@@ -504,6 +514,58 @@ class Pipeline:
             await self.weights.close()
             await self.recovery.close(wait_s=RECOVERY_WAIT_S if completed else 0.0)
         return self.records
+
+    async def _streams(self) -> bool:
+        """Whether sync steps send each group to the trainer as it completes
+        (``train.stream_groups`` auto: sync mode, one trainer rank that can add a step up
+        from parts). Said in the protocol log."""
+        want = self.cfg.train.stream_groups
+        if self.cfg.rollout.mode != "sync" or want is False or len(self.trainers) != 1:
+            return False
+        can = await self._trainer_call(self.trainers[0].trainer.can_accumulate(),
+                                       "can_accumulate")
+        if want is True and not can:
+            raise RunFailure(f"train.stream_groups is true but trainer "
+                             f"{self.trainers[0].name} cannot add a step up from parts "
+                             "(it needs one rank and updates_per_batch 1): set it to auto")
+        self.log.append(f"stream_groups:{'on' if can else 'off'}")
+        return can
+
+    async def _stream_batch(self, step: int) -> list[Trajectory]:
+        """Sync batch ``step`` group by group (``train.stream_groups``): each take of
+        ready groups that leaves the batch short goes to the trainer's ``accumulate``
+        at once (forward and backward while the rollout's slowest episodes finish; the
+        calls run one after another, in order); the take that makes it whole is kept for
+        ``train_step``, which ends the step. The groups are those ``get_batch`` would
+        take (each task's first ready groups), the gradient the whole batch's. The
+        wait's time is the step's ``get_batch_wait_s`` as before; the trainer's time in
+        the parts is its ``time/train_accumulate``."""
+        need = dict(self.quota)
+        floor = self.weights.batch_floor(step)
+        taken = self._untrained.setdefault(step, [])
+        self._parts = parts = _Parts(step, self.trainers[0], self._span)
+        while True:
+            get = asyncio.ensure_future(self.buffer.take_groups(need, floor))
+            try:
+                groups = await self._guarded(get)
+            finally:
+                # A stop landing after the take: its groups are the step's (_keep_taken).
+                if get.done() and not get.cancelled() and get.exception() is None:
+                    taken.extend(get.result())
+                else:
+                    get.cancel()
+            if all(n <= 0 for n in need.values()):
+                return taken
+            parts.send(groups)
+
+    def _cancel_training(self, pending: asyncio.Task[StepRecord] | None) -> None:
+        """The run stops: a train step still running, and groups sent for a step that
+        will not train, are cancelled."""
+        if pending is not None and not pending.done():
+            pending.cancel()
+        if self._parts is not None:
+            self._parts.cancel()
+            self._parts = None
 
     async def _next_batch(self, step: int, batch_size: int, pending: asyncio.Task[StepRecord] | None
                           ) -> tuple[list[Trajectory], StepRecord | None]:
@@ -522,6 +584,8 @@ class Pipeline:
         started from then on newer weights and evicts nothing more (a floor following the
         engines evicted the long episodes that alpha 2 is there to keep). The update's
         figures (``early``) go into the step's record."""
+        if self._stream:
+            return await self._stream_batch(step), None
         early: StepRecord | None = None
         if self.cfg.rollout.mode == "async" and pending is not None:
             get = asyncio.ensure_future(self._get_batch(step, batch_size))
@@ -753,3 +817,51 @@ def launches_per_step(config: RunConfig) -> dict[str, int]:
         tag: math.ceil(n * (1 + r.redundancy) / r.group_size) * r.group_size
         for tag, n in task_quota(config).items()
     }
+
+
+class _Parts:
+    """The groups of one sync step sent to the trainer as they complete
+    (``train.stream_groups``): one ``accumulate`` call at a time, in order; groups that
+    complete while a call runs go together in the next one (fewer, larger forward
+    passes)."""
+
+    def __init__(self, step: int, trainer: WorkerHandle,
+                 span: Callable[[str, str, float, int], None]) -> None:
+        self.step = step
+        self.sent = 0  # trajectories sent (a prefix of the step's batch)
+        self._trainer = trainer
+        self._span = span
+        self._queue: list[Trajectory] = []
+        self._worker: asyncio.Task[None] | None = None
+
+    def send(self, groups: list[Trajectory]) -> None:
+        self.sent += len(groups)
+        self._queue.extend(groups)
+        if self._worker is None or self._worker.done():
+            self._worker = asyncio.ensure_future(self._accumulate(self._worker))
+
+    async def _accumulate(self, before: asyncio.Task[None] | None) -> None:
+        if before is not None:
+            await before  # done; a failed part fails every later one
+        while self._queue:
+            groups, self._queue = self._queue, []
+            samples = [t.to_sample() for t in groups]
+            t0 = time.perf_counter()
+            await self._trainer.trainer.accumulate(shard_batch(samples, [self._trainer])[0])
+            self._span("accumulate", self._trainer.name, t0, self.step)
+
+    async def drain(self) -> None:
+        """Every part sent has run (raises a part's error)."""
+        if self._worker is not None:
+            await self._worker
+
+    def cancel(self) -> None:
+        """The step will not train (the run stopped or failed): stop the parts."""
+        last = self._worker
+        if last is None:
+            return
+        if last.done():
+            if not last.cancelled():
+                last.exception()  # retrieved: the run's own error is the one said
+        else:
+            last.cancel()

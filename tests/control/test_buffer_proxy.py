@@ -62,6 +62,49 @@ def test_quota_waits_for_each_tasks_share():
     asyncio.run(main())
 
 
+def test_take_groups_takes_what_get_batch_takes_as_the_groups_come():
+    """A batch taken group by group (train.stream_groups) is the batch get_batch takes
+    once every share is ready: each task's first ready groups, in that order; a group
+    no task needs any more stays; stale groups are evicted first; the batch's
+    dynamic-sampling figures are set when it is whole."""
+    order = [("A", "ga0"), ("B", "gb0"), ("A", "ga1"), ("A", "ga2"), ("B", "gb1"),
+             ("B", "gb2")]
+
+    async def fill(buf, start, end):
+        for tag, g in order[start:end]:
+            for k in range(2):
+                await buf.put(traj(f"{g}-{k}", g, tag=tag, version=1))
+
+    async def main():
+        whole = SampleBuffer(group_size=2)
+        await whole.put(traj("old-0", "gold", tag="A", version=0))
+        await whole.put(traj("old-1", "gold", tag="A", version=0))
+        await fill(whole, 0, len(order))
+        want = [t.trajectory_id for t in await whole.get_batch(8, 1, quota={"A": 4, "B": 4})]
+
+        buf = SampleBuffer(group_size=2)
+        await buf.put(traj("old-0", "gold", tag="A", version=0))
+        await buf.put(traj("old-1", "gold", tag="A", version=0))
+        need = {"A": 4, "B": 4}
+        takes = []
+        await fill(buf, 0, 1)
+        takes.append(await buf.take_groups(need, 1))  # ga0 (gold evicted: stale)
+        assert need == {"A": 2, "B": 4} and buf.dropped["stale"] == 2
+        assert buf.last_filter == (0, {})
+        waiter = asyncio.create_task(buf.take_groups(need, 1))
+        await asyncio.sleep(0.05)
+        assert not waiter.done()  # nothing ready
+        await fill(buf, 1, len(order))  # the rest, gb0 first
+        takes.append(await asyncio.wait_for(waiter, 5))
+        assert need == {"A": 0, "B": 0}
+        got = [t.trajectory_id for take in takes for t in take]
+        assert got == want == ["ga0-0", "ga0-1", "gb0-0", "gb0-1", "ga1-0", "ga1-1",
+                               "gb1-0", "gb1-1"]
+        assert buf.ready_by_tag() == {"A": 2, "B": 2}  # ga2 and gb2: not needed
+
+    asyncio.run(main())
+
+
 def test_discard_all_counts_late_members():
     async def main():
         buf = SampleBuffer(group_size=2)

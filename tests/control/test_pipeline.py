@@ -531,3 +531,45 @@ def test_the_run_sets_the_collectors_young_threshold_from_the_trajectories_in_fl
         assert n == max(rec.in_flight, 300)
         assert threshold == YOUNG_PER_TRAJECTORY * n
     assert gc.get_threshold() == before
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_sync_sends_each_group_to_the_trainer_as_it_completes(tmp_path, test_envs, stream):
+    """train.stream_groups: in sync mode the groups that complete while the batch is short
+    go to the trainer's accumulate (forward and backward), the one that makes it whole to
+    train_step, which steps once for all of them. Episodes of 2, 4 or 6 slow turns by
+    seed: the three groups of a batch complete at different times. Every trajectory is
+    trained once; false sends the whole batch in one call."""
+    data = single_task(env={"name": "slowvar"}, max_turns=6)
+    data["rollout"] = {"batch_size": 12, "group_size": 4, "mode": "sync", "alpha": 1}
+    job, records = run(tmp_path, [f"train.stream_groups={str(stream).lower()}"], steps=3,
+                       registry=test_envs, data=data)
+    p = job.pipeline
+    assert ("stream_groups:on" in p.log) == stream
+    parts = [r.train_metrics["parts"] for r in records]
+    assert len(records) == 3 and all(len(r.batch) == 12 for r in records)
+    if stream:
+        assert max(parts) >= 2, parts  # three groups never all end together three times
+        assert all(r.train_metrics.get("time/train_accumulate", 0) > 0
+                   for r in records if r.train_metrics["parts"] > 1)
+    else:
+        assert parts == [1.0, 1.0, 1.0]
+    assert [r.train_metrics["sequences"] for r in records] == [12.0] * 3
+    assert p.trainer_version == 3
+    for rec, _traj, turn in trained_tokens_versions(records):
+        assert set(turn.versions) == {rec.version}  # on-policy, as without streaming
+    assert p.scheduler.launched == p.buffer.trained + sum(p.buffer.dropped.values())
+    assert p.buffer.trained == 36
+
+
+def test_stream_groups_true_where_it_cannot_be_is_an_error_that_says_why(tmp_path):
+    import copy
+
+    from rollart_sdk.control.watchdog import RunFailure
+    from rollart_sdk.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="train.stream_groups true needs rollout.mode sync"):
+        load_config(data=copy.deepcopy(TWO_TASKS), overrides=["train.stream_groups=true"])
+    with pytest.raises(RunFailure, match="updates_per_batch 1\\): set it to auto"):
+        run(tmp_path, ["rollout.mode=sync", "train.stream_groups=true",
+                       "trainer.options.updates_per_batch=2"], steps=1)

@@ -128,44 +128,52 @@ def test_a_stop_that_lands_with_the_train_steps_answer_counts_the_batch_once(tmp
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("mode", ["sync", "async"])
+@pytest.mark.parametrize("mode", ["sync", "sync-streamed", "async"])
 def test_a_stop_that_lands_as_a_batch_is_taken_counts_the_batch(tmp_path, mode):
     """The run is cancelled (as SIGTERM cancels it) after the buffer handed out step 1's
-    batch but before the run's task woke to read it. The batch is the step's: counted
-    dropped (run_end), never lost. A fresh-clone CI run once ended with launched 24 =
-    trained 8 + dropped 8: one batch of 8 taken out of the buffer and then forgotten."""
+    batch (streamed: its groups, one take at a time) but before the run's task woke to
+    read it. The batch is the step's: counted dropped (run_end), never lost. A
+    fresh-clone CI run once ended with launched 24 = trained 8 + dropped 8: one batch of 8
+    taken out of the buffer and then forgotten."""
     data = one_task()
-    data["rollout"] = {**data["rollout"], "mode": mode}
+    data["rollout"] = {**data["rollout"], "mode": mode.removesuffix("-streamed")}
+    data["train"] = {**data.get("train", {}), "stream_groups": mode == "sync-streamed"}
+    if mode == "async":
+        del data["train"]["stream_groups"]
     cfg, lines = load_config(data=copy.deepcopy(data), overrides=[f"output_dir={tmp_path}"])
     job = build_job(cfg, lines, in_process=True, log=lambda *a: None)
     p = job.pipeline
-    real_get = p.buffer.get_batch
+    name = "take_groups" if mode == "sync-streamed" else "get_batch"
+    real_get = getattr(p.buffer, name)
     taken: list[int] = []
+    per_step = cfg.rollout.batch_size
 
     async def main():
         loop = asyncio.get_running_loop()
         run_task = asyncio.current_task()
         assert run_task is not None
 
-        async def get_batch(*args, **kwargs):
+        async def get(*args, **kwargs):
             batch = await real_get(*args, **kwargs)
             taken.append(len(batch))
-            if len(taken) == 2:
+            if sum(taken) > per_step:  # a take of the second batch
                 # Runs before the get task's own completion wakes the run's task.
                 loop.call_soon(run_task.cancel)
             return batch
 
-        p.buffer.get_batch = get_batch  # type: ignore[method-assign]
+        setattr(p.buffer, name, get)
         await p.run(50)
 
     try:
         with pytest.raises(asyncio.CancelledError):
             asyncio.run(main())
-        assert len(taken) == 2
+        assert sum(taken) > per_step
+        assert ("stream_groups:on" in p.log) == (mode == "sync-streamed"), p.log[:3]
         version = await_answer(job.trainers[0].trainer.version(), 60)
         p.report_trained(version)  # as run_job's final checkpoint accounts the steps
         dropped = dict(p.buffer.dropped)
-        assert dropped.get("run_end", 0) >= taken[1], dropped  # the 2nd batch, untrained
+        # what the 2nd batch had taken when the stop landed, untrained
+        assert dropped.get("run_end", 0) >= sum(taken) - per_step, dropped
         assert p.scheduler.launched == p.buffer.trained + sum(dropped.values()), (
             p.scheduler.launched, p.buffer.trained, dropped)
     finally:

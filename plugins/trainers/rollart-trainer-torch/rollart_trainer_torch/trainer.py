@@ -28,6 +28,7 @@ import math
 import random
 import shutil
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +62,9 @@ from rollart_trainer_torch.options import TorchTrainerOptions
 from rollart_trainer_torch.prefix_tree import PrefixTree, tree_micro_batches
 
 HEAD_ONLY_MODELS = ("llama", "qwen2", "qwen3", "mistral")
+# Samples of a constrained task with nothing to train that the allowed mass is measured on
+# (a step's metric: a group's worth of positions is enough to see where the mass is).
+MASS_SAMPLES = 8
 # Files of a checkpoint folder that save_pretrained copies along (tokenizer, templates).
 _SIDE_FILES = (
     "tokenizer.json",
@@ -74,6 +78,25 @@ _SIDE_FILES = (
     "chat_template.jinja",
     "chat_template.json",
 )
+
+
+@dataclass
+class _StepParts:
+    """A train step in progress: what its parts (:meth:`TorchTrainer.accumulate`, then
+    ``train_step``'s own) have added up."""
+
+    tokens: float = 0.0  # loss tokens of the parts so far (all ranks)
+    seqs: float = 0.0  # sequences with a loss token
+    parts: int = 0
+    ran: bool = False  # a backward pass has run (gradients are held)
+    forward_tokens: int = 0
+    batch: list[TrainSample] = field(default_factory=list)
+    run: list[TrainSample] = field(default_factory=list)  # the samples run (advantage != 0)
+    kept: list[tuple[dict[str, Any], Any, Any, float]] = field(default_factory=list)
+    stats: LossStats = field(default_factory=LossStats)
+
+    def normalizer(self, loss_agg: str) -> float:
+        return max(self.tokens if loss_agg == "token-mean" else self.seqs, 1.0)
 
 
 class TorchTrainer:
@@ -140,6 +163,7 @@ class TorchTrainer:
         self._head_only = getattr(self.model.config, "model_type", "") in HEAD_ONLY_MODELS
         self._version = 0
         self._step = 0
+        self._part: _StepParts | None = None  # the step whose parts are being added up
 
     # ------------------------------------------------------------------ protocol
 
@@ -149,27 +173,69 @@ class TorchTrainer:
         per ``train_step``, however many AdamW steps ``updates_per_batch`` takes in it."""
         return self._version
 
+    @property
+    def can_accumulate(self) -> bool:
+        """Whether :meth:`accumulate` may be called: one rank, one AdamW step per batch
+        (a later pass of ``updates_per_batch`` re-runs every micro-batch of the batch)."""
+        return self.world_size == 1 and self.options.updates_per_batch == 1
+
+    def accumulate(self, batch: list[TrainSample]) -> None:
+        """Forward and backward of a part of the next step's batch, whole groups (GRPO
+        advantages are per group): its gradient is added, the optimiser does not step.
+        The next :meth:`train_step` ends the step with its own part: ``accumulate(a);
+        train_step(b)`` is ``train_step(a + b)`` (the same gradient, up to rounding, and
+        the same metrics). The pipeline sends each group as it completes, so that the
+        forward and backward passes run while the rollout's slowest episodes finish
+        (``train.stream_groups``)."""
+        if not self.can_accumulate:
+            raise ValueError(
+                "accumulate needs one trainer rank and trainer.options.updates_per_batch 1 "
+                f"(world_size {self.world_size}, updates_per_batch "
+                f"{self.options.updates_per_batch}): send the whole batch to train_step")
+        self._add_part(batch)
+
     def train_step(self, batch: list[TrainSample]) -> dict[str, float]:
         """``updates_per_batch`` AdamW steps on ``batch`` (this rank's shard; one by
-        default); returns whole-batch metrics (the first pass's, plus ``updates`` and
-        ``clip_frac_last``)."""
-        o = self.options
-        if not batch and self.world_size == 1:
+        default), with the parts :meth:`accumulate` added before it; returns whole-batch
+        metrics (the first pass's, plus ``updates`` and ``clip_frac_last``)."""
+        if not batch and self.world_size == 1 and self._part is None:
             raise ValueError("train_step got an empty batch")
+        part = self._add_part(batch)
+        self._part = None
+        return self._finish(part)
+
+    def _add_part(self, batch: list[TrainSample]) -> _StepParts:
+        """Forward and backward of ``batch``, added to the step in progress.
+
+        Every micro-batch loss is divided by the loss tokens (or sequences) of all parts
+        so far on all ranks; the gradient held from earlier parts is first rescaled from
+        their count to the new one. So the held gradient is always the mean over the
+        parts so far, and after the last it is the whole batch's: with one part (a plain
+        ``train_step``) no rescale happens and the arithmetic is the one-call step's."""
+        o = self.options
         for i, s in enumerate(batch):
             check_train_sample(i, s)
         self._fill_advantages(batch)
-
-        # Whole-batch denominators (all ranks), so micro-batch losses add up exactly.
+        part = self._part
+        if part is None:
+            part = self._part = _StepParts()
+            self._mismatch = MismatchMeter()  # engine vs trainer log-probs, fresh tokens
+            self._mass = AllowedMassMeter()  # constrained tasks: mass on the allowed ids
+            self.optimizer.zero_grad(set_to_none=True)
+        before = part.normalizer(o.loss_agg)
         n_tokens = sum(sum(s.loss_mask[1:]) for s in batch)
         n_seqs = sum(1 for s in batch if any(s.loss_mask[1:]))
         counts = self._all_reduce(torch.tensor([n_tokens, n_seqs], dtype=torch.float64))
-        normalizer = float(counts[0] if o.loss_agg == "token-mean" else counts[1])
-        normalizer = max(normalizer, 1.0)
-
-        stats = LossStats()  # metric sums over tokens and maxima, reduced over ranks at the end
-        self._mismatch = MismatchMeter()  # engine vs trainer log-probs, fresh tokens
-        self._mass = AllowedMassMeter()  # constrained tasks: mass on the allowed ids
+        part.tokens += float(counts[0])
+        part.seqs += float(counts[1])
+        normalizer = part.normalizer(o.loss_agg)
+        if part.ran and normalizer != before:
+            held = [p.grad for p in self.params if p.grad is not None]
+            if held:
+                torch._foreach_mul_(held, before / normalizer)
+            part.stats.rescale_losses(before / normalizer)
+        part.batch.extend(batch)
+        part.parts += 1
         # A sample whose advantage is 0 (a group that all failed or all succeeded) adds
         # exactly nothing to the policy loss or its gradient: unless a KL term needs it,
         # it is not run through the model. The normaliser above counts its tokens, so the
@@ -178,25 +244,32 @@ class TorchTrainer:
         run = batch
         if o.skip_zero_advantage and self.ref_model is None:
             run = [s for s in batch if s.advantage]
+        part.run.extend(run)
         micro_batches, shared = self._micro_batches(run) if run else ([], False)
+        for mb in micro_batches:
+            t, tree = self._pad(mb), (PrefixTree.build(mb) if shared else None)
+            part.forward_tokens += tree.computed if tree is not None else t["ids"].numel()
+            anchor = self._micro_step(t, tree, None, normalizer, part.stats, False)
+            part.ran = True
+            if o.updates_per_batch > 1:
+                # Built on the first pass and kept for the later ones: the padded
+                # samples, the prefix tree and the first pass's anchors and weights.
+                part.kept.append((t, tree, anchor, normalizer))
+        return part
+
+    def _finish(self, part: _StepParts) -> dict[str, float]:
+        """The step's AdamW update(s) on the gradient of every part, and its metrics."""
+        o = self.options
+        stats = part.stats
+        batch, run = part.batch, part.run
+        # At the weights before the step, as in each part (they have not moved).
         self._measure_mass(batch, run)
-        forward_tokens = 0
-        # Per micro-batch, built on the first pass and kept for the later ones: the padded
-        # samples, the prefix tree and the first pass's anchors and weights.
-        kept: list[tuple[dict[str, Any], Any, Any]] = []
         grad_norms: list[float] = []
         skipped = False
         for update in range(o.updates_per_batch):
-            self.optimizer.zero_grad(set_to_none=True)
-            for i, mb in enumerate(micro_batches):
-                if update == 0:
-                    t, tree = self._pad(mb), (PrefixTree.build(mb) if shared else None)
-                    forward_tokens += tree.computed if tree is not None else t["ids"].numel()
-                    anchor = self._micro_step(t, tree, None, normalizer, stats, False)
-                    if o.updates_per_batch > 1:
-                        kept.append((t, tree, anchor))
-                else:
-                    t, tree, anchor = kept[i]
+            if update > 0:
+                self.optimizer.zero_grad(set_to_none=True)
+                for t, tree, anchor, normalizer in part.kept:
                     self._micro_step(t, tree, anchor, normalizer, stats,
                                      update == o.updates_per_batch - 1)
             loss_scale = self.optimizer.loss_scale  # the one this pass's backward used
@@ -231,11 +304,11 @@ class TorchTrainer:
             "grad_norm": grad_norm,
             **self._mismatch_metrics(),  # per engine worker too
             **self._allowed_mass_metrics(),
-            "tokens": float(counts[0]),  # loss tokens of the whole batch (all ranks)
-            "sequences": float(counts[1]),
+            "tokens": part.tokens,  # loss tokens of the whole batch (all ranks)
+            "sequences": part.seqs,
             "forward_sequences": float(forward_samples[0]),  # those run (advantage != 0)
             # tokens run through the model (shared prefixes once) / in the batch
-            "forward_tokens": float(forward_tokens),
+            "forward_tokens": float(part.forward_tokens),
             "batch_tokens": float(sum(len(s.input_ids) for s in batch)),
             # reward/advantage means are of this rank's shard (the pipeline logs the batch's)
             "reward_mean": sum(rewards) / max(len(rewards), 1),
@@ -251,6 +324,8 @@ class TorchTrainer:
             # the last pass's clip fraction (updates_per_batch > 1): how far the passes moved
             "clip_frac_last": (stats.sums["last_clip"] / ntok if len(grad_norms) > 1
                                else float("nan")),
+            # parts the step's gradient was added up from (accumulate calls + this one)
+            "parts": float(part.parts),
         }
 
     def _micro_step(self, t: dict[str, Any], tree: Any, anchor: Any, normalizer: float,
@@ -383,15 +458,22 @@ class TorchTrainer:
     def _measure_mass(self, batch: list[TrainSample], run: list[TrainSample]) -> None:
         """Constrained tasks none of whose samples is run this step (advantage 0: a task
         that fails every time, the case where the measure matters most): the allowed mass
-        on a micro-batch of their samples, forward only, at the weights before the step."""
+        on the first ``MASS_SAMPLES`` of their samples, forward only, at the weights
+        before the step."""
         measured = {s.tag for s in run if s.allowed_token_ids is not None}
         samples = [s for s in batch if s.allowed_token_ids is not None and s.tag not in measured]
-        samples = samples[: self.options.micro_batch_size]
+        samples = samples[: min(self.options.micro_batch_size, MASS_SAMPLES)]
         if not samples:
             return
+        # At most MASS_SAMPLES samples, as a training micro-batch runs (shared prefixes
+        # once where the model allows): a padded forward of 64 FrozenLake episodes took
+        # 0.4 s a step, more than the training steps after it, on every step before the
+        # first success (when nothing else runs through the model).
+        micro_batches, shared = self._micro_batches(samples)
+        mb = micro_batches[0]
         with torch.no_grad():
-            t = self._pad(samples)
-            self._logprobs(self.model, t, t["mask"][:, 1:].bool(), False, None, mass=True)
+            t, tree = self._pad(mb), (PrefixTree.build(mb) if shared else None)
+            self._logprobs(self.model, t, t["mask"][:, 1:].bool(), False, tree, mass=True)
 
     def _allowed_mass_metrics(self) -> dict[str, float]:
         """Constrained tasks: the step's mass on the allowed ids over every rank's

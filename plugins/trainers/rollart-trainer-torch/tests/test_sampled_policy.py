@@ -96,3 +96,27 @@ def test_trainer_reports_the_mass_on_the_allowed_ids(tmp_path: Path) -> None:
     assert m["allowed_mass_uniform/Game"] == len(ALLOWED) / vocab
     # no constrained sample: no allowed-mass metric at all
     assert not any(k.startswith("allowed_mass") for k in trainer.train_step(free))
+
+
+def test_a_task_with_nothing_to_train_is_measured_on_a_few_samples(tmp_path: Path) -> None:
+    """Every group uniform (advantage 0, nothing runs through the model): the allowed
+    mass is measured forward only on the first MASS_SAMPLES samples, before the step."""
+    from rollart_trainer_torch.trainer import MASS_SAMPLES
+
+    path = make_tiny_checkpoint(tmp_path / "model")
+    batch = [dataclasses.replace(s, tag="Game", reward=1.0) for s in _rollouts(path, 12)]
+    trainer = TorchTrainer(model=ModelConfig(path=str(path)), lr=1e-3, micro_batch_size=64,
+                           seed=0, num_threads=1)
+    want = []
+    with torch.no_grad():
+        for s in batch[:MASS_SAMPLES]:
+            logits = trainer.model(input_ids=torch.tensor([s.input_ids])).logits[0]
+            for pos, m in enumerate(s.loss_mask):
+                if m:
+                    p = torch.softmax(logits[pos - 1].double() / 0.7, -1)
+                    want.append(float(p[ALLOWED].sum()))
+    m = trainer.train_step(batch)
+    assert m["forward_sequences"] == 0.0 and MASS_SAMPLES < len(batch)
+    assert len(want) == 2 * MASS_SAMPLES
+    assert abs(m["allowed_mass_mean"] - sum(want) / len(want)) < 1e-5, (m, want)
+    assert abs(m["allowed_mass_min"] - min(want)) < 1e-5
