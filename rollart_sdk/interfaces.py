@@ -175,6 +175,13 @@ class Trainer(Protocol):
     published); a trainer whose export is collective (ranks hold different shards, e.g.
     tensor parallel) sets the class attribute ``export_needs_all_ranks = True`` and the
     other ranks drain its iterator too.
+
+    Optional (``train.stream_groups``): a trainer that can add a step up from parts has
+    a ``can_accumulate`` property that is True and an ``accumulate(batch)`` method: a
+    forward and backward pass on whole groups of the next step's batch, with no optimiser
+    step. The next ``train_step(rest)`` then ends the step on all of them, as
+    ``train_step(parts + rest)`` would (the torch trainer's). Without them the sync
+    pipeline sends the whole batch to ``train_step``.
     """
 
     @property

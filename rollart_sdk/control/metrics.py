@@ -54,6 +54,8 @@ def step_metrics(rec: StepRecord, prev: StepRecord | None, buffer: SampleBuffer,
         "buffer/max_ready": buffer.max_ready_trajectories,
         "time/get_batch_wait": round(rec.get_batch_wait_s, 4),
         "time/train": round(rec.train_s, 4),
+        **({"time/batch_spread": round(rec.batch_spread_s, 4)}
+           if rec.batch_spread_s is not None else {}),
         "time/weight_sync": round(rec.weight_sync_exposed_s, 4),
         "time/weight_transfer": round(rec.weight_transfer_s, 4),
         "weight_sync/exposed_s": round(rec.weight_sync_exposed_s, 4),

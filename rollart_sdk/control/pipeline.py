@@ -114,7 +114,9 @@ class Pipeline:
         self.records: list[StepRecord] = []
         self._collector = DriverCollector(YOUNG_THRESHOLD, active=False)  # run() sets it
         self._in_flight_hint = 0
-        self._stream = False  # sync: groups go to the trainer as they complete (_streams)
+        self._stream = False  # sync: batches taken group by group (_streams)
+        self._send_parts = False  # ... and this step's groups sent as they come (stream_pays)
+        self._spread = 0.0  # the last streamed batch's first take to its last, seconds
         self._parts: _Parts | None = None  # ... those of the step being streamed
         self._untrained: dict[int, list[Trajectory]] = {}  # step -> its batch, in training
         self._dropped_untrained: dict[int, list[Trajectory]] = {}  # ... when the run stopped
@@ -207,6 +209,14 @@ class Pipeline:
         ), "train_step")
         self._parts = None
         rec.train_s = time.perf_counter() - t0
+        if self._stream:
+            # The next step sends its groups early if this step's tail was long enough to
+            # hide their training in (stream_pays).
+            rec.batch_spread_s = self._spread
+            m = results[0]
+            cost = float(m.get("time/train_compute", 0.0)) + float(
+                m.get("time/train_accumulate", 0.0))
+            self._send_parts = stream_pays(self._spread, cost)
         self._count_trained(step, batch)
         self._span("train", self.trainers[0].name, t0, step)
         rec.train_metrics = dict(results[0])
@@ -532,18 +542,20 @@ class Pipeline:
         return can
 
     async def _stream_batch(self, step: int) -> list[Trajectory]:
-        """Sync batch ``step`` group by group (``train.stream_groups``): each take of
-        ready groups that leaves the batch short goes to the trainer's ``accumulate``
-        at once (forward and backward while the rollout's slowest episodes finish; the
-        calls run one after another, in order); the take that makes it whole is kept for
-        ``train_step``, which ends the step. The groups are those ``get_batch`` would
-        take (each task's first ready groups), the gradient the whole batch's. The
-        wait's time is the step's ``get_batch_wait_s`` as before; the trainer's time in
+        """Sync batch ``step`` group by group (``train.stream_groups``). When the last
+        step said it pays (``stream_pays``), each take of ready groups that leaves the
+        batch short goes to the trainer's ``accumulate`` at once (forward and backward
+        while the rollout's slowest episodes finish; one call at a time, in order); the
+        take that makes it whole is kept for ``train_step``, which ends the step. The
+        groups are those ``get_batch`` would take (each task's first ready groups), the
+        gradient the whole batch's. The wait's time is the step's ``get_batch_wait_s`` as
+        before, the first take to the last its ``batch_spread_s``; the trainer's time in
         the parts is its ``time/train_accumulate``."""
         need = dict(self.quota)
         floor = self.weights.batch_floor(step)
         taken = self._untrained.setdefault(step, [])
         self._parts = parts = _Parts(step, self.trainers[0], self._span)
+        first: float | None = None
         while True:
             get = asyncio.ensure_future(self.buffer.take_groups(need, floor))
             try:
@@ -554,9 +566,13 @@ class Pipeline:
                     taken.extend(get.result())
                 else:
                     get.cancel()
+            now = time.perf_counter()
+            first = now if first is None else first
             if all(n <= 0 for n in need.values()):
+                self._spread = now - first
                 return taken
-            parts.send(groups)
+            if self._send_parts:
+                parts.send(groups)
 
     def _cancel_training(self, pending: asyncio.Task[StepRecord] | None) -> None:
         """The run stops: a train step still running, and groups sent for a step that
@@ -759,6 +775,21 @@ class Pipeline:
         old = len(self.records) - 1 - KEEP_BATCHES
         if old >= 0:
             self.records[old].batch = []
+
+
+# A sync step sends its groups to the trainer as they complete when the step before had
+# a tail (first group complete -> batch whole) at least this many times its training
+# time. Sending them costs: per-group passes are less efficient than one, and they take
+# CPU from the episodes still running. On the small FrozenLake workload (2 cores) a step
+# without env latency (tail ~0.3x the training) lost 11-15% with every step streamed; with
+# a long-tailed latency (tail ~15x) the exposed training halved (docs/benchmarks.md).
+STREAM_SPREAD_FACTOR = 2.0
+
+
+def stream_pays(spread_s: float, train_s: float) -> bool:
+    """Whether the next sync step sends its groups early: the last step's tail was long
+    enough to hide their training in (``STREAM_SPREAD_FACTOR``)."""
+    return spread_s >= STREAM_SPREAD_FACTOR * train_s
 
 
 def run_watchdog(config: RunConfig) -> Watchdog:

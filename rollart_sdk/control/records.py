@@ -31,6 +31,9 @@ class StepRecord:
     tokens_trained: int = 0
     finished_turns: dict[str, tuple[int, int]] = field(default_factory=dict)
     train_s: float = 0.0
+    # Sync with train.stream_groups: seconds from the batch's first group completing to the
+    # batch being whole (the rollout's tail), and the parts sent before train_step.
+    batch_spread_s: float | None = None
     weight_sync_exposed_s: float = 0.0  # the whole window rollout waited (weight_updates.py)
     weight_transfer_s: float = 0.0  # the background receive (slowest engine)
     weight_recompute_s: float = 0.0  # engines' KV recompute after the swap (slowest engine)

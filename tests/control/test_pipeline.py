@@ -538,8 +538,10 @@ def test_sync_sends_each_group_to_the_trainer_as_it_completes(tmp_path, test_env
     """train.stream_groups: in sync mode the groups that complete while the batch is short
     go to the trainer's accumulate (forward and backward), the one that makes it whole to
     train_step, which steps once for all of them. Episodes of 2, 4 or 6 slow turns by
-    seed: the three groups of a batch complete at different times. Every trajectory is
-    trained once; false sends the whole batch in one call."""
+    seed: the three groups of a batch complete at different times, a tail far longer
+    than the tiny model's training, so every step after the first (which has no figures
+    to decide by: stream_pays) sends its groups early. Every trajectory is trained once;
+    false sends the whole batch in one call."""
     data = single_task(env={"name": "slowvar"}, max_turns=6)
     data["rollout"] = {"batch_size": 12, "group_size": 4, "mode": "sync", "alpha": 1}
     job, records = run(tmp_path, [f"train.stream_groups={str(stream).lower()}"], steps=3,
@@ -549,17 +551,28 @@ def test_sync_sends_each_group_to_the_trainer_as_it_completes(tmp_path, test_env
     parts = [r.train_metrics["parts"] for r in records]
     assert len(records) == 3 and all(len(r.batch) == 12 for r in records)
     if stream:
-        assert max(parts) >= 2, parts  # three groups never all end together three times
+        assert parts[0] == 1.0 and max(parts[1:]) >= 2, parts  # groups end at 0.3-0.9 s
         assert all(r.train_metrics.get("time/train_accumulate", 0) > 0
                    for r in records if r.train_metrics["parts"] > 1)
+        assert all(r.batch_spread_s is not None and r.batch_spread_s > 0.1 for r in records)
     else:
         assert parts == [1.0, 1.0, 1.0]
+        assert all(r.batch_spread_s is None for r in records)
     assert [r.train_metrics["sequences"] for r in records] == [12.0] * 3
     assert p.trainer_version == 3
     for rec, _traj, turn in trained_tokens_versions(records):
         assert set(turn.versions) == {rec.version}  # on-policy, as without streaming
     assert p.scheduler.launched == p.buffer.trained + sum(p.buffer.dropped.values())
     assert p.buffer.trained == 36
+
+
+def test_a_step_streams_when_the_last_tail_could_hide_its_training():
+    from rollart_sdk.control.pipeline import STREAM_SPREAD_FACTOR, stream_pays
+
+    assert STREAM_SPREAD_FACTOR == 2.0
+    assert stream_pays(0.83, 0.22)  # a long-tailed env latency: the tail 3.9x the training
+    assert not stream_pays(0.027, 0.10)  # no env latency: every group ends at once
+    assert stream_pays(0.2, 0.1) and not stream_pays(0.19, 0.1)  # the factor is the bound
 
 
 def test_stream_groups_true_where_it_cannot_be_is_an_error_that_says_why(tmp_path):
