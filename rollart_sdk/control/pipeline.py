@@ -780,9 +780,9 @@ class Pipeline:
 # A sync step sends its groups to the trainer as they complete when the step before had
 # a tail (first group complete -> batch whole) at least this many times its training
 # time. Sending them costs: per-group passes are less efficient than one, and they take
-# CPU from the episodes still running. On the small FrozenLake workload (2 cores) a step
+# CPU from the episodes still running. On the small FrozenLake workload (2 cores) runs
 # without env latency (tail ~0.3x the training) lost 11-15% with every step streamed; with
-# a long-tailed latency (tail ~15x) the exposed training halved (docs/benchmarks.md).
+# a long-tailed latency (tail ~4x) the exposed training halved (docs/benchmarks.md).
 STREAM_SPREAD_FACTOR = 2.0
 
 

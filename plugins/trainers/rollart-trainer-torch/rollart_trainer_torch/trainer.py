@@ -396,6 +396,7 @@ class TorchTrainer:
                                 self.model_path, adapter=self._lora is not None)
         self._version = int(state["version"])
         self._step = int(state["step"])
+        self._part = None  # parts of a step the run stopped in are not the loaded one's
 
     def save_pretrained(self, path: str) -> None:
         """A Hugging Face checkpoint folder (``AutoModelForCausalLM.from_pretrained``
