@@ -354,10 +354,10 @@ class TrainConfig(_Strict):
     call_timeout_s: float = Field(1800.0, gt=0)  # a train step or checkpoint call longer fails
     # Sync mode: each group goes to the trainer (forward and backward) as it completes,
     # while the rollout's slowest episodes finish; the optimiser steps when the batch is
-    # whole (the same gradient: control/pipeline.py). auto: when the trainer can add a
-    # step up from parts (one rank, updates_per_batch 1); false (off): the whole batch at
-    # once.
-    stream_groups: Literal["auto"] | bool = "auto"
+    # whole (the same gradient up to rounding: control/pipeline.py). true: every step;
+    # auto: a step whose last tail could hide the training (timing decides); false: the
+    # whole batch at once, bit-reproducible (a resumed run ends bit-identical).
+    stream_groups: Literal["auto"] | bool = False
     # samples.jsonl (control/samples.py, `rollart samples RUN`): per step and task, this
     # many trained trajectories (spread over the rewards) and up to as many dropped ones,
     # decoded as the model saw them; 0: none. The file stays under samples_max_mb.
@@ -461,11 +461,11 @@ class RunConfig(_Strict):
 
     @model_validator(mode="after")
     def _streams_in_sync_mode(self) -> RunConfig:
-        if self.train.stream_groups is True and self.rollout.mode != "sync":
+        if self.train.stream_groups is not False and self.rollout.mode != "sync":
             raise ValueError(
-                f"train.stream_groups true needs rollout.mode sync (it is "
-                f"{self.rollout.mode!r}: its batches overlap training already); set "
-                "train.stream_groups to auto")
+                f"train.stream_groups {str(self.train.stream_groups).lower()} needs "
+                f"rollout.mode sync (it is {self.rollout.mode!r}: its batches overlap "
+                "training already); set train.stream_groups to false")
         return self
 
     def pool(self, name: str) -> PoolConfig:

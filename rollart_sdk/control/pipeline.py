@@ -210,13 +210,14 @@ class Pipeline:
         self._parts = None
         rec.train_s = time.perf_counter() - t0
         if self._stream:
-            # The next step sends its groups early if this step's tail was long enough to
-            # hide their training in (stream_pays).
             rec.batch_spread_s = self._spread
-            m = results[0]
-            cost = float(m.get("time/train_compute", 0.0)) + float(
-                m.get("time/train_accumulate", 0.0))
-            self._send_parts = stream_pays(self._spread, cost)
+            if self.cfg.train.stream_groups == "auto":
+                # The next step sends its groups early if this step's tail was long
+                # enough to hide their training in (stream_pays).
+                m = results[0]
+                cost = float(m.get("time/train_compute", 0.0)) + float(
+                    m.get("time/train_accumulate", 0.0))
+                self._send_parts = stream_pays(self._spread, cost)
         self._count_trained(step, batch)
         self._span("train", self.trainers[0].name, t0, step)
         rec.train_metrics = dict(results[0])
@@ -526,25 +527,30 @@ class Pipeline:
         return self.records
 
     async def _streams(self) -> bool:
-        """Whether sync steps send each group to the trainer as it completes
-        (``train.stream_groups`` auto: sync mode, one trainer rank that can add a step up
+        """Whether sync batches are taken group by group, their groups sent to the
+        trainer as they complete (``train.stream_groups`` true: every step; auto: the
+        steps ``stream_pays`` picks; sync mode, one trainer rank that can add a step up
         from parts). Said in the protocol log."""
         want = self.cfg.train.stream_groups
-        if self.cfg.rollout.mode != "sync" or want is False or len(self.trainers) != 1:
+        if self.cfg.rollout.mode != "sync" or want is False:
             return False
-        can = await self._trainer_call(self.trainers[0].trainer.can_accumulate(),
-                                       "can_accumulate")
-        if want is True and not can:
-            raise RunFailure(f"train.stream_groups is true but trainer "
-                             f"{self.trainers[0].name} cannot add a step up from parts "
-                             "(it needs one rank and updates_per_batch 1): set it to auto")
-        self.log.append(f"stream_groups:{'on' if can else 'off'}")
-        return can
+        can = len(self.trainers) == 1 and await self._trainer_call(
+            self.trainers[0].trainer.can_accumulate(), "can_accumulate")
+        if not can:
+            raise RunFailure(
+                f"train.stream_groups is {str(want).lower()} but trainer "
+                f"{self.trainers[0].name} cannot add a step up from parts (it needs one "
+                f"rank, {len(self.trainers)} here, a trainer with accumulate, and "
+                "updates_per_batch 1): set train.stream_groups to false")
+        self._send_parts = want is True
+        self.log.append(f"stream_groups:{want}")
+        return True
 
     async def _stream_batch(self, step: int) -> list[Trajectory]:
-        """Sync batch ``step`` group by group (``train.stream_groups``). When the last
-        step said it pays (``stream_pays``), each take of ready groups that leaves the
-        batch short goes to the trainer's ``accumulate`` at once (forward and backward
+        """Sync batch ``step`` group by group (``train.stream_groups``). When this step
+        sends parts (true: every step; auto: when the last one said it pays,
+        ``stream_pays``), each take of ready groups that leaves the batch short goes to
+        the trainer's ``accumulate`` at once (forward and backward
         while the rollout's slowest episodes finish; one call at a time, in order); the
         take that makes it whole is kept for ``train_step``, which ends the step. The
         groups are those ``get_batch`` would take (each task's first ready groups), the
@@ -777,9 +783,9 @@ class Pipeline:
             self.records[old].batch = []
 
 
-# A sync step sends its groups to the trainer as they complete when the step before had
-# a tail (first group complete -> batch whole) at least this many times its training
-# time. Sending them costs: per-group passes are less efficient than one, and they take
+# train.stream_groups auto: a sync step sends its groups to the trainer as they complete
+# when the step before had a tail (first group complete -> batch whole) at least this
+# many times its training time. Sending them costs: per-group passes are less efficient than one, and they take
 # CPU from the episodes still running. On the small FrozenLake workload (2 cores) runs
 # without env latency (tail ~0.3x the training) lost 11-15% with every step streamed; with
 # a long-tailed latency (tail ~4x) the exposed training halved (docs/benchmarks.md).

@@ -533,31 +533,33 @@ def test_the_run_sets_the_collectors_young_threshold_from_the_trajectories_in_fl
     assert gc.get_threshold() == before
 
 
-@pytest.mark.parametrize("stream", [True, False])
+@pytest.mark.parametrize("stream", ["true", "auto", "false"])
 def test_sync_sends_each_group_to_the_trainer_as_it_completes(tmp_path, test_envs, stream):
     """train.stream_groups: in sync mode the groups that complete while the batch is short
     go to the trainer's accumulate (forward and backward), the one that makes it whole to
     train_step, which steps once for all of them. Episodes of 2, 4 or 6 slow turns by
     seed: the three groups of a batch complete at different times, a tail far longer
-    than the tiny model's training, so every step after the first (which has no figures
-    to decide by: stream_pays) sends its groups early. Every trajectory is trained once;
-    false sends the whole batch in one call."""
+    than the tiny model's training. true streams every step; auto every step after the
+    first (which has no figures to decide by: stream_pays); false (the default) sends the
+    whole batch in one call. Every trajectory is trained once."""
     data = single_task(env={"name": "slowvar"}, max_turns=6)
     data["rollout"] = {"batch_size": 12, "group_size": 4, "mode": "sync", "alpha": 1}
-    job, records = run(tmp_path, [f"train.stream_groups={str(stream).lower()}"], steps=3,
+    job, records = run(tmp_path, [f"train.stream_groups={stream}"], steps=3,
                        registry=test_envs, data=data)
     p = job.pipeline
-    assert ("stream_groups:on" in p.log) == stream
+    assert ("stream_groups:" + {"true": "True", "auto": "auto"}.get(stream, "")
+            in p.log) == (stream != "false")
     parts = [r.train_metrics["parts"] for r in records]
     assert len(records) == 3 and all(len(r.batch) == 12 for r in records)
-    if stream:
-        assert parts[0] == 1.0 and max(parts[1:]) >= 2, parts  # groups end at 0.3-0.9 s
+    if stream == "false":
+        assert parts == [1.0, 1.0, 1.0]
+        assert all(r.batch_spread_s is None for r in records)
+    else:
+        first = 1 if stream == "auto" else 0
+        assert parts[:first] == [1.0] * first and max(parts[first:]) >= 2, parts
         assert all(r.train_metrics.get("time/train_accumulate", 0) > 0
                    for r in records if r.train_metrics["parts"] > 1)
         assert all(r.batch_spread_s is not None and r.batch_spread_s > 0.1 for r in records)
-    else:
-        assert parts == [1.0, 1.0, 1.0]
-        assert all(r.batch_spread_s is None for r in records)
     assert [r.train_metrics["sequences"] for r in records] == [12.0] * 3
     assert p.trainer_version == 3
     for rec, _traj, turn in trained_tokens_versions(records):
@@ -581,8 +583,13 @@ def test_stream_groups_true_where_it_cannot_be_is_an_error_that_says_why(tmp_pat
     from rollart_sdk.control.watchdog import RunFailure
     from rollart_sdk.errors import ConfigError
 
-    with pytest.raises(ConfigError, match="train.stream_groups true needs rollout.mode sync"):
-        load_config(data=copy.deepcopy(TWO_TASKS), overrides=["train.stream_groups=true"])
-    with pytest.raises(RunFailure, match="updates_per_batch 1\\): set it to auto"):
-        run(tmp_path, ["rollout.mode=sync", "train.stream_groups=true",
+    for want in ("true", "auto"):
+        with pytest.raises(ConfigError, match=f"train.stream_groups {want} needs rollout.mode "
+                                              "sync .* set train.stream_groups to false"):
+            load_config(data=copy.deepcopy(TWO_TASKS), overrides=[f"train.stream_groups={want}"])
+    with pytest.raises(RunFailure, match="updates_per_batch 1\\): set train.stream_groups "
+                                         "to false"):
+        run(tmp_path, ["rollout.mode=sync", "train.stream_groups=auto",
                        "trainer.options.updates_per_batch=2"], steps=1)
+    cfg, _ = load_config(data=copy.deepcopy(TWO_TASKS))
+    assert cfg.train.stream_groups is False  # the default: one call, bit-reproducible

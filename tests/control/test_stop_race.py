@@ -137,9 +137,8 @@ def test_a_stop_that_lands_as_a_batch_is_taken_counts_the_batch(tmp_path, mode):
     taken out of the buffer and then forgotten."""
     data = one_task()
     data["rollout"] = {**data["rollout"], "mode": mode.removesuffix("-streamed")}
-    data["train"] = {**data.get("train", {}), "stream_groups": mode == "sync-streamed"}
-    if mode == "async":
-        del data["train"]["stream_groups"]
+    if mode == "sync-streamed":
+        data["train"] = {**data.get("train", {}), "stream_groups": True}
     cfg, lines = load_config(data=copy.deepcopy(data), overrides=[f"output_dir={tmp_path}"])
     job = build_job(cfg, lines, in_process=True, log=lambda *a: None)
     p = job.pipeline
@@ -168,7 +167,7 @@ def test_a_stop_that_lands_as_a_batch_is_taken_counts_the_batch(tmp_path, mode):
         with pytest.raises(asyncio.CancelledError):
             asyncio.run(main())
         assert sum(taken) > per_step
-        assert ("stream_groups:on" in p.log) == (mode == "sync-streamed"), p.log[:3]
+        assert ("stream_groups:True" in p.log) == (mode == "sync-streamed"), p.log[:3]
         version = await_answer(job.trainers[0].trainer.version(), 60)
         p.report_trained(version)  # as run_job's final checkpoint accounts the steps
         dropped = dict(p.buffer.dropped)

@@ -90,3 +90,20 @@ def test_accumulate_refuses_what_it_cannot_add_up(ckpt: Path) -> None:
     with pytest.raises(ValueError, match="updates_per_batch 1"):
         t.accumulate(make_batch(ckpt))
     assert _trainer(ckpt).can_accumulate
+
+
+def test_a_checkpoint_load_drops_a_step_in_progress(ckpt: Path, tmp_path: Path) -> None:
+    """Parts of a step the run stopped in (accumulated, never stepped) are not carried
+    into the step after a load: the next train_step is the loaded trainer's own."""
+    a, b = (make_batch(ckpt, n_groups=2, seed=s) for s in (31, 32))
+    saver = _trainer(ckpt)
+    saver.train_step(copy.deepcopy(a))
+    saver.save_checkpoint(str(tmp_path / "ck"))
+    stopped, fresh = _trainer(ckpt), _trainer(ckpt)
+    stopped.accumulate(_groups(copy.deepcopy(b))[0])  # a stop landed after this part
+    stopped.load_checkpoint(str(tmp_path / "ck"))
+    fresh.load_checkpoint(str(tmp_path / "ck"))
+    ms, mf = stopped.train_step(copy.deepcopy(b)), fresh.train_step(copy.deepcopy(b))
+    assert ms["parts"] == mf["parts"] == 1.0 and ms["tokens"] == mf["tokens"]
+    for k, v in fresh.model.state_dict().items():
+        assert torch.equal(v, stopped.model.state_dict()[k]), k
