@@ -73,3 +73,31 @@ def test_rollart_train_on_ray_writes_a_run_directory(tmp_path):
     assert rep.returncode == 0, rep.stderr
     assert (run / "rewards.png").stat().st_size > 10_000
     assert (run / "timeline.png").stat().st_size > 10_000
+
+
+def test_streamed_sync_steps_reach_a_trainer_actor_on_ray(tmp_path):
+    """train.stream_groups true on the Ray layout: the groups that complete first go to
+    the trainer actor's accumulate (through the object store, as train_step's shards do),
+    the last one to train_step; each step trains its whole batch once."""
+    data = dict(CONFIG, name="ray-stream", rollout={**CONFIG["rollout"], "mode": "sync"},
+                train={"steps": 3, "bucket_mb": 1, "stream_groups": True})
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(yaml.safe_dump(data))
+    env = dict(os.environ, OMP_NUM_THREADS="1", RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0")
+    env.pop("RAY_ADDRESS", None)
+    res = subprocess.run(
+        [sys.executable, "-m", "rollart_sdk.cli", "train", str(cfg), "--no-progress",
+         f"output_dir={tmp_path / 'runs'}"],
+        capture_output=True, text=True, env=env, cwd=ROOT, timeout=600,
+    )
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    (run,) = [p for p in (tmp_path / "runs").iterdir() if p.name.startswith("ray-stream")]
+    metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in metrics] == [1, 2, 3]
+    # Arithmetic's one-turn group completes before FrozenLake's: two parts a step.
+    assert max(m["train/parts"] for m in metrics) >= 2, [m["train/parts"] for m in metrics]
+    assert all(m["train/sequences"] == 8 and "time/batch_spread" in m for m in metrics)
+    assert any(m.get("time/train_accumulate", 0) > 0 for m in metrics)
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["launched"] == summary["trained"] + sum(summary["dropped"].values())
+    assert summary["trained"] == 24
