@@ -30,18 +30,28 @@ REQUIRED = ["step", "wall_time", "reward/FrozenLake", "reward/Arithmetic", "stal
             "time/weight_sync"]
 
 
-def test_rollart_train_on_ray_writes_a_run_directory(tmp_path):
-    cfg = tmp_path / "c.yaml"
-    cfg.write_text(yaml.safe_dump(CONFIG))
+def _env() -> dict[str, str]:
     env = dict(os.environ, OMP_NUM_THREADS="1", RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0")
     env.pop("RAY_ADDRESS", None)
+    return env
+
+
+def train(tmp_path: Path, data: dict) -> Path:
+    """``rollart train`` on ``data`` in a subprocess (a local Ray); its run directory."""
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(yaml.safe_dump(data))
     res = subprocess.run(
         [sys.executable, "-m", "rollart_sdk.cli", "train", str(cfg), "--no-progress",
          f"output_dir={tmp_path / 'runs'}"],
-        capture_output=True, text=True, env=env, cwd=ROOT, timeout=600,
+        capture_output=True, text=True, env=_env(), cwd=ROOT, timeout=600,
     )
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    (run,) = [p for p in (tmp_path / "runs").iterdir() if p.name.startswith("ray-e2e")]
+    (run,) = [p for p in (tmp_path / "runs").iterdir() if p.name.startswith(data["name"])]
+    return run
+
+
+def test_rollart_train_on_ray_writes_a_run_directory(tmp_path):
+    run = train(tmp_path, CONFIG)
     metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in metrics] == [1, 2, 3]
     for key in REQUIRED:
@@ -69,7 +79,7 @@ def test_rollart_train_on_ray_writes_a_run_directory(tmp_path):
     assert {"generate", "env_reset", "env_step", "reward", "train", "weight_sync"} <= spans
     # The report draws both figures.
     rep = subprocess.run([sys.executable, "-m", "rollart_sdk.cli", "report", str(run)],
-                         capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
+                         capture_output=True, text=True, env=_env(), cwd=ROOT, timeout=300)
     assert rep.returncode == 0, rep.stderr
     assert (run / "rewards.png").stat().st_size > 10_000
     assert (run / "timeline.png").stat().st_size > 10_000
@@ -81,17 +91,7 @@ def test_streamed_sync_steps_reach_a_trainer_actor_on_ray(tmp_path):
     the last one to train_step; each step trains its whole batch once."""
     data = dict(CONFIG, name="ray-stream", rollout={**CONFIG["rollout"], "mode": "sync"},
                 train={"steps": 3, "bucket_mb": 1, "stream_groups": True})
-    cfg = tmp_path / "c.yaml"
-    cfg.write_text(yaml.safe_dump(data))
-    env = dict(os.environ, OMP_NUM_THREADS="1", RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0")
-    env.pop("RAY_ADDRESS", None)
-    res = subprocess.run(
-        [sys.executable, "-m", "rollart_sdk.cli", "train", str(cfg), "--no-progress",
-         f"output_dir={tmp_path / 'runs'}"],
-        capture_output=True, text=True, env=env, cwd=ROOT, timeout=600,
-    )
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    (run,) = [p for p in (tmp_path / "runs").iterdir() if p.name.startswith("ray-stream")]
+    run = train(tmp_path, data)
     metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in metrics] == [1, 2, 3]
     # Arithmetic's one-turn group completes before FrozenLake's: two parts a step.

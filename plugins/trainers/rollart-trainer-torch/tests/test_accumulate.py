@@ -9,9 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 from rollart_trainer_torch.trainer import TorchTrainer
-from trainer_torch_helpers import make_batch, make_tiny_checkpoint
+from trainer_torch_helpers import make_batch, make_tiny_checkpoint, make_trainer
 
-from rollart_sdk.config import ModelConfig
 from rollart_sdk.types import TrainSample
 
 torch.set_num_threads(1)
@@ -23,8 +22,7 @@ def ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _trainer(path: Path, **options: object) -> TorchTrainer:
-    opts = {"lr": 1e-3, "micro_batch_size": 3, "seed": 0, "num_threads": 1, **options}
-    return TorchTrainer(model=ModelConfig(path=str(path)), **opts)
+    return make_trainer(path, **options)
 
 
 def _groups(batch: list[TrainSample]) -> list[list[TrainSample]]:

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 from rollart_trainer_torch.trainer import TorchTrainer
-from trainer_torch_helpers import behaviour_logprobs, make_batch, make_tiny_checkpoint
+from trainer_torch_helpers import behaviour_logprobs, make_batch, make_tiny_checkpoint, make_trainer
 from transformers import AutoModelForCausalLM
 
 from rollart_sdk.config import ModelConfig
@@ -29,8 +29,7 @@ def ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _trainer(path: Path, **options: object) -> TorchTrainer:
-    opts = {"lr": 1e-3, "micro_batch_size": 3, "seed": 0, "num_threads": 1, **options}
-    return TorchTrainer(model=ModelConfig(path=str(path)), **opts)
+    return make_trainer(path, **options)
 
 
 @pytest.mark.parametrize("tie", [False, True], ids=["untied", "tied-embeddings"])

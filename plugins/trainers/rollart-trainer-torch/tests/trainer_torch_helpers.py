@@ -4,10 +4,12 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from rollart_sdk.algorithms import token_logprobs
+from rollart_sdk.config import ModelConfig
 from rollart_sdk.testing.trainer import tiny_llama_checkpoint, toy_batch
 from rollart_sdk.types import TrainSample
 
@@ -33,3 +35,12 @@ def make_batch(
     """Two-turn trajectories with behaviour log-probs from the model; reward = share of
     even token ids in the actions."""
     return toy_batch(model_dir, n_groups, group_size, seed, version, vocab=VOCAB)
+
+
+def make_trainer(path: Path, **options: object) -> Any:
+    """A TorchTrainer on the checkpoint at ``path``: lr 1e-3, micro-batches of 3, seed 0,
+    one thread, then ``options``."""
+    from rollart_trainer_torch.trainer import TorchTrainer
+
+    opts = {"lr": 1e-3, "micro_batch_size": 3, "seed": 0, "num_threads": 1, **options}
+    return TorchTrainer(model=ModelConfig(path=str(path)), **opts)
