@@ -56,6 +56,7 @@ from rollart_sdk.control.records import StepRecord
 from rollart_sdk.control.records import staleness as paper_staleness
 from rollart_sdk.control.recovery import EngineRecovery
 from rollart_sdk.control.scheduler import RolloutScheduler
+from rollart_sdk.control.stream_groups import StreamedParts, stream_pays
 from rollart_sdk.control.versions import PolicyVersions
 from rollart_sdk.control.watchdog import RunFailure, Watchdog
 from rollart_sdk.control.weight_updates import WeightUpdates
@@ -117,7 +118,7 @@ class Pipeline:
         self._stream = False  # sync: batches taken group by group (_streams)
         self._send_parts = False  # ... and this step's groups sent as they come (stream_pays)
         self._spread = 0.0  # the last streamed batch's first take to its last, seconds
-        self._parts: _Parts | None = None  # ... those of the step being streamed
+        self._parts: StreamedParts | None = None  # ... those of the step being streamed
         self._untrained: dict[int, list[Trajectory]] = {}  # step -> its batch, in training
         self._dropped_untrained: dict[int, list[Trajectory]] = {}  # ... when the run stopped
         # Resume (control/resume.py): the first step of this session, the wall time and
@@ -560,7 +561,7 @@ class Pipeline:
         need = dict(self.quota)
         floor = self.weights.batch_floor(step)
         taken = self._untrained.setdefault(step, [])
-        self._parts = parts = _Parts(step, self.trainers[0], self._span)
+        self._parts = parts = StreamedParts(step, self.trainers[0], self._span)
         first: float | None = None
         while True:
             get = asyncio.ensure_future(self.buffer.take_groups(need, floor))
@@ -783,21 +784,6 @@ class Pipeline:
             self.records[old].batch = []
 
 
-# train.stream_groups auto: a sync step sends its groups to the trainer as they complete
-# when the step before had a tail (first group complete -> batch whole) at least this
-# many times its training time. Sending them costs: per-group passes are less efficient than one, and they take
-# CPU from the episodes still running. On the small FrozenLake workload (2 cores) runs
-# without env latency (tail ~0.3x the training) lost 11-15% with every step streamed; with
-# a long-tailed latency (tail ~4x) the exposed training halved (docs/benchmarks.md).
-STREAM_SPREAD_FACTOR = 2.0
-
-
-def stream_pays(spread_s: float, train_s: float) -> bool:
-    """Whether the next sync step sends its groups early: the last step's tail was long
-    enough to hide their training in (``STREAM_SPREAD_FACTOR``)."""
-    return spread_s >= STREAM_SPREAD_FACTOR * train_s
-
-
 def run_watchdog(config: RunConfig) -> Watchdog:
     """The run's watchdog by its ``rollout`` keys (the stall limit until the first progress:
     :func:`first_episode_s`)."""
@@ -855,50 +841,3 @@ def launches_per_step(config: RunConfig) -> dict[str, int]:
         for tag, n in task_quota(config).items()
     }
 
-
-class _Parts:
-    """The groups of one sync step sent to the trainer as they complete
-    (``train.stream_groups``): one ``accumulate`` call at a time, in order; groups that
-    complete while a call runs go together in the next one (fewer, larger forward
-    passes)."""
-
-    def __init__(self, step: int, trainer: WorkerHandle,
-                 span: Callable[[str, str, float, int], None]) -> None:
-        self.step = step
-        self.sent = 0  # trajectories sent (a prefix of the step's batch)
-        self._trainer = trainer
-        self._span = span
-        self._queue: list[Trajectory] = []
-        self._worker: asyncio.Task[None] | None = None
-
-    def send(self, groups: list[Trajectory]) -> None:
-        self.sent += len(groups)
-        self._queue.extend(groups)
-        if self._worker is None or self._worker.done():
-            self._worker = asyncio.ensure_future(self._accumulate(self._worker))
-
-    async def _accumulate(self, before: asyncio.Task[None] | None) -> None:
-        if before is not None:
-            await before  # done; a failed part fails every later one
-        while self._queue:
-            groups, self._queue = self._queue, []
-            samples = [t.to_sample() for t in groups]
-            t0 = time.perf_counter()
-            await self._trainer.trainer.accumulate(shard_batch(samples, [self._trainer])[0])
-            self._span("accumulate", self._trainer.name, t0, self.step)
-
-    async def drain(self) -> None:
-        """Every part sent has run (raises a part's error)."""
-        if self._worker is not None:
-            await self._worker
-
-    def cancel(self) -> None:
-        """The step will not train (the run stopped or failed): stop the parts."""
-        last = self._worker
-        if last is None:
-            return
-        if last.done():
-            if not last.cancelled():
-                last.exception()  # retrieved: the run's own error is the one said
-        else:
-            last.cancel()

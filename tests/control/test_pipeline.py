@@ -569,7 +569,7 @@ def test_sync_sends_each_group_to_the_trainer_as_it_completes(tmp_path, test_env
 
 
 def test_a_step_streams_when_the_last_tail_could_hide_its_training():
-    from rollart_sdk.control.pipeline import STREAM_SPREAD_FACTOR, stream_pays
+    from rollart_sdk.control.stream_groups import STREAM_SPREAD_FACTOR, stream_pays
 
     assert STREAM_SPREAD_FACTOR == 2.0
     assert stream_pays(0.83, 0.22)  # a long-tailed env latency: the tail 3.9x the training
