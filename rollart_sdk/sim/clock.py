@@ -39,6 +39,7 @@ T = TypeVar("T")
 CLOCKED_MODULES = (
     "rollart_sdk.control.env_manager",
     "rollart_sdk.control.pipeline",
+    "rollart_sdk.control.stream_groups",
     "rollart_sdk.control.scheduler",
     "rollart_sdk.control.watchdog",
     "rollart_sdk.control.recovery",
