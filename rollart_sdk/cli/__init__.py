@@ -32,6 +32,20 @@ COMMANDS = (plugins, envs, validate, train, eval, sim, serve_reward, bench, repo
             status, model, new_plugin, doctor)
 
 
+def dump_stacks_on_sigusr1() -> None:
+    """``kill -USR1 PID`` makes a running ``rollart`` print every thread's Python stack
+    to stderr and go on: where a run that seems stuck (a stop that does not end, a step
+    that never comes) waits. Only in the main thread of the main interpreter; a no-op
+    where there is no SIGUSR1 (Windows)."""
+    import faulthandler
+    import signal
+    import threading
+
+    usr1 = getattr(signal, "SIGUSR1", None)
+    if usr1 is not None and threading.current_thread() is threading.main_thread():
+        faulthandler.register(usr1, all_threads=True, chain=False)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="rollart", description="Disaggregated agentic RL (ROLLART) from plugins."
@@ -44,6 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    dump_stacks_on_sigusr1()
     parser = build_parser()
     args, rest = parser.parse_known_args(argv)
     if rest and hasattr(args, "overrides"):

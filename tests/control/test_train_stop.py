@@ -86,10 +86,14 @@ def _stop(proc: subprocess.Popen[str], sig: signal.Signals) -> tuple[str, str]:
     try:
         return proc.communicate(timeout=STOP_GUARD_S)
     except subprocess.TimeoutExpired:
+        # Where it waits: the CLI prints every thread's stack on SIGUSR1
+        # (rollart_sdk.cli.dump_stacks_on_sigusr1); then it is killed.
+        os.kill(proc.pid, signal.SIGUSR1)
+        time.sleep(3)
         os.killpg(proc.pid, signal.SIGKILL)
         stdout, stderr = proc.communicate(timeout=60)
         raise AssertionError(f"still running {STOP_GUARD_S} s after {sig.name}:\n"
-                             f"{stdout[-2000:]}\n{stderr[-3000:]}") from None
+                             f"{stdout[-2000:]}\n{stderr[-12000:]}") from None
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="process groups, Linux")
@@ -135,3 +139,29 @@ def _resume_one_step(cfg: Path, run_dir: Path, steps: int) -> None:
     assert f"resumed from {run_dir / 'checkpoints' / f'step-{steps}'}" in res.stdout + res.stderr
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["steps"] == steps + 1 and summary["layout"]["layout"] == "inprocess"
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="SIGUSR1, Linux")
+def test_sigusr1_prints_where_every_thread_is_and_the_run_goes_on(tmp_path):
+    """``kill -USR1 PID``: the driver prints each thread's Python stack to stderr (where a
+    run that seems stuck waits) and keeps training; a SIGTERM then stops it as usual."""
+    proc, _, out = _start(tmp_path, "inprocess")
+    try:
+        run_dir = _wait_first_step(proc, out)
+        os.kill(proc.pid, signal.SIGUSR1)
+        metrics = run_dir / "metrics.jsonl"
+        steps_then = len(metrics.read_text().splitlines())
+        deadline = time.monotonic() + START_GUARD_S
+        while (len(metrics.read_text().splitlines()) <= steps_then
+               and time.monotonic() < deadline and proc.poll() is None):
+            time.sleep(0.5)
+        assert proc.poll() is None  # still running after the dump ...
+        assert len(metrics.read_text().splitlines()) > steps_then  # ... and training
+        stdout, stderr = _stop(proc, signal.SIGTERM)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(60)
+    assert proc.returncode == 143, stdout[-2000:] + stderr[-3000:]
+    assert "Current thread" in stderr and "(most recent call first)" in stderr, stderr[-3000:]
+    assert "rollart_sdk/cli/train.py" in stderr, stderr[-3000:]  # the main thread's stack
