@@ -35,15 +35,21 @@ COMMANDS = (plugins, envs, validate, train, eval, sim, serve_reward, bench, repo
 def dump_stacks_on_sigusr1() -> None:
     """``kill -USR1 PID`` makes a running ``rollart`` print every thread's Python stack
     to stderr and go on: where a run that seems stuck (a stop that does not end, a step
-    that never comes) waits. Only in the main thread of the main interpreter; a no-op
-    where there is no SIGUSR1 (Windows)."""
+    that never comes) waits. Only in the main thread, and where stderr is a file (not
+    when ``main`` is called with stderr captured in memory); a no-op where there is no
+    SIGUSR1 (Windows)."""
     import faulthandler
+    import io
     import signal
     import threading
 
     usr1 = getattr(signal, "SIGUSR1", None)
-    if usr1 is not None and threading.current_thread() is threading.main_thread():
-        faulthandler.register(usr1, all_threads=True, chain=False)
+    if usr1 is None or threading.current_thread() is not threading.main_thread():
+        return
+    try:
+        faulthandler.register(usr1, file=sys.stderr, all_threads=True, chain=False)
+    except (io.UnsupportedOperation, AttributeError, ValueError):
+        pass  # stderr has no file descriptor: nowhere to write the stacks
 
 
 def build_parser() -> argparse.ArgumentParser:
