@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import heapq
+import math
 from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
@@ -103,8 +104,22 @@ class SampleBuffer:
         self.dropped_by_tag: Counter[str] = Counter()  # admission control counts on it
         self.tokens_dropped = 0  # generated tokens of dropped trajectories
         self.tokens_trained = 0  # generated tokens of trajectories handed out in batches
-        # Episodes that ran to their end (trained or not), per task: [count, turns].
+        # Episodes that ran to their end (trained or not), per task: [count, turns]; and
+        # what they scored: [rewarded, reward sum, judged (a "success" in their info),
+        # successes]. Over every finished episode, not the batch: in async mode a batch
+        # is the groups that completed first (the short episodes), which says less well
+        # what the policy does (``success_finished/<tag>``).
         self.finished_turns: dict[str, list[int]] = {}
+        self.finished_outcomes: dict[str, list[float]] = {}
+
+    def _count_outcome(self, traj: Trajectory) -> None:
+        o = self.finished_outcomes.setdefault(traj.tag, [0, 0.0, 0, 0])
+        if traj.reward is not None and math.isfinite(traj.reward):
+            o[0] += 1
+            o[1] += traj.reward
+        if "success" in traj.info:
+            o[2] += 1
+            o[3] += 1 if traj.info["success"] else 0
 
     def _drop(self, t: Trajectory, reason: str | None = None) -> None:
         """Count one dropped trajectory (``reason`` overrides one not set yet)."""
@@ -153,6 +168,7 @@ class SampleBuffer:
                 c = self.finished_turns.setdefault(traj.tag, [0, 0])
                 c[0] += 1
                 c[1] += len(traj.turns)
+                self._count_outcome(traj)
             gone = self._discarded.get(traj.group_id)
             if gone is not None:
                 self._drop(traj, traj.dropped or gone[0])

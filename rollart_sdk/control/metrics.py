@@ -129,6 +129,17 @@ def _task_metrics(m: dict[str, Any], tag: str, trajs: list[Trajectory], rec: Ste
     if n:
         m[f"turns_finished/{tag}"] = turns / n
         m[f"length_bias/{tag}"] = round(m[f"turns/{tag}"] / (turns / n), 4)
+    # Reward and success of the same episodes: what the policy does, where the batch's
+    # reward/<tag> and success/<tag> are what it trains on (in async mode the groups that
+    # completed first, more of the short episodes).
+    o = rec.finished_outcomes.get(tag, (0, 0.0, 0, 0))
+    if prev is not None:
+        p = prev.finished_outcomes.get(tag, (0, 0.0, 0, 0))
+        o = (o[0] - p[0], o[1] - p[1], o[2] - p[2], o[3] - p[3])
+    if o[0]:
+        m[f"reward_finished/{tag}"] = round(o[1] / o[0], 6)
+    if o[2]:
+        m[f"success_finished/{tag}"] = round(o[3] / o[2], 6)
 
 
 def run_rollout_summary(pipeline: Pipeline) -> dict[str, Any]:

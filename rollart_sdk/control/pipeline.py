@@ -52,7 +52,7 @@ from rollart_sdk.control.buffer import SampleBuffer
 from rollart_sdk.control.collector import YOUNG_THRESHOLD, DriverCollector, driver_collector
 from rollart_sdk.control.metrics import step_metrics
 from rollart_sdk.control.proxy import LLMProxy
-from rollart_sdk.control.records import StepRecord
+from rollart_sdk.control.records import StepRecord, outcomes
 from rollart_sdk.control.records import staleness as paper_staleness
 from rollart_sdk.control.recovery import EngineRecovery
 from rollart_sdk.control.scheduler import RolloutScheduler
@@ -731,6 +731,7 @@ class Pipeline:
             tokens_dropped=b.tokens_dropped,
             tokens_trained=b.tokens_trained + sum(t.generated_tokens for t in handed),
             finished_turns={k: (v[0], v[1]) for k, v in b.finished_turns.items()},
+            finished_outcomes=outcomes(b.finished_outcomes),
             trained_total=b.trained + len(handed), task_stats=task_stats(batch),
             in_flight=len(self.scheduler.running) + len(self.scheduler.landing) + b.held(),
             spanning=sum(1 for t in batch if len(t.versions) > 1),

@@ -30,6 +30,8 @@ class StepRecord:
     tokens_dropped: int = 0
     tokens_trained: int = 0
     finished_turns: dict[str, tuple[int, int]] = field(default_factory=dict)
+    # ... and their outcomes: [rewarded, reward sum, judged, successes] (SampleBuffer).
+    finished_outcomes: dict[str, tuple[int, float, int, int]] = field(default_factory=dict)
     train_s: float = 0.0
     # Sync with train.stream_groups: seconds from the batch's first group completing to the
     # batch being whole (the rollout's tail), and the parts sent before train_step.
@@ -69,3 +71,8 @@ def staleness(rec: StepRecord, traj: Trajectory) -> int:
     batch's wait began minus its start version; 0 for one started after a swap inside
     that wait (it sampled the newest weights)."""
     return max(0, rec.engine_version - traj.start_version)
+
+
+def outcomes(counts: dict[str, list[float]]) -> dict[str, tuple[int, float, int, int]]:
+    """``SampleBuffer.finished_outcomes`` as a record keeps them (a copy)."""
+    return {tag: (int(v[0]), float(v[1]), int(v[2]), int(v[3])) for tag, v in counts.items()}

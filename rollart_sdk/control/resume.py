@@ -93,6 +93,7 @@ def capture_state(p: Pipeline, step: int, version: int | None = None) -> dict[st
         # resumed run's summary.json covers the whole run.
         "summary": summary_carry(p, upto=step),
         "finished_turns": {tag: list(v) for tag, v in b.finished_turns.items()},
+        "finished_outcomes": {tag: list(v) for tag, v in b.finished_outcomes.items()},
     }
 
 
@@ -142,14 +143,18 @@ def apply_state(p: Pipeline, state: dict[str, Any], carried: list[Any] | None = 
     p.carried = dict(state.get("summary", {}))
     b.finished_turns = {tag: [int(n), int(t)] for tag, (n, t) in
                         state.get("finished_turns", {}).items()}
+    b.finished_outcomes = {tag: [int(n), float(r), int(j), int(s)] for tag, (n, r, j, s) in
+                           state.get("finished_outcomes", {}).items()}
     from rollart_sdk.control.pipeline import StepRecord
+    from rollart_sdk.control.records import outcomes
 
     # Per-step deltas of the first resumed step (rollout/launched_step, turns_finished/)
     # count from the totals restored here, not from 0.
     p.session_start = StepRecord(
         step=p.first_step - 1, version=int(state["version"]), batch=[], get_batch_wait_s=0.0,
         launched=s.launched,
-        finished_turns={tag: (n, t) for tag, (n, t) in b.finished_turns.items()})
+        finished_turns={tag: (n, t) for tag, (n, t) in b.finished_turns.items()},
+        finished_outcomes=outcomes(b.finished_outcomes))
 
 
 def newest_resumable(run_dir: Path) -> Path | None:

@@ -275,6 +275,24 @@ class DictObsEnv(gym.Env):
         return "done", 1.0, True, False, {}
 
 
+class CoinEnv(gym.Env):
+    '''Seeds = 0 mod 3 succeed (reward 1) after three quick turns; the others fail
+    (reward 0) after one.'''
+
+    action_vocabulary = None
+    system_prompt = None
+
+    def reset(self, *, seed=None, options=None):
+        self.t, self.win = 0, (seed or 0) % 3 == 0
+        return "go", {}
+
+    def step(self, action):
+        self.t += 1
+        done = self.t >= (3 if self.win else 1)
+        win = done and self.win
+        return "go on", float(win), done, False, {"success": win} if done else {}
+
+
 class NanEnv(gym.Env):
     '''One turn whose reward is NaN (a broken reward computation in an env).'''
 
@@ -302,7 +320,7 @@ def test_envs(tmp_path, monkeypatch):
 
     def rollart_register_envs(registry):
         for name, cls in (("flaky", "FlakyEnv"), ("slow", "SlowEnv"), ("slowvar", "SlowVarEnv"),
-                          ("nan", "NanEnv"), ("dictobs", "DictObsEnv")):
+                          ("nan", "NanEnv"), ("dictobs", "DictObsEnv"), ("coin", "CoinEnv")):
             registry.register(name, factory=f"rollart_test_envs:{cls}",
                               options="rollart_test_envs:FlakyOptions")
 
@@ -321,6 +339,26 @@ def single_task(**task):
     data["tasks"] = [{"tag": "T", "reward": {"name": "rule", "options": {"mode": "env_return"}},
                       "system_prompt": None, "sampling": {"max_new_tokens": 2}, **task}]
     return data
+
+
+def test_finished_episodes_outcomes_are_the_batchs_in_sync_mode(tmp_path, test_envs):
+    """reward_finished/<tag> and success_finished/<tag>: over every episode that ended
+    since the step before, trained or not. In sync mode every launched episode of the
+    step is in its batch, so they are the batch's reward/<tag> and success/<tag>, step
+    by step (the counts are per-step differences of run totals)."""
+    import json
+
+    data = single_task(env={"name": "coin"}, max_turns=3)
+    data["rollout"] = {"batch_size": 16, "group_size": 4, "mode": "sync", "alpha": 1}
+    job, _ = run(tmp_path, [], steps=3, registry=test_envs, data=data)
+    lines = [json.loads(x) for x in (job.run_dir.path / "metrics.jsonl").read_text()
+             .splitlines()]
+    assert len(lines) == 3
+    for line in lines:
+        assert line["reward_finished/T"] == pytest.approx(line["reward/T"])
+        assert line["success_finished/T"] == pytest.approx(line["success/T"])
+    values = {x["success_finished/T"] for x in lines}
+    assert values - {0.0, 1.0}, values  # some steps had winning and losing groups
 
 
 def test_long_episodes_are_trained_across_updates(tmp_path, test_envs):
