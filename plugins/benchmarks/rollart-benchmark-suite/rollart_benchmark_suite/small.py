@@ -14,7 +14,12 @@ The workload (any trainer can run it; docs/benchmarks.md spells it out):
   step at 1e-3 moves it so far that sync collapsed on seed 0), AdamW, token-level (DAPO)
   loss, group-normalised advantages, grad-norm clip 1; the reference and TRL take the
   same lr from this config;
-- target: the success rate averaged over the last 5 steps reaches 0.7. Reported:
+- target: the success rate averaged over the last 5 steps reaches 0.7. A step's success
+  rate is over every episode that ended since the step before (``success_finished/<tag>``,
+  trained or not), as TRL's is over all its episodes. In sync mode that is the batch's;
+  in async mode the batch is the groups that completed first, more of the short, failed
+  episodes, and its ``success/<tag>`` read low (until 6 Dec 2026 the rule read it: the
+  row's ``success_batch_per_step``). Reported:
   ``time_to_target_s`` from the command (process start, imports and start-up included) and
   after start-up, ``steps_to_target``, ``episodes_per_s`` (trained episodes / wall time
   after start-up);
@@ -246,7 +251,7 @@ def _step_reader(metrics: list[dict[str, Any]], reached: asyncio.Event) -> Any:
         m["train_tokens"] = rec.train_metrics.get("tokens", 0.0)
         m.update(latency_figures(rec.batch))
         metrics.append(m)
-        succ = [x.get(f"success/{TAG}", 0.0) for x in metrics[-WINDOW:]]
+        succ = [step_success(x) for x in metrics[-WINDOW:]]
         if len(succ) == WINDOW and sum(succ) / WINDOW >= target:
             reached.set()
 
@@ -294,13 +299,20 @@ def latency_floor(mode: str, metrics: list[dict[str, Any]], concurrency: int) ->
     return sum(m["slowest_episode_sleep_s"] for m in metrics)
 
 
+def step_success(line: dict[str, Any]) -> float:
+    """A step's success rate for the target rule: over every episode that ended since the
+    step before (``success_finished/<tag>``); the batch's where a line has no such figure
+    (the single-process references and TRL, whose batch is every episode)."""
+    return float(line.get(f"success_finished/{TAG}", line.get(f"success/{TAG}", 0.0)))
+
+
 def summarize(mode: str, latency: str, seed: int, t_cmd: float, data: dict[str, Any],
               target: float = TARGET) -> dict[str, Any]:
     """A run's row from its step metrics (``data``: ``metrics``, ``t_ready``, and where the
     run's own process measured them, ``t_start``, ``cpu_ready`` and the CPU seconds per
     step; None when it could not, as on ``--path train``)."""
     m = data["metrics"]
-    succ = [x.get(f"success/{TAG}", 0.0) for x in m]
+    succ = [step_success(x) for x in m]
     hit = None
     for i in range(WINDOW - 1, len(succ)):
         if sum(succ[i - WINDOW + 1 : i + 1]) / WINDOW >= target:
@@ -334,6 +346,9 @@ def summarize(mode: str, latency: str, seed: int, t_cmd: float, data: dict[str, 
         "first_success_step": first,
         "steps": len(m),
         "success_per_step": [round(x, 4) for x in succ],
+        # The batch's (what was trained): the same in sync, short episodes first in async.
+        "success_batch_per_step": [round(x.get(f"success/{TAG}", 0.0), 4) for x in m],
+        "trained_to_target": episodes if hit is not None else None,
         "final_success_5": round(sum(last) / max(1, len(last)), 3),
         "collapsed": bool(peak > 0.3 and last and max(last) == 0.0),
         "step_s_mean": round((end - t_ready) / max(1, (hit + 1) if hit is not None else len(m)), 3),

@@ -33,7 +33,14 @@ from typing import Any
 
 import yaml
 
-from rollart_benchmark_suite.small import TAG, TARGET, WINDOW, summarize, workload_config
+from rollart_benchmark_suite.small import (
+    TAG,
+    TARGET,
+    WINDOW,
+    step_success,
+    summarize,
+    workload_config,
+)
 
 POLL_S = 0.05  # how often metrics.jsonl is read
 EXIT_BOUND_S = 60.0  # SIGTERM to exit, at most; then the process group is killed
@@ -84,7 +91,7 @@ class MetricsTail:
 def step_successes(lines: list[dict[str, Any]]) -> list[float]:
     """The per-step success rates (training steps only: evaluation lines have no
     ``success/<tag>`` of the workload's task)."""
-    return [x[f"success/{TAG}"] for x in lines if f"success/{TAG}" in x]
+    return [step_success(x) for x in lines if f"success/{TAG}" in x]
 
 
 def reached(successes: list[float], target: float = TARGET, window: int = WINDOW) -> bool:

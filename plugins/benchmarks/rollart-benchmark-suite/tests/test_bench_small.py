@@ -42,6 +42,25 @@ def test_target_is_the_first_window_of_five_at_0_7():
     assert row["first_success_step"] == 1 and row["success_per_step"] == succ
 
 
+def test_the_target_reads_the_success_of_every_finished_episode_where_there_is_one():
+    """Async: the batch (what was trained) holds the short, failed episodes first and its
+    success/<tag> reads low; the rule reads success_finished/<tag> (every episode that
+    ended in the step), and the row keeps the batch's beside it."""
+    batch = [0.1, 0.5, 0.6, 0.6, 0.6, 0.6, 0.6, 0.6]
+    finished = [0.1, 0.6, 0.7, 0.8, 0.8, 0.8, 0.8, 0.8]
+    m = _metrics(batch)
+    for line, f in zip(m, finished, strict=True):
+        line[f"success_finished/{TAG}"] = f
+    row = summarize("async", "normal", 0, 90.0, {"t_ready": 100.0, "metrics": m})
+    # finished: windows of 5 from step 5: 0.6, 0.74 (step 6); the batch's never reach 0.7
+    assert row["reached"] and row["steps_to_target"] == 6
+    assert row["success_per_step"] == finished and row["success_batch_per_step"] == batch
+    assert row["trained_to_target"] == 6 * 64
+    del m[-1][f"success_finished/{TAG}"]  # a line without one: the batch's
+    assert summarize("async", "normal", 0, 90.0, {"t_ready": 100.0, "metrics": m})[
+        "success_per_step"][-1] == 0.6
+
+
 def test_first_success_step_counts_the_steps_without_any_signal():
     succ = [0.0, 0.0, 0.0, 0.02, 0.0, 0.3]
     data = {"t_start": 0.0, "t_ready": 1.0, "cpu_ready": 1.0, "metrics": _metrics(succ)}
