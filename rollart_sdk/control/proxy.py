@@ -152,7 +152,8 @@ class LLMProxy:
         self._admitting.add(rid)
         deaths: list[str] = []
         try:
-            await self._accepting.wait()
+            if not self._accepting.is_set():
+                await self._admission(rid)
             while True:
                 while not self.candidates(request.tag) and rid not in self._aborted:
                     # Every engine is down: wait for one to be restarted (the caller's
@@ -196,6 +197,20 @@ class LLMProxy:
         finally:
             self._admitting.discard(rid)
             self._aborted.discard(rid)
+
+    async def _admission(self, rid: str) -> None:
+        """Wait while the engines are suspended (a weight swap) until they accept requests
+        again, or until ``rid`` is aborted (``abort`` wakes the wait): an abort returns at
+        once, not after the swap, so that a stop never waits on requests held here."""
+        while not self._accepting.is_set() and rid not in self._aborted:
+            accept = asyncio.ensure_future(self._accepting.wait())
+            changed = asyncio.ensure_future(self._routes_changed.wait())
+            try:
+                await asyncio.wait({accept, changed}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                accept.cancel()
+                changed.cancel()
+            self._routes_changed.clear()
 
     async def _generate_on(self, worker: WorkerHandle,
                            request: GenerationRequest) -> GenerationResult:

@@ -385,8 +385,12 @@ class WeightUpdates:
         self.log.append("suspend")
         t0 = time.perf_counter()
         baseline: float | None = None
-        await self.proxy.suspend()
         try:
+            # Inside the try: a stop (the run's task cancelled) landing while the engines
+            # are asked to suspend still resumes them. Left suspended, the proxy held every
+            # request back and the run's stop waited its 60 s on episodes that could not
+            # end (a SIGTERM at step 1 took more than 45 s in CI).
+            await self.proxy.suspend()
             t_suspended = time.perf_counter()
             if self._unstaged is not None:  # the baseline update: nothing overlaps the pull
                 manifest, self._unstaged = self._unstaged, None

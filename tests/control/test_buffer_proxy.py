@@ -291,16 +291,50 @@ def test_proxy_routes_by_tag_sticks_and_aborts():
         await asyncio.sleep(0.05)
         assert await proxy.abort("t3/0")
         assert (await asyncio.wait_for(task, 1)).finish_reason == "abort"
-        # Suspended: new requests wait; one aborted while waiting never reaches a worker.
+        # Suspended: new requests wait; one aborted while waiting never reaches a worker
+        # and returns at once, still suspended (a stop does not wait for the swap).
         await proxy.suspend()
         assert all(w.target.suspended for w in workers)
         waiting = asyncio.create_task(proxy.generate(req("t4/0", "FrozenLake", "t4")))
+        held = asyncio.create_task(proxy.generate(req("t5/0", "FrozenLake", "t5")))
         await asyncio.sleep(0.05)
-        assert not waiting.done()
+        assert not waiting.done() and not held.done()
         assert not await proxy.abort("t4/0")  # not at a worker yet
-        await proxy.resume()
         res = await asyncio.wait_for(waiting, 1)
         assert res.finish_reason == "abort" and res.worker == ""
+        await asyncio.sleep(0.05)
+        assert not held.done()  # the other one still waits for the resume ...
+        await proxy.resume()
+        assert (await asyncio.wait_for(held, 2)).finish_reason == "stop"  # ... and runs
+
+    asyncio.run(main())
+
+
+def test_a_stop_while_the_engines_suspend_for_a_swap_resumes_them():
+    """The run's task cancelled (SIGTERM, Ctrl-C) while WeightUpdates asks the engines to
+    suspend: they are resumed and the proxy admits requests again (left suspended, every
+    request waited there and the stop waited 60 s for episodes that could not end)."""
+    from rollart_sdk.control.versions import PolicyVersions
+    from rollart_sdk.control.weight_updates import WeightUpdates
+
+    class SlowToSuspend(SlowEngine):
+        async def suspend(self):
+            self.suspended = True  # it stops generating, then takes its time to answer
+            await asyncio.sleep(0.5)
+
+    async def main():
+        workers = [WorkerHandle("e0", SlowToSuspend("e0"), pool="H800", is_ray=False)]
+        proxy = LLMProxy(workers, {"default": ["e0"]})
+        w = WeightUpdates(None, proxy, PolicyVersions(), mode="async", alpha=1,  # type: ignore[arg-type]
+                          defer=False, log=[], emit=lambda _: None)
+        swap = asyncio.create_task(w._swap(None))
+        await asyncio.sleep(0.1)  # inside proxy.suspend()
+        swap.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await swap
+        assert proxy._accepting.is_set() and not workers[0].target.suspended
+        res = await asyncio.wait_for(proxy.generate(GenerationRequest("r", [1], tag="x")), 5)
+        assert res.finish_reason == "stop"
 
     asyncio.run(main())
 
