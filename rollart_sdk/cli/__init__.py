@@ -33,8 +33,9 @@ COMMANDS = (plugins, envs, validate, train, eval, sim, serve_reward, bench, repo
 
 
 def dump_stacks_on_sigusr1() -> None:
-    """``kill -USR1 PID`` makes a running ``rollart`` print every thread's Python stack
-    to stderr and go on: where a run that seems stuck (a stop that does not end, a step
+    """``kill -USR1 PID`` makes a running ``rollart`` print, to stderr, every thread's
+    Python stack and then every asyncio task's (where each coroutine of the control plane
+    awaits), and go on: where a run that seems stuck (a stop that does not end, a step
     that never comes) waits. Only in the main thread, and where stderr is a file (not
     when ``main`` is called with stderr captured in memory); a no-op where there is no
     SIGUSR1 (Windows)."""
@@ -47,9 +48,28 @@ def dump_stacks_on_sigusr1() -> None:
     if usr1 is None or threading.current_thread() is not threading.main_thread():
         return
     try:
-        faulthandler.register(usr1, file=sys.stderr, all_threads=True, chain=False)
+        sys.stderr.fileno()
     except (io.UnsupportedOperation, AttributeError, ValueError):
-        pass  # stderr has no file descriptor: nowhere to write the stacks
+        return  # stderr has no file descriptor: nowhere to write the stacks
+    # The tasks, from Python (the handler runs in the main thread, in the loop); the
+    # threads, from faulthandler's C handler first (it works even where Python cannot
+    # run), which then chains to this one.
+    signal.signal(usr1, _print_asyncio_tasks)
+    faulthandler.register(usr1, file=sys.stderr, all_threads=True, chain=True)
+
+
+def _print_asyncio_tasks(signum: int, frame: object) -> None:
+    import asyncio
+
+    loop = asyncio._get_running_loop()
+    if loop is None:
+        return
+    tasks = asyncio.all_tasks(loop)
+    print(f"asyncio: {len(tasks)} tasks", file=sys.stderr)
+    for task in sorted(tasks, key=lambda t: t.get_name()):
+        print(f"task {task.get_name()}:", file=sys.stderr)
+        task.print_stack(limit=12, file=sys.stderr)
+    sys.stderr.flush()
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -165,3 +165,5 @@ def test_sigusr1_prints_where_every_thread_is_and_the_run_goes_on(tmp_path):
     assert proc.returncode == 143, stdout[-2000:] + stderr[-3000:]
     assert "Current thread" in stderr and "(most recent call first)" in stderr, stderr[-3000:]
     assert "rollart_sdk/cli/train.py" in stderr, stderr[-3000:]  # the main thread's stack
+    # ... and each asyncio task's: the run's main coroutine waits in the pipeline.
+    assert "asyncio: " in stderr and "rollart_sdk/control/pipeline.py" in stderr, stderr[-3000:]
