@@ -107,8 +107,8 @@ class SampleBuffer:
         # Episodes that ran to their end (trained or not), per task: [count, turns]; and
         # what they scored: [rewarded, reward sum, judged (a "success" in their info),
         # successes]. Over every finished episode, not the batch: in async mode a batch
-        # is the groups that completed first (the short episodes), which says less well
-        # what the policy does (``success_finished/<tag>``).
+        # is the groups that completed first (more of the short episodes), which can say
+        # less well what the policy does (``success_finished/<tag>``).
         self.finished_turns: dict[str, list[int]] = {}
         self.finished_outcomes: dict[str, list[float]] = {}
 

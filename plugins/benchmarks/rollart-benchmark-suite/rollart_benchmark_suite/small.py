@@ -17,8 +17,8 @@ The workload (any trainer can run it; docs/benchmarks.md spells it out):
 - target: the success rate averaged over the last 5 steps reaches 0.7. A step's success
   rate is over every episode that ended since the step before (``success_finished/<tag>``,
   trained or not), as TRL's is over all its episodes. In sync mode that is the batch's;
-  in async mode the batch is the groups that completed first, more of the short, failed
-  episodes, and its ``success/<tag>`` read low (until 6 Dec 2026 the rule read it: the
+  in async mode the batch is the groups that completed first, more of the short
+  episodes, and its ``success/<tag>`` can differ (until 6 Dec 2026 the rule read it: the
   row's ``success_batch_per_step``). Reported:
   ``time_to_target_s`` from the command (process start, imports and start-up included) and
   after start-up, ``steps_to_target``, ``episodes_per_s`` (trained episodes / wall time

@@ -43,8 +43,8 @@ def test_target_is_the_first_window_of_five_at_0_7():
 
 
 def test_the_target_reads_the_success_of_every_finished_episode_where_there_is_one():
-    """Async: the batch (what was trained) holds the short, failed episodes first and its
-    success/<tag> reads low; the rule reads success_finished/<tag> (every episode that
+    """Async: the batch (what was trained) holds more of the short episodes, and its
+    success/<tag> can read low; the rule reads success_finished/<tag> (every episode that
     ended in the step), and the row keeps the batch's beside it."""
     batch = [0.1, 0.5, 0.6, 0.6, 0.6, 0.6, 0.6, 0.6]
     finished = [0.1, 0.6, 0.7, 0.8, 0.8, 0.8, 0.8, 0.8]
