@@ -77,3 +77,29 @@ def test_policy_figure_when_the_trainer_reports_the_mismatch(tmp_path):
     paths = make_report(tmp_path)
     assert [p.name for p in paths] == ["rewards.png", "policy.png", "timeline.png"]
     assert paths[1].stat().st_size > 10_000
+
+
+def test_the_reward_of_every_finished_episode_is_drawn_where_it_is_not_the_batchs(
+        tmp_path, monkeypatch):
+    """rewards.png: reward_finished/<tag> (async: every episode that ended in the step)
+    gets its own dotted line for a task where it differs from the batch's reward, none
+    where they are the same (sync)."""
+    import matplotlib.axes
+
+    write_run(tmp_path)
+    lines = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    for m in lines:
+        m["reward_finished/A"] = min(1.0, m["reward/A"] + 0.1)  # the batch reads lower
+        m["reward_finished/B"] = m["reward/B"]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in lines))
+    labels: list[str] = []
+    plot = matplotlib.axes.Axes.plot
+
+    def spy(self, *args, **kwargs):
+        labels.append(str(kwargs.get("label")))
+        return plot(self, *args, **kwargs)
+
+    monkeypatch.setattr(matplotlib.axes.Axes, "plot", spy)
+    make_report(tmp_path)
+    assert "A reward, every finished episode" in labels
+    assert "B reward, every finished episode" not in labels

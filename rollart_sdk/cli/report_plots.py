@@ -2,7 +2,8 @@
 
 - ``rewards.png``: four panels per training step: reward (and success rate, where the env
   reports one and it differs from the reward) per task, smoothed over a window with the raw
-  values faint behind; rollout waste and length bias; trajectories launched and trained
+  values faint behind, and the reward of every episode that ended in the step where it
+  is not the batch's (async: ``reward_finished/<tag>``); rollout waste and length bias; trajectories launched and trained
   across a weight update per step; stage times;
 - ``eval.png`` (a run with ``eval:``): the held-out evaluations per task, success (or
   reward) with its 95 % interval and mean turns, against the steps trained;
@@ -105,6 +106,12 @@ def plot_rewards(metrics: list[dict[str, Any]], out: Path, window: int | None = 
         ax.plot(steps, smooth(rew, w), color=c, label=label)
         if not same and any(s == s for s in succ):
             ax.plot(steps, smooth(succ, w), color=c, linestyle="--", label=f"{tag} success")
+        # Every episode that ended in the step, trained or not: drawn where it is not the
+        # batch's (async: the batch holds the groups that completed first).
+        fin = series(f"reward_finished/{tag}")
+        if any(a == a and b == b and abs(a - b) > 1e-9 for a, b in zip(fin, rew, strict=True)):
+            ax.plot(steps, smooth(fin, w), color=c, linestyle=":",
+                    label=f"{tag} reward, every finished episode")
     # 0..1 unless a task's rewards leave it (penalties, e.g. GEM's -0.1 format error).
     values = [v for tag in tags for v in series(f"reward/{tag}") if v == v]
     ax.set_ylim(min([-0.05, *(v - 0.05 for v in values)]), max([1.05, *(v + 0.05 for v in values)]))
