@@ -86,8 +86,8 @@ def _stop(proc: subprocess.Popen[str], sig: signal.Signals) -> tuple[str, str]:
     try:
         return proc.communicate(timeout=STOP_GUARD_S)
     except subprocess.TimeoutExpired:
-        # Where it waits: the CLI prints every thread's stack on SIGUSR1
-        # (rollart_sdk.cli.dump_stacks_on_sigusr1); then it is killed.
+        # Where it waits: the CLI prints every thread's and every asyncio task's stack on
+        # SIGUSR1 (rollart_sdk.cli.dump_stacks_on_sigusr1); then it is killed.
         os.kill(proc.pid, signal.SIGUSR1)
         time.sleep(3)
         os.killpg(proc.pid, signal.SIGKILL)
@@ -143,8 +143,9 @@ def _resume_one_step(cfg: Path, run_dir: Path, steps: int) -> None:
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="SIGUSR1, Linux")
 def test_sigusr1_prints_where_every_thread_is_and_the_run_goes_on(tmp_path):
-    """``kill -USR1 PID``: the driver prints each thread's Python stack to stderr (where a
-    run that seems stuck waits) and keeps training; a SIGTERM then stops it as usual."""
+    """``kill -USR1 PID``: the driver prints each thread's Python stack and each asyncio
+    task's to stderr (where a run that seems stuck waits) and keeps training; a SIGTERM
+    then stops it as usual."""
     proc, _, out = _start(tmp_path, "inprocess")
     try:
         run_dir = _wait_first_step(proc, out)
