@@ -188,7 +188,9 @@ def test_dead_sender_fails_fetch_clearly():
             break
         time.sleep(0.2)
     assert error is not None, "fetch kept succeeding after the sender died"
-    assert error.version == 1 and error.bucket == 0
+    # The death may be noticed partway through a fetch: the error names the version and
+    # the bucket it failed on, whichever that was (CI once failed at bucket 2 of 3).
+    assert error.version == 1 and 0 <= error.bucket < len(manifest.buckets), error
     assert "died" in str(error) or "gone" in str(error)
 
 
