@@ -3,8 +3,8 @@
 - ``rewards.png``: four panels per training step: reward (and success rate, where the env
   reports one and it differs from the reward) per task, smoothed over a window with the raw
   values faint behind, and the reward of every episode that ended in the step where it
-  is not the batch's (async: ``reward_finished/<tag>``); rollout waste and length bias; trajectories launched and trained
-  across a weight update per step; stage times;
+  is not the batch's (async: ``reward_finished/<tag>``); rollout waste and length bias;
+  trajectories launched and trained across a weight update per step; stage times;
 - ``eval.png`` (a run with ``eval:``): the held-out evaluations per task, success (or
   reward) with its 95 % interval and mean turns, against the steps trained;
 - ``policy.png``: the sampled policy against the trained one, per step: the
