@@ -67,7 +67,14 @@ def test_both_layouts_write_the_same_run_directory_and_inprocess_resumes(tmp_pat
     ray_metrics, auto_metrics = ([json.loads(x) for x in (r / "metrics.jsonl").read_text()
                                   .splitlines()] for r in (ray_run, auto_run))
     assert [m["step"] for m in auto_metrics] == [1, 2]
-    assert [m.keys() for m in ray_metrics] == [m.keys() for m in auto_metrics]
+
+    def keys(m: dict) -> set[str]:
+        # env/reset_s/<tag> is there when an env instance was built since the last line,
+        # which depends on timing (a CI run had it on the Ray run's step 2 only).
+        return {k for k in m if not k.startswith("env/reset_s/")}
+
+    assert [keys(m) for m in ray_metrics] == [keys(m) for m in auto_metrics]
+    assert all("env/reset_s/FrozenLake" in ms[0] for ms in (ray_metrics, auto_metrics))
     # The in-process workers are objects of this process: the bindings say where each
     # would run (its pool), with no Ray node or placement group.
     bindings = json.loads((auto_run / "bindings.json").read_text())
