@@ -173,24 +173,48 @@ def run_rollout_summary(pipeline: Pipeline) -> dict[str, Any]:
 def summary_carry(pipeline: Pipeline, upto: int | None = None) -> dict[str, Any]:
     """The run summary's raw figures: the carried ones of the sessions before a resume
     plus this session's records (those of steps ``< upto`` when given). JSON-ready: what a
-    checkpoint's ``run_state.json`` keeps (``summary``) for the next session."""
+    checkpoint's ``run_state.json`` keeps (``summary``) for the next session.
+    ``finished_stats`` are the per-step figures of every episode that ended since the step
+    before (:func:`finished_stats`); ``task_stats`` the batch's."""
     c = pipeline.carried
     stats = list(c.get("task_stats", []))
+    # A checkpoint written before the finished figures existed carries none: the steps
+    # before it then have no figures (None), so a step's place in the list is its own.
+    fin = list(c.get("finished_stats", [None] * len(stats)))
     spanning = int(c.get("spanning_update", 0))
     hist: Counter[str] = Counter({str(k): int(v) for k, v in c.get("staleness_hist", {}).items()})
     turns = {tag: [int(n), int(t)] for tag, (n, t) in c.get("trained_turns", {}).items()}
+    prev = getattr(pipeline, "session_start", None)
     for r in pipeline.records:
         if upto is not None and r.step >= upto:
             continue
         stats.append(r.task_stats)
+        fin.append(finished_stats(r, prev))
+        prev = r
         spanning += r.spanning
         hist.update({str(k): v for k, v in r.staleness.items()})
         for tag, (n, t) in r.trained_turns.items():
             acc = turns.setdefault(tag, [0, 0])
             acc[0] += n
             acc[1] += t
-    return {"task_stats": stats, "spanning_update": spanning, "staleness_hist": dict(hist),
-            "trained_turns": turns}
+    return {"task_stats": stats, "finished_stats": fin, "spanning_update": spanning,
+            "staleness_hist": dict(hist), "trained_turns": turns}
+
+
+def finished_stats(rec: StepRecord, prev: StepRecord | None
+                   ) -> dict[str, dict[str, float | None]]:
+    """Per task, in :func:`task_stats`'s shape: mean reward and success rate of every
+    episode that ended between ``prev``'s batch and ``rec``'s (``reward_finished/<tag>``,
+    ``success_finished/<tag>``), trained or not."""
+    out: dict[str, dict[str, float | None]] = {}
+    for tag, o in rec.finished_outcomes.items():
+        p = prev.finished_outcomes.get(tag, (0, 0.0, 0, 0)) if prev is not None else (0, 0.0, 0, 0)
+        n, total, judged, wins = (o[0] - p[0], o[1] - p[1], o[2] - p[2], o[3] - p[3])
+        if n or judged:
+            out[tag] = {"reward": total / n if n else None,
+                        "success": wins / judged if judged else None,
+                        "n": float(n), "n_success": float(judged)}
+    return out
 
 
 def learning_summary(pipeline: Pipeline) -> dict[str, dict[str, Any]]:
@@ -201,14 +225,27 @@ def learning_summary(pipeline: Pipeline) -> dict[str, dict[str, Any]]:
     of the difference (from the steps' spread; with one step per tenth, from the binomial
     spread of a success rate), else ``no clear change``; None when it cannot be told
     (one step per tenth and no success rate, or fewer than two steps). The figures
-    docs/quickstart.md reports. Read from each record's ``task_stats``, which outlive the
+    docs/quickstart.md reports.
+
+    ``over`` says what the figures average: ``finished episodes`` (every episode that
+    ended in the step, trained or not: what the policy does; in async mode a batch is the
+    groups that completed first, more of the short episodes; a step in which none of the
+    task's ended has no figure), else ``batches`` (the trained episodes: a run resumed
+    from a checkpoint older than the finished figures, or records without them). Read from each record's figures, which outlive the
     trajectories the pipeline frees, the steps of the sessions before a resume included."""
-    recs = summary_carry(pipeline)["task_stats"]
-    if not recs:
+    carry = summary_carry(pipeline)
+    batches = carry["task_stats"]
+    if not batches:
         return {}
-    k = max(1, len(recs) // 10)
+    k = max(1, len(batches) // 10)
     out: dict[str, dict[str, Any]] = {}
     for tag in [t.tag for t in pipeline.cfg.tasks]:
+        fin = carry["finished_stats"]
+        over = "finished episodes"
+        if any(f is None for f in fin) or not any(tag in f for f in fin):
+            fin, over = batches, "batches"
+        recs: list[Any] = fin
+
         def mean(rs: list[Any], key: str, tag: str = tag) -> float | None:
             total = count = 0.0
             for st in rs:
@@ -221,6 +258,7 @@ def learning_summary(pipeline: Pipeline) -> dict[str, dict[str, Any]]:
             return total / count if count else None
 
         row: dict[str, Any] = {
+            "over": over,
             "reward_first_step": mean(recs[:1], "reward"),
             "reward_last_tenth": mean(recs[-k:], "reward"),
             "success_first_step": mean(recs[:1], "success"),
@@ -280,9 +318,10 @@ def learning_lines(learning: dict[str, dict[str, Any]]) -> list[str]:
             return _num(v[f"{key}_{name}_tenth"]) + (f" +- {sd:.2f}" if sd is not None else "")
 
         change = v.get(f"{key}_change")
+        what = f"{key} of finished episodes" if v.get("over") == "finished episodes" else key
         verdict = {"up": "up", "down": "down", "no clear change": "no clear change",
                    None: "too few steps to tell"}[change]
-        lines.append(f"{tag}: {key} {fig('first')} over the first tenth -> {fig('last')} "
+        lines.append(f"{tag}: {what} {fig('first')} over the first tenth -> {fig('last')} "
                      f"over the last tenth ({verdict}; first step "
                      f"{_num(v[f'{key}_first_step'])})")
     return lines

@@ -86,3 +86,60 @@ def test_first_and_last_tenth_with_their_spread():
     assert learning_lines({"B": b}) == [
         "B: reward 0.50 over the first tenth -> 0.50 over the last tenth (too few steps to "
         "tell; first step 0.50)"]
+
+
+def _async_step(step, batch_successes, finished, before):
+    """A step whose batch holds ``batch_successes`` and in which the episodes
+    ``finished`` (1 won, 0 lost) ended; ``before``: the counts up to the step before."""
+    rec = _step(step, batch_successes)
+    n, wins = before[0] + len(finished), before[1] + sum(finished)
+    rec.finished_outcomes = {"A": (n, float(wins), n, wins)}
+    return rec, (n, wins)
+
+
+def test_the_summary_says_what_every_finished_episode_did_not_only_the_batch():
+    """Async: the batch is the groups that completed first (here the losing short
+    episodes); the learning summary reads every finished episode of the step, trained or
+    not, and says so."""
+    from rollart_sdk.control.metrics import learning_lines
+
+    records, counts = [], (0, 0)
+    for i in range(20):
+        # the batch: 1 of 4 won at every step; the finished episodes: 1 of 4 at first, 3 of
+        # 4 from step 10 (the long winning episodes finish after the batch formed)
+        finished = [1, 0, 0, 0] if i < 10 else [1, 1, 1, 0]
+        rec, counts = _async_step(i, [1, 0, 0, 0], finished, counts)
+        records.append(rec)
+    out = learning_summary(_pipe(records))["A"]
+    assert out["over"] == "finished episodes"
+    assert out["success_first_step"] == 0.25 and out["success_last_tenth"] == 0.75
+    assert out["success_change"] == "up"
+    (line,) = learning_lines({"A": out})
+    assert line.startswith("A: success of finished episodes 0.25 +- 0.00 over the first tenth -> "
+                           "0.75 +- 0.00 over the last tenth (up;")
+    # The same run counted by batch would see no change: what the old summary said.
+    for r in records:
+        r.finished_outcomes = {}
+    old = learning_summary(_pipe(records))["A"]
+    assert old["over"] == "batches" and old["success_last_tenth"] == 0.25
+    assert old["success_change"] == "no clear change"
+
+
+def test_finished_figures_count_from_the_resumed_totals_and_an_old_checkpoint_falls_back():
+    from rollart_sdk.control.metrics import summary_carry
+
+    records, counts = [], (0, 0)
+    for i in range(4):
+        rec, counts = _async_step(i, [0, 0], [1, 1, 0, 0], counts)
+        records.append(rec)
+    # A resumed session: its first step's episodes count from the checkpoint's totals.
+    carried = summary_carry(_pipe(records[:2]))
+    assert [f["A"]["n"] for f in carried["finished_stats"]] == [4.0, 4.0]
+    pipe = _pipe(records[2:])
+    pipe.carried, pipe.session_start = carried, records[1]
+    out = learning_summary(pipe)["A"]
+    assert out["over"] == "finished episodes" and out["success_last_tenth"] == 0.5
+    assert [f["A"]["n"] for f in summary_carry(pipe)["finished_stats"]] == [4.0] * 4
+    # A checkpoint written before the finished figures: the batches, for the whole run.
+    pipe.carried = {"task_stats": carried["task_stats"]}
+    assert learning_summary(pipe)["A"]["over"] == "batches"

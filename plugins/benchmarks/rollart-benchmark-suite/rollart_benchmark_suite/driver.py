@@ -24,6 +24,15 @@ Two parts, each config run ``--repeats`` times, the median reported:
   time. The sim trainer is in process: the ``send`` part is where the batch path shows.
   Of that CPU time, what Python's garbage collector took (``gc.callbacks``, per
   generation) is reported apart (docs/benchmarks.md).
+- ``floor``: no control plane. N coroutines on the same virtual-time loop, each a
+  trajectory of 6 turns with the control plane's await depth (episode -> rollout ->
+  timed span -> :func:`rollart_sdk.control.aio.wait_for` -> a future) and a small
+  state per turn (a context list copied into each request, a span appended); two stand-in
+  "workers" answer the pending engine and env calls in batches, the oldest quarter every
+  10 virtual ms (each call touched once); a new trajectory starts when one ends, until 2.5 N have run. Its CPU per
+  turn is what any asyncio driver pays to resume N coroutines' worth of cold state: the
+  part of the ``inflight`` rows' growth that is the interpreter's and the cache's, not
+  the control plane's.
 """
 
 from __future__ import annotations
@@ -37,6 +46,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections import deque
 from pathlib import Path
 from typing import Any
 
@@ -213,19 +223,116 @@ def sim_once(n: int, steps: int) -> dict[str, Any]:
             "peak_rss_mib": (_status_kib("VmHWM") or 0) / 1024, "wall_s": job.wall_s}
 
 
-def run_inflight(sizes: list[int], steps: int, repeats: int) -> list[dict[str, Any]]:
+def floor_once(n: int, turns: int = 6) -> dict[str, Any]:
+    """The ``floor`` part, ``n`` in flight (this process: run it fresh)."""
+    from rollart_sdk.control.aio import wait_for
+    from rollart_sdk.sim.clock import VirtualTimeLoop
+
+    pending: list[deque[tuple[asyncio.Future[list[int]], int]]] = [deque(), deque()]
+
+    async def call(worker: int, size: int) -> list[int]:  # 0: engine, 1: env
+        fut: asyncio.Future[list[int]] = asyncio.get_running_loop().create_future()
+        pending[worker].append((fut, size))
+        return await fut
+
+    async def answer() -> None:  # the stand-in workers: the oldest quarter every 10 ms
+        while True:
+            await asyncio.sleep(0.01)
+            for queue in pending:
+                for _ in range(-(-len(queue) // 4)):
+                    fut, size = queue.popleft()
+                    fut.set_result([1] * size)
+
+    async def timed(spans: list[tuple[str, float, float]], span: str, coro: Any) -> Any:
+        t0 = time.time()
+        try:
+            return await wait_for(coro, 100.0)
+        finally:
+            spans.append((span, t0, time.time()))
+
+    async def rollout(spans: list[tuple[str, float, float]], turns_out: list[Any]) -> None:
+        context = [2] * 50
+        for t in range(turns):
+            request = {"request_id": t, "prompt_ids": list(context)}
+            out = await timed(spans, "generate", call(0, 8))
+            turns_out.append((request["request_id"], list(out)))
+            context += out
+            context += await timed(spans, "env_step", call(1, 10))
+
+    async def episode() -> int:
+        spans: list[tuple[str, float, float]] = []
+        turns_out: list[Any] = []
+        await rollout(spans, turns_out)
+        return len(turns_out)
+
+    async def main() -> dict[str, Any]:
+        loop = asyncio.get_running_loop()
+        total, launched, live, done_turns = int(n * 2.5), 0, 0, 0
+        finished = loop.create_future()
+
+        def launch() -> None:
+            nonlocal launched, live
+            launched, live = launched + 1, live + 1
+            loop.create_task(episode()).add_done_callback(end)
+
+        def end(task: asyncio.Task[int]) -> None:
+            nonlocal live, done_turns
+            live, done_turns = live - 1, done_turns + task.result()
+            if launched < total:
+                launch()
+            elif live == 0:
+                finished.set_result(None)
+
+        workers = loop.create_task(answer())
+        c0 = time.process_time()
+        for _ in range(n):
+            launch()
+        await finished
+        cpu = time.process_time() - c0
+        workers.cancel()
+        return {"cpu_s": cpu, "launched": launched, "turns": done_turns}
+
+    loop = VirtualTimeLoop()
+    try:
+        return loop.run_until_complete(main())
+    finally:
+        loop.close()
+
+
+def _fresh(flag: str, n: int, steps: int) -> dict[str, Any]:
+    res = subprocess.run([sys.executable, "-m", "rollart_benchmark_suite.driver",
+                          flag, str(n), "--steps", str(steps)],
+                         capture_output=True, text=True, timeout=1800, check=False)
+    if res.returncode != 0:
+        raise RuntimeError(f"{flag[2:]} run with {n} in flight failed: {res.stderr[-2000:]}")
+    out: dict[str, Any] = json.loads(res.stdout.strip().splitlines()[-1])
+    return out
+
+
+def run_inflight(sizes: list[int], steps: int, repeats: int, floor: bool = False
+                 ) -> list[dict[str, Any]]:
+    """The ``inflight`` rows (and the ``floor`` rows with ``floor``), a fresh process per
+    run; with both, each repeat runs the sim and then the floor, so both see the same load."""
     rows = []
     for n in sizes:
-        runs = []
+        runs, floors = [], []
         for _ in range(repeats):
-            res = subprocess.run([sys.executable, "-m", "rollart_benchmark_suite.driver",
-                                  "--sim-once", str(n), "--steps", str(steps)],
-                                 capture_output=True, text=True, timeout=1800, check=False)
-            if res.returncode != 0:
-                raise RuntimeError(f"sim run with {n} in flight failed: {res.stderr[-2000:]}")
-            runs.append(json.loads(res.stdout.strip().splitlines()[-1]))
+            runs.append(_fresh("--sim-once", n, steps))
+            if floor:
+                floors.append(_fresh("--floor-once", n, steps))
         rows.append(_inflight_row(n, runs))
+        if floor:
+            rows.append(_floor_row(n, floors))
     return rows
+
+
+def _floor_row(n: int, runs: list[dict[str, Any]]) -> dict[str, Any]:
+    return {"part": "floor", "max_envs": n, "repeats": len(runs),
+            "launched": _median([r["launched"] for r in runs]),
+            "turns": _median([r["turns"] for r in runs]),
+            "cpu_s": round(_median([r["cpu_s"] for r in runs]), 3),
+            "cpu_us_per_turn": round(_median([r["cpu_s"] / r["turns"] * 1e6 for r in runs]), 1),
+            "cpu_us_per_turn_runs": [round(r["cpu_s"] / r["turns"] * 1e6, 1) for r in runs]}
 
 
 def _inflight_row(n: int, runs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -238,6 +345,7 @@ def _inflight_row(n: int, runs: list[dict[str, Any]]) -> dict[str, Any]:
             "cpu_us_per_traj": round(_median(per), 1),
             "turns": _median([r["turns"] for r in runs]),
             "cpu_us_per_turn": round(_median([r["cpu_s"] / r["turns"] * 1e6 for r in runs]), 1),
+            "cpu_us_per_turn_runs": [round(r["cpu_s"] / r["turns"] * 1e6, 1) for r in runs],
             "gc_us_per_traj": round(_median(gc_per), 1),
             "other_us_per_traj": round(_median([a - b for a, b in zip(per, gc_per, strict=True)]), 1),
             "peak_rss_mib": round(_median([r["peak_rss_mib"] for r in runs]), 1)}
@@ -245,7 +353,10 @@ def _inflight_row(n: int, runs: list[dict[str, Any]]) -> dict[str, Any]:
 
 def _print(rows: list[dict[str, Any]]) -> None:
     for r in rows:
-        if r["part"] == "send":
+        if r["part"] == "floor":
+            print(f"floor    max_envs {r['max_envs']:>5}  {r['turns']} turns  cpu {r['cpu_s']} s "
+                  f"= {r['cpu_us_per_turn']:.1f} us per turn")
+        elif r["part"] == "send":
             print(f"send     {r['trajectories']:>5} traj x {r['tokens']} tok  {r['mode']:<4}  "
                   f"cpu {r['cpu_s']:.3f} s = {r['cpu_us_per_traj']:>7.1f} us/traj  "
                   f"peak +{r['peak_mib']} MiB  arg {r['arg_bytes']} B")
@@ -265,19 +376,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tokens", type=int, default=1024, help="tokens per trajectory (send)")
     parser.add_argument("--steps", type=int, default=3, help="training steps per sim run")
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--parts", nargs="+", choices=["send", "inflight"],
-                        default=["send", "inflight"])
+    parser.add_argument("--parts", nargs="+", choices=["send", "inflight", "floor"],
+                        default=["send", "inflight"],
+                        help="floor: also the bare-asyncio floor beside each inflight run")
     parser.add_argument("--json", metavar="PATH", default=None, help="also write the rows here")
     parser.add_argument("--sim-once", type=int, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--floor-once", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.sim_once is not None:
         print(json.dumps(sim_once(args.sim_once, args.steps)))
         return 0
+    if args.floor_once is not None:
+        print(json.dumps(floor_once(args.floor_once)))
+        return 0
     rows: list[dict[str, Any]] = []
     if "send" in args.parts:
         rows += run_send(args.sizes, args.tokens, args.repeats)
-    if "inflight" in args.parts:
-        rows += run_inflight(args.sizes, args.steps, args.repeats)
+    if "inflight" in args.parts or "floor" in args.parts:
+        rows += run_inflight(args.sizes, args.steps, args.repeats, "floor" in args.parts)
     _print(rows)
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=2))
