@@ -230,6 +230,44 @@ def test_abort_running_and_held_requests() -> None:
     asyncio.run(main())
 
 
+class SlowPauseEngine(ScriptedEngine):
+    """A pause that takes effect only when ``pause_lands`` is set (vLLM's
+    ``pause_generation`` waits for the engine's step to end)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.pause_lands = asyncio.Event()
+
+    async def _pause(self) -> None:
+        await self.pause_lands.wait()
+        self.running.clear()
+
+
+def test_a_resume_that_arrives_while_the_engine_pauses_leaves_it_running() -> None:
+    """On Ray a stop cancels the driver's suspend but not the actor's; the driver's resume
+    then runs on the actor while that suspend still waits for its pause. The engine must
+    end up running, and a request must still be served."""
+
+    async def main() -> None:
+        eng = SlowPauseEngine()
+        suspend = asyncio.create_task(eng.suspend())
+        await until(lambda: eng.stats()["suspended"])
+        await eng.resume()  # the pause has not landed yet
+        eng.pause_lands.set()
+        await asyncio.wait_for(suspend, 5)
+        assert eng.running.is_set() and not eng.stats()["suspended"]
+        r = await asyncio.wait_for(eng.generate(req("after", n=3)), 5)
+        assert r.finish_reason == "length" and len(r.token_ids) == 3
+        # The usual order still pauses: suspend, then resume.
+        eng.pause_lands.set()
+        await eng.suspend()
+        assert not eng.running.is_set() and eng.stats()["suspended"]
+        await eng.resume()
+        assert eng.running.is_set()
+
+    asyncio.run(main())
+
+
 def test_cancelled_caller_aborts_its_submission() -> None:
     async def main() -> None:
         eng = ScriptedEngine()

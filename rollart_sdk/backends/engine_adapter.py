@@ -280,11 +280,20 @@ class EngineAdapter(Generic[R]):
         return True
 
     async def suspend(self) -> None:
-        """Hold new requests here; pause in-flight ones inside the engine (KV kept)."""
+        """Hold new requests here; pause in-flight ones inside the engine (KV kept).
+
+        A :meth:`resume` that arrives while the engine is still pausing wins: on Ray a
+        driver that gave up on its suspend (a stop cancelling a weight swap) does not
+        stop the call on the actor, and its ``resume`` can run there in the middle of it.
+        Without this check the pause would land after the resume and leave the engine
+        paused with nobody to resume it."""
         if self._suspended:
             return
         self._suspended = True
         await self._pause()
+        if not self._suspended:  # resumed while pausing: undo the pause
+            await self._continue()
+            return
         await self._settle()
 
     async def resume(self) -> None:
