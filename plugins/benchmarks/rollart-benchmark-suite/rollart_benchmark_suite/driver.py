@@ -312,17 +312,21 @@ def _fresh(flag: str, n: int, steps: int) -> dict[str, Any]:
 def run_inflight(sizes: list[int], steps: int, repeats: int, floor: bool = False
                  ) -> list[dict[str, Any]]:
     """The ``inflight`` rows (and the ``floor`` rows with ``floor``), a fresh process per
-    run; with both, each repeat runs the sim and then the floor, so both see the same load."""
+    run. The sizes take turns (every size once per round, ``repeats`` rounds), so a drift
+    of the machine's speed during the bench lands on every size alike; with both parts,
+    each sim run is followed by its floor run."""
+    runs: dict[int, list[dict[str, Any]]] = {n: [] for n in sizes}
+    floors: dict[int, list[dict[str, Any]]] = {n: [] for n in sizes}
+    for _ in range(repeats):
+        for n in sizes:
+            runs[n].append(_fresh("--sim-once", n, steps))
+            if floor:
+                floors[n].append(_fresh("--floor-once", n, steps))
     rows = []
     for n in sizes:
-        runs, floors = [], []
-        for _ in range(repeats):
-            runs.append(_fresh("--sim-once", n, steps))
-            if floor:
-                floors.append(_fresh("--floor-once", n, steps))
-        rows.append(_inflight_row(n, runs))
+        rows.append(_inflight_row(n, runs[n]))
         if floor:
-            rows.append(_floor_row(n, floors))
+            rows.append(_floor_row(n, floors[n]))
     return rows
 
 
