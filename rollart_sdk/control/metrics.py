@@ -230,9 +230,11 @@ def learning_summary(pipeline: Pipeline) -> dict[str, dict[str, Any]]:
     ``over`` says what the figures average: ``finished episodes`` (every episode that
     ended in the step, trained or not: what the policy does; in async mode a batch is the
     groups that completed first, more of the short episodes; a step in which none of the
-    task's ended has no figure), else ``batches`` (the trained episodes: a run resumed
-    from a checkpoint older than the finished figures, or records without them). Read from each record's figures, which outlive the
-    trajectories the pipeline frees, the steps of the sessions before a resume included."""
+    task's ended has no figure), else ``batches`` (the trained episodes): for a run
+    resumed from a checkpoint older than the finished figures, records without them, or
+    a task none of whose episodes ended in the first or the last tenth. Read from each
+    record's figures, which outlive the trajectories the pipeline frees, the steps of the
+    sessions before a resume included."""
     carry = summary_carry(pipeline)
     batches = carry["task_stats"]
     if not batches:
@@ -241,33 +243,41 @@ def learning_summary(pipeline: Pipeline) -> dict[str, dict[str, Any]]:
     out: dict[str, dict[str, Any]] = {}
     for tag in [t.tag for t in pipeline.cfg.tasks]:
         fin = carry["finished_stats"]
-        over = "finished episodes"
-        if any(f is None for f in fin) or not any(tag in f for f in fin):
-            fin, over = batches, "batches"
-        recs: list[Any] = fin
-
-        def mean(rs: list[Any], key: str, tag: str = tag) -> float | None:
-            total = count = 0.0
-            for st in rs:
-                st = st.get(tag)
-                n = (st or {}).get("n_success" if key == "success" else "n") or 0.0
-                if st is None or not n or st.get(key) is None:
-                    continue
-                total += float(st[key]) * n
-                count += n
-            return total / count if count else None
-
-        row: dict[str, Any] = {
-            "over": over,
-            "reward_first_step": mean(recs[:1], "reward"),
-            "reward_last_tenth": mean(recs[-k:], "reward"),
-            "success_first_step": mean(recs[:1], "success"),
-            "success_last_tenth": mean(recs[-k:], "success"),
-        }
-        for key in ("reward", "success"):
-            row.update(_tenths(recs, k, tag, key, mean))
+        row = None
+        if all(f is not None for f in fin) and any(tag in f for f in fin):
+            row = _learning_row(fin, k, tag, "finished episodes")
+        # A window with no finished episode of the task (a short async run whose last
+        # step saw none end): the batches, which always hold the task's groups.
+        if row is None or row["reward_first_tenth"] is None or row["reward_last_tenth"] is None:
+            row = _learning_row(batches, k, tag, "batches")
         out[tag] = row
     return out
+
+
+def _learning_row(recs: list[Any], k: int, tag: str, over: str) -> dict[str, Any]:
+    """:func:`learning_summary`'s row of ``tag`` from the per-step figures ``recs``."""
+
+    def mean(rs: list[Any], key: str) -> float | None:
+        total = count = 0.0
+        for st in rs:
+            st = (st or {}).get(tag)
+            n = (st or {}).get("n_success" if key == "success" else "n") or 0.0
+            if st is None or not n or st.get(key) is None:
+                continue
+            total += float(st[key]) * n
+            count += n
+        return total / count if count else None
+
+    row: dict[str, Any] = {
+        "over": over,
+        "reward_first_step": mean(recs[:1], "reward"),
+        "reward_last_tenth": mean(recs[-k:], "reward"),
+        "success_first_step": mean(recs[:1], "success"),
+        "success_last_tenth": mean(recs[-k:], "success"),
+    }
+    for key in ("reward", "success"):
+        row.update(_tenths(recs, k, tag, key, mean))
+    return row
 
 
 def _tenths(recs: list[Any], k: int, tag: str, key: str, mean: Any) -> dict[str, Any]:

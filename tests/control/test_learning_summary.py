@@ -143,3 +143,14 @@ def test_finished_figures_count_from_the_resumed_totals_and_an_old_checkpoint_fa
     # A checkpoint written before the finished figures: the batches, for the whole run.
     pipe.carried = {"task_stats": carried["task_stats"]}
     assert learning_summary(pipe)["A"]["over"] == "batches"
+
+
+def test_a_task_with_no_episode_ended_in_the_last_tenth_is_told_over_its_batches():
+    """A short async run: the last step's batch holds the task's groups, but none of its
+    episodes ended in that step. The summary then reads the batches, not "n/a"."""
+    records, counts = [], (0, 0)
+    for i in range(4):
+        rec, counts = _async_step(i, [1, 1, 0, 0], [1, 0, 0, 0] if i < 3 else [], counts)
+        records.append(rec)
+    out = learning_summary(_pipe(records))["A"]
+    assert out["over"] == "batches" and out["success_last_tenth"] == 0.5

@@ -223,78 +223,85 @@ def sim_once(n: int, steps: int) -> dict[str, Any]:
             "peak_rss_mib": (_status_kib("VmHWM") or 0) / 1024, "wall_s": job.wall_s}
 
 
-def floor_once(n: int, turns: int = 6) -> dict[str, Any]:
-    """The ``floor`` part, ``n`` in flight (this process: run it fresh)."""
-    from rollart_sdk.control.aio import wait_for
-    from rollart_sdk.sim.clock import VirtualTimeLoop
+class _Floor:
+    """The ``floor`` part's program (see the module docstring)."""
 
-    pending: list[deque[tuple[asyncio.Future[list[int]], int]]] = [deque(), deque()]
+    def __init__(self, n: int, turns: int) -> None:
+        self.n, self.turns = n, turns
+        self.pending: list[deque[tuple[asyncio.Future[list[int]], int]]] = [deque(), deque()]
+        self.total, self.launched, self.live, self.done_turns = int(n * 2.5), 0, 0, 0
+        self.finished: asyncio.Future[None] | None = None
 
-    async def call(worker: int, size: int) -> list[int]:  # 0: engine, 1: env
+    async def call(self, worker: int, size: int) -> list[int]:  # 0: engine, 1: env
         fut: asyncio.Future[list[int]] = asyncio.get_running_loop().create_future()
-        pending[worker].append((fut, size))
+        self.pending[worker].append((fut, size))
         return await fut
 
-    async def answer() -> None:  # the stand-in workers: the oldest quarter every 10 ms
+    async def answer(self) -> None:  # the stand-in workers: the oldest quarter every 10 ms
         while True:
             await asyncio.sleep(0.01)
-            for queue in pending:
+            for queue in self.pending:
                 for _ in range(-(-len(queue) // 4)):
                     fut, size = queue.popleft()
                     fut.set_result([1] * size)
 
-    async def timed(spans: list[tuple[str, float, float]], span: str, coro: Any) -> Any:
+    async def timed(self, spans: list[tuple[str, float, float]], span: str, coro: Any) -> Any:
+        from rollart_sdk.control.aio import wait_for
+
         t0 = time.time()
         try:
             return await wait_for(coro, 100.0)
         finally:
             spans.append((span, t0, time.time()))
 
-    async def rollout(spans: list[tuple[str, float, float]], turns_out: list[Any]) -> None:
+    async def rollout(self, spans: list[tuple[str, float, float]], out: list[Any]) -> None:
         context = [2] * 50
-        for t in range(turns):
+        for t in range(self.turns):
             request = {"request_id": t, "prompt_ids": list(context)}
-            out = await timed(spans, "generate", call(0, 8))
-            turns_out.append((request["request_id"], list(out)))
-            context += out
-            context += await timed(spans, "env_step", call(1, 10))
+            ids = await self.timed(spans, "generate", self.call(0, 8))
+            out.append((request["request_id"], list(ids)))
+            context += ids
+            context += await self.timed(spans, "env_step", self.call(1, 10))
 
-    async def episode() -> int:
+    async def episode(self) -> int:
         spans: list[tuple[str, float, float]] = []
-        turns_out: list[Any] = []
-        await rollout(spans, turns_out)
-        return len(turns_out)
+        out: list[Any] = []
+        await self.rollout(spans, out)
+        return len(out)
 
-    async def main() -> dict[str, Any]:
+    def launch(self) -> None:
+        self.launched += 1
+        self.live += 1
+        asyncio.get_running_loop().create_task(self.episode()).add_done_callback(self.end)
+
+    def end(self, task: asyncio.Task[int]) -> None:
+        self.live -= 1
+        self.done_turns += task.result()
+        if self.launched < self.total:
+            self.launch()
+        elif self.live == 0 and self.finished is not None:
+            self.finished.set_result(None)
+
+    async def main(self) -> dict[str, Any]:
         loop = asyncio.get_running_loop()
-        total, launched, live, done_turns = int(n * 2.5), 0, 0, 0
-        finished = loop.create_future()
-
-        def launch() -> None:
-            nonlocal launched, live
-            launched, live = launched + 1, live + 1
-            loop.create_task(episode()).add_done_callback(end)
-
-        def end(task: asyncio.Task[int]) -> None:
-            nonlocal live, done_turns
-            live, done_turns = live - 1, done_turns + task.result()
-            if launched < total:
-                launch()
-            elif live == 0:
-                finished.set_result(None)
-
-        workers = loop.create_task(answer())
+        self.finished = loop.create_future()
+        workers = loop.create_task(self.answer())
         c0 = time.process_time()
-        for _ in range(n):
-            launch()
-        await finished
+        for _ in range(self.n):
+            self.launch()
+        await self.finished
         cpu = time.process_time() - c0
         workers.cancel()
-        return {"cpu_s": cpu, "launched": launched, "turns": done_turns}
+        return {"cpu_s": cpu, "launched": self.launched, "turns": self.done_turns}
+
+
+def floor_once(n: int, turns: int = 6) -> dict[str, Any]:
+    """The ``floor`` part, ``n`` in flight (this process: run it fresh)."""
+    from rollart_sdk.sim.clock import VirtualTimeLoop
 
     loop = VirtualTimeLoop()
     try:
-        return loop.run_until_complete(main())
+        return loop.run_until_complete(_Floor(n, turns).main())
     finally:
         loop.close()
 

@@ -41,3 +41,14 @@ def test_inflight_part_keeps_that_many_trajectories_in_flight(tmp_path, monkeypa
     # The generation calls it served (the per-turn figure's divisor): every trained
     # trajectory had at least one turn, and the multi-turn tasks more.
     assert res["turns"] > res["trained"]
+
+
+def test_floor_runs_its_trajectories_to_the_end_with_that_many_in_flight():
+    from rollart_benchmark_suite.driver import _floor_row, floor_once
+
+    res = floor_once(64, turns=3)
+    # 2.5 x 64 trajectories launched, each through its 3 turns (an engine and an env call
+    # each, answered by the stand-in workers): none lost, none cut short.
+    assert res["launched"] == 160 and res["turns"] == 160 * 3 and res["cpu_s"] > 0
+    row = _floor_row(64, [res, res])
+    assert row["part"] == "floor" and row["cpu_us_per_turn_runs"] == [row["cpu_us_per_turn"]] * 2
