@@ -62,6 +62,11 @@ from rollart_sdk.control.proxy import LLMProxy
 from rollart_sdk.types import Trajectory
 
 MAX_BACKOFF_S = 2.0
+# At stop, after the aborts: how long the episodes get to end by themselves (an aborted
+# generate returns at once; an env step, a reward call run on) before they are cancelled.
+# They are dropped either way (the run is ending); an env step of minutes must not hold
+# the stop, whose checkpoint is already written.
+STOP_GRACE_S = 5.0
 # Drops that are decisions of the control plane, not failures: never re-run.
 NOT_FAILURES = ("aborted:", "surplus", "run_end", "stale", "group_incomplete", "internal_error",
                 "zero_variance")
@@ -229,7 +234,10 @@ class RolloutScheduler:
             self._quota_closed = True  # the batch is full: no replacements until allow()
         return await self.abort_where(lambda t: True, reason)
 
-    async def stop(self, reason: str = "shutdown", timeout: float = 60.0) -> None:
+    async def stop(self, reason: str = "shutdown", timeout: float = 60.0,
+                   grace: float = STOP_GRACE_S) -> None:
+        """Abort every running trajectory (within ``timeout``), give them ``grace``
+        seconds to end, then cancel the rest; each is counted once (dropped at run end)."""
         self._stopped = True
         self._wakeup.set()
         try:  # a stuck or failing engine must not keep the run from stopping
@@ -240,7 +248,7 @@ class RolloutScheduler:
         # Those landing (slot returned, then counted) too: each is counted once it returns.
         tasks = [t for _, t in [*self.running.values(), *self.landing.values()]]
         if tasks:
-            done, pending = await asyncio.wait(tasks, timeout=timeout)
+            done, pending = await asyncio.wait(tasks, timeout=grace)
             for t in pending:
                 t.cancel()
             if pending:

@@ -16,6 +16,7 @@ import multiprocessing
 import signal
 import sys
 import threading
+import time
 from typing import TYPE_CHECKING, Any
 
 from rollart_sdk.cluster.envs.errors import EnvCallError, EnvHung, EnvProcessDied, error_text
@@ -59,6 +60,10 @@ def _start(proc: Any) -> None:
         finally:
             main.__dict__.pop("__spec__", None)
             main.__dict__.update(saved)
+
+
+# close(): how long an env busy in a call is waited for before its process is killed.
+BUSY_CLOSE_WAIT_S = 0.25
 
 
 class EnvProcess:
@@ -106,9 +111,17 @@ class EnvProcess:
         return value
 
     def close(self, timeout: float = 10.0) -> None:
-        """Ask the env to close (in its process), then let the process end."""
+        """Ask the env to close (in its process), then let the process end. An env still
+        inside a call after ``BUSY_CLOSE_WAIT_S`` (a run stopping while a step runs on) is
+        killed instead: its close would wait for that call."""
         if not self.alive:
             return
+        deadline = time.monotonic() + BUSY_CLOSE_WAIT_S
+        while self._lock.locked() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        if self._lock.locked():
+            self.kill()  # the call in flight sees its pipe close and ends
+            raise EnvHung(f"env {self.env_id} was inside a call at close; its process was killed")
         try:
             self.call("close", (), timeout)
         except BaseException:
