@@ -64,8 +64,10 @@ from rollart_sdk.types import Trajectory
 MAX_BACKOFF_S = 2.0
 # At stop, after the aborts: how long the episodes get to end by themselves (an aborted
 # generate returns at once; an env step, a reward call run on) before they are cancelled.
-# They are dropped either way (the run is ending); an env step of minutes must not hold
-# the stop, whose checkpoint is already written.
+# They are dropped either way (the run is ending), and one cancelled is counted as
+# dropped at run end; an env call of minutes must not hold the stop, and the final
+# checkpoint and summary after it. (A finished trajectory still landing, its env slot
+# being returned, is also cancelled after it: counted dropped, not carried to a resume.)
 STOP_GRACE_S = 5.0
 # Drops that are decisions of the control plane, not failures: never re-run.
 NOT_FAILURES = ("aborted:", "surplus", "run_end", "stale", "group_incomplete", "internal_error",
