@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import Any
 
 from rollart_sdk.cli import (
     bench,
@@ -38,8 +39,13 @@ def dump_stacks_on_sigusr1() -> None:
     awaits), and go on: where a run that seems stuck (a stop that does not end, a step
     that never comes) waits. Only in the main thread, and where stderr is a file (not
     when ``main`` is called with stderr captured in memory); a no-op where there is no
-    SIGUSR1 (Windows)."""
-    import faulthandler
+    SIGUSR1 (Windows).
+
+    The handler is Python's, run by the main thread between two bytecodes, with the
+    interpreter's lock: ``faulthandler``'s C handler (which ran first before) reads the
+    other threads' frames while they run, and a CI run died of it (SIGSEGV) with the
+    engine, env and trainer threads busy. A main thread blocked inside one C call prints
+    once that call returns."""
     import io
     import signal
     import threading
@@ -51,11 +57,27 @@ def dump_stacks_on_sigusr1() -> None:
         sys.stderr.fileno()
     except (io.UnsupportedOperation, AttributeError, ValueError):
         return  # stderr has no file descriptor: nowhere to write the stacks
-    # The tasks, from Python (the handler runs in the main thread, in the loop); the
-    # threads, from faulthandler's C handler first (it works even where Python cannot
-    # run), which then chains to this one.
-    signal.signal(usr1, _print_asyncio_tasks)
-    faulthandler.register(usr1, file=sys.stderr, all_threads=True, chain=True)
+    signal.signal(usr1, _print_stacks)
+
+
+def _print_stacks(signum: int, frame: Any) -> None:
+    """Every thread's Python stack (``faulthandler``'s layout), then the asyncio tasks'."""
+    import threading
+    import traceback
+
+    names = {t.ident: t.name for t in threading.enumerate()}
+    me = threading.get_ident()
+    out = sys.stderr
+    for ident, top in sys._current_frames().items():
+        if ident == me:
+            top = frame  # the interrupted frame, not this handler's
+        label = "Current thread" if ident == me else "Thread"
+        print(f"{label} {ident:#x} ({names.get(ident, '?')}) (most recent call first):",
+              file=out)
+        for fs in reversed(traceback.extract_stack(top) if top is not None else []):
+            print(f'  File "{fs.filename}", line {fs.lineno} in {fs.name}', file=out)
+        print(file=out)
+    _print_asyncio_tasks(signum, frame)
 
 
 def _print_asyncio_tasks(signum: int, frame: object) -> None:
