@@ -42,7 +42,7 @@ def dump_stacks_on_sigusr1() -> None:
     SIGUSR1 (Windows).
 
     The handler is Python's, run by the main thread between two bytecodes, with the
-    interpreter's lock: ``faulthandler``'s C handler (which ran first before) reads the
+    interpreter's lock. ``faulthandler``'s C handler (used before) reads the
     other threads' frames while they run, and a CI run died of it (SIGSEGV) with the
     engine, env and trainer threads busy. A main thread blocked inside one C call prints
     once that call returns."""
