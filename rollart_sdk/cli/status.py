@@ -59,12 +59,20 @@ def cmd_status(args: argparse.Namespace) -> int:
         if not addresses:
             raise RollartError("no Ray cluster is running on this machine; start a run "
                                "first, or pass --address HOST:PORT of the cluster's GCS")
-        answers = []
-        for a in addresses:
+        # All at once: a stale session's port may now belong to a process that is no
+        # GCS and never answers, and one such port per --timeout added up (a machine
+        # with hundreds of old sessions under /tmp/ray waited minutes).
+        from concurrent.futures import ThreadPoolExecutor
+
+        def ask(a: str) -> dict[str, Any] | None:
             try:
-                answers.append(query(a, args.namespace, args.timeout))
+                return query(a, args.namespace, args.timeout)
             except RollartError as exc:  # another user's cluster may be shutting down
                 print(f"warning: {exc}", file=sys.stderr)
+                return None
+
+        with ThreadPoolExecutor(max_workers=min(16, len(addresses))) as pool:
+            answers = [s for s in pool.map(ask, addresses) if s is not None]
         # The clusters running a rollart job (bindings recorded); all of them if none is.
         found = [s for s in answers if s["bindings"]] or answers
     if args.json:
