@@ -118,7 +118,8 @@ sys.path.insert(0, {tests!r})
 from test_failures import one_task
 from rollart_sdk.config import load_config
 from rollart_sdk.job import build_job, run_job
-cfg, lines = load_config(data=copy.deepcopy(one_task()), overrides=["output_dir={out}"])
+cfg, lines = load_config(data=copy.deepcopy(one_task(**{task!r})),
+                         overrides=["output_dir={out}", *{overrides!r}])
 job = build_job(cfg, lines, in_process=True, log=lambda *a: None)
 try:
     run_job(job, 200, progress=False)
@@ -137,7 +138,8 @@ def test_sigterm_is_handled_like_ctrl_c(tmp_path):
     from pathlib import Path
 
     out = tmp_path / "runs"
-    script = SIGTERM_SCRIPT.format(tests=str(Path(__file__).parent), out=out)
+    script = SIGTERM_SCRIPT.format(tests=str(Path(__file__).parent), out=out, task={},
+                                   overrides=[])
     proc = subprocess.Popen([sys.executable, "-c", script], env=dict(os.environ, OMP_NUM_THREADS="1"))
     try:
         deadline = time.monotonic() + 400
@@ -208,28 +210,7 @@ def test_trajectories_landing_count_as_in_flight_at_every_step(tmp_path, monkeyp
     assert job.pipeline.scheduler.landing == {}  # every landing one was counted by the end
 
 
-HANGING_SCRIPT = """
-import copy, sys
-sys.path.insert(0, {tests!r})
-from test_failures import one_task
-from rollart_sdk.config import load_config
-from rollart_sdk.job import build_job, run_job
-cfg, lines = load_config(data=copy.deepcopy(one_task(step_timeout_s=600, reset_timeout_s=600,
-                                                     env_host={host!r})),
-                         overrides=["output_dir={out}", "tasks.0.env.faults.hang=1.0",
-                                    "tasks.0.env.faults.hang_s=3600",
-                                    "rollout.stall_timeout_s=900"])
-job = build_job(cfg, lines, in_process=True, log=lambda *a: None)
-try:
-    run_job(job, 200, progress=False)
-except KeyboardInterrupt:
-    sys.exit(143 if job.signal == "SIGTERM" else 130)
-finally:
-    job.close()
-"""
-
-
-def test_a_stop_does_not_wait_for_env_steps_that_run_on(tmp_path, host="worker"):
+def test_a_stop_does_not_wait_for_env_steps_that_run_on(tmp_path):
     """SIGTERM while every env is inside an hour-long call (its reset and step timeouts
     10 minutes): the run gives its episodes a few seconds, then cancels them, kills the
     env processes still busy, writes its checkpoint and summary and exits. Before, the
@@ -241,7 +222,11 @@ def test_a_stop_does_not_wait_for_env_steps_that_run_on(tmp_path, host="worker")
     from pathlib import Path
 
     out = tmp_path / "runs"
-    script = HANGING_SCRIPT.format(tests=str(Path(__file__).parent), out=out, host=host)
+    script = SIGTERM_SCRIPT.format(
+        tests=str(Path(__file__).parent), out=out,
+        task={"step_timeout_s": 600, "reset_timeout_s": 600, "env_host": "worker"},
+        overrides=["tasks.0.env.faults.hang=1.0", "tasks.0.env.faults.hang_s=3600",
+                   "rollout.stall_timeout_s=900"])
     proc = subprocess.Popen([sys.executable, "-c", script],
                             env=dict(os.environ, OMP_NUM_THREADS="1"))
     try:
@@ -253,13 +238,12 @@ def test_a_stop_does_not_wait_for_env_steps_that_run_on(tmp_path, host="worker")
         time.sleep(10.0)  # every episode inside its hanging reset
         assert proc.poll() is None, "the run ended before the signal"
         proc.send_signal(signal.SIGTERM)
-        t0 = time.monotonic()
-        assert proc.wait(timeout=120) == 143  # hang guard, not a speed figure
-        took = time.monotonic() - t0
+        # The old stop waited 60 s for the episodes before the busy closes: a stop that
+        # still waits for the env calls does not exit within this guard.
+        assert proc.wait(timeout=60) == 143
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert took < 60, f"the stop waited {took:.0f} s for env steps"
     (run_dir,) = [p for p in out.iterdir() if p.is_dir() and not p.name.startswith(".")]
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["interrupted"] and summary["trained"] == 0

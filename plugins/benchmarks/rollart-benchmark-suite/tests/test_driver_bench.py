@@ -49,6 +49,6 @@ def test_floor_runs_its_trajectories_to_the_end_with_that_many_in_flight():
     res = floor_once(64, turns=3)
     # 2.5 x 64 trajectories launched, each through its 3 turns (an engine and an env call
     # each, answered by the stand-in workers): none lost, none cut short.
-    assert res["launched"] == 160 and res["turns"] == 160 * 3 and res["cpu_s"] > 0
+    assert res["launched"] == 160 and res["turns"] == 160 * 3
     row = _floor_row(64, [res, res])
     assert row["part"] == "floor" and row["cpu_us_per_turn_runs"] == [row["cpu_us_per_turn"]] * 2
