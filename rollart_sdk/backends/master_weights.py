@@ -76,6 +76,20 @@ def scaled(loss: torch.Tensor, scaler: LossScaler | None) -> torch.Tensor:
     return loss * scale if scale != 1.0 else loss
 
 
+def stochastic_round_bf16(x: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """``x`` (float32) rounded to bfloat16 up or down at random, with the probability of
+    each its distance to the other: ``E[round(x)] = x``. Rounded to nearest, a master that
+    starts on a bfloat16 value (every model loaded in bfloat16) does not move its weight
+    until its updates add up to half a bfloat16 step (``|w| * 2**-9``: tens of steps at RL
+    learning rates), so the policy the engines get lags the masters; rounded at random,
+    each weight moves with a probability in proportion to its update from the first
+    step. (The random bits are drawn on the CPU and moved to ``x``'s device.)"""
+    bits = x.detach().to(torch.float32).contiguous().view(torch.int32)
+    noise = torch.randint(0, 1 << 16, bits.shape, dtype=torch.int32, generator=generator)
+    rounded = (bits + noise.to(bits.device)) & -65536  # keep the top 16 bits: bfloat16's
+    return rounded.view(torch.float32).to(torch.bfloat16)
+
+
 class MasterWeightsOptimizer:
     """``make_optimizer(main_params)`` stepping fp32 copies of ``params`` (when
     ``master_weights``), with an optional loss scale; ``param_groups``, ``state``,
@@ -93,9 +107,17 @@ class MasterWeightsOptimizer:
 
     def __init__(self, params: Iterable[torch.Tensor],
                  make_optimizer: Callable[[list[torch.Tensor]], Any], *,
-                 master_weights: bool, scaler: LossScaler | None = None) -> None:
+                 master_weights: bool, scaler: LossScaler | None = None,
+                 rounding: str = "nearest", seed: int = 0) -> None:
+        """``rounding``: how the masters go into bfloat16 parameters after each step,
+        ``nearest`` or ``stochastic`` (:func:`stochastic_round_bf16`, its draws keyed by
+        ``seed`` and the step count, so a resumed run rounds as the first would have)."""
+        if rounding not in ("nearest", "stochastic"):
+            raise ValueError(f"rounding must be nearest or stochastic, got {rounding!r}")
         self.params = list(params)
         self.master_weights = master_weights
+        self.rounding = rounding
+        self.seed = seed
         if master_weights:
             self.main_params = [p.detach().to(torch.float32, copy=True) for p in self.params]
         else:
@@ -171,10 +193,20 @@ class MasterWeightsOptimizer:
     @torch.no_grad()
     def step(self) -> None:
         """The inner optimizer's step on ``main_params``; with master weights, the model's
-        parameters then take the masters rounded to their dtype (round to nearest)."""
+        parameters then take the masters rounded to their dtype (to nearest, or for
+        bfloat16 parameters stochastically: ``rounding``)."""
         self.inner.step()
-        if self.master_weights:
-            for p, m in zip(self.params, self.main_params, strict=True):
+        if not self.master_weights:
+            return
+        gen = None
+        if self.rounding == "stochastic":
+            step = self.inner.state.get(self.main_params[0], {}).get("step", 0)
+            gen = torch.Generator(device="cpu")
+            gen.manual_seed((self.seed * 1_000_003 + int(step)) % 2**63)
+        for p, m in zip(self.params, self.main_params, strict=True):
+            if gen is not None and p.dtype == torch.bfloat16:
+                p.copy_(stochastic_round_bf16(m, gen))
+            else:
                 p.copy_(m)
 
     # ------------------------------------------------------------------ checkpoints
@@ -194,6 +226,25 @@ class MasterWeightsOptimizer:
                 g["loss_scale"] = self.scaler.scale
                 g["loss_scale_good_steps"] = self.scaler.good_steps
         return {**sd, "state": state, "param_groups": groups}
+
+    @torch.no_grad()
+    def _load_masters(self, masters: dict[int, torch.Tensor]) -> None:
+        """The saved masters into ``main_params`` and, rounded to nearest, into the model
+        (a weight rounded stochastically was saved as drawn and stays); a parameter
+        without a saved master seeds its master."""
+        for i, (p, m) in enumerate(zip(self.params, self.main_params, strict=True)):
+            src = masters.get(i)
+            if src is None:
+                m.copy_(p)
+                continue
+            if src.shape != m.shape:
+                raise ValueError(
+                    f"loaded master weight {i} has shape {tuple(src.shape)}, the model's "
+                    f"parameter {tuple(m.shape)} (was it saved from a different "
+                    "architecture?)")
+            m.copy_(src)
+            if not (self.rounding == "stochastic" and p.dtype == torch.bfloat16):
+                p.copy_(m)
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Load a state dict of this class, with or without masters, or of the inner
@@ -218,19 +269,7 @@ class MasterWeightsOptimizer:
                 state[pid] = rest
         self.inner.load_state_dict({**state_dict, "state": state, "param_groups": groups})
         if self.master_weights:
-            with torch.no_grad():
-                for i, (p, m) in enumerate(zip(self.params, self.main_params, strict=True)):
-                    src = masters.get(i)
-                    if src is None:
-                        m.copy_(p)
-                    else:
-                        if src.shape != m.shape:
-                            raise ValueError(
-                                f"loaded master weight {i} has shape {tuple(src.shape)}, the "
-                                f"model's parameter {tuple(m.shape)} (was it saved from a "
-                                "different architecture?)")
-                        m.copy_(src)
-                        p.copy_(m)
+            self._load_masters(masters)
         if self.scaler is not None and "loss_scale" in scale:
             self.scaler.scale = float(scale["loss_scale"])
             self.scaler.good_steps = int(scale.get("loss_scale_good_steps", 0))

@@ -40,6 +40,13 @@ class PrecisionOptions(BaseModel):
         "(model.dtype): the step runs on the fp32 copy, the model gets it rounded. auto: on "
         "for bfloat16 / float16, off for float32; false: step the low-precision weights "
         "directly (small updates round away)")
+    master_rounding: Literal["nearest", "stochastic"] = Field(
+        "nearest",
+        description="how the fp32 masters go into a bfloat16 model after each step: to the "
+        "nearest bfloat16 value, or stochastically (up or down with the probability of its "
+        "distance: the weights follow the masters on average from the first step; with "
+        "nearest a weight loaded in bfloat16 moves only once its updates add up to half a "
+        "bfloat16 step)")
     loss_scale: Literal["auto", "dynamic"] | float = Field(
         "auto",
         description="loss scaling: dynamic (start at loss_scale_init, halve and skip the step "

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from rollart_sdk.backends.trainer_options import TrainerOptionsBase
 
@@ -47,6 +47,15 @@ class MegatronTrainerOptions(TrainerOptionsBase):
         "at most this many tokens (rows x longest row) per forward/backward"))
     micro_batch_size: int | None = Field(None, ge=1, description=(
         "at most this many trajectories per micro-batch; null = bounded by tokens only"))
+
+    @model_validator(mode="after")
+    def _rounding_with_the_distributed_optimizer(self) -> MegatronTrainerOptions:
+        if self.use_distributed_optimizer and self.master_rounding == "stochastic":
+            raise ValueError("master_rounding stochastic is not implemented with "
+                             "use_distributed_optimizer (its shards are rounded to "
+                             "nearest); set master_rounding to nearest or turn the "
+                             "distributed optimizer off")
+        return self
 
     def workers_multiple(self) -> int:
         """Workers (ranks, one device each) per data-parallel rank: TP x PP."""

@@ -152,7 +152,8 @@ class MegatronTrainer:
                 self.params,
                 lambda params: torch.optim.AdamW(params, lr=o.lr, betas=o.betas, eps=o.eps,
                                                  weight_decay=o.weight_decay),
-                master_weights=self.master_weights, scaler=scaler)
+                master_weights=self.master_weights, scaler=scaler,
+                rounding=o.master_rounding, seed=o.seed)
         self._grads: dict[str, torch.Tensor] = {}  # this step's gradients, by name
         # Megatron's schedules multiply each micro-batch's loss by this before backward.
         self.model.config.grad_scale_func = (self.optimizer.scale_loss if scaler is not None
