@@ -289,6 +289,11 @@ class RolloutConfig(_Strict):
     # "batched": the environments of one iteration step in lockstep, each turn waiting
     # for the slowest (the paper's plain Sync baseline).
     interaction: Literal["trajectory", "batched"] = "trajectory"
+    # sync only: the next step's trajectories are launched while the trainer trains; they
+    # reset their environments, then wait for the new weights before their first
+    # generation (still on-policy: every token from the version trained). Not before a
+    # step whose evaluation or checkpoint is due. false: launch after the update.
+    reset_ahead: bool = True
     # Failures (docs/failures.md): a dropped member of a group is re-run from the group's
     # env seed up to this many times per group; past it the group is dropped whole.
     max_member_retries: int = Field(3, ge=0)

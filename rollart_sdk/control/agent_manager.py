@@ -89,7 +89,7 @@ class AgentManager(EnvManager):
             # this manager, decides when it calls): it leaves the wave at once.
             self.barrier.leave(self.env_id)
         first = await self._reset()
-        if first is None:
+        if first is None or not await self._wait_for_weights():
             return
         task_text, info = first
         traj.info = info

@@ -20,7 +20,7 @@ from rollart_sdk.cluster.handles import WorkerHandle
 from rollart_sdk.config import TaskConfig
 from rollart_sdk.control.aio import wait_for
 from rollart_sdk.control.chat import ChatFormat
-from rollart_sdk.control.lockstep import TurnBarrier
+from rollart_sdk.control.lockstep import StartGate, TurnBarrier
 from rollart_sdk.control.proxy import LLMProxy, RequestKillsEngines
 from rollart_sdk.types import (
     GenerationRequest,
@@ -105,6 +105,7 @@ class EnvManager:
         event_sink: Callable[[dict[str, Any]], None] | None = None,
         barrier: TurnBarrier | None = None,
         env_id: str | None = None,
+        gate: StartGate | None = None,
     ) -> None:
         self.task = task
         self.chat = task.prompt_format or chat
@@ -119,19 +120,20 @@ class EnvManager:
         # it; otherwise the instance is this trajectory's own and is closed after it.
         self.pooled_env_id = env_id
         self.episodes = 0
-        self._begin(trajectory, seed, sample_seed, barrier)
+        self._begin(trajectory, seed, sample_seed, barrier, gate)
 
     def next_episode(self, trajectory: Trajectory, seed: int, sample_seed: int,
-                     barrier: TurnBarrier | None = None, env_id: str | None = None) -> None:
+                     barrier: TurnBarrier | None = None, env_id: str | None = None,
+                     gate: StartGate | None = None) -> None:
         """Reuse this manager and its environment for another episode (reset -> episode)."""
         if not self._finished:
             raise RuntimeError(f"EnvManager {self.env_id}: the current episode is still running")
         if env_id is not None:
             self.pooled_env_id = env_id  # the pool replaced a failed instance
-        self._begin(trajectory, seed, sample_seed, barrier)
+        self._begin(trajectory, seed, sample_seed, barrier, gate)
 
     def _begin(self, trajectory: Trajectory, seed: int, sample_seed: int,
-               barrier: TurnBarrier | None) -> None:
+               barrier: TurnBarrier | None, gate: StartGate | None = None) -> None:
         self.traj = trajectory
         # The policy its tokens are sampled from; the trainer recomputes the same one.
         trajectory.temperature = self.task.config.sampling.temperature
@@ -148,6 +150,8 @@ class EnvManager:
         self.barrier = barrier
         if barrier is not None:
             barrier.join(self.env_id)
+        # Launched ahead of its weights (sync mode's reset_ahead): held after the reset.
+        self.gate = gate
 
     # ------------------------------------------------------------------ control
     async def abort(self, reason: str) -> bool:
@@ -158,6 +162,8 @@ class EnvManager:
         self._abort_reason = reason
         if self.barrier is not None:
             self.barrier.leave(self.env_id)
+        if self.gate is not None:
+            self.gate.leave(self.env_id)
         if self._current_request is not None:
             await self.proxy.abort(self._current_request)
         return True
@@ -231,6 +237,16 @@ class EnvManager:
             return None
         return obs, info
 
+    async def _wait_for_weights(self) -> bool:
+        """A trajectory launched ahead of its weights (``rollout.reset_ahead``) waits here,
+        after its reset, until the engines serve the version it is for; its start version
+        is then that one (it samples nothing before). False when aborted meanwhile."""
+        if self.gate is not None and not self._abort_reason:
+            await self.gate.wait(self.env_id)
+            self.traj.start_version = self.version()
+        self.gate = None
+        return not self._abort_reason
+
     async def _generate(self, request: GenerationRequest) -> GenerationResult | None:
         """One turn's generation; None when it failed (``traj.dropped`` says why)."""
         traj, cfg = self.traj, self.task.config
@@ -254,7 +270,7 @@ class EnvManager:
     async def _rollout(self) -> None:
         traj, cfg = self.traj, self.task.config
         first = await self._reset()
-        if first is None:
+        if first is None or not await self._wait_for_weights():
             return
         obs, info = first
         traj.info = info

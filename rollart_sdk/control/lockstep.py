@@ -6,6 +6,10 @@ environment step of turn ``t - 1``. Each turn therefore waits for the slowest en
 of the batch, as batched environment interaction does; generation requests of a turn reach
 the engine together and are batched there. A trajectory that ends (done, dropped, aborted)
 leaves the wave and is no longer waited for.
+
+:class:`StartGate` holds trajectories launched ahead of their weights (sync mode's
+``rollout.reset_ahead``): they reset their environments while the trainer trains, then
+wait at the gate before their first generation until the engines serve the new version.
 """
 
 from __future__ import annotations
@@ -44,3 +48,46 @@ class TurnBarrier:
     def _notify(self) -> None:
         self._changed.set()
         self._changed = asyncio.Event()
+
+
+class StartGate:
+    """Trajectories launched before the weights they are for (``rollout.reset_ahead``):
+    each resets its environment, then :meth:`wait` holds it until :meth:`open` (the
+    engines serve the new version) or until it is let go by
+    :meth:`leave` (aborted meanwhile)."""
+
+    def __init__(self) -> None:
+        self._open = False
+        self._waiting: dict[str, asyncio.Future[None]] = {}
+
+    @property
+    def is_open(self) -> bool:
+        return self._open
+
+    @property
+    def waiting(self) -> int:
+        return len(self._waiting)
+
+    async def wait(self, member: str) -> None:
+        if self._open:
+            return
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiting[member] = fut
+        try:
+            await fut
+        finally:
+            if self._waiting.get(member) is fut:
+                del self._waiting[member]
+
+    def leave(self, member: str) -> None:
+        """Let ``member`` go without opening (it was aborted while held)."""
+        fut = self._waiting.pop(member, None)
+        if fut is not None and not fut.done():
+            fut.set_result(None)
+
+    def open(self) -> None:
+        self._open = True
+        waiting, self._waiting = self._waiting, {}
+        for fut in waiting.values():
+            if not fut.done():
+                fut.set_result(None)

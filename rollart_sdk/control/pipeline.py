@@ -22,8 +22,11 @@ Every iteration:
 ``mode`` turns the same loop into the paper's baselines:
 
 - ``sync``: a quota of ``batch_size * (1 + redundancy)`` launches per iteration, surplus
-  aborted once the batch is full, training and the update finish before the next launch:
-  every trained token comes from the version being trained (on-policy);
+  aborted once the batch is full, training and the update finish before the next batch
+  generates: every trained token comes from the version being trained (on-policy). With
+  ``rollout.reset_ahead`` (default) the next quota launches when training starts: its
+  environments reset meanwhile and each waits after its reset (``StartGate``) until the
+  update is in;
 - ``one_off``: the next iteration's quota launches right after the update, so rollout of
   batch k+1 overlaps training on batch k (trained one version behind the trainer);
 - ``async``: environments run continuously under admission control (the scheduler starts
@@ -50,6 +53,7 @@ from rollart_sdk.config import RunConfig
 from rollart_sdk.control.aio import wait_for
 from rollart_sdk.control.buffer import SampleBuffer
 from rollart_sdk.control.collector import YOUNG_THRESHOLD, DriverCollector, driver_collector
+from rollart_sdk.control.lockstep import StartGate
 from rollart_sdk.control.metrics import step_metrics
 from rollart_sdk.control.proxy import LLMProxy
 from rollart_sdk.control.records import StepRecord, outcomes
@@ -254,6 +258,42 @@ class Pipeline:
         by_time = bool(t.checkpoint_every_s) and (
             time.monotonic() - self._last_save >= t.checkpoint_every_s)
         return by_steps or by_time
+
+    async def _end_sync_step(self, step: int, steps: int,
+                             training: asyncio.Task[StepRecord]) -> bool:
+        """Sync mode, once batch ``step`` went to the trainer: the next step's launches
+        when they may go ahead (``_reset_ahead``: held at a :class:`StartGate` after their
+        env resets), the training, the update, then the gate opens; the step's line, the
+        evaluation and the checkpoint due. Returns whether the next step was launched."""
+        gate = None
+        if self._reset_ahead(step + 1, steps):
+            gate = StartGate()
+            self.log.append(f"reset_ahead:{step + 1}")
+            self.scheduler.allow(self.launch_per_step, gate=gate)
+        done = await self._guarded(training)
+        await self._guarded(self.weights.update(done))
+        await self._guarded(self.weights.settle(done))
+        if gate is not None:
+            gate.open()  # the engines serve the version just trained
+        self._report(done)
+        await self._evaluate(step + 1, steps, "sync")
+        # After its line, as in _train; a checkpoint that fell due by time while the
+        # next step's trajectories were held is taken after the next step.
+        if gate is None and self._checkpoint_due(step + 1):
+            await self._guarded(self._periodic_checkpoint(step + 1))
+        return gate is not None
+
+    def _reset_ahead(self, done: int, steps: int) -> bool:
+        """Sync mode: launch step ``done``'s trajectories while step ``done - 1`` trains
+        (``rollout.reset_ahead``): their environments reset meanwhile and their first
+        generations wait for the new weights. Not for the last step, nor when an
+        evaluation or a checkpoint falls due after this step (those run with no
+        trajectory in flight, as a sync step leaves them)."""
+        if not self.cfg.rollout.reset_ahead or done >= steps:
+            return False
+        if self._eval_due(done, steps, "sync"):
+            return False
+        return not self._checkpoint_due(done)
 
     async def _periodic_checkpoint(self, done: int) -> None:
         """Save; a failed save (disk full, permission) leaves the earlier checkpoints as
@@ -464,11 +504,12 @@ class Pipeline:
         self._stream = await self._streams()
         self.scheduler.start(quota=self.launch_per_step if mode != "async" else None)
         pending: asyncio.Task[StepRecord] | None = None
+        ahead = False  # sync: this step's launches were made while the last one trained
         completed = False
         try:
             for step in range(self.first_step, steps):
                 await self._evaluate(step, steps, "beside")
-                if mode == "sync" and step > self.first_step:
+                if mode == "sync" and step > self.first_step and not ahead:
                     self.scheduler.allow(self.launch_per_step)
                 self.log.append(f"get_batch:{step}")
                 t0, served = time.perf_counter(), self.engine_version
@@ -498,14 +539,8 @@ class Pipeline:
                 self.log.append(f"train_step:{step}")
                 pending = asyncio.create_task(self._train(step, batch))
                 if mode == "sync":
-                    done = await self._guarded(pending)
+                    ahead = await self._end_sync_step(step, steps, pending)
                     pending = None
-                    await self._guarded(self.weights.update(done))
-                    await self._guarded(self.weights.settle(done))
-                    self._report(done)
-                    await self._evaluate(step + 1, steps, "sync")
-                    if self._checkpoint_due(step + 1):  # after its line, as in _train
-                        await self._guarded(self._periodic_checkpoint(step + 1))
             if pending is not None:
                 await self._guarded(pending)
             await self._evaluate(steps, steps, "beside")

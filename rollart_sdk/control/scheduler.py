@@ -57,7 +57,7 @@ from rollart_sdk.control.chat import ChatFormat
 from rollart_sdk.control.env_manager import EnvManager, TaskRuntime
 from rollart_sdk.control.env_pool import EnvPool, EnvSlot, close_instance
 from rollart_sdk.control.events import RolloutEvents
-from rollart_sdk.control.lockstep import TurnBarrier
+from rollart_sdk.control.lockstep import StartGate, TurnBarrier
 from rollart_sdk.control.proxy import LLMProxy
 from rollart_sdk.types import Trajectory
 
@@ -144,6 +144,7 @@ class RolloutScheduler:
         self.running: dict[str, tuple[EnvManager, asyncio.Task[Trajectory]]] = {}
         self._quota: dict[str, int] | None = None  # per-task launches left; None: continuous
         self._quota_closed = False
+        self._gate: StartGate | None = None  # the current allowance's (launched ahead)
         self._wakeup = self.events.wakeup  # the launch loop awaits it
         self._stopped = False
         self._loop_task: asyncio.Task[None] | None = None
@@ -190,8 +191,11 @@ class RolloutScheduler:
             self.fatal = exc
             self.fatal_traceback = "".join(traceback.format_exception(exc))
 
-    def allow(self, per_task: dict[str, int]) -> None:
-        """Quota mode: allow more launches, per task tag (trajectories, whole groups)."""
+    def allow(self, per_task: dict[str, int], gate: StartGate | None = None) -> None:
+        """Quota mode: allow more launches, per task tag (trajectories, whole groups).
+        With ``gate``, they are launched ahead of their weights: each resets its
+        environment, then waits at the gate before its first generation."""
+        self._gate = gate
         quota = self._quota or {}
         self._quota_closed = False
         for tag, n in per_task.items():
@@ -351,7 +355,8 @@ class RolloutScheduler:
         tid = f"{tag}-{group_id}-{self._traj_counter}"
         traj = Trajectory(trajectory_id=tid, tag=tag, group_id=group_id, start_version=version)
         sample_seed = _keyed_seed(self.seed, "sample", self._traj_counter)
-        mgr = self._manager(traj, env_seed, sample_seed, barrier)
+        gate = self._gate if self._gate is not None and not self._gate.is_open else None
+        mgr = self._manager(traj, env_seed, sample_seed, barrier, gate)
         task = asyncio.create_task(self._run(mgr), name=f"traj-{tid}")
         self.running[tid] = (mgr, task)
         self.launched += 1
@@ -413,7 +418,7 @@ class RolloutScheduler:
         self._launch_member(tag, traj.group_id, env_seed, self.version(), None)
 
     def _manager(self, traj: Trajectory, env_seed: int, sample_seed: int,
-                 barrier: TurnBarrier | None) -> EnvManager:
+                 barrier: TurnBarrier | None, gate: StartGate | None = None) -> EnvManager:
         """The EnvManager for a new trajectory: its pooled environment's own (made once,
         reused episode after episode), or a fresh one for an unpooled task."""
         pool = self.pools.get(traj.tag)
@@ -425,16 +430,16 @@ class RolloutScheduler:
         if pool is None:
             return manager(traj, env_seed, sample_seed, self.tasks[traj.tag], self.chat,
                            self.proxy, self._pick_env_worker(traj.tag), self.reward_worker,
-                           self.version, self._emit, barrier=barrier)
+                           self.version, self._emit, barrier=barrier, gate=gate)
         slot = pool.acquire()
         self._slot_of[traj.trajectory_id] = slot
         if slot.manager is None:
             slot.manager = manager(traj, env_seed, sample_seed, self.tasks[traj.tag], self.chat,
                                    self.proxy, slot.worker, self.reward_worker, self.version,
-                                   self._emit, barrier=barrier, env_id=slot.env_id)
+                                   self._emit, barrier=barrier, env_id=slot.env_id, gate=gate)
         else:
             slot.manager.next_episode(traj, env_seed, sample_seed, barrier=barrier,
-                                      env_id=slot.env_id)
+                                      env_id=slot.env_id, gate=gate)
         return slot.manager
 
     async def _return_slot(self, traj: Trajectory) -> None:

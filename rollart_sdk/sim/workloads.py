@@ -100,7 +100,8 @@ def base(tasks: list[dict[str, Any]], gen: dict[str, tuple[int, int]], train_gpu
         "transport": {"name": "sim", "options": transport or {}},
         "rollout": {"batch_size": batch, "group_size": group, "mode": mode, "alpha": alpha,
                     "interaction": interaction, "redundancy": redundancy,
-                    "stall_timeout_s": 1e6},
+                    # the paper's Sync / Sync+ launch after the update
+                    "reset_ahead": False, "stall_timeout_s": 1e6},
         "train": {"steps": steps},
     })
 

@@ -293,6 +293,20 @@ class CoinEnv(gym.Env):
         return "go on", float(win), done, False, {"success": win} if done else {}
 
 
+class SlowResetEnv(gym.Env):
+    '''A reset of 0.4 s (a container starting), then one quick turn; reward 1 for "a".'''
+
+    action_vocabulary = None
+    system_prompt = None
+
+    def reset(self, *, seed=None, options=None):
+        time.sleep(0.4)
+        return "go", {}
+
+    def step(self, action):
+        return "done", float(action.strip().startswith("a")), True, False, {}
+
+
 class NanEnv(gym.Env):
     '''One turn whose reward is NaN (a broken reward computation in an env).'''
 
@@ -320,7 +334,8 @@ def test_envs(tmp_path, monkeypatch):
 
     def rollart_register_envs(registry):
         for name, cls in (("flaky", "FlakyEnv"), ("slow", "SlowEnv"), ("slowvar", "SlowVarEnv"),
-                          ("nan", "NanEnv"), ("dictobs", "DictObsEnv"), ("coin", "CoinEnv")):
+                          ("nan", "NanEnv"), ("dictobs", "DictObsEnv"), ("coin", "CoinEnv"),
+                          ("slowreset", "SlowResetEnv")):
             registry.register(name, factory=f"rollart_test_envs:{cls}",
                               options="rollart_test_envs:FlakyOptions")
 
@@ -645,3 +660,88 @@ def test_stream_groups_true_where_it_cannot_be_is_an_error_that_says_why(tmp_pat
                        "trainer.options.updates_per_batch=2"], steps=1)
     cfg, _ = load_config(data=copy.deepcopy(TWO_TASKS))
     assert cfg.train.stream_groups is False  # the default: one call, bit-reproducible
+
+
+@pytest.mark.parametrize("ahead", [True, False])
+def test_sync_resets_the_next_steps_envs_while_the_trainer_trains(tmp_path, test_envs, ahead):
+    """``rollout.reset_ahead`` (sync): step k+1's trajectories are launched when step k's
+    training starts; their environments reset during it (0.4 s each here), and their first
+    generation waits until the engines serve version k+1, so every trained token is still
+    the trained version's. Off: nothing resets before the update."""
+    import json
+
+    job, records = run(tmp_path, ["rollout.mode=sync", "rollout.batch_size=4",
+                                  f"rollout.reset_ahead={str(ahead).lower()}",
+                                  "tasks.0.env_host=thread"],
+                       steps=3, registry=test_envs,
+                       data=single_task(env={"name": "slowreset"}, max_turns=1))
+    assert [r.step for r in records] == [0, 1, 2]
+    events = [json.loads(x) for x in (job.run_dir.path / "events.jsonl").read_text().splitlines()]
+    train_end = {e["step"]: e["t1"] for e in events if e.get("span") == "train"}
+    swapped = {e["version"]: e["t1"] for e in events if e.get("span") == "weight_sync"}
+    for rec in records:
+        for traj in rec.batch:
+            assert traj.start_version == rec.version == rec.engine_version
+            assert {v for turn in traj.turns for v in turn.versions} == {rec.version}
+            if rec.step == 0:
+                continue
+            reset = next(t0 for span, t0, _ in traj.timings if span == "env_reset")
+            first_gen = next(t0 for span, t0, _ in traj.timings if span == "generate")
+            assert first_gen >= swapped[rec.version]  # sampled on the trained version
+            if ahead:  # reset while the step before trained
+                assert reset < train_end[rec.step - 1]
+            else:
+                assert reset >= train_end[rec.step - 1]
+    log = job.pipeline.log
+    assert [x for x in log if x.startswith("reset_ahead")] == (
+        ["reset_ahead:1", "reset_ahead:2"] if ahead else [])
+    p = job.pipeline
+    assert p.scheduler.launched == p.buffer.trained + sum(p.buffer.dropped.values())
+
+
+def test_reset_ahead_waits_for_a_step_whose_checkpoint_or_evaluation_is_due(tmp_path, test_envs):
+    """No trajectory is in flight at a sync step's checkpoint or evaluation: the step
+    before one launches its successor after the update, as without reset_ahead."""
+    job, records = run(tmp_path, ["rollout.mode=sync", "rollout.batch_size=4",
+                                  "train.checkpoint_every=2", "tasks.0.env_host=thread"],
+                       steps=4, registry=test_envs,
+                       data=single_task(env={"name": "slowreset"}, max_turns=1))
+    assert len(records) == 4
+    log = job.pipeline.log
+    assert [x for x in log if x.startswith("reset_ahead")] == ["reset_ahead:1", "reset_ahead:3"]
+
+
+@pytest.mark.timeout(120)  # a hang guard: held trajectories the stop does not release wait 600 s
+def test_trajectories_held_for_their_weights_end_at_once_when_the_run_stops(
+        tmp_path, test_envs, monkeypatch):
+    """A run that fails at the update after step 0 (its weight link is down) while step 1's
+    trajectories, reset ahead, wait for the new weights: the stop's abort lets them go,
+    each counted as aborted by the run's end. The stop's grace is raised to 600 s here, so
+    trajectories that the abort did not release would hang the test."""
+    import json
+
+    from rollart_sdk.control.scheduler import RolloutScheduler
+    from rollart_sdk.weights import WeightSyncError
+
+    stop = RolloutScheduler.stop
+    monkeypatch.setattr(RolloutScheduler, "stop",
+                        lambda self, reason="shutdown", **kw: stop(self, reason, grace=600.0))
+
+    def slow_training(job):  # step 0 trains for 1.5 s: the 0.4 s resets end before it
+        worker = job.pipeline.trainers[0].target
+        inner = worker.trainer.train_step
+
+        def train_step(samples, inner=inner):
+            time.sleep(1.5)
+            return inner(samples)
+
+        worker.trainer.train_step = train_step
+
+    with pytest.raises(WeightSyncError):
+        run(tmp_path, ["rollout.mode=sync", "rollout.batch_size=4", "transport.name=broken",
+                       "tasks.0.env_host=thread"], steps=3, registry=test_envs,
+            data=single_task(env={"name": "slowreset"}, max_turns=1), prepare=slow_training)
+    (run_dir,) = [p for p in tmp_path.iterdir() if p.name.startswith("t-")]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["launched"] == 8 and summary["trained"] == 4
+    assert summary["dropped"] == {"aborted:run_end": 4}

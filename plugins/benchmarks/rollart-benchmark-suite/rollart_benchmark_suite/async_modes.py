@@ -103,7 +103,8 @@ def run_config(mode: str, interaction: str, alpha: int, steps: int, env_options:
 
     rollout = {"batch_size": batch, "group_size": group, "mode": mode, "alpha": alpha,
                "max_envs": max_envs, "interaction": interaction,
-               "redundancy": 0.0 if mode == "async" else max_envs / batch - 1}
+               "redundancy": 0.0 if mode == "async" else max_envs / batch - 1,
+               "reset_ahead": False}  # the paper's Sync / Sync+: launch after the update
     with tempfile.TemporaryDirectory(prefix=f"rollart-bench-async-{mode}-") as tmp:
         data = latency_config(env_options, turns, tmp, seed, rollout, max_running=max_envs + 8)
         data["model"] = {"tiny": dict(model or BENCH_MODEL)}
