@@ -40,13 +40,14 @@ class PrecisionOptions(BaseModel):
         "(model.dtype): the step runs on the fp32 copy, the model gets it rounded. auto: on "
         "for bfloat16 / float16, off for float32; false: step the low-precision weights "
         "directly (small updates round away)")
-    master_rounding: Literal["nearest", "stochastic"] = Field(
-        "nearest",
-        description="how the fp32 masters go into a bfloat16 model after each step: to the "
-        "nearest bfloat16 value, or stochastically (up or down with the probability of its "
-        "distance: the weights follow the masters on average from the first step; with "
-        "nearest a weight loaded in bfloat16 moves only once its updates add up to half a "
-        "bfloat16 step)")
+    master_rounding: Literal["auto", "nearest", "stochastic"] = Field(
+        "auto",
+        description="how the fp32 masters go into a bfloat16 model after each step: "
+        "stochastic (up or down with the probability of the distance: the weights follow "
+        "the masters on average from the first step) or nearest (a weight loaded in "
+        "bfloat16 moves only once its updates add up to half a bfloat16 step: tens of "
+        "steps at RL learning rates). auto: stochastic where the optimizer implements it, "
+        "nearest otherwise (float16 weights are always rounded to nearest)")
     loss_scale: Literal["auto", "dynamic"] | float = Field(
         "auto",
         description="loss scaling: dynamic (start at loss_scale_init, halve and skip the step "
@@ -69,6 +70,10 @@ class PrecisionOptions(BaseModel):
         if self.master_weights == "auto":
             return dtype in LOW_PRECISION
         return bool(self.master_weights)
+
+    def rounding(self) -> str:
+        """``master_rounding`` for an optimizer that implements both: auto is stochastic."""
+        return "nearest" if self.master_rounding == "nearest" else "stochastic"
 
     def loss_scaling(self, dtype: str) -> tuple[bool, float]:
         """``(dynamic, initial scale)`` for a model in ``dtype``; ``(False, 1.0)``: none."""

@@ -19,14 +19,16 @@ from rollart_env_frozenlake.env import FrozenLakeTextEnv
 
 class LatencyFrozenLake:
     """FrozenLake (the ``frozenlake`` plugin's env) whose steps sleep N(mu, sigma), truncated
-    at 0, drawn from the reset seed and a per-process instance counter. Each step's info
+    at 0 (and whose resets sleep ``reset_s``), drawn from the reset seed and a per-process instance counter. Each step's info
     carries ``env_sleep_s``, the seconds this episode has slept so far, and ``last_sleep_s``
     (the bench's latency floors are computed from them)."""
 
     _instances = 0
 
-    def __init__(self, mu: float = 0.0, sigma: float = 0.0, **options: Any) -> None:
+    def __init__(self, mu: float = 0.0, sigma: float = 0.0, reset_s: float = 0.0,
+                 **options: Any) -> None:
         self._env = FrozenLakeTextEnv(**options)
+        self.reset_s = reset_s
         self.action_vocabulary = self._env.action_vocabulary
         self.system_prompt = self._env.system_prompt
         self.mu, self.sigma = mu, sigma
@@ -38,6 +40,8 @@ class LatencyFrozenLake:
     def reset(self, *, seed: int | None = None, options: Any = None) -> tuple[str, dict[str, Any]]:
         self._rng = random.Random(f"{seed}/{self._index}")
         self._slept = 0.0
+        if self.reset_s:
+            time.sleep(self.reset_s)
         return self._env.reset(seed=seed, options=options)
 
     def step(self, action: str) -> Any:

@@ -90,6 +90,8 @@ class LatencyFrozenLakeOptions(BaseModel):
     model_config = ConfigDict(extra="allow")
     mu: float = Field(0.0, ge=0, description="mean env step latency (s)")
     sigma: float = Field(0.0, ge=0, description="its standard deviation (s)")
+    reset_s: float = Field(0.0, ge=0, description=(
+        "seconds each reset sleeps (an env whose start waits: a container, a page load)"))
 
     @model_validator(mode="after")
     def _frozenlake_options(self) -> LatencyFrozenLakeOptions:

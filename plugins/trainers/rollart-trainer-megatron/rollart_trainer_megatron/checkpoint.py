@@ -247,7 +247,9 @@ def _restore_optimizer(trainer: Any, moments: dict[str, dict[str, torch.Tensor]]
                                        **{k: v.to(main.dtype) for k, v in moments[name].items()}}
                 if trainer.master_weights:  # a checkpoint without masters: the loaded weights
                     main.copy_(masters.get(name, p))
-                    p.copy_(main)
+                    # weights rounded stochastically were saved as drawn: kept as loaded
+                    if not (opt.rounding == "stochastic" and p.dtype == torch.bfloat16):
+                        p.copy_(main)
     if opt.scaler is not None and "loss_scale" in state:
         opt.scaler.scale = float(state["loss_scale"])
         opt.scaler.good_steps = int(state.get("loss_scale_good_steps", 0))

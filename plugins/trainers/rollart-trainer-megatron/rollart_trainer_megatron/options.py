@@ -53,8 +53,8 @@ class MegatronTrainerOptions(TrainerOptionsBase):
         if self.use_distributed_optimizer and self.master_rounding == "stochastic":
             raise ValueError("master_rounding stochastic is not implemented with "
                              "use_distributed_optimizer (its shards are rounded to "
-                             "nearest); set master_rounding to nearest or turn the "
-                             "distributed optimizer off")
+                             "nearest); set master_rounding to auto or nearest, or turn "
+                             "the distributed optimizer off")
         return self
 
     def workers_multiple(self) -> int:

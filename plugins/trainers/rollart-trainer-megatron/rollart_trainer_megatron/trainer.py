@@ -153,7 +153,7 @@ class MegatronTrainer:
                 lambda params: torch.optim.AdamW(params, lr=o.lr, betas=o.betas, eps=o.eps,
                                                  weight_decay=o.weight_decay),
                 master_weights=self.master_weights, scaler=scaler,
-                rounding=o.master_rounding, seed=o.seed)
+                rounding=o.rounding(), seed=o.seed)
         self._grads: dict[str, torch.Tensor] = {}  # this step's gradients, by name
         # Megatron's schedules multiply each micro-batch's loss by this before backward.
         self.model.config.grad_scale_func = (self.optimizer.scale_loss if scaler is not None

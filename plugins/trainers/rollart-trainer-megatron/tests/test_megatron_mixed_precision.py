@@ -54,10 +54,18 @@ def test_bf16_masters_fp16_scaling_and_checkpoints(tmp_path: Path) -> None:
         dm = _masters(t) - start
         assert float((dm - d32).norm() / d32.norm()) < 0.15, distopt
         # the model holds the masters rounded to each parameter's dtype (Megatron keeps
-        # some, e.g. the norms' weights, in fp32 in a bf16 model)
+        # some, e.g. the norms' weights, in fp32 in a bf16 model): stochastically by
+        # default (master_rounding auto), to nearest with the distributed optimizer
         masters = torch.split(_masters(t), [p.numel() for p in t.params])
+        off_nearest = False
         for p, m in zip(t.params, masters, strict=True):
-            assert torch.equal(p.detach().reshape(-1), m.to(p.dtype))
+            got = p.detach().reshape(-1)
+            if distopt or p.dtype != torch.bfloat16:
+                assert torch.equal(got, m.to(p.dtype))
+            else:
+                assert bool(((got.float() - m).abs() <= m.abs() * 2**-7).all())
+                off_nearest |= not torch.equal(got, m.to(p.dtype))
+        assert off_nearest or distopt
     plain = _trainer(ckpt, "bfloat16", master_weights=False)
     start = _flat(plain)
     for _ in range(3):

@@ -510,7 +510,7 @@ class TorchTrainer:
                                  weight_decay=o.weight_decay),
             master_weights=o.uses_master_weights(dtype), scaler=scaler,
             # the same draws on every data-parallel rank: the replicas stay equal
-            rounding=o.master_rounding, seed=o.seed)
+            rounding=o.rounding(), seed=o.seed)
 
     def _all_reduce_grads(self) -> None:
         """Sum gradients over ranks in flat buckets (one collective per bucket).

@@ -71,8 +71,16 @@ def test_bf16_at_rl_learning_rates_moves_only_with_master_weights(
     m0 = masters.optimizer.main_params[0]
     assert masters.optimizer.state[m0]["exp_avg"].dtype == torch.float32
     assert plain.optimizer.state[plain.params[0]]["exp_avg"].dtype == torch.bfloat16
-    # The model holds the masters rounded to bf16, and exports exactly that.
+    # The model holds the masters rounded to bf16 (stochastically, the default: to one of
+    # the two bf16 values around each master), and exports exactly that.
+    moved = []
     for p, m in zip(masters.params, masters.optimizer.main_params, strict=True):
+        assert bool(((p.detach().float() - m).abs() <= m.abs() * 2**-7).all())
+        moved.append((p.detach().float() - m.to(torch.bfloat16).float()).reshape(-1) != 0)
+    assert bool(torch.cat(moved).any())  # some not to nearest: rounded at random
+    nearest = _trainer(ckpt, "bfloat16", master_rounding="nearest")
+    nearest.train_step(copy.deepcopy(batch))
+    for p, m in zip(nearest.params, nearest.optimizer.main_params, strict=True):
         assert torch.equal(p.detach(), m.to(torch.bfloat16))
     exported = {k: v for b in masters.export_weights(1 << 30) for k, v in b.tensors.items()}
     for name, p in masters.model.state_dict().items():
