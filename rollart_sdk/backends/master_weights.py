@@ -83,10 +83,13 @@ def stochastic_round_bf16(x: torch.Tensor, generator: torch.Generator) -> torch.
     until its updates add up to half a bfloat16 step (``|w| * 2**-9``: tens of steps at RL
     learning rates), so the policy the engines get lags the masters; rounded at random,
     each weight moves with a probability in proportion to its update from the first
-    step. (The random bits are drawn on the CPU and moved to ``x``'s device.)"""
+    step. ``generator`` is on ``x``'s device (the random bits are drawn there)."""
     bits = x.detach().to(torch.float32).contiguous().view(torch.int32)
-    noise = torch.randint(0, 1 << 16, bits.shape, dtype=torch.int32, generator=generator)
-    rounded = (bits + noise.to(bits.device)) & -65536  # keep the top 16 bits: bfloat16's
+    noise = torch.randint(0, 1 << 16, bits.shape, dtype=torch.int32, device=bits.device,
+                          generator=generator)
+    # Adding below the top 16 bits carries into them with the probability of the
+    # remainder; on the magnitude, so for either sign. Then keep the top 16: bfloat16's.
+    rounded = (bits + noise) & -65536
     return rounded.view(torch.float32).to(torch.bfloat16)
 
 
@@ -198,14 +201,16 @@ class MasterWeightsOptimizer:
         self.inner.step()
         if not self.master_weights:
             return
-        gen = None
+        seed = None
         if self.rounding == "stochastic":
             step = self.inner.state.get(self.main_params[0], {}).get("step", 0)
-            gen = torch.Generator(device="cpu")
-            gen.manual_seed((self.seed * 1_000_003 + int(step)) % 2**63)
+            seed = (self.seed * 1_000_003 + int(step)) % 2**63
+        gens: dict[torch.device, torch.Generator] = {}  # one per device, seeded alike
         for p, m in zip(self.params, self.main_params, strict=True):
-            if gen is not None and p.dtype == torch.bfloat16:
-                p.copy_(stochastic_round_bf16(m, gen))
+            if seed is not None and p.dtype == torch.bfloat16:
+                if m.device not in gens:
+                    gens[m.device] = torch.Generator(device=m.device).manual_seed(seed)
+                p.copy_(stochastic_round_bf16(m, gens[m.device]))
             else:
                 p.copy_(m)
 
