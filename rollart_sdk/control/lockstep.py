@@ -64,10 +64,6 @@ class StartGate:
     def is_open(self) -> bool:
         return self._open
 
-    @property
-    def waiting(self) -> int:
-        return len(self._waiting)
-
     async def wait(self, member: str) -> None:
         if self._open:
             return

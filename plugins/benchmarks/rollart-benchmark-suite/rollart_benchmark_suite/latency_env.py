@@ -19,9 +19,10 @@ from rollart_env_frozenlake.env import FrozenLakeTextEnv
 
 class LatencyFrozenLake:
     """FrozenLake (the ``frozenlake`` plugin's env) whose steps sleep N(mu, sigma), truncated
-    at 0 (and whose resets sleep ``reset_s``), drawn from the reset seed and a per-process instance counter. Each step's info
-    carries ``env_sleep_s``, the seconds this episode has slept so far, and ``last_sleep_s``
-    (the bench's latency floors are computed from them)."""
+    at 0, drawn from the reset seed and a per-process instance counter, and whose resets
+    sleep ``reset_s``. Each step's info carries ``env_sleep_s``, the seconds this episode
+    has slept so far, and ``last_sleep_s`` (the bench's latency floors are computed from
+    them)."""
 
     _instances = 0
 
