@@ -12,24 +12,14 @@ metrics file; runs with the same label share a colour.
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 from typing import Any
 
-
-def _moving_average(values: list[float], window: int) -> list[float]:
-    out, total = [], 0.0
-    for i, v in enumerate(values):
-        total += v
-        if i >= window:
-            total -= values[i - window]
-        out.append(total / min(i + 1, window))
-    return out
+from rollart_sdk.cli.report_plots import read_jsonl, smooth
 
 
 def _rows(path: Path) -> list[dict[str, Any]]:
-    f = path / "metrics.jsonl" if path.is_dir() else path
-    rows = [json.loads(line) for line in f.read_text().splitlines() if line.strip()]
+    rows = read_jsonl(path / "metrics.jsonl" if path.is_dir() else path)
     return [r for r in rows if "step" in r and any(k.startswith("success/") for k in r)]
 
 
@@ -38,7 +28,7 @@ def figures(rows: list[dict[str, Any]], task: str) -> dict[str, Any]:
     mismatch and the seconds per step of one run."""
     success = [r[f"success/{task}"] for r in rows]
     tenth = max(1, len(success) // 10)
-    avg5 = _moving_average(success, 5)
+    avg5 = smooth(success, 5)
     reach = next((rows[i]["step"] for i, v in enumerate(avg5) if i >= 4 and v >= 0.9), None)
     mism = [r["train/mismatch_max"] for r in rows if r.get("train/mismatch_tokens")]
     steps_s = [b["wall_time"] - a["wall_time"] for a, b in zip(rows, rows[1:], strict=False)]
@@ -77,7 +67,7 @@ def main() -> None:
         colour = colours.setdefault(label, f"C{len(seen)}")
         n = sum(1 for s in args.runs if s.partition(":")[0] == label
                 and args.runs.index(s) < args.runs.index(spec))
-        ax.plot(steps, _moving_average(success, args.window), color=colour,
+        ax.plot(steps, smooth(success, args.window), color=colour,
                 linestyle=styles[n % len(styles)], label=label if n == 0 else None)
         mm = f"{f['mismatch_max']:.1e}" if f["mismatch_max"] is not None else "-"
         print(f"| {label} {Path(path).name} | {f['steps']} | {f['first_tenth']:.2f} -> "
