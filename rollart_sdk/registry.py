@@ -15,8 +15,8 @@ from rollart_sdk.interfaces import KINDS
 
 # `rollart bench NAME` of the first-party benchmark package (plugins/benchmarks/
 # rollart-benchmark-suite; `rollart bench` names it when it is not installed).
-BENCHMARK_SUITE = ("async", "calibration", "dispatch", "driver", "gateway", "small", "soak",
-                   "straggler", "turns", "weights")
+BENCHMARK_SUITE = ("async", "calibration", "dispatch", "driver", "gateway", "paper", "small",
+                   "soak", "straggler", "turns", "weights")
 
 # Names that first-party plugin packages in this repository provide, so an unknown name can
 # say what to install. Only packages that exist under plugins/ (tests/test_registry.py checks).

@@ -125,12 +125,18 @@ def test_bench_says_which_package_has_the_sdks_benchmarks_when_it_is_missing():
     listing = run_cli("bench", env=env)
     out = " ".join(listing.stdout.split())
     assert listing.returncode == 0 and "engine " in out and "straggler " not in out
-    assert ("not available: async, calibration, dispatch, driver, gateway, small, soak, "
-            "straggler, turns, weights (the SDK's benchmarks). It is provided by "
+    assert ("not available: async, calibration, dispatch, driver, gateway, paper, small, "
+            "soak, straggler, turns, weights (the SDK's benchmarks). It is provided by "
             "rollart-benchmark-suite, which is installed but disabled") in out
     res = run_cli("bench", "small", env=env)
     assert res.returncode == 2
     assert "It is provided by rollart-benchmark-suite, which is installed but disabled" in res.stderr
+    # The paper's experiments are the suite's benchmark `paper`: `rollart sim` says the same.
+    sim = run_cli("sim", "--experiment", "straggler", "--quick", env=env)
+    assert sim.returncode == 2, sim.stdout + sim.stderr
+    err = " ".join(sim.stderr.split())
+    assert "the paper's experiments come with the benchmark suite" in err
+    assert "rollart-benchmark-suite, which is installed but disabled" in err
     # Not installed at all: what to pip install, and where it is in this repository.
     assert install_hint("benchmark", "small") == (
         "It is provided by rollart-benchmark-suite, which is not installed: pip install "

@@ -1,22 +1,26 @@
 """``rollart sim CONFIG``: run a job on simulated time (docs/simulation.md);
-``rollart sim --experiment NAME``: reproduce one of the paper's figures."""
+``rollart sim --experiment NAME``: reproduce one of the paper's figures.
+
+The experiments are a benchmark (``paper``, registered by the first-party package
+``rollart-benchmark-suite`` through the benchmark hook); ``--experiment NAME`` and
+``--list`` run it as ``rollart bench paper NAME`` and ``rollart bench paper --list``."""
 
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from typing import Any
-
-from rollart_sdk.cli.output import console
 
 
 def cmd_sim(args: argparse.Namespace) -> int:
     from rollart_sdk.errors import ConfigError
 
     if args.experiment:
-        from rollart_sdk.sim.experiments import run_experiment
-
-        return run_experiment(args.experiment, json_path=args.json, png=args.png,
-                              quick=args.quick, out=console.print)
+        argv = [args.experiment]
+        argv += ["--json", args.json] if args.json else []
+        argv += ["--png", args.png] if args.png else []
+        argv += ["--quick"] if args.quick else []
+        return _paper(argv)
     if not args.config:
         raise ConfigError([("rollart sim", "give a CONFIG, or --experiment NAME "
                             "(rollart sim --list shows the experiments)")])
@@ -39,11 +43,22 @@ def simulate(cfg: Any, lines: Any, args: argparse.Namespace) -> int:
 
 
 def cmd_list() -> int:
-    from rollart_sdk.sim.experiments import EXPERIMENTS
+    return _paper(["--list"])
 
-    for name, exp in EXPERIMENTS.items():
-        console.print(f"{name}: {exp.summary}")
-    return 0
+
+def _paper(argv: list[str]) -> int:
+    """The registered benchmark ``paper``; without it, what to install."""
+    from rollart_sdk.errors import ConfigError
+    from rollart_sdk.plugins import get_registry
+    from rollart_sdk.registry import install_hint
+
+    registry = get_registry()
+    if "paper" not in registry.names("benchmark"):
+        raise ConfigError([("rollart sim --experiment",
+                            "the paper's experiments come with the benchmark suite. "
+                            + install_hint("benchmark", "paper", registry.not_loaded))])
+    fn: Callable[[list[str]], int] = registry.get("benchmark", "paper").load()
+    return int(fn(argv) or 0)
 
 
 def add_parser(sub: Any) -> None:

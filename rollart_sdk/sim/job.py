@@ -15,6 +15,9 @@ the virtual-time env host. ``run_sim`` runs the pipeline on a
 
 from __future__ import annotations
 
+import copy
+import statistics
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -350,3 +353,45 @@ def step_times(metrics: list[dict[str, Any]]) -> list[float]:
     """Seconds between consecutive steps' metrics lines (the first from the run's start)."""
     ts = [float(m["wall_time"]) for m in metrics]
     return [b - a for a, b in zip([0.0, *ts], ts, strict=False)]
+
+
+@dataclass
+class Outcome:
+    """What one simulated run measured (virtual seconds)."""
+
+    step_s: float  # mean seconds between steps, warm-up excluded
+    rollout_s: float  # mean get_batch wait (sync modes: the whole rollout)
+    exposed_sync_s: float  # mean exposed weight-sync seconds
+    baseline_sync_s: float | None  # the first update, nothing overlapping
+    aborted_stale: int
+    trained: int
+    virtual_s: float
+    wall_s: float
+    engine_stats: list[dict[str, Any]]
+
+
+def simulate(data: dict[str, Any], steps: int, warmup: int = 2) -> Outcome:
+    """Run one config (``data`` of a RunConfig) for ``steps`` steps on virtual time, in a
+    temporary run directory: what the paper experiments (``rollart sim --experiment``)
+    compare."""
+    from rollart_sdk.config import load_config
+
+    data = copy.deepcopy(data)
+    with tempfile.TemporaryDirectory(prefix="rollart-sim-") as tmp:
+        data["output_dir"] = tmp
+        cfg, _ = load_config(data=data)
+        job = build_sim_job(cfg, log=lambda *a, **k: None)
+        run_sim(job, steps)
+    ms = job.metrics[warmup:] or job.metrics
+    times = step_times(job.metrics)[warmup:] or step_times(job.metrics)
+    return Outcome(
+        step_s=statistics.fmean(times),
+        rollout_s=statistics.fmean(m["time/get_batch_wait"] for m in ms),
+        exposed_sync_s=statistics.fmean(m["weight_sync/exposed_s"] for m in ms),
+        baseline_sync_s=job.pipeline.sync_baseline_s,
+        aborted_stale=sum(m["trajectories/aborted_stale"] for m in job.metrics),
+        trained=job.pipeline.buffer.trained,
+        virtual_s=job.virtual_s,
+        wall_s=job.wall_s,
+        engine_stats=[engine_stats(h) for h in job.engines],
+    )

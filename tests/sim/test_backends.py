@@ -1,5 +1,6 @@
 """The sim reward's serverless cold/warm model, env failures in a simulated job (dropped
-with the reason, retried, never a hang), and the experiment's JSON rows."""
+with the reason, retried, never a hang). The paper experiments' rows: the benchmark
+suite's tests/test_paper.py."""
 
 from __future__ import annotations
 
@@ -41,19 +42,3 @@ def test_env_failures_are_dropped_with_the_reason_and_retried(tmp_path):
     assert any(k.startswith("env_step_failed") for k in summary["dropped"]), summary["dropped"]
     assert summary["retried"] > 0
     assert (job.run_dir.path / "drops.jsonl").read_text().count("env_step_failed") > 0
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(600)
-def test_straggler_experiment_writes_rows_per_sigma(tmp_path):
-    from rollart_sdk.sim.experiments import run_experiment
-
-    out = tmp_path / "s.json"
-    lines: list[str] = []
-    assert run_experiment("straggler", json_path=str(out), quick=True, out=lines.append) == 0
-    rows = json.loads(out.read_text())["rows"]
-    assert [r["sigma_over_mu"] for r in rows] == [0.0, 0.1, 0.5, 1.0]
-    speedups = [r["speedup"] for r in rows]
-    assert speedups[0] == pytest.approx(1.0, abs=0.01)
-    assert speedups == sorted(speedups) and speedups[-1] > 1.3
-    assert any("paper" in line for line in lines)

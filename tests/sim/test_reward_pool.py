@@ -1,7 +1,8 @@
 """The simulator's reward capacity (rollart_sdk.sim.reward_pool): a reserved pool is
 held from its job's start to its end whatever the load; a serverless pool starts from
 zero (a cold start before the first call is served), shares its instances between jobs
-and goes back to zero; the R3 experiment's rows."""
+and goes back to zero. The R3 experiment's rows: the benchmark suite's
+tests/test_paper.py."""
 
 from __future__ import annotations
 
@@ -60,21 +61,3 @@ def test_a_serverless_pool_scales_from_zero_and_back():
     # warm = 42 s, far less than the 200 s run; busy 2 s each.
     assert u["reserved_s"] == pytest.approx(84.0, abs=2.0)
     assert u["busy_s"] == pytest.approx(4.0, abs=0.6)
-
-
-def test_the_reward_experiment_rows(tmp_path):
-    from rollart_sdk.sim.experiments import run_experiment
-
-    lines: list[str] = []
-    out = tmp_path / "r3.json"
-    assert run_experiment("reward", json_path=str(out), quick=True, out=lines.append) == 0
-    import json
-
-    rows = {r["deployment"]: r for r in json.loads(out.read_text())["rows"]}
-    assert set(rows) == {"dedicated", "serverless"}
-    for r in rows.values():
-        assert 0 < r["replica_utilisation"] <= 1 and r["exposed_reward_s"] >= 0
-        assert r["reward_latency_p50_s"] >= 0.05  # no call is faster than its service
-    assert rows["dedicated"]["cold_starts"] == 0 and rows["serverless"]["cold_starts"] >= 1
-    assert rows["dedicated"]["instances"] == 8 * rows["dedicated"]["jobs"]
-    assert any("simulated" in line for line in lines)

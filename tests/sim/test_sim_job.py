@@ -11,8 +11,7 @@ import pytest
 from rollart_sdk.config import load_config
 from rollart_sdk.sim import workloads as W
 from rollart_sdk.sim.costs import HARDWARE, MODELS, engine_step_s, prefill_pairs, train_step_s
-from rollart_sdk.sim.experiments import simulate
-from rollart_sdk.sim.job import build_sim_job, engine_stats, run_sim, step_times
+from rollart_sdk.sim.job import build_sim_job, engine_stats, run_sim, simulate, step_times
 from rollart_sdk.testing.dists import run_cli
 
 P, N = 1000, 200  # prompt tokens, response tokens

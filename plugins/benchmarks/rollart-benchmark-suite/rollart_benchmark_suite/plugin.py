@@ -61,6 +61,12 @@ def rollart_register_benchmarks(registry: Registrar) -> None:
                 "bytes pickled and CPU seconds per turn (driver, each worker, Ray)",
     )
     registry.register(
+        "paper",
+        factory="rollart_benchmark_suite.paper:main",
+        summary="a figure of the paper on simulated time (the same as rollart sim "
+                "--experiment NAME; --list): the real control plane at paper scale",
+    )
+    registry.register(
         "gateway",
         factory="rollart_benchmark_suite.gateway:main",
         summary="the OpenAI-compatible gateway vs direct LLMProxy calls, same engine and "

@@ -1,4 +1,11 @@
-"""The paper's figures on simulated time: ``rollart sim --experiment NAME``.
+"""The paper's figures on simulated time: ``rollart sim --experiment NAME`` (the same as
+``rollart bench paper NAME``; ``--list`` lists them).
+
+The harness of the paper's experiments lives here, with the other benchmarks, and reaches
+the CLI through the benchmark hook (this package registers it as benchmark ``paper``);
+what it runs is the core's simulator: :func:`rollart_sdk.sim.job.simulate` (the real
+``build_job`` and control plane on a virtual clock) over the run configs of
+:mod:`rollart_sdk.sim.workloads`.
 
 Every experiment runs the same workload (same seed, so the same env latency and response
 length draws) under two or more configurations of the real control plane, and prints its
@@ -9,8 +16,9 @@ seconds, averaged over the steps after a warm-up; the workloads are in
 
 from __future__ import annotations
 
-import copy
+import argparse
 import json
+import random
 import statistics
 import tempfile
 from collections.abc import Callable
@@ -19,49 +27,9 @@ from pathlib import Path
 from typing import Any
 
 from rollart_sdk.sim import workloads as W
+from rollart_sdk.sim.job import Outcome, simulate
 
 Row = dict[str, Any]
-
-
-@dataclass
-class Outcome:
-    """What one simulated run measured (virtual seconds)."""
-
-    step_s: float  # mean seconds between steps, warm-up excluded
-    rollout_s: float  # mean get_batch wait (sync modes: the whole rollout)
-    exposed_sync_s: float  # mean exposed weight-sync seconds
-    baseline_sync_s: float | None  # the first update, nothing overlapping
-    aborted_stale: int
-    trained: int
-    virtual_s: float
-    wall_s: float
-    engine_stats: list[dict[str, Any]]
-
-
-def simulate(data: dict[str, Any], steps: int, warmup: int = 2) -> Outcome:
-    """Run one config (``data`` of a RunConfig) for ``steps`` steps on virtual time."""
-    from rollart_sdk.config import load_config
-    from rollart_sdk.sim.job import build_sim_job, engine_stats, run_sim, step_times
-
-    data = copy.deepcopy(data)
-    with tempfile.TemporaryDirectory(prefix="rollart-sim-") as tmp:
-        data["output_dir"] = tmp
-        cfg, _ = load_config(data=data)
-        job = build_sim_job(cfg, log=lambda *a, **k: None)
-        run_sim(job, steps)
-    ms = job.metrics[warmup:] or job.metrics
-    times = step_times(job.metrics)[warmup:] or step_times(job.metrics)
-    return Outcome(
-        step_s=statistics.fmean(times),
-        rollout_s=statistics.fmean(m["time/get_batch_wait"] for m in ms),
-        exposed_sync_s=statistics.fmean(m["weight_sync/exposed_s"] for m in ms),
-        baseline_sync_s=job.pipeline.sync_baseline_s,
-        aborted_stale=sum(m["trajectories/aborted_stale"] for m in job.metrics),
-        trained=job.pipeline.buffer.trained,
-        virtual_s=job.virtual_s,
-        wall_s=job.wall_s,
-        engine_stats=[engine_stats(h) for h in job.engines],
-    )
 
 
 # ----------------------------------------------------------------------------- straggler
@@ -267,11 +235,59 @@ def weight_sync(quick: bool) -> list[Row]:
     return rows
 
 
-def _reward(quick: bool) -> list[Row]:
-    """R3 (rollart_sdk.sim.reward_pool.experiment)."""
-    from rollart_sdk.sim.reward_pool import experiment
+# ----------------------------------------------------------------------------- reward
+def reward(quick: bool) -> list[Row]:
+    """R3: ``jobs`` concurrent jobs (async, alpha 1, Qwen3-8B on 8 engines of 2 H800,
+    FrozenLake with env latency beside math, batch 128), each with a dedicated 8-device
+    reward node vs all sharing one serverless reward deployment (:data:`SERVERLESS`) with
+    at most the same total capacity. Same workloads, seeds and start times in both arms."""
+    from rollart_sdk.sim.costs import Dist
+    from rollart_sdk.sim.reward_pool import (
+        CONCURRENCY,
+        JUDGE_S,
+        RESERVED_PER_JOB,
+        SERVERLESS,
+        STAGGER_S,
+        RewardPool,
+        run_jobs,
+    )
 
-    return experiment(quick)
+    n_jobs, steps = (3, 4) if quick else (6, 8)
+    rng = random.Random(0)
+    starts = [0.0] + [rng.uniform(0, STAGGER_S) for _ in range(n_jobs - 1)]
+    service = Dist.model_validate(JUDGE_S)
+    datas = [W.base([W.frozenlake(step_mu=5.0, step_sigma=2.0), W.math()], {"H800": (8, 2)},
+                    batch=64 if quick else 128, seed=j) for j in range(n_jobs)]
+    arms = {
+        "dedicated": [RewardPool(service, mode="reserved", instances=RESERVED_PER_JOB,
+                                 concurrency=CONCURRENCY, seed=j) for j in range(n_jobs)],
+        "serverless": [RewardPool(service, mode="serverless", concurrency=CONCURRENCY,
+                                  max_instances=RESERVED_PER_JOB * n_jobs, seed=0,
+                                  **SERVERLESS)] * n_jobs,  # type: ignore[arg-type]
+    }
+    rows = []
+    for name, pools in arms.items():
+        with tempfile.TemporaryDirectory(prefix="rollart-sim-r3-") as tmp:
+            results = run_jobs(datas, steps, pools, tmp, starts)
+        unique = list({id(p): p for p in pools}.values())
+        busy = sum(p.usage()["busy_s"] for p in unique)
+        reserved = sum(p.usage()["reserved_s"] for p in unique)
+        step_list = [s for r in results for s in r["steps"]]
+        exposed = [s["exposed_reward_s"] for s in step_list]
+        step_s = [s["step_s"] for s in step_list]
+        latencies = [x for r in results for x in r["reward_latencies_s"]]
+        rows.append({
+            "deployment": name, "jobs": n_jobs,
+            "replica_utilisation": busy / reserved if reserved else None,
+            "rollout_step_s": statistics.median(step_s),
+            "reward_latency_p50_s": statistics.median(latencies),
+            "exposed_reward_s": statistics.median(exposed),
+            "exposed_fraction": sum(exposed) / sum(step_s),
+            "instances": sum(p.usage()["instances"] for p in unique),
+            "cold_starts": sum(p.cold_starts for p in unique),
+            "reserved_device_s": reserved,
+        })
+    return rows
 
 
 @dataclass
@@ -311,7 +327,7 @@ EXPERIMENTS: dict[str, Experiment] = {
     "weight-sync": Experiment(weight_sync, "sync broadcast vs async pull of weights",
                               "async transfer 1.10-1.16x shorter steps; hides 67-78 % of "
                               "the pull cost", "transport", "speedup_vs_push"),
-    "reward": Experiment(_reward, "reward capacity reserved per job vs shared serverless",
+    "reward": Experiment(reward, "reward capacity reserved per job vs shared serverless",
                          "R3: serverless reward lifted reward-GPU utilisation from 6 % to "
                          "88 % and cut rollout time per step from 158 s to 77 s",
                          "deployment", "replica_utilisation"),
@@ -384,3 +400,24 @@ def run_experiment(name: str, json_path: str | None = None, png: str | None = No
     if target and plot(name, rows, target):
         out(f"figure: {target}")
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``rollart bench paper NAME [--json F] [--png F] [--quick]``; ``--list``."""
+    p = argparse.ArgumentParser(prog="rollart bench paper",
+                                description="a figure of the paper on simulated time "
+                                            "(also: rollart sim --experiment NAME)")
+    p.add_argument("name", nargs="?", help="the experiment (--list shows them)")
+    p.add_argument("--list", action="store_true", help="list the experiments")
+    p.add_argument("--json", help="write the experiment's rows to this file")
+    p.add_argument("--png", help="write the experiment's figure here (needs matplotlib)")
+    p.add_argument("--quick", action="store_true", help="fewer steps and points (tests)")
+    args = p.parse_args(argv)
+    from rollart_sdk.cli.output import console
+
+    if args.list or not args.name:
+        for name, exp in EXPERIMENTS.items():
+            console.print(f"{name}: {exp.summary}")
+        return 0
+    return run_experiment(args.name, json_path=args.json, png=args.png, quick=args.quick,
+                          out=console.print)
