@@ -54,6 +54,9 @@ class Objective:
     old: torch.Tensor
     weights: torch.Tensor
     behaviour_ratio: torch.Tensor | None
+    # The tokens whose weight is a truncated importance weight: the stale ones, every
+    # trained one with ``tis_on_fresh`` under the proximal anchor (``tis_weight_mean``).
+    corrected: torch.Tensor
 
 
 def decoupled_ppo_objective(
@@ -84,6 +87,7 @@ def decoupled_ppo_objective(
     over the same batch keeps the first pass's ``(old, weights)``."""
     m = mask.bool()
     stale = (versions < version) & m
+    corrected = m if (opts.tis_on_fresh and opts.stale_anchor == "proximal") else stale
     ratio = None
     if anchor is None:
         old, w, ratio = decoupled_anchor(logp, behaviour, stale, m, opts.tis_cap,
@@ -100,11 +104,12 @@ def decoupled_ppo_objective(
         kl = kl_penalty(logp, ref_logp, opts.kl_kind)
         kl_tok = kl if token_weights is None else kl * token_weights
         loss = loss + opts.kl_coef * aggregate(kl_tok, mask, agg, normalizer)
-    return Objective(loss, pg_loss, kl, clip, logp, behaviour, mask, stale, old, w, ratio)
+    return Objective(loss, pg_loss, kl, clip, logp, behaviour, mask, stale, old, w, ratio,
+                     corrected)
 
 
 SUMS = ("loss", "pg_loss", "kl", "clip", "approx_kl", "ratio", "entropy", "stale", "tis_w",
-        "tokens", "beh_ratio", "mismatch", "fresh", "last_clip")
+        "corrected", "tokens", "beh_ratio", "mismatch", "fresh", "last_clip")
 MAXIMA = ("ratio", "beh_ratio", "mismatch")
 # reduce(tensor, op) sums ("sum") or takes the maximum ("max") of a small tensor over ranks
 Reduce = Callable[[torch.Tensor, str], torch.Tensor]
@@ -138,7 +143,8 @@ class LossStats:
         s["approx_kl"] += float(obj.clip["approx_kl"]) * ntok
         s["ratio"] += float(obj.clip["ratio_mean"]) * ntok
         s["stale"] += float(obj.stale.sum())
-        s["tis_w"] += float((obj.weights * obj.stale).sum())
+        s["tis_w"] += float((obj.weights * obj.corrected).sum())
+        s["corrected"] += float(obj.corrected.sum())
         s["tokens"] += ntok
         s["entropy"] += entropy
         top["ratio"] = max(top["ratio"], float(obj.clip["ratio_max"]))
@@ -192,7 +198,8 @@ class LossStats:
             "ratio_max": top["ratio"],
             "entropy": mean("entropy") if compute_entropy else float("nan"),
             "stale_frac": s["stale"] / ntok,
-            "tis_weight_mean": s["tis_w"] / max(s["stale"], 1.0),
+            # over the tokens it weights (stale ones; every one with tis_on_fresh)
+            "tis_weight_mean": s["tis_w"] / max(s["corrected"], 1.0),
             "behaviour_ratio_mean": mean("beh_ratio"),
             "behaviour_ratio_max": top["beh_ratio"],
             # |engine - trainer| log-prob on fresh tokens (rollart_sdk.algorithms.policy)

@@ -75,3 +75,34 @@ def test_default_and_bad_value():
     assert TrainerOptionsBase().stale_anchor == "behaviour"
     with pytest.raises(ValueError, match="proximal or behaviour"):
         _grad("prox")
+
+
+def test_the_reported_importance_weight_is_over_the_tokens_it_weights():
+    """``tis_weight_mean`` is the mean weight of the tokens it corrects: the stale ones,
+    and with ``tis_on_fresh`` (proximal anchor) every trained token. A synchronous run with
+    tis_on_fresh (nothing stale; the engine's numerics differ from the trainer's) weights
+    each token by min(pi / mu, cap) and reports that mean, not 0."""
+    from rollart_sdk.backends.objective import LossStats
+
+    logp = torch.tensor([[math.log(0.6), math.log(0.44), math.log(0.1)]])
+    behaviour = torch.tensor([[math.log(0.4), math.log(0.4), math.log(0.4)]])
+    fresh = torch.full((1, 3), 2)
+    opts = _opts("proximal")
+    opts.tis_on_fresh = True
+    obj = decoupled_ppo_objective(logp, behaviour, advantages=torch.tensor([1.0]),
+                                  mask=torch.ones(1, 3), versions=fresh, version=2, opts=opts,
+                                  normalizer=3.0)
+    stats = LossStats()
+    stats.add(obj, entropy=0.0)
+    m = stats.metrics(compute_entropy=False)
+    assert m["stale_frac"] == 0.0
+    assert obj.weights[0].tolist() == pytest.approx([1.5, 1.1, 0.25])
+    assert m["tis_weight_mean"] == pytest.approx((1.5 + 1.1 + 0.25) / 3)
+    # Without tis_on_fresh nothing is weighted; one stale token of two: its weight alone.
+    opts.tis_on_fresh = False
+    obj = decoupled_ppo_objective(logp[:, :2], behaviour[:, :2], advantages=torch.tensor([1.0]),
+                                  mask=torch.ones(1, 2), versions=torch.tensor([[1, 2]]),
+                                  version=2, opts=opts, normalizer=2.0)
+    stats = LossStats()
+    stats.add(obj, entropy=0.0)
+    assert stats.metrics(compute_entropy=False)["tis_weight_mean"] == pytest.approx(1.5)
