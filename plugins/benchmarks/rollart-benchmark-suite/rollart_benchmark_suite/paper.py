@@ -239,7 +239,8 @@ def weight_sync(quick: bool) -> list[Row]:
 def reward(quick: bool) -> list[Row]:
     """R3: ``jobs`` concurrent jobs (async, alpha 1, Qwen3-8B on 8 engines of 2 H800,
     FrozenLake with env latency beside math, batch 128), each with a dedicated 8-device
-    reward node vs all sharing one serverless reward deployment (:data:`SERVERLESS`) with
+    reward node vs all sharing one serverless reward deployment
+    (:data:`rollart_sdk.sim.reward_pool.SERVERLESS`) with
     at most the same total capacity. Same workloads, seeds and start times in both arms."""
     from rollart_sdk.sim.costs import Dist
     from rollart_sdk.sim.reward_pool import (
