@@ -87,11 +87,7 @@ def affinity(quick: bool) -> list[Row]:
     the paper's prefill-heavy tasks do."""
     steps = 4 if quick else 8
     eng = {"prefix_cache": False}
-
-    def tasks(fl: str | None, m: str | None) -> list[dict[str, Any]]:
-        return [W.frozenlake(step_mu=1.0, step_sigma=0.5, turns=12, affinity=fl),
-                W.math(affinity=m)]
-
+    tasks = _affinity_tasks
     configs = {
         "mixed 16 H800 + 24 H20": W.base(tasks("H800", "H20"),
                                          {"H800": (8, 2), "H20": (8, 3)}, engine=eng),
