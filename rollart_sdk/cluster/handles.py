@@ -3,10 +3,17 @@ and the typed clients over it.
 
 The control plane is asyncio code; it awaits a worker's method through the handle and does
 not care whether the worker is a Ray actor on another node (production) or an object in
-this process (unit tests of the protocol). Ray ObjectRefs are awaitable; in-process
+this process (``layout: inprocess``, unit tests). Ray ObjectRefs are awaitable; in-process
 blocking methods run in a thread so they never stall the event loop (or, ``inline``, on
 the loop: a run on virtual time, whose clock a thread would stop); an in-process method
 that returns an awaitable (a trainer rank hosting a simulated trainer) is awaited.
+
+A worker given an ``executor`` (the local spawner gives each worker that is not
+concurrent its own single thread) runs its blocking methods there, one at a time, as a
+Ray actor runs them on its one thread. It matters for torch: a train step that lands on
+whichever pool thread is free touches another thread's malloc arena and OpenMP team each
+step (SmolLM2 in process: the train step went from 3.5 to 8 s after three steps, 10 GB
+resident, a third of the CPU time in the kernel; docs/benchmarks.md).
 
 Callers use the typed clients, one per role: ``await handle.engine.generate(request)``,
 ``handle.trainer``, ``handle.env``, ``handle.reward`` (:class:`EngineClient`,
@@ -22,8 +29,11 @@ outside the event loop runs one call to its answer with :func:`await_answer`.
 from __future__ import annotations
 
 import asyncio
+import contextvars
+import functools
 import inspect
 from collections.abc import AsyncIterator, Coroutine
+from concurrent.futures import Executor
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from rollart_sdk.cluster.hosts import GeneratedBatch, ResetResult, StepResult
@@ -42,11 +52,15 @@ class WorkerHandle:
     """A named worker on a pool: ``await handle.call(method, *args)``."""
 
     def __init__(self, name: str, target: Any, pool: str = "local", hardware: str = "cpu",
-                 is_ray: bool | None = None, inline: bool = False) -> None:
+                 is_ray: bool | None = None, inline: bool = False,
+                 executor: Executor | None = None) -> None:
         """``inline``: call an in-process target's blocking methods directly on the event
-        loop (for methods that take microseconds: a thread hop would cost more)."""
+        loop (for methods that take microseconds: a thread hop would cost more).
+        ``executor``: run them there (the worker's own thread), else on the loop's
+        default executor."""
         self.name = name
         self.inline = inline
+        self.executor = executor
         self.target = target
         self.pool = pool
         self.hardware = hardware
@@ -60,8 +74,14 @@ class WorkerHandle:
         fn = getattr(self.target, method)
         if inspect.iscoroutinefunction(fn):
             return await fn(*args, **kwargs)
-        result = fn(*args, **kwargs) if self.inline else await asyncio.to_thread(
-            fn, *args, **kwargs)
+        if self.inline:
+            result = fn(*args, **kwargs)
+        elif self.executor is not None:
+            ctx = contextvars.copy_context()
+            result = await asyncio.get_running_loop().run_in_executor(
+                self.executor, functools.partial(ctx.run, fn, *args, **kwargs))
+        else:
+            result = await asyncio.to_thread(fn, *args, **kwargs)
         if inspect.isawaitable(result):  # a plain method that hands back work to await
             result = await result
         return result

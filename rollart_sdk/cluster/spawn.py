@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -156,6 +157,13 @@ class LocalSpawner:
         self.inline = inline
         self._bindings: list[dict[str, Any]] = []
         self._members: dict[str, tuple[list[_Member], dict[str, str]]] = {}
+        self._threads: list[ThreadPoolExecutor] = []
+
+    def _own_thread(self, name: str) -> ThreadPoolExecutor:
+        """A worker's one thread for its blocking methods (closed with the spawner)."""
+        pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
+        self._threads.append(pool)
+        return pool
 
     def cluster(self, cls: type[Worker], name: str, init_args: tuple[Any, ...],
                 workers_per_pool: dict[str, int] | None = None, num_workers: int = 1,
@@ -174,9 +182,15 @@ class LocalSpawner:
                        "hardware": hw, "demand": demand}
             self._bindings.append(binding)
             ctx = WorkerContext(rank, len(pools), cls.role, name, wname, binding, {})
-            obj = bound_worker_class(cls)(ctx, *init_args)
+            # A worker that is not concurrent gets one thread of its own, like its actor,
+            # and is built there (what its __init__ sets per thread, torch's thread count,
+            # holds for its methods).
+            own = None if self.inline or concurrency else self._own_thread(wname)
+            make = bound_worker_class(cls)
+            obj = make(ctx, *init_args) if own is None else own.submit(
+                make, ctx, *init_args).result()
             handles.append(WorkerHandle(wname, obj, pool=pool, hardware=hw, is_ray=False,
-                                        inline=self.inline))
+                                        inline=self.inline, executor=own))
             members.append(_Member(wname, pool, hw, pool))
         self._members[name] = (members, dict(hw_affinity or {}))
         return handles
@@ -205,7 +219,9 @@ class LocalSpawner:
         return list(self._bindings)
 
     def close(self) -> None:
-        pass
+        for pool in self._threads:
+            pool.shutdown(wait=False, cancel_futures=True)
+        self._threads.clear()
 
 
 def _start_timeout_s() -> float:

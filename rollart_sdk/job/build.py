@@ -103,7 +103,7 @@ def build_job(cfg: RunConfig, lines: LineMap | None = None, run_name: str | None
     log(f"run directory: {run_dir.path}")
     for warning in plan.warnings:
         log(f"warning: {warning}")
-    threads = _threads(cfg, in_process)
+    threads = _threads(cfg, in_process, chosen=layout is not None)
     spawner = _spawner(runtime, cfg, resolved, plan, run_dir, in_process,
                        resumed=resume is not None)
     try:
@@ -130,14 +130,16 @@ def build_job(cfg: RunConfig, lines: LineMap | None = None, run_name: str | None
                sinks=sinks, workers=workers, reports=reports)
 
 
-def _threads(cfg: RunConfig, in_process: bool) -> dict[str, Any]:
-    """Threads per role (processes share the cores without oversubscription). In one
-    process torch has one global figure: ROLLART_TORCH_THREADS, else 1 (the plan's
-    "process" figure is recorded, not applied: tests rely on one thread there)."""
+def _threads(cfg: RunConfig, in_process: bool, chosen: bool) -> dict[str, Any]:
+    """Threads per role (processes share the cores without oversubscription). In process
+    each worker runs on a thread of its own and torch's thread count is per thread, so a
+    run whose layout was chosen (``rollart train``) gets the plan as on Ray; a direct
+    ``build_job(in_process=True)`` (tests, notebooks) keeps ROLLART_TORCH_THREADS, else 1,
+    for every worker (tests run two at a time on two cores)."""
     from rollart_sdk.resources.threads import thread_plan
 
     threads: dict[str, Any] = thread_plan(cfg)
-    if in_process:
+    if in_process and not chosen:
         threads.update(actor_gen=None, actor_train=None)
     return threads
 

@@ -11,10 +11,13 @@ measured it). The rule here counts what runs at the same time on this machine:
 - ``async``: engines, trainer and control plane run at once: ``cores - 1`` threads are
   split over every engine and trainer rank.
 - env and reward workers: 1 (their work is Python, not torch ops).
-- in one process (``build_job(in_process=True)``) torch's thread count is one number for
-  the whole process; the plan's ``process`` figure (the trainer's in sync mode, the
-  shared split in async mode) is recorded in ``plan.json`` but the workers keep
-  ``ROLLART_TORCH_THREADS`` or 1 there (``rollart bench small`` sets it).
+- in one process (``layout: inprocess``) each worker runs on a thread of its own (the
+  engine's steps on the engine's), and torch's thread count is per thread (OpenMP's and
+  MKL's settings are thread-local; a new thread starts from the last one set anywhere),
+  so ``rollart train`` applies the same per-role figures there. A direct
+  ``build_job(in_process=True)`` (tests, notebooks) keeps ``ROLLART_TORCH_THREADS`` or 1
+  for every worker. The ``process`` figure (the trainer's in sync mode, the shared split
+  in async mode) is what ``rollart eval`` gives its one engine.
 
 Every figure is at least 1. ``ROLLART_TORCH_THREADS`` overrides the plan for every role, and
 a backend's own ``num_threads`` option (engine or trainer) wins inside its process.

@@ -7,13 +7,17 @@ One background asyncio task owns the batch. Each turn of its loop:
    leaves; its ``generate`` returns ``finish_reason="abort"`` with the tokens so far). An
    ABORT whose ADD has not arrived yet (it overtook it on another connection) is
    remembered (the newest ``abort_memory`` ids) and the ADD then returns "abort" at once;
-2. runs ONE engine step in a worker thread (``asyncio.to_thread``): one batched forward
+2. runs ONE engine step on the engine's own compute thread: one batched forward
    in which every running sequence feeds the tokens of its context that are not in its KV
    slot yet (a prompt, a new observation, or its last sampled token) and samples one
    (:mod:`rollart_engine_torch.step`). A step predicted to take at most ``inline_step_s``
    (the measured compute seconds per fed token times its tokens) runs on the loop itself:
    for a small model the thread hop and the GIL hand-overs around it cost more than the
-   forward (issue 12: 5.8 ms per step in a thread against 4 ms inline).
+   forward (issue 12: 5.8 ms per step in a thread against 4 ms inline). Steps and
+   weight swaps always run on that one thread, never on whichever pool thread is free:
+   torch keeps its OpenMP team, its thread count and malloc's arena per thread, and an
+   engine sharing a process with a trainer (``layout: inprocess``) would otherwise pick up
+   the trainer's thread count and fragment the heap (docs/benchmarks.md).
 
 Commands that arrive during a step are queued and applied right after it, so the batch is
 never mutated under a running forward pass, and callers on the loop stay responsive.
@@ -52,8 +56,9 @@ import asyncio
 import collections
 import random
 import time
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
 
 import torch
 
@@ -70,6 +75,8 @@ from rollart_sdk.types import (
     GenerationResult,
     WeightBucket,
 )
+
+_T = TypeVar("_T")
 
 
 class TorchEngine:
@@ -111,6 +118,10 @@ class TorchEngine:
         if slots < max_running:
             raise ValueError(f"kv_slots ({slots}) must be at least max_running ({max_running})")
         self._runner = SlotRunner(hf, slots, min(max_seq_len, limit), device)
+        # One thread for every step and weight swap (they hold _step_lock: one at a time).
+        self._compute = ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine-torch",
+                                           initializer=torch.set_num_threads,
+                                           initargs=(torch.get_num_threads(),))
         if eos_token_ids is None:
             eos = getattr(hf.generation_config, "eos_token_id", None)
             if eos is None:
@@ -267,8 +278,8 @@ class TorchEngine:
         assert self._step_lock is not None
         async with self._step_lock:
             # Reading buckets may block (a transport pulling them); keep the loop free.
-            staged = await asyncio.to_thread(self._stage, buckets)
-            await asyncio.to_thread(self._runner.assign, staged)
+            staged = await self._on_compute(self._stage, buckets)
+            await self._on_compute(self._runner.assign, staged)
             self._version = int(version)
             n = 0
             for seq in self._running:
@@ -324,6 +335,11 @@ class TorchEngine:
         self._waiting.clear()
         self._running.clear()
         self._slots.idle.clear()
+        self._compute.shutdown(wait=False)
+
+    async def _on_compute(self, fn: Callable[..., _T], *args: Any) -> _T:
+        """``fn(*args)`` on the engine's compute thread."""
+        return await asyncio.get_running_loop().run_in_executor(self._compute, fn, *args)
 
     # ------------------------------------------------------------------ command loop
 
@@ -387,7 +403,7 @@ class TorchEngine:
                         finished, took = _timed_step(self._runner, self._running,
                                                      self._version, self._counts)
                     else:
-                        finished, took = await asyncio.to_thread(
+                        finished, took = await self._on_compute(
                             _timed_step, self._runner, self._running, self._version,
                             self._counts)
                 except Exception as exc:  # noqa: BLE001 - handed to every caller
