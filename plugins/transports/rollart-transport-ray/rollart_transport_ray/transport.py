@@ -6,6 +6,13 @@ and keeps the ObjectRefs; the manifest it returns carries those refs as
 in dataclasses and tracks the receivers as borrowers). Engine-side transports
 (``role="receiver"``) ``ray.get`` each bucket and verify it against the manifest.
 
+A bucket is stored as a :class:`PackedBucket`: each tensor's bytes as a numpy array with
+its dtype and shape. Ray keeps numpy buffers out of band (one copy into the store, read
+in place), where a torch tensor is pickled through ``torch.save`` on both sides: copies
+and pickling that took about half of the trainer's CPU while it published SmolLM2's 540 MB
+each step (docs/benchmarks.md, "The Ray transport without torch's pickling"). The
+receiver copies each array once out of the read-only store buffer into a tensor it owns.
+
 Releasing a version is the sender's decision, not a side effect of who still holds a
 manifest: Ray frees an object only once every holder of its ref has dropped it, so a
 stale manifest lying in some actor would otherwise keep an old version fetchable. The
@@ -20,8 +27,11 @@ import concurrent.futures
 import uuid
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
+import numpy as np
+import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from rollart_sdk.types import WeightBucket, WeightManifest
@@ -50,6 +60,46 @@ class RayTransportOptions(BaseModel):
         description="seconds a receiver waits for one bucket (ray.get timeout) before the "
         "fetch fails with WeightSyncError",
     )
+
+
+@dataclass
+class PackedBucket:
+    """A :class:`WeightBucket` as the object store holds it: per tensor its name, dtype
+    (``torch.<dtype>``'s name), shape and bytes (a flat ``uint8`` numpy array, which Ray
+    stores out of band)."""
+
+    version: int
+    index: int
+    checksum: str
+    names: list[str]
+    dtypes: list[str]
+    shapes: list[tuple[int, ...]]
+    data: list[np.ndarray]
+
+
+def pack(bucket: WeightBucket) -> PackedBucket:
+    """``bucket`` with each tensor's bytes viewed (no copy) as a numpy array."""
+    names, dtypes, shapes, data = [], [], [], []
+    for name, tensor in bucket.tensors.items():
+        t = tensor.detach().to("cpu").contiguous()
+        names.append(name)
+        dtypes.append(str(t.dtype).removeprefix("torch."))
+        shapes.append(tuple(t.shape))
+        data.append(t.reshape(-1).view(torch.uint8).numpy())
+    return PackedBucket(bucket.version, bucket.index, bucket.checksum, names, dtypes,
+                        shapes, data)
+
+
+def unpack(packed: PackedBucket) -> WeightBucket:
+    """The bucket back, each tensor a copy the caller owns (the store's buffers are
+    read-only and shared)."""
+    tensors = {}
+    for name, dtype, shape, data in zip(packed.names, packed.dtypes, packed.shapes,
+                                        packed.data, strict=True):
+        flat = torch.empty(data.size, dtype=torch.uint8)
+        flat.numpy()[:] = data
+        tensors[name] = flat.view(getattr(torch, dtype)).reshape(shape)
+    return WeightBucket(packed.version, packed.index, tensors, packed.checksum)
 
 
 def _ray() -> Any:
@@ -142,7 +192,7 @@ class RayObjectStoreTransport:
                     f"{bucket.version}; export buckets with the version being published"
                 )
             entry = bucket_ref(bucket)  # fills bucket.checksum when empty
-            entry.handle = ray.put(bucket)
+            entry.handle = ray.put(pack(bucket))
             handles.append(entry.handle)
             refs.append(entry)
         if not refs:
@@ -231,10 +281,12 @@ class RayObjectStoreTransport:
                 raise WeightSyncError(
                     version, f"ray.get failed: {type(exc).__name__}: {exc}", ref.index
                 ) from exc
-            if not isinstance(bucket, WeightBucket):
+            if isinstance(bucket, PackedBucket):
+                bucket = unpack(bucket)
+            elif not isinstance(bucket, WeightBucket):  # a plain bucket is read as it is
                 raise WeightSyncError(
                     version,
-                    f"object store entry holds {type(bucket).__name__}, not a WeightBucket",
+                    f"object store entry holds {type(bucket).__name__}, not a bucket",
                     ref.index,
                 )
             verify(bucket, ref, version)

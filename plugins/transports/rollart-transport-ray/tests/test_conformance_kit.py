@@ -15,7 +15,7 @@ from typing import Any, ClassVar, Literal
 import pytest
 import ray
 import torch
-from rollart_transport_ray.transport import RayObjectStoreTransport
+from rollart_transport_ray.transport import RayObjectStoreTransport, unpack
 
 from rollart_sdk.ray_utils import init_ray
 from rollart_sdk.testing.transport import check_transport
@@ -107,7 +107,7 @@ def test_kit_fails_a_push_transport_that_skips_verification():
 class NoVerify(RayObjectStoreTransport):
     def fetch(self, manifest: WeightManifest) -> Iterator[WeightBucket]:
         for ref in manifest.buckets:
-            yield ray.get(ref.handle)
+            yield unpack(ray.get(ref.handle))
 
 
 class NoRelease(RayObjectStoreTransport):

@@ -8,7 +8,13 @@ import time
 import pytest
 import ray
 import torch
-from rollart_transport_ray.transport import RayObjectStoreTransport, RayTransportOptions
+from rollart_transport_ray.transport import (
+    PackedBucket,
+    RayObjectStoreTransport,
+    RayTransportOptions,
+    pack,
+    unpack,
+)
 
 from rollart_sdk.ray_utils import init_ray
 from rollart_sdk.testing.transport import RecordingEngine, check_transport, make_state_dict
@@ -55,7 +61,7 @@ class Sender:
         bucket) under the same manifest entry, as a bit flip or mix-up in the store would."""
         manifest = self.publish(version)
         ref = manifest.buckets[victim]
-        good = ray.get(ref.handle)
+        good = unpack(ray.get(ref.handle))
         if stale:
             older = list(split_buckets(make_state_dict(version - 1).items(), BUCKET_BYTES,
                                        version - 1))
@@ -65,7 +71,7 @@ class Sender:
             first = next(k for k, v in tensors.items() if v.numel() > 0)
             tensors[first].view(-1)[0] += 1
             bad = WeightBucket(version, good.index, tensors, good.checksum)
-        ref.handle = ray.put(bad)
+        ref.handle = ray.put(pack(bad))
         self.transport._published[version].append(ref.handle)
         return manifest
 
@@ -230,3 +236,36 @@ def test_options_and_registration(register_plugin):
         desc.validate_options({"keep_versions": 0})
     with pytest.raises(ConfigError, match="allowed keys"):
         desc.validate_options({"keep": 1})
+
+
+def test_the_store_holds_numpy_bytes_and_receivers_get_tensors_they_own():
+    """A bucket goes into the object store as numpy arrays (Ray keeps them out of band),
+    not as pickled torch tensors (``torch.save`` on both sides, about half of the trainer's
+    CPU while publishing SmolLM2); every dtype and shape comes back bit for bit, and the
+    receiver's tensors are its own (writing one changes neither the store nor a later
+    fetch)."""
+    state = {
+        "f32": torch.randn(3, 5),
+        "bf16": torch.randn(4, 2).to(torch.bfloat16),
+        "f16": torch.randn(7).to(torch.float16),
+        "i64": torch.arange(6).reshape(2, 3),
+        "flag": torch.tensor([True, False, True]),
+        "scalar": torch.tensor(2.5),
+        "empty": torch.zeros(0, 4),
+        "strided": torch.randn(4, 6).t(),  # not contiguous
+    }
+    sender = RayObjectStoreTransport("sender")
+    manifest = sender.publish(1, split_buckets(state.items(), 1 << 20, 1))
+    stored = [ray.get(ref.handle) for ref in manifest.buckets]
+    assert all(isinstance(p, PackedBucket) for p in stored)
+    assert all(type(a).__name__ == "ndarray" for p in stored for a in p.data)
+    receiver = RayObjectStoreTransport("receiver", fetch_timeout_s=30)
+    got = {k: v for b in receiver.fetch(manifest) for k, v in b.tensors.items()}
+    assert got.keys() == state.keys()
+    for name, tensor in state.items():
+        assert got[name].dtype == tensor.dtype and got[name].shape == tensor.shape, name
+        assert torch.equal(got[name], tensor), name
+    got["f32"].add_(1.0)  # writable, and a copy
+    again = {k: v for b in receiver.fetch(manifest) for k, v in b.tensors.items()}
+    assert torch.equal(again["f32"], state["f32"])
+    sender.close()
