@@ -545,7 +545,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         Path(args.json).write_text(json.dumps({
             "benchmark": "small", "target": args.target, "window": WINDOW, "reference": REFERENCE,
-            "threads": os.environ.get("ROLLART_TORCH_THREADS", "1"), "path": args.path,
+            # --path train: rollart train's thread plan per worker (each row's
+            # torch_threads) unless ROLLART_TORCH_THREADS overrides it
+            "threads": os.environ.get("ROLLART_TORCH_THREADS")
+            or ("1" if args.path == "job" else "plan"), "path": args.path,
             "layout": args.layout or ("inprocess" if args.path == "job" else "auto"),
             "cores": os.cpu_count(), "trl_version": trl_version, "loadavg_before": load_before, "loadavg_after": load_after,
             "wall_s": round(time.time() - t0, 1), "collapsed": collapsed,

@@ -147,6 +147,15 @@ def _run_dir_layout(root: Path) -> dict[str, Any] | None:
     return None
 
 
+def _run_dir_threads(root: Path) -> dict[str, Any] | None:
+    """The torch threads the run gave its engine and trainer (``plan.json``: the thread
+    plan, per worker in either layout; ``None`` for a role that kept the process's)."""
+    for path in sorted(root.glob("*/plan.json")):
+        threads = json.loads(path.read_text()).get("threads") or {}
+        return {k: threads.get(k) for k in ("actor_gen", "actor_train")}
+    return None
+
+
 def _as_data(lines: list[dict[str, Any]], t_cmd: float) -> dict[str, Any]:
     """What :func:`~rollart_benchmark_suite.small.summarize` reads, from metrics.jsonl lines."""
     steps = [x for x in lines if f"success/{TAG}" in x]
@@ -161,8 +170,9 @@ def run_train(mode: str, latency: str, seed: int, max_steps: int, layout: str | 
               target: float = TARGET, exit_bound_s: float = EXIT_BOUND_S) -> dict[str, Any]:
     """One variant through ``rollart train``: the row ``--path job`` gives (figures that
     need the run's own process, CPU seconds and the engine's stats, are None or absent)
-    plus ``path``, ``layout`` (used), ``layout_why``, ``ended_by``, ``exit_code`` and
-    ``exit_s`` (SIGTERM to exit; None when the run ended by itself)."""
+    plus ``path``, ``layout`` (used), ``layout_why``, ``torch_threads`` (engine's and
+    trainer's, from the run's plan), ``ended_by``, ``exit_code`` and ``exit_s`` (SIGTERM
+    to exit; None when the run ended by itself)."""
     with tempfile.TemporaryDirectory(prefix="rollart-bench-small-train-") as tmp:
         root = Path(tmp) / "runs"
         cfg_path = Path(tmp) / "config.yaml"
@@ -184,9 +194,11 @@ def run_train(mode: str, latency: str, seed: int, max_steps: int, layout: str | 
             raise RuntimeError(f"rollart train ({mode}/{latency}/seed {seed}) exited with "
                                f"{rc}:\n{console[-3000:]}")
         used = _run_dir_layout(root) or {}
+        threads = _run_dir_threads(root)
     row = summarize(mode, latency, seed, t_cmd, _as_data(lines, t_cmd), target=target)
     return {**row, "path": "train", "layout": used.get("layout"),
-            "layout_why": used.get("why"), "ended_by": ended_by, "followed": why,
+            "layout_why": used.get("why"), "torch_threads": threads,
+            "ended_by": ended_by, "followed": why,
             "exit_code": rc, "exit_s": round(exit_s, 2) if ended_by != "itself" else None,
             "overrides": list(overrides or []),
             **({"console_tail": console[-2000:]} if ended_by == "killed" else {})}

@@ -112,6 +112,8 @@ def test_a_real_rollart_train_run_is_stopped_by_sigterm_at_the_target():
     if row["ended_by"] == "sigterm":
         assert row["exit_code"] == 143 and row["exit_s"] is not None
     assert row["layout"] in ("inprocess", "ray") and row["layout_why"]
+    # the thread plan, applied per worker in either layout (sync: the trainer has every core)
+    assert row["torch_threads"]["actor_train"] >= row["torch_threads"]["actor_gen"] >= 1
     assert row["time_to_target_s"] > row["startup_s"] > 0
     assert len(row["success_per_step"]) == row["steps"] >= 5
 
