@@ -28,14 +28,15 @@ import uuid
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
-import numpy as np
-import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from rollart_sdk.types import WeightBucket, WeightManifest
 from rollart_sdk.weights import WeightSyncError, bucket_ref, verify
+
+if TYPE_CHECKING:  # the options are read when a config is resolved: no torch there
+    import numpy as np
 
 TRANSPORT_NAME = "ray"
 _KV_NAMESPACE = "rollart"
@@ -79,6 +80,8 @@ class PackedBucket:
 
 def pack(bucket: WeightBucket) -> PackedBucket:
     """``bucket`` with each tensor's bytes viewed (no copy) as a numpy array."""
+    import torch
+
     names, dtypes, shapes, data = [], [], [], []
     for name, tensor in bucket.tensors.items():
         t = tensor.detach().to("cpu").contiguous()
@@ -93,6 +96,8 @@ def pack(bucket: WeightBucket) -> PackedBucket:
 def unpack(packed: PackedBucket) -> WeightBucket:
     """The bucket back, each tensor a copy the caller owns (the store's buffers are
     read-only and shared)."""
+    import torch
+
     tensors = {}
     for name, dtype, shape, data in zip(packed.names, packed.dtypes, packed.shapes,
                                         packed.data, strict=True):
