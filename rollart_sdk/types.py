@@ -71,7 +71,7 @@ class WeightBucket:
     version: int
     index: int  # position in the version's bucket list
     tensors: dict[str, Any]  # name -> torch.Tensor (CPU, contiguous)
-    checksum: str = ""  # sha256 over names, dtypes, shapes and bytes; see weights.checksum
+    checksum: str = ""  # "xxh3-128:<hex>" over names, dtypes, shapes and bytes; see weights.checksum
 
     @property
     def nbytes(self) -> int:

@@ -51,6 +51,40 @@ def test_checksum_of_non_contiguous_tensor_matches_its_contiguous_copy():
     assert checksum({"t": t}) == checksum({"t": t.contiguous()})
 
 
+def test_checksum_is_xxh3_128_and_a_bare_sha256_digest_still_verifies():
+    """Publishers write xxh3-128 (10x sha256's speed on this CPU); a bucket published with
+    the older format, a bare sha256 hex digest, is checked with sha256, and a digest of an
+    algorithm this SDK does not know is refused with what to do."""
+    import hashlib
+
+    s = {"w": torch.arange(6, dtype=torch.float32).reshape(2, 3)}
+    new = checksum(s)
+    assert new.startswith("xxh3-128:") and len(new) == len("xxh3-128:") + 32
+    # The older format, computed here from its definition: sha256 over name, dtype,
+    # shape and the raw bytes.
+    h = hashlib.sha256()
+    h.update(b"w")
+    h.update(b"torch.float32")
+    h.update(b"(2, 3)")
+    h.update(s["w"].numpy().tobytes())
+    assert checksum(s, "sha256") == h.hexdigest()
+    old = WeightBucket(1, 0, {"w": s["w"].clone()}, h.hexdigest())
+    verify(old)
+    old.tensors["w"][0, 0] = 7.0
+    with pytest.raises(CorruptBucketError, match="corrupt"):
+        verify(old)
+    bucket = WeightBucket(1, 0, {"w": s["w"].clone()}, new)
+    verify(bucket)
+    bucket.tensors["w"][1, 2] += 1e-3
+    with pytest.raises(CorruptBucketError, match="corrupt"):
+        verify(bucket)
+    foreign = WeightBucket(1, 0, s, "blake9:00ff")
+    with pytest.raises(CorruptBucketError, match="unknown algorithm 'blake9'.*same one"):
+        verify(foreign)
+    with pytest.raises(ValueError, match="unknown checksum algorithm"):
+        checksum(s, "md4")
+
+
 def test_split_buckets_respects_bound_order_and_checksums():
     s = state()
     buckets = list(split_buckets(s.items(), 500, version=7))

@@ -25,9 +25,10 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from collections.abc import Sequence
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -59,6 +60,15 @@ def unsupported_reason(cfg: dict[str, Any]) -> str | None:
             t != "full_attention" for t in cfg["layer_types"]):
         return "sliding-window layers"
     return None
+
+
+class TreeGroup(Protocol):
+    """One group of a prefix tree, as :meth:`NativeModel.forward_tree` reads it."""
+
+    rows: int
+    length: int
+    start: int
+    parents: torch.Tensor | None
 
 
 class Linear(nn.Linear):
@@ -148,6 +158,29 @@ class Attention(nn.Module):
         if hasattr(self, "q_norm"):
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rotary_pos_emb(q.transpose(1, 2), k.transpose(1, 2), cos, sin)
+        o, kv = self.attend(q, k, v, past)
+        return self.o_proj(o.transpose(1, 2).reshape(b, t, -1)), kv
+
+    def project(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Queries, keys and values of ``N`` tokens ``x`` ``[N, H]`` at their own positions
+        (``cos``/``sin`` ``[N, D]``): ``[N, heads, D]`` each, rotary applied (the same
+        operations as :meth:`forward`, on a flat batch)."""
+        n = x.shape[0]
+        q = self.q_proj(x).view(n, -1, self.head_dim)
+        k = self.k_proj(x).view(n, -1, self.head_dim)
+        v = self.v_proj(x).view(n, -1, self.head_dim)
+        if hasattr(self, "q_norm"):
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = apply_rotary_pos_emb(q, k, cos, sin)
+        return q, k, v
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+               past: tuple[torch.Tensor, torch.Tensor] | None
+               ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+        """Causal attention of ``q`` ``[B, heads, T, D]`` over ``past`` then ``k``/``v``:
+        the output ``[B, heads, T, D]`` and the K/V of all ``P + T`` positions."""
+        t = q.shape[2]
         if past is not None and past[0].shape[2]:
             k, v = torch.cat((past[0], k), dim=2), torch.cat((past[1], v), dim=2)
         p = k.shape[2] - t
@@ -155,11 +188,11 @@ class Attention(nn.Module):
             o = F.scaled_dot_product_attention(q, k, v, is_causal=t > 1, scale=self.scaling,
                                                enable_gqa=True)
         else:  # query i (position p + i) sees every key up to p + i
-            keys = torch.arange(p + t, device=x.device)
-            mask = keys[None, :] <= (p + torch.arange(t, device=x.device))[:, None]
+            keys = torch.arange(p + t, device=q.device)
+            mask = keys[None, :] <= (p + torch.arange(t, device=q.device))[:, None]
             o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scaling,
                                                enable_gqa=True)
-        return self.o_proj(o.transpose(1, 2).reshape(b, t, -1)), (k, v)
+        return o, (k, v)
 
 
 class DecoderLayer(nn.Module):
@@ -209,6 +242,51 @@ class NativeModel(nn.Module):
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None,
                 **_: Any) -> SimpleNamespace:
         return SimpleNamespace(last_hidden_state=self.forward_kv(input_ids, position_ids)[0])
+
+    def forward_tree(self, input_ids: torch.Tensor, position_ids: torch.Tensor,
+                     groups: Sequence[TreeGroup]) -> torch.Tensor:
+        """Final hidden states ``[N, H]`` of a prefix tree's ``N`` tokens, given flat:
+        ``groups`` in order, each ``rows`` pieces of ``length`` tokens (row-major) at
+        positions ``start..start+length-1`` that follow the K/V of ``parents`` (rows of
+        the concatenation, in group order, of the groups that end at ``start``; None at
+        ``start`` 0). The trainer's shared-prefix forward
+        (``rollart_trainer_torch.prefix_tree``).
+
+        Layer by layer, not group by group: each projection and MLP runs once over all
+        ``N`` tokens (one matrix product per weight, so backward computes each weight's
+        gradient once, not once per group summed after), and only attention runs per
+        group, against its parents' keys and values of the same layer. The same
+        arithmetic as :meth:`forward_kv` per group, up to float rounding."""
+        h = self.embed_tokens(input_ids)  # one lookup: one dense embedding gradient
+        cos, sin = self.rotary_emb(h, position_ids)
+        sizes = [g.rows * g.length for g in groups]
+        for module in self.layers:
+            layer: DecoderLayer = module  # type: ignore[assignment]
+            attn: Attention = layer.self_attn
+            q, k, v = attn.project(layer.input_layernorm(h), cos, sin)
+            done: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] = {}  # end -> K/V
+            joined: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+            outs = []
+            for g, qg, kg, vg in zip(groups, q.split(sizes), k.split(sizes), v.split(sizes),
+                                     strict=True):
+                shape = (g.rows, g.length, -1, attn.head_dim)
+                past = None
+                if g.start > 0:
+                    if g.start not in joined:  # every group ending there is done
+                        parts = done.pop(g.start)
+                        joined[g.start] = (torch.cat([kv[0] for kv in parts]),
+                                           torch.cat([kv[1] for kv in parts]))
+                    pk, pv = joined[g.start]
+                    assert g.parents is not None
+                    past = (pk.index_select(0, g.parents), pv.index_select(0, g.parents))
+                o, kv = attn.attend(qg.view(shape).transpose(1, 2),
+                                    kg.view(shape).transpose(1, 2),
+                                    vg.view(shape).transpose(1, 2), past)
+                outs.append(o.transpose(1, 2).reshape(g.rows * g.length, -1))
+                done.setdefault(g.start + g.length, []).append(kv)
+            h = h + attn.o_proj(torch.cat(outs))
+            h = h + layer.mlp(layer.post_attention_layernorm(h))
+        return self.norm(h)
 
 
 class NativeCausalLM(nn.Module):

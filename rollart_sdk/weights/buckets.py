@@ -41,18 +41,46 @@ class CorruptBucketError(WeightSyncError, ValueError):
     """A bucket's bytes do not match its checksum (also a ``ValueError``, as it always was)."""
 
 
-def checksum(tensors: dict[str, Any]) -> str:
-    """sha256 over each tensor's name, dtype, shape and raw bytes, in name order."""
+# The checksum every publisher writes: xxh3-128 (the ``xxhash`` package), about 10x
+# sha256's speed here (16 against 1.6 GB/s: SmolLM2-135M's 651 MB in 0.04 s instead of
+# 0.43 s, once on each side of every update). It guards against transfer damage, a
+# stale or mixed-up bucket and a trainer writing the tensors after it published them,
+# not against someone forging a bucket. Receivers take the algorithm from the expected
+# string, so a bare sha256 hex digest (the format before December 2026) still verifies.
+CHECKSUM_ALGORITHMS = ("xxh3-128", "sha256")
+DEFAULT_CHECKSUM = "xxh3-128"
+
+
+def checksum(tensors: dict[str, Any], algorithm: str = DEFAULT_CHECKSUM) -> str:
+    """A digest of each tensor's name, dtype, shape and raw bytes, in name order:
+    ``"xxh3-128:<hex>"`` (default), or with ``algorithm="sha256"`` the bare sha256 hex
+    digest (the older format)."""
     import torch
 
-    h = hashlib.sha256()
+    if algorithm == "xxh3-128":
+        import xxhash
+
+        h: Any = xxhash.xxh3_128()
+    elif algorithm == "sha256":
+        h = hashlib.sha256()
+    else:
+        raise ValueError(f"unknown checksum algorithm {algorithm!r}; "
+                         f"known: {', '.join(CHECKSUM_ALGORITHMS)}")
     for name in sorted(tensors):
         t = tensors[name].detach().contiguous().cpu()
         h.update(name.encode())
         h.update(str(t.dtype).encode())
         h.update(str(tuple(t.shape)).encode())
         h.update(t.view(-1).view(torch.uint8).numpy())  # the buffer itself, no copy
-    return h.hexdigest()
+    digest = str(h.hexdigest())
+    return digest if algorithm == "sha256" else f"{algorithm}:{digest}"
+
+
+def checksum_algorithm(expected: str) -> str:
+    """The algorithm a checksum string was made with (``"xxh3-128:..."``; a bare hex
+    digest is sha256's)."""
+    algorithm, sep, _ = expected.partition(":")
+    return algorithm if sep else "sha256"
 
 
 def split_buckets(
@@ -121,7 +149,16 @@ def verify(
             "(rollart_sdk.weights.checksum or split_buckets do)",
             bucket.index,
         )
-    actual = checksum(bucket.tensors)
+    algorithm = checksum_algorithm(expected)
+    if algorithm not in CHECKSUM_ALGORITHMS:
+        raise CorruptBucketError(
+            bucket.version,
+            f"its checksum {expected[:24]!r} is of an unknown algorithm {algorithm!r} "
+            f"(known: {', '.join(CHECKSUM_ALGORITHMS)}); sender and receiver run different "
+            "rollart-sdk versions: install the same one on both",
+            bucket.index,
+        )
+    actual = checksum(bucket.tensors, algorithm)
     if actual != expected:
         raise CorruptBucketError(
             bucket.version,

@@ -75,6 +75,62 @@ def test_logits_gradients_and_cached_forward_match_transformers(tmp_path: Path, 
     assert present[0][0].shape[2] == 11
 
 
+@pytest.mark.parametrize("name", list(ARCHS))
+def test_forward_tree_matches_each_sequence_forward_and_its_gradients(tmp_path: Path,
+                                                                      name: str) -> None:
+    """The prefix tree's layer-by-layer forward (each weight once over every group's
+    tokens, attention per group against its parents' K/V): three sequences sharing 5
+    tokens, two of them 3 more, give the hidden states and the weight gradients of the
+    three plain forwards."""
+    from types import SimpleNamespace
+
+    native = load_causal_lm(_checkpoint(tmp_path, name), implementation="native")
+    assert isinstance(native, llama.NativeCausalLM)
+    g = torch.Generator().manual_seed(2)
+    root = torch.randint(1, 61, (5,), generator=g).tolist()
+    mid = torch.randint(1, 61, (3,), generator=g).tolist()
+    tails = [torch.randint(1, 61, (2,), generator=g).tolist() for _ in range(2)]
+    other = torch.randint(1, 61, (4,), generator=g).tolist()
+    seqs = [root + mid + tails[0], root + mid + tails[1], root + other]
+    # Groups in order: the root (1 x 5), then every 3-token child of it (the shared `mid`
+    # and `other`'s first 3 tokens), then the 2-token ones: mid's two tails and `other`'s
+    # last token... kept to equal lengths per group: other = 3 + 1 below.
+    groups = [SimpleNamespace(rows=1, length=5, start=0, parents=None, tokens=[root]),
+              SimpleNamespace(rows=2, length=3, start=5, parents=torch.tensor([0, 0]),
+                              tokens=[mid, other[:3]]),
+              SimpleNamespace(rows=1, length=1, start=8, parents=torch.tensor([1]),
+                              tokens=[other[3:]]),
+              SimpleNamespace(rows=2, length=2, start=8, parents=torch.tensor([0, 0]),
+                              tokens=tails)]
+    ids = torch.tensor([t for grp in groups for row in grp.tokens for t in row])
+    pos = torch.tensor([grp.start + i for grp in groups for _ in grp.tokens
+                        for i in range(grp.length)])
+    native.train()
+    flat = native.model.forward_tree(ids, pos, groups)
+    # Where each sequence's positions sit in the flat order (group after group, rows).
+    at = {0: list(range(0, 5)) + [5, 6, 7] + [12, 13],
+          1: list(range(0, 5)) + [5, 6, 7] + [14, 15],
+          2: list(range(0, 5)) + [8, 9, 10] + [11]}
+    weights = torch.randn(flat.shape[1], generator=g)
+    (flat @ weights).square().sum().backward()
+    tree_grads = {n: p.grad.clone() for n, p in native.named_parameters() if p.grad is not None}
+    native.zero_grad()
+    loss = 0.0
+    for i, seq in enumerate(seqs):
+        hidden, _ = native.model.forward_kv(torch.tensor([seq]))
+        assert (hidden[0] - flat[at[i]]).abs().max() < 1e-5, i
+        # each position counted once: the shared ones from the first sequence holding them
+        own = [k for k, j in enumerate(at[i]) if all(j not in at[m] for m in range(i))]
+        loss = loss + (hidden[0, own] @ weights).square().sum()
+    loss.backward()
+    assert tree_grads, "the tree forward produced no gradients"
+    for n, p in native.named_parameters():
+        if n.startswith("lm_head"):
+            continue  # not on the hidden-state path
+        assert p.grad is not None, n
+        assert (tree_grads[n] - p.grad).abs().max() < 1e-4 * (1 + p.grad.abs().max()), n
+
+
 def test_save_pretrained_loads_in_transformers(tmp_path: Path) -> None:
     path = _checkpoint(tmp_path, "llama-gqa-tied")
     native = load_causal_lm(path, implementation="auto")

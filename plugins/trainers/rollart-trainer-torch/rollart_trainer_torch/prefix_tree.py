@@ -13,9 +13,13 @@ once per trajectory. Here the batch becomes a tree:
    inside a longer one (from the longest common prefixes of neighbours in lexicographic
    order); every sequence is split at every cut, so a piece ``[start, end)`` of one sequence is a node of the tree, the same
    node for every sequence with the same tokens up to ``end``;
-3. nodes with the same ``(start, length)`` form a group: one batched forward through the
-   model with the parents' keys and values as its cache (gathered rows of the groups
-   ending at ``start``, autograd flows through them), positions ``start..end-1``;
+3. nodes with the same ``(start, length)`` form a group, positions ``start..end-1``,
+   attending to its parents' keys and values (gathered rows of the groups ending at
+   ``start``, autograd flows through them). With the SDK's own Llama forward
+   (``rollart_sdk.nn.llama``) the model runs layer by layer over every group's tokens at
+   once (``NativeModel.forward_tree``: one product per weight, so each weight's gradient
+   is computed once; only attention runs per group); with transformers' model, one
+   forward per group with its parents as the cache;
 4. a trained token ``t`` of sequence ``i`` takes its log-prob from the hidden state of
    the node holding position ``t - 1`` on ``i``'s path.
 
@@ -28,6 +32,7 @@ decoder takes ``cache`` and ``position_ids`` (the Llama family: ``HEAD_ONLY_MODE
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -116,9 +121,19 @@ class PrefixTree:
     def hidden(self, base_model: Any) -> torch.Tensor:
         """Final hidden states of every computed position, flat ``[computed, H]``."""
         native = getattr(base_model, "rollart_native", False)  # rollart_sdk.nn.llama
-        if not native:
-            from transformers import DynamicCache
         device = next(base_model.parameters()).device
+        if native:  # layer by layer over every group at once (NativeModel.forward_tree)
+            ids = torch.tensor([t for g in self.groups for row in g.tokens for t in row],
+                               dtype=torch.long, device=device)
+            pos = torch.tensor([g.start + i for g in self.groups for _ in g.tokens
+                                for i in range(g.length)], dtype=torch.long, device=device)
+            spec = [SimpleNamespace(rows=len(g.tokens), length=g.length, start=g.start,
+                                    parents=(torch.tensor(g.parents, dtype=torch.long,
+                                                          device=device)
+                                             if g.start > 0 else None))
+                    for g in self.groups]
+            return base_model.forward_tree(ids, pos, spec)
+        from transformers import DynamicCache
         kv: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] = {}  # end -> per layer
         parts_by_end: dict[int, list[list[tuple[torch.Tensor, torch.Tensor]]]] = {}
         out: list[torch.Tensor] = []
@@ -138,16 +153,13 @@ class PrefixTree:
                 past = [(k.index_select(0, idx), v.index_select(0, idx))
                         for k, v in kv[g.start]]
             pos = torch.arange(g.start, g.start + g.length, device=device).expand(n, -1)
-            if native:
-                hidden, layers = base_model.forward_kv(ids, pos, past or None)
-            else:
-                cache = DynamicCache(config=base_model.config)
-                for layer, (k, v) in enumerate(past):
-                    cache.update(k, v, layer)
-                res = base_model(input_ids=ids, position_ids=pos, cache=cache, use_cache=True)
-                hidden = res.last_hidden_state
-                kept: list[Any] = list(cache.layers)  # full-attention layers: keys and values
-                layers = [(layer.keys, layer.values) for layer in kept]
+            cache = DynamicCache(config=base_model.config)
+            for layer, (k, v) in enumerate(past):
+                cache.update(k, v, layer)
+            res = base_model(input_ids=ids, position_ids=pos, cache=cache, use_cache=True)
+            hidden = res.last_hidden_state
+            kept: list[Any] = list(cache.layers)  # full-attention layers: keys and values
+            layers = [(layer.keys, layer.values) for layer in kept]
             out.append(hidden.reshape(n * g.length, -1))
             parts_by_end.setdefault(g.start + g.length, []).append(layers)
         return torch.cat(out)

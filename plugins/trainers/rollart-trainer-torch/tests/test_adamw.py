@@ -83,3 +83,35 @@ def test_a_step_does_not_import_torch_dynamo() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=120, check=True).stdout.strip()
     assert out == "False"
+
+
+def test_denominator_written_in_place_bit_for_bit_over_dtypes_and_layouts() -> None:
+    """The update's denominator goes into one reused buffer per dtype (no parameter-sized
+    temporaries a step) and the weights stay torch's bit for bit: float32 and bfloat16
+    parameters of different sizes, and a non-contiguous one (its own buffer)."""
+    def params() -> list[torch.nn.Parameter]:
+        g = torch.Generator().manual_seed(3)
+        big = torch.randn(40, 30, generator=g)
+        return [torch.nn.Parameter(big.clone()),
+                torch.nn.Parameter(torch.randn(7, generator=g)),
+                torch.nn.Parameter(torch.randn(12, 5, generator=g).to(torch.bfloat16)),
+                torch.nn.Parameter(torch.randn(8, 6, generator=g).t())]  # non-contiguous
+
+    ours, theirs = params(), params()
+    assert not ours[3].is_contiguous()
+    o1 = LeanAdamW(ours, lr=1e-2, betas=(0.9, 0.99), eps=1e-8, weight_decay=0.01)
+    o2 = torch.optim.AdamW(theirs, lr=1e-2, betas=(0.9, 0.99), eps=1e-8, weight_decay=0.01)
+    g = torch.Generator().manual_seed(4)
+    buffers = []
+    for _ in range(3):
+        grads = [torch.randn(p.shape, generator=g).to(p.dtype) for p in ours]
+        for p, q, gr in zip(ours, theirs, grads, strict=True):
+            p.grad, q.grad = gr.clone(), gr.clone()
+        o1.step()
+        o2.step()
+        buffers.append({d: t.data_ptr() for d, t in o1._scratch.items()})
+    for a, b in zip(ours, theirs, strict=True):
+        assert torch.equal(a, b)
+    assert set(buffers[0]) == {torch.float32, torch.bfloat16}
+    assert buffers[0] == buffers[1] == buffers[2]  # the same buffers every step
+    assert o1._scratch[torch.float32].numel() == 40 * 30  # the largest float32 parameter
