@@ -391,7 +391,10 @@ def test_long_episodes_are_trained_across_updates(tmp_path, test_envs):
     p = job.pipeline
     s = run_rollout_summary(p)
     assert s["spanning_update"] > 0, s
-    assert s["length_bias"]["T"] >= 0.9, s
+    # 0.89-1.0 over 9 runs, two at a time on 2 cores (which episodes the run drops at
+    # its end depends on timing); batches of the episodes that end first (2 and 4 of
+    # the 2 / 4 / 6 turns) would give 0.75, of the 2-turn ones 0.5.
+    assert s["length_bias"]["T"] >= 0.85, s
     # The bound: batch s takes start versions >= s - 1 - alpha (Pipeline's batch floor).
     assert all(t.start_version >= r.step - 3 for r in records for t in r.batch)
     assert max(len(t.turns) for r in records for t in r.batch) == 6
