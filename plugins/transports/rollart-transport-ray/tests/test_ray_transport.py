@@ -269,3 +269,52 @@ def test_the_store_holds_numpy_bytes_and_receivers_get_tensors_they_own():
     again = {k: v for b in receiver.fetch(manifest) for k, v in b.tensors.items()}
     assert torch.equal(again["f32"], state["f32"])
     sender.close()
+
+
+def test_a_receiver_reuses_its_buffer_only_when_nothing_holds_the_last_version():
+    """With ``reuse_receive_buffers`` (default) a receiver copies a version's buckets into
+    the buffers of the last one once no tensor of it is held (no fresh pages per update);
+    a tensor still held, or a view or numpy array of one, keeps its buffer untouched and
+    the new version goes into a new one; with the option off every fetch takes new
+    buffers."""
+    import gc
+
+    sender = RayObjectStoreTransport("sender", keep_versions=4)
+    states = {v: {"w": torch.full((64, 8), float(v)),
+                  "b": torch.arange(5, dtype=torch.bfloat16) * v,
+                  "flag": torch.tensor([v % 2 == 0, True])} for v in (1, 2, 3, 4)}
+    manifests = {v: sender.publish(v, split_buckets(states[v].items(), 1 << 20, v))
+                 for v in states}
+    receiver = RayObjectStoreTransport("receiver", fetch_timeout_s=30)
+
+    def fetch(v: int) -> dict[str, torch.Tensor]:
+        got = {k: t for b in receiver.fetch(manifests[v]) for k, t in b.tensors.items()}
+        for name, want in states[v].items():
+            assert torch.equal(got[name], want), (v, name)
+        return got
+
+    def buffers() -> list[int]:  # where the receiver's buffers are
+        return [b.data_ptr() for b in receiver._buffers.values()]
+
+    got = fetch(1)
+    first = buffers()
+    assert len(first) == 1  # one bucket, one buffer
+    del got
+    gc.collect()
+    fetch(2)  # nothing of version 1 held: its buffer again
+    assert buffers() == first
+    held = fetch(3)  # the caller keeps version 3's tensors ...
+    view = held["w"][:2]
+    array = held["flag"].numpy()
+    del held
+    fetch(4)  # ... through a view and a numpy array: version 4 goes elsewhere
+    assert buffers() != first  # (the first buffer is alive: the view holds it)
+    assert torch.equal(view, torch.full((2, 8), 3.0)) and array.tolist() == [False, True]
+
+    plain = RayObjectStoreTransport("receiver", fetch_timeout_s=30,
+                                    reuse_receive_buffers=False)
+    for v in (1, 2):
+        got = {k: t for b in plain.fetch(manifests[v]) for k, t in b.tensors.items()}
+        assert torch.equal(got["w"], states[v]["w"])
+    assert plain._buffers == {}
+    sender.close()
