@@ -30,6 +30,7 @@ is gone. The memory itself is reclaimed once the last manifest copy is dropped.
 from __future__ import annotations
 
 import concurrent.futures
+import threading
 import uuid
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator
@@ -224,7 +225,11 @@ class RayObjectStoreTransport:
         self.fetch_timeout_s = opts.fetch_timeout_s
         self.reuse_receive_buffers = opts.reuse_receive_buffers
         # Receiver: (bucket index, bytes) -> the buffer that bucket was last copied into.
+        # A superseded fetch may still run in its thread beside the next one (the stager
+        # does not wait for it): whether a buffer is free is decided, and the copy made,
+        # under the lock, while the other fetch's copies are views that count.
         self._buffers: dict[tuple[int, int], Any] = {}
+        self._buffers_lock = threading.Lock()
         self.sender_id = uuid.uuid4().hex[:16]
         # version -> the ObjectRefs that keep its buckets alive, oldest first.
         self._published: OrderedDict[int, list[Any]] = OrderedDict()
@@ -357,8 +362,9 @@ class RayObjectStoreTransport:
                 )
             verify(bucket, ref, version)
             yield bucket
-        for key in set(self._buffers) - used:  # a layout this receiver no longer gets
-            del self._buffers[key]
+        with self._buffers_lock:
+            for key in set(self._buffers) - used:  # a layout this receiver no longer gets
+                del self._buffers[key]
 
     def _unpack(self, index: int, packed: PackedBucket,
                 used: set[tuple[int, int]]) -> WeightBucket:
@@ -370,10 +376,11 @@ class RayObjectStoreTransport:
 
         key = (index, packed_nbytes(packed))
         used.add(key)
-        buffer = self._buffers.get(key)
-        if buffer is None or not _unused(buffer):
-            buffer = self._buffers[key] = torch.empty(key[1], dtype=torch.uint8)
-        return unpack(packed, into=buffer)
+        with self._buffers_lock:
+            buffer = self._buffers.get(key)
+            if buffer is None or not _unused(buffer):
+                buffer = self._buffers[key] = torch.empty(key[1], dtype=torch.uint8)
+            return unpack(packed, into=buffer)
 
     def _require_sender(self, what: str) -> None:
         if self.role != "sender":
