@@ -203,8 +203,8 @@ class RayObjectStoreTransport:
     """:class:`rollart_sdk.interfaces.WeightTransport` over Ray's object store (pull).
 
     Factory call: ``RayObjectStoreTransport(role="sender"|"receiver", keep_versions=3,
-    fetch_timeout_s=300.0, reuse_receive_buffers=True)``. Only a sender may ``publish`` and ``release``; any role may
-    ``fetch``.
+    fetch_timeout_s=300.0, reuse_receive_buffers=True)``. Only a sender may ``publish``
+    and ``release``; any role may ``fetch``.
     """
 
     style: ClassVar[Literal["push", "pull"]] = "pull"
