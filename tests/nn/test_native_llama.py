@@ -92,9 +92,10 @@ def test_forward_tree_matches_each_sequence_forward_and_its_gradients(tmp_path: 
     tails = [torch.randint(1, 61, (2,), generator=g).tolist() for _ in range(2)]
     other = torch.randint(1, 61, (4,), generator=g).tolist()
     seqs = [root + mid + tails[0], root + mid + tails[1], root + other]
-    # Groups in order: the root (1 x 5), then every 3-token child of it (the shared `mid`
-    # and `other`'s first 3 tokens), then the 2-token ones: mid's two tails and `other`'s
-    # last token... kept to equal lengths per group: other = 3 + 1 below.
+    # Groups in the trainer's order, by (start, length): the root (1 x 5); the two 3-token
+    # children of it (`mid`, `other`'s first 3 tokens); at start 8, `other`'s last token
+    # (1 x 1, parent row 1: `other[:3]` in the rows of the groups ending at 8) and mid's
+    # two tails (2 x 2, parent row 0: `mid`).
     groups = [SimpleNamespace(rows=1, length=5, start=0, parents=None, tokens=[root]),
               SimpleNamespace(rows=2, length=3, start=5, parents=torch.tensor([0, 0]),
                               tokens=[mid, other[:3]]),
