@@ -194,8 +194,18 @@ install_sglang() {
   echo "sglang: $("$PY" -c 'from importlib.metadata import version; print(version("sglang"))')"
 }
 
+# Bytecode of this checkout's (editable) packages, as pip writes it for an installed wheel:
+# with PYTHONDONTWRITEBYTECODE set, every `rollart` command would otherwise compile the
+# SDK's modules again at start-up (0.3 s here). A source edited later is recompiled (and
+# its stale .pyc ignored) by Python itself.
+compile_bytecode() {
+  "$PY" -m compileall -q -j 0 rollart_sdk plugins >/dev/null 2>&1 \
+    || echo "install.sh: compiling bytecode failed (harmless: modules compile at import)" >&2
+}
+
 t0=$(date +%s)
 install_light
+compile_bytecode
 for b in "${with[@]}"; do "install_$b"; done
 # pyenv puts console scripts behind shims: make `rollart` visible at once.
 command -v pyenv >/dev/null 2>&1 && pyenv rehash || true

@@ -244,7 +244,8 @@ class NativeModel(nn.Module):
         return SimpleNamespace(last_hidden_state=self.forward_kv(input_ids, position_ids)[0])
 
     def forward_tree(self, input_ids: torch.Tensor, position_ids: torch.Tensor,
-                     groups: Sequence[TreeGroup]) -> torch.Tensor:
+                     groups: Sequence[TreeGroup], needed: torch.Tensor | None = None
+                     ) -> torch.Tensor:
         """Final hidden states ``[N, H]`` of a prefix tree's ``N`` tokens, given flat:
         ``groups`` in order, each ``rows`` pieces of ``length`` tokens (row-major) at
         positions ``start..start+length-1`` that follow the K/V of ``parents`` (rows of
@@ -256,11 +257,19 @@ class NativeModel(nn.Module):
         ``N`` tokens (one matrix product per weight, so backward computes each weight's
         gradient once, not once per group summed after), and only attention runs per
         group, against its parents' keys and values of the same layer. The same
-        arithmetic as :meth:`forward_kv` per group, up to float rounding."""
+        arithmetic as :meth:`forward_kv` per group, up to float rounding.
+
+        ``needed``: the flat indices whose hidden states are wanted (a trainer reads one
+        per trained token); the result is then ``[len(needed), H]`` in that order, and
+        the last layer runs its output projection, MLP and the final norm on those rows
+        only (its keys and values still cover every token: attention needs them). In a
+        multi-turn batch the trained tokens are a few of the context's: for a small
+        model that is a large share of the step."""
         h = self.embed_tokens(input_ids)  # one lookup: one dense embedding gradient
         cos, sin = self.rotary_emb(h, position_ids)
         sizes = [g.rows * g.length for g in groups]
-        for module in self.layers:
+        last = len(self.layers) - 1
+        for index, module in enumerate(self.layers):
             layer: DecoderLayer = module  # type: ignore[assignment]
             attn: Attention = layer.self_attn
             q, k, v = attn.project(layer.input_layernorm(h), cos, sin)
@@ -284,8 +293,13 @@ class NativeModel(nn.Module):
                                     vg.view(shape).transpose(1, 2), past)
                 outs.append(o.transpose(1, 2).reshape(g.rows * g.length, -1))
                 done.setdefault(g.start + g.length, []).append(kv)
-            h = h + attn.o_proj(torch.cat(outs))
+            o = torch.cat(outs)
+            if needed is not None and index == last:  # only the rows that are read
+                o, h = o.index_select(0, needed), h.index_select(0, needed)
+            h = h + attn.o_proj(o)
             h = h + layer.mlp(layer.post_attention_layernorm(h))
+        if needed is not None and not self.layers:
+            h = h.index_select(0, needed)
         return self.norm(h)
 
 

@@ -131,6 +131,22 @@ def test_forward_tree_matches_each_sequence_forward_and_its_gradients(tmp_path: 
         assert p.grad is not None, n
         assert (tree_grads[n] - p.grad).abs().max() < 1e-4 * (1 + p.grad.abs().max()), n
 
+    # Only some rows wanted (the trainer's: one per trained token, in its own order):
+    # the last layer works on those only, and they and their gradients are the full
+    # forward's rows (a row taken from the wrong place, or a missing layer, fails here).
+    needed = torch.tensor([15, 3, 11, 7, 7])
+    native.zero_grad()
+    part = native.model.forward_tree(ids, pos, groups, needed)
+    assert part.shape == (5, flat.shape[1])
+    assert (part - flat.detach()[needed]).abs().max() < 1e-5
+    (part @ weights).square().sum().backward()
+    part_grads = {n: p.grad.clone() for n, p in native.named_parameters() if p.grad is not None}
+    native.zero_grad()
+    (native.model.forward_tree(ids, pos, groups)[needed] @ weights).square().sum().backward()
+    for n, p in native.named_parameters():
+        if p.grad is not None:
+            assert (part_grads[n] - p.grad).abs().max() < 1e-5 * (1 + p.grad.abs().max()), n
+
 
 def test_save_pretrained_loads_in_transformers(tmp_path: Path) -> None:
     path = _checkpoint(tmp_path, "llama-gqa-tied")

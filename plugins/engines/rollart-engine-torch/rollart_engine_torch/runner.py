@@ -145,13 +145,14 @@ class SlotRunner:
     # ------------------------------------------------------------------ forward
 
     def _qkv(self, attn: Any, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        b, t, _ = x.shape
-        q = attn.q_proj(x).view(b, t, -1, self.head_dim)
-        k = attn.k_proj(x).view(b, t, -1, self.head_dim)
-        v = attn.v_proj(x).view(b, t, -1, self.head_dim)
+        """Queries, keys and values of the flat tokens ``x`` ``[N, H]``: ``[N, heads, D]``."""
+        n = x.shape[0]
+        q = attn.q_proj(x).view(n, -1, self.head_dim)
+        k = attn.k_proj(x).view(n, -1, self.head_dim)
+        v = attn.v_proj(x).view(n, -1, self.head_dim)
         if hasattr(attn, "q_norm"):  # Qwen3: per-head RMSNorm before rotary
             q, k = attn.q_norm(q), attn.k_norm(k)
-        return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        return q, k, v
 
     @torch.inference_mode()
     def extend(self, slots: Sequence[int], chunks: Sequence[Sequence[int]],
@@ -159,52 +160,60 @@ class SlotRunner:
         """One batched forward: row ``r`` feeds ``chunks[r]`` at positions ``starts[r]...``
         into slot ``slots[r]`` (whose positions ``0..starts[r]-1`` are already cached).
 
+        The rows' tokens go flat (no padding): every projection and MLP is one product
+        over all of them; attention runs per row, straight on its slot of the cache (no
+        gathered copy, no mask for a one-token decode). The last layer runs its output
+        projection and MLP on each row's last token only: nothing reads the others'.
+
         Returns fp32 CPU logits ``[B, V]`` of each row's LAST fed token (None when
         ``logits`` is False: a prefill-only hand-off)."""
         b = len(slots)
         lens = [len(c) for c in chunks]
         if b == 0 or min(lens) < 1:
             raise ValueError("extend needs at least one row, each with at least one token")
-        width = max(lens)
-        longest = max(s + n for s, n in zip(starts, lens, strict=True))
-        self.ensure_capacity(longest)
+        self.ensure_capacity(max(s + n for s, n in zip(starts, lens, strict=True)))
         dev = self.device
-        ids = torch.tensor([list(c) + [0] * (width - len(c)) for c in chunks], dtype=torch.long,
-                           device=dev)
-        start_t = torch.tensor(list(starts), dtype=torch.long, device=dev)
-        len_t = torch.tensor(lens, dtype=torch.long, device=dev)
-        steps = torch.arange(width, device=dev)
-        pos = start_t[:, None] + steps[None, :]  # [B, T]
-        rows, cols = (steps[None, :] < len_t[:, None]).nonzero(as_tuple=True)
-        slot_t = torch.tensor(list(slots), dtype=torch.long, device=dev)
-        dst_slot, dst_pos = slot_t[rows], pos[rows, cols]
-        dense = list(slots) == list(range(b))
-        # Query (r, j) sees the keys at positions <= starts[r] + j of its own slot.
-        keys = torch.arange(longest, device=dev)
-        mask = (keys[None, None, :] <= pos[:, :, None])[:, None]  # [B, 1, T, L]
-        h = self.embed(ids)
-        cos, sin = self.rotary(h, pos)
+        ids = torch.tensor([t for c in chunks for t in c], dtype=torch.long, device=dev)
+        pos = torch.tensor([s + i for s, n in zip(starts, lens, strict=True) for i in range(n)],
+                           dtype=torch.long, device=dev)
+        offsets = [0]
+        for n in lens:
+            offsets.append(offsets[-1] + n)
+        lasts = torch.tensor(offsets[1:], dtype=torch.long, device=dev) - 1
+        h = self.embed(ids)  # [N, H]
+        cos, sin = (t[0] for t in self.rotary(h, pos[None]))  # [N, D]
+        last_layer = len(self.layers) - 1
         for i, layer in enumerate(self.layers):
             attn = layer.self_attn
             q, k, v = self._qkv(attn, layer.input_layernorm(h))
-            q, k = self._rope(q, k, cos, sin)
+            q, k = self._rope(q, k, cos, sin)  # [N, heads, D]; cos/sin [N, 1, D]
             kc, vc = self.k[i], self.v[i]
-            kc[dst_slot, :, dst_pos] = k[rows, :, cols]
-            vc[dst_slot, :, dst_pos] = v[rows, :, cols]
-            if dense:
-                ks, vs = kc[:b, :, :longest], vc[:b, :, :longest]
-            else:
-                ks = kc[:, :, :longest].index_select(0, slot_t)
-                vs = vc[:, :, :longest].index_select(0, slot_t)
-            o = F.scaled_dot_product_attention(
-                q, ks, vs, attn_mask=mask, scale=attn.scaling, enable_gqa=True
-            )
-            h = h + attn.o_proj(o.transpose(1, 2).reshape(b, width, -1))
+            outs = []
+            only_last = i == last_layer
+            for slot, start, n, a in zip(slots, starts, lens, offsets, strict=False):
+                kc[slot, :, start : start + n] = k[a : a + n].transpose(0, 1)
+                vc[slot, :, start : start + n] = v[a : a + n].transpose(0, 1)
+                end = start + n
+                qr = q[a + n - 1 : a + n] if only_last else q[a : a + n]
+                m = qr.shape[0]
+                mask = None
+                if m > 1:  # query j (position end - m + j) sees the keys up to it
+                    keys = torch.arange(end, device=dev)
+                    mask = keys[None, :] <= torch.arange(end - m, end, device=dev)[:, None]
+                o = F.scaled_dot_product_attention(
+                    qr.transpose(0, 1)[None], kc[slot : slot + 1, :, :end],
+                    vc[slot : slot + 1, :, :end], attn_mask=mask, scale=attn.scaling,
+                    enable_gqa=True)
+                outs.append(o[0].transpose(0, 1).reshape(m, -1))
+            if only_last:
+                h = h.index_select(0, lasts)
+            h = h + attn.o_proj(torch.cat(outs) if len(outs) > 1 else outs[0])
             h = h + layer.mlp(layer.post_attention_layernorm(h))
         if not logits:
             return None
-        last = h[torch.arange(b, device=dev), len_t - 1]  # [B, hidden]
-        return self.lm_head(self.norm(last)).float().cpu()
+        if not self.layers:
+            h = h.index_select(0, lasts)
+        return self.lm_head(self.norm(h)).float().cpu()
 
     # ------------------------------------------------------------------ weights
 

@@ -65,9 +65,7 @@ class Seq:
                            "context or raise the option")
         prompt = list(request.prompt_ids)
         sp = request.sampling
-        allowed = None
-        if sp.allowed_token_ids is not None:
-            allowed = torch.tensor(sorted(set(sp.allowed_token_ids)), dtype=torch.long)
+        allowed = None if sp.allowed_token_ids is None else _allowed(sp.allowed_token_ids)
         seed = sp.seed if sp.seed is not None else rng.getrandbits(63)
         gen = torch.Generator(device="cpu")
         gen.manual_seed(int(seed))
@@ -92,6 +90,22 @@ class Seq:
             worker=worker,
             kv_kept=self.kv_kept,
         )
+
+
+_ALLOWED: dict[tuple[int, ...], torch.Tensor] = {}  # allowed ids -> their index tensor
+_ALLOWED_MAX = 1024
+
+
+def _allowed(ids: list[int]) -> torch.Tensor:
+    """The sorted index tensor of ``ids``, one per distinct set (a constrained task's
+    every request names the same few actions; the tensor is only read)."""
+    key = tuple(ids)
+    found = _ALLOWED.get(key)
+    if found is None:
+        if len(_ALLOWED) >= _ALLOWED_MAX:
+            _ALLOWED.clear()
+        found = _ALLOWED[key] = torch.tensor(sorted(set(ids)), dtype=torch.long)
+    return found
 
 
 @dataclass

@@ -118,8 +118,10 @@ class PrefixTree:
         padded = len(seqs) * max((len(s) for s in seqs), default=0)
         return cls(ordered, rows, sample_pos, flat, padded)
 
-    def hidden(self, base_model: Any) -> torch.Tensor:
-        """Final hidden states of every computed position, flat ``[computed, H]``."""
+    def hidden(self, base_model: Any, needed: torch.Tensor | None = None) -> torch.Tensor:
+        """Final hidden states of every computed position, flat ``[computed, H]``; with
+        ``needed`` (flat indices, e.g. :attr:`rows`), those rows only, in that order (the
+        SDK's own model then skips the last layer's work on the others)."""
         native = getattr(base_model, "rollart_native", False)  # rollart_sdk.nn.llama
         device = next(base_model.parameters()).device
         if native:  # layer by layer over every group at once (NativeModel.forward_tree)
@@ -132,7 +134,7 @@ class PrefixTree:
                                                           device=device)
                                              if g.start > 0 else None))
                     for g in self.groups]
-            return base_model.forward_tree(ids, pos, spec)
+            return base_model.forward_tree(ids, pos, spec, needed)
         from transformers import DynamicCache
         kv: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] = {}  # end -> per layer
         parts_by_end: dict[int, list[list[tuple[torch.Tensor, torch.Tensor]]]] = {}
@@ -162,7 +164,8 @@ class PrefixTree:
             layers = [(layer.keys, layer.values) for layer in kept]
             out.append(hidden.reshape(n * g.length, -1))
             parts_by_end.setdefault(g.start + g.length, []).append(layers)
-        return torch.cat(out)
+        flat = torch.cat(out)
+        return flat if needed is None else flat.index_select(0, needed)
 
 
 def tree_micro_batches(batch: list[TrainSample], max_seqs: int, max_tokens: int,

@@ -591,11 +591,11 @@ class TorchTrainer:
         step's :class:`~rollart_sdk.algorithms.AllowedMassMeter`."""
         head = model.get_output_embeddings() if self._head_only else None
         if tree is not None and head is not None:
-            flat = tree.hidden(model.base_model)
-            rows = torch.tensor(tree.rows, dtype=torch.long, device=flat.device)
-            at = torch.tensor(tree.sample_pos, dtype=torch.long, device=flat.device)
+            device = next(model.parameters()).device
+            rows = torch.tensor(tree.rows, dtype=torch.long, device=device)
+            at = torch.tensor(tree.sample_pos, dtype=torch.long, device=device)
             r, c = (at[:, 0], at[:, 1]) if len(tree.rows) else (rows, rows)
-            logits = head(flat[rows])
+            logits = head(tree.hidden(model.base_model, rows))  # the trained tokens' rows
         elif head is None:  # a model with its own logit post-processing: full forward
             r, c = sel.nonzero(as_tuple=True)
             logits = model(input_ids=t["ids"], attention_mask=t["attn"]).logits[r, c]
