@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from rollart_engine_torch.runner import SlotRunner
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from rollart_engine_torch.runner import SlotRunner
 from rollart_sdk.models import load_causal_lm
 
 ARCHS = {
