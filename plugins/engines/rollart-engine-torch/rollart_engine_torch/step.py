@@ -11,7 +11,8 @@ samples one token:
   multi-turn episodes that took the same actions so far) are computed once: the others
   copy the new K/V into their slots and sample, each with its own generator, from the
   same logits;
-- rows of very different lengths go in separate forwards (:func:`length_groups`);
+- the rows' tokens go flat through the forward (no padding: a long prompt costs the
+  one-token decodes beside it nothing, :meth:`SlotRunner.extend`);
 - each token is recorded with its logprob under the sampled policy (allowed-ids mask and
   temperature, :mod:`rollart_engine_torch.sampling`) and the weights version that
   produced it.
@@ -46,8 +47,7 @@ class StepCounts:
 def run_step(runner: SlotRunner, running: list[Seq], version: int,
              counts: StepCounts) -> list[Seq]:
     """One batched forward over every running sequence's uncached tokens, one sampled
-    token each (rows of very different lengths go in separate forwards). Returns the
-    sequences that finished; ``counts`` is updated."""
+    token each. Returns the sequences that finished; ``counts`` is updated."""
     finished: list[Seq] = []
     counts.reused_tokens += handoff.import_pending(runner, running)
     # Rows with the same tokens and the same cached length (a group's shared prompt;
@@ -64,18 +64,19 @@ def run_step(runner: SlotRunner, running: list[Seq], version: int,
         else:
             copies.append((seq, first))
     row_of: dict[int, tuple[torch.Tensor | None, int]] = {}
-    for group in length_groups(computed):
-        chunks = [s.tokens[s.cached :] for s in group]
+    if computed:
+        chunks = [s.tokens[s.cached :] for s in computed]
         t0 = time.perf_counter()
-        logits = runner.extend([s.slot for s in group], chunks, [s.cached for s in group],
-                               logits=not all(s.prefill_only for s in group))
-        rebuilt = sum(len(c) for s, c in zip(group, chunks, strict=True) if s.recomputing)
+        logits = runner.extend([s.slot for s in computed], chunks,
+                               [s.cached for s in computed],
+                               logits=not all(s.prefill_only for s in computed))
+        rebuilt = sum(len(c) for s, c in zip(computed, chunks, strict=True) if s.recomputing)
         if rebuilt:  # weight-sync cost: the forward's share spent rebuilding KV
             counts.recompute_s += (time.perf_counter() - t0) * rebuilt / sum(map(len, chunks))
         # A sampling row's last fed token is its decode token; a PD prefill row has none.
         counts.prefill_tokens += (sum(len(c) for c in chunks)
-                                  - sum(not s.prefill_only for s in group))
-        for row, seq in enumerate(group):
+                                  - sum(not s.prefill_only for s in computed))
+        for row, seq in enumerate(computed):
             row_of[id(seq)] = (logits, row)
     for seq, first in copies:
         runner.copy_slot(first.slot, seq.slot, seq.cached, len(seq.tokens))
@@ -111,23 +112,3 @@ def append_token(seq: Seq, logits: torch.Tensor, version: int, max_seq_len: int,
     elif len(seq.out_ids) >= params.max_new_tokens or len(seq.tokens) >= max_seq_len:
         seq.finish = "length"
     return seq.finish is not None
-
-
-def length_groups(seqs: list[Seq]) -> list[list[Seq]]:
-    """Split a step's rows so that padding to the longest row of a forward costs at most
-    about as much as the real tokens (a long prompt does not pad 63 one-token decodes)."""
-    order = sorted(seqs, key=lambda s: len(s.tokens) - s.cached, reverse=True)
-    groups: list[list[Seq]] = []
-    group: list[Seq] = []
-    real = 0
-    for seq in order:
-        n = len(seq.tokens) - seq.cached
-        width = len(group[0].tokens) - group[0].cached if group else n
-        if group and width * (len(group) + 1) > 2 * (real + n) + 16:
-            groups.append(group)
-            group, real = [], 0
-        group.append(seq)
-        real += n
-    if group:
-        groups.append(group)
-    return groups
