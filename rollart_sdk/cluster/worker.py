@@ -129,10 +129,8 @@ def bound_worker_class(worker_cls: type) -> type:
 def one_thread(threads: int | None = None) -> None:
     """Processes share few cores: ``threads`` torch threads (the run's thread plan,
     :mod:`rollart_sdk.resources.threads`), else ``ROLLART_TORCH_THREADS``, else one
-    (oversubscription is many times slower). Also keeps freed memory for reuse
-    (:func:`keep_freed_memory`)."""
+    (oversubscription is many times slower)."""
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    keep_freed_memory()
     try:
         import torch
 
@@ -140,36 +138,3 @@ def one_thread(threads: int | None = None) -> None:
     except ImportError:
         pass
 
-
-# glibc's mallopt parameters (malloc.h)
-_M_TRIM_THRESHOLD = -1
-_M_MMAP_THRESHOLD = -3
-_MALLOC_KEEP = {_M_MMAP_THRESHOLD: 32 * 2**20, _M_TRIM_THRESHOLD: 64 * 2**20}
-_malloc_kept = False
-
-
-def keep_freed_memory() -> bool:
-    """Keep freed memory in the process for the next allocation of its size (glibc).
-
-    By default glibc serves a block over 128 KiB with a fresh ``mmap`` and returns the
-    heap's free top to the system: a training step or engine step that frees and
-    allocates the same few-MB activations every time then page-faults every page of
-    them again (thousands of faults a step: 7 % of a small model's train step here).
-    Blocks up to 32 MiB now come from the heap, and up to 64 MiB of free top is kept.
-    Once per process; True when set (False off glibc, or with ``ROLLART_MALLOC=default``,
-    or when ``MALLOC_*``/``GLIBC_TUNABLES`` settings of the user's own are present)."""
-    global _malloc_kept
-    if _malloc_kept:
-        return True
-    if os.environ.get("ROLLART_MALLOC") == "default" or os.environ.get("GLIBC_TUNABLES") or any(
-            k.startswith("MALLOC_") for k in os.environ):
-        return False
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL("libc.so.6")
-        ok = all(libc.mallopt(param, value) == 1 for param, value in _MALLOC_KEEP.items())
-    except (OSError, AttributeError):
-        return False
-    _malloc_kept = ok
-    return ok
