@@ -137,4 +137,3 @@ def one_thread(threads: int | None = None) -> None:
         torch.set_num_threads(threads or int(os.environ.get("ROLLART_TORCH_THREADS", "1")))
     except ImportError:
         pass
-
