@@ -161,9 +161,11 @@ class SlotRunner:
         into slot ``slots[r]`` (whose positions ``0..starts[r]-1`` are already cached).
 
         The rows' tokens go flat (no padding): every projection and MLP is one product
-        over all of them; attention runs per row, straight on its slot of the cache (no
-        gathered copy, no mask for a one-token decode). The last layer runs its output
-        projection and MLP on each row's last token only: nothing reads the others'.
+        over all of them, and each layer writes every new key and value into the cache
+        with one indexed copy. Attention: the one-token rows (decodes) in one call over
+        their gathered slots; each longer row (a prompt, a new observation) straight on
+        its own slot of the cache (no copy). The last layer runs its output projection
+        and MLP on each row's last token only: nothing reads the others'.
 
         Returns fp32 CPU logits ``[B, V]`` of each row's LAST fed token (None when
         ``logits`` is False: a prefill-only hand-off)."""
@@ -180,6 +182,12 @@ class SlotRunner:
         for n in lens:
             offsets.append(offsets[-1] + n)
         lasts = torch.tensor(offsets[1:], dtype=torch.long, device=dev) - 1
+        # Where each token's K/V go: (slot, position).
+        token_slot = torch.tensor([s for s, n in zip(slots, lens, strict=True) for _ in range(n)],
+                                  dtype=torch.long, device=dev)
+        one = [r for r in range(b) if lens[r] == 1]  # decodes: batched attention
+        many = [r for r in range(b) if lens[r] > 1]  # prompts/observations: per row
+        decode = _Decodes.of(one, slots, starts, offsets, dev) if one else None
         h = self.embed(ids)  # [N, H]
         cos, sin = (t[0] for t in self.rotary(h, pos[None]))  # [N, D]
         last_layer = len(self.layers) - 1
@@ -188,26 +196,35 @@ class SlotRunner:
             q, k, v = self._qkv(attn, layer.input_layernorm(h))
             q, k = self._rope(q, k, cos, sin)  # [N, heads, D]; cos/sin [N, 1, D]
             kc, vc = self.k[i], self.v[i]
-            outs = []
+            kc[token_slot, :, pos] = k
+            vc[token_slot, :, pos] = v
             only_last = i == last_layer
-            for slot, start, n, a in zip(slots, starts, lens, offsets, strict=False):
-                kc[slot, :, start : start + n] = k[a : a + n].transpose(0, 1)
-                vc[slot, :, start : start + n] = v[a : a + n].transpose(0, 1)
-                end = start + n
-                qr = q[a + n - 1 : a + n] if only_last else q[a : a + n]
-                m = qr.shape[0]
+            out = q.new_empty((b if only_last else q.shape[0], q.shape[1] * q.shape[2]))
+            if decode is not None:
+                o = F.scaled_dot_product_attention(
+                    q.index_select(0, decode.tokens)[:, :, None],
+                    kc[:, :, : decode.end].index_select(0, decode.slots),
+                    vc[:, :, : decode.end].index_select(0, decode.slots),
+                    attn_mask=decode.mask, scale=attn.scaling, enable_gqa=True)
+                out.index_copy_(0, decode.rows if only_last else decode.tokens,
+                                o.reshape(o.shape[0], -1))
+            for r in many:
+                slot, a, n = slots[r], offsets[r], lens[r]
+                end = starts[r] + n
+                m = 1 if only_last else n
                 mask = None
                 if m > 1:  # query j (position end - m + j) sees the keys up to it
                     keys = torch.arange(end, device=dev)
                     mask = keys[None, :] <= torch.arange(end - m, end, device=dev)[:, None]
                 o = F.scaled_dot_product_attention(
-                    qr.transpose(0, 1)[None], kc[slot : slot + 1, :, :end],
+                    q[a + n - m : a + n].transpose(0, 1)[None], kc[slot : slot + 1, :, :end],
                     vc[slot : slot + 1, :, :end], attn_mask=mask, scale=attn.scaling,
                     enable_gqa=True)
-                outs.append(o[0].transpose(0, 1).reshape(m, -1))
+                (out[r : r + 1] if only_last else out[a : a + n]).copy_(
+                    o[0].transpose(0, 1).reshape(m, -1))
             if only_last:
                 h = h.index_select(0, lasts)
-            h = h + attn.o_proj(torch.cat(outs) if len(outs) > 1 else outs[0])
+            h = h + attn.o_proj(out)
             h = h + layer.mlp(layer.post_attention_layernorm(h))
         if not logits:
             return None
@@ -241,3 +258,29 @@ class SlotRunner:
     @torch.no_grad()
     def assign(self, tensors: dict[str, Any]) -> None:
         self.adapters.assign(tensors, self.model.state_dict())
+
+
+class _Decodes:
+    """The one-token rows of a step, for their one batched attention call: their rows,
+    their tokens' flat indices, their slots, the longest context and (when the contexts
+    differ in length) the key mask ``[rows, 1, 1, end]``."""
+
+    __slots__ = ("end", "mask", "rows", "slots", "tokens")
+
+    def __init__(self, rows: torch.Tensor, tokens: torch.Tensor, slots: torch.Tensor,
+                 end: int, mask: torch.Tensor | None) -> None:
+        self.rows, self.tokens, self.slots, self.end, self.mask = rows, tokens, slots, end, mask
+
+    @classmethod
+    def of(cls, one: list[int], slots: Sequence[int], starts: Sequence[int],
+           offsets: list[int], dev: torch.device) -> _Decodes:
+        ends = [starts[r] + 1 for r in one]
+        end = max(ends)
+        mask = None
+        if min(ends) < end:  # a row sees the keys of its own context only
+            mask = (torch.arange(end, device=dev)[None, :]
+                    < torch.tensor(ends, device=dev)[:, None])[:, None, None]
+        return cls(torch.tensor(one, dtype=torch.long, device=dev),
+                   torch.tensor([offsets[r] for r in one], dtype=torch.long, device=dev),
+                   torch.tensor([slots[r] for r in one], dtype=torch.long, device=dev),
+                   end, mask)
