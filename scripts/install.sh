@@ -196,7 +196,7 @@ install_sglang() {
 
 # Bytecode of this checkout's (editable) packages, as pip writes it for an installed wheel:
 # with PYTHONDONTWRITEBYTECODE set, every `rollart` command would otherwise compile the
-# SDK's modules again at start-up (0.3 s here). A source edited later is recompiled (and
+# SDK's modules again at start-up. A source edited later is recompiled (and
 # its stale .pyc ignored) by Python itself.
 compile_bytecode() {
   "$PY" -m compileall -q -j 0 rollart_sdk plugins >/dev/null 2>&1 \
