@@ -211,6 +211,41 @@ def tiny_llama_checkpoint(path: str | Path, vocab: int = 64, hidden: int = 32, l
     return Path(path)
 
 
+# Small checkpoints of each architecture the SDK's own forward and the torch engine's
+# slot-cache forward cover: tests check both against transformers' model on every one.
+ARCHITECTURES: dict[str, dict[str, Any]] = {
+    "llama": {},
+    "llama-gqa-tied": {"num_key_value_heads": 2, "tie_word_embeddings": True},
+    "qwen2": {"model_type": "qwen2"},
+    "qwen3": {"model_type": "qwen3", "head_dim": 16},
+    "mistral": {"model_type": "mistral", "sliding_window": None},
+}
+
+
+def tiny_arch_checkpoint(path: str | Path, name: str, **over: Any) -> Path:
+    """A random two-layer model of architecture ``name`` (:data:`ARCHITECTURES`; ``over``
+    changes config keys) saved as a Hugging Face checkpoint folder at ``path``, its norm
+    weights away from 1 and its biases away from 0 so that every term of the forward
+    counts."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    base: dict[str, Any] = {
+        "model_type": "llama", "vocab_size": 61, "hidden_size": 32, "intermediate_size": 48,
+        "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 4,
+        "max_position_embeddings": 128, "pad_token_id": 0, "rope_theta": 5000.0,
+        "rms_norm_eps": 1e-5, **ARCHITECTURES[name], **over}
+    kind = base.pop("model_type")
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(AutoConfig.for_model(kind, **base))
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if "norm" in n or n.endswith(".bias"):
+                p.add_(0.3 * torch.randn_like(p))
+    model.save_pretrained(path)
+    return Path(path)
+
+
 def toy_batch(model_dir: str | Path, n_groups: int = 2, group_size: int = 4, seed: int = 0,
               version: int = 0, vocab: int = 64,
               lengths: tuple[tuple[int, int], ...] = ((3, 6), (2, 4), (1, 3), (1, 3)),

@@ -9,40 +9,19 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM
+from transformers import AutoModelForCausalLM
 
 from rollart_sdk.models import load_causal_lm
 from rollart_sdk.nn import llama
+from rollart_sdk.testing.trainer import ARCHITECTURES, tiny_arch_checkpoint
 
 torch.set_num_threads(1)
 
-ARCHS = {
-    "llama": {},
-    "llama-gqa-tied": {"num_key_value_heads": 2, "tie_word_embeddings": True},
-    "qwen2": {"model_type": "qwen2"},
-    "qwen3": {"model_type": "qwen3", "head_dim": 16},
-    "mistral": {"model_type": "mistral", "sliding_window": None},
-}
+ARCHS = ARCHITECTURES
 
 
 def _checkpoint(tmp: Path, name: str, **over: object) -> Path:
-    base = {"model_type": "llama", "vocab_size": 61, "hidden_size": 32, "intermediate_size": 48,
-            "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 4,
-            "max_position_embeddings": 128, "pad_token_id": 0, "rope_theta": 5000.0,
-            "rms_norm_eps": 1e-5}
-    base.update(ARCHS.get(name, {}))
-    base.update(over)
-    kind = base.pop("model_type")
-    cfg = AutoConfig.for_model(kind, **base)
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(cfg)
-    with torch.no_grad():  # norms away from 1 and biases away from 0: every term counts
-        for n, p in model.named_parameters():
-            if "norm" in n or n.endswith(".bias"):
-                p.add_(0.3 * torch.randn_like(p))
-    out = tmp / name
-    model.save_pretrained(out)
-    return out
+    return tiny_arch_checkpoint(tmp / name, name, **over)
 
 
 @pytest.mark.parametrize("name", list(ARCHS))

@@ -9,44 +9,20 @@ from pathlib import Path
 import pytest
 import torch
 from rollart_engine_torch.runner import SlotRunner
-from transformers import AutoConfig, AutoModelForCausalLM
 
 from rollart_sdk.models import load_causal_lm
-
-ARCHS = {
-    "llama": {},
-    "llama-gqa-tied": {"num_key_value_heads": 2, "tie_word_embeddings": True},
-    "qwen2": {"model_type": "qwen2", "num_key_value_heads": 2},
-    "qwen3": {"model_type": "qwen3", "head_dim": 16},
-    "mistral": {"model_type": "mistral", "sliding_window": None},
-}
-
-
-def _checkpoint(tmp: Path, name: str) -> Path:
-    base = {"model_type": "llama", "vocab_size": 61, "hidden_size": 32, "intermediate_size": 48,
-            "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 4,
-            "max_position_embeddings": 128, "pad_token_id": 0, "rope_theta": 5000.0,
-            "rms_norm_eps": 1e-5, **ARCHS[name]}
-    kind = base.pop("model_type")
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(AutoConfig.for_model(kind, **base))
-    with torch.no_grad():  # norms away from 1 and biases away from 0: every term counts
-        for n, p in model.named_parameters():
-            if "norm" in n or n.endswith(".bias"):
-                p.add_(0.3 * torch.randn_like(p))
-    model.save_pretrained(tmp / name)
-    return tmp / name
+from rollart_sdk.testing.trainer import ARCHITECTURES, tiny_arch_checkpoint
 
 
 @pytest.mark.parametrize("implementation", ["transformers", "native"])
-@pytest.mark.parametrize("name", list(ARCHS))
+@pytest.mark.parametrize("name", list(ARCHITECTURES))
 def test_extend_gives_each_rows_full_forward_logits(tmp_path: Path, name: str,
                                                     implementation: str) -> None:
     """Three sequences in slots 5, 1 and 3 (not the first ones, not in order): a first
     step feeds whole prompts of different lengths; the next steps feed a multi-token
     continuation (a new observation) beside one-token decodes and a new prompt. Every
     row's logits are the full forward's at its last token."""
-    path = _checkpoint(tmp_path, name)
+    path = tiny_arch_checkpoint(tmp_path / name, name)
     model = load_causal_lm(path, implementation=implementation)
     runner = SlotRunner(model, num_slots=8, max_seq_len=64, device="cpu")
     g = torch.Generator().manual_seed(3)
