@@ -12,7 +12,6 @@ exactly 0 (not ``0/eps`` noise from rounding in the mean), and so is a group of 
 
 from __future__ import annotations
 
-import math
 from collections.abc import Hashable, Sequence
 
 import torch
@@ -82,40 +81,9 @@ def fill_advantages(
     """
     if not batch or all(s.advantage is not None for s in batch):
         return batch
-    adv = _grpo_floats([float(s.reward) for s in batch], [s.group_id for s in batch], eps,
-                       normalize_std)
-    for s, a in zip(batch, adv, strict=True):
+    rewards = torch.tensor([float(s.reward) for s in batch], dtype=torch.float64)
+    adv = grpo_advantages(rewards, [s.group_id for s in batch], eps, normalize_std)
+    for s, a in zip(batch, adv.tolist(), strict=True):
         if s.advantage is None:
-            s.advantage = a
+            s.advantage = float(a)
     return batch
-
-
-def _grpo_floats(rewards: list[float], group_ids: Sequence[Hashable], eps: float,
-                 normalize_std: bool) -> list[float]:
-    """:func:`grpo_advantages` in plain Python floats (float64, the same operations in
-    the same order; ``math.sqrt`` may differ from torch's vectorised one in the last
-    bit). A batch is a few hundred numbers: a dozen small tensor ops cost more than the
-    arithmetic (in a small run's train step, 1.8 ms of CPU against 0.4 ms here)."""
-    index, _ = _group_index(group_ids)
-    members: dict[int, list[int]] = {}
-    for i, g in enumerate(index.tolist()):
-        members.setdefault(g, []).append(i)
-    adv = [0.0] * len(rewards)
-    for rows in members.values():
-        r = [rewards[i] for i in rows]
-        if len(rows) < 2 or max(r) == min(r):
-            continue  # no signal: exactly zero
-        total = 0.0
-        for x in r:
-            total += x
-        mean = total / len(rows)
-        centred = [x - mean for x in r]
-        if normalize_std:
-            sq = 0.0
-            for c in centred:
-                sq += c * c
-            scale = math.sqrt(sq / (len(rows) - 1)) + eps
-            centred = [c / scale for c in centred]
-        for i, a in zip(rows, centred, strict=True):
-            adv[i] = a
-    return adv
