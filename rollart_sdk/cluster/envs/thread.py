@@ -20,14 +20,15 @@ hanging instead of it leaking a thread per hang; a hung call that returns frees 
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextvars
 import itertools
 import queue
 import threading
 import time
+import weakref
 from collections import Counter
 from collections.abc import Callable
-from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
 from rollart_sdk.cluster.envs.errors import EnvCallError, EnvHung, error_text
@@ -46,26 +47,84 @@ CLOSE_TIMEOUT_S = 8.0
 _IDLE_EXIT_S = 30.0  # an idle host thread ends after this long
 
 
+class _Call:
+    """One env call handed to a host thread: what to run, the loop future that gets its
+    outcome, and its state (queued, running, or given up before it started)."""
+
+    __slots__ = ("fn", "args", "ctx", "fut", "state", "on_return", "outcome")
+    QUEUED, RUNNING, DROPPED = 0, 1, 2
+
+    def __init__(self, fn: Callable[..., Any], args: tuple[Any, ...],
+                 fut: asyncio.Future[Any], on_return: Callable[[], None]) -> None:
+        self.fn, self.args, self.fut, self.on_return = fn, args, fut, on_return
+        self.ctx = contextvars.copy_context()
+        self.state = _Call.QUEUED
+        self.outcome: tuple[Any, BaseException | None] = (None, None)
+
+
+class _Completions:
+    """Calls a host thread finished, handed to their event loop in batches: a thread
+    appends its call and wakes the loop only when no hand-over is pending, so calls that
+    end together cost the loop one wake-up (``call_soon_threadsafe`` writes to the loop's
+    self-pipe), not one each. A pending hand-over takes every call appended before it
+    runs; one appended while it runs schedules the next (``pending`` is cleared first)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = weakref.ref(loop)  # weak: the host's table of these is keyed by it
+        self.done: collections.deque[_Call] = collections.deque()
+        self.pending = False
+
+    def add(self, call: _Call) -> None:  # on a host thread
+        self.done.append(call)
+        if not self.pending:
+            self.pending = True
+            loop = self._loop()
+            try:
+                if loop is None:
+                    raise RuntimeError("the loop is gone")
+                loop.call_soon_threadsafe(self._hand_over)
+            except RuntimeError:  # the loop is closed: nobody waits for these any more
+                self.done.clear()
+
+    def _hand_over(self) -> None:  # on the loop
+        self.pending = False
+        done = self.done
+        while done:
+            call = done.popleft()
+            if call.fut.done():  # given up at its timeout, or cancelled
+                continue
+            result, exc = call.outcome
+            if exc is None:
+                call.fut.set_result(result)
+            else:
+                call.fut.set_exception(exc)
+
+
 class _DaemonThreads:
     """Threads for blocking env calls, apart from the loop's default executor. Daemon
     threads: one stuck in a hung env holds neither ``asyncio.run``'s end (it waits for the
     default executor's threads) nor the process's exit, and takes no thread from any other
     ``asyncio.to_thread`` caller. An idle thread is reused, and ends after ``_IDLE_EXIT_S``.
+    A call's outcome goes to its loop future through the loop's :class:`_Completions`
+    (no ``concurrent.futures.Future``, no wrapping task: about 60 us less per call).
     """
 
     def __init__(self, name: str) -> None:
         self.name = name
         self._lock = threading.Lock()
-        self._queue: queue.SimpleQueue[tuple[Future[Any], contextvars.Context,
-                                             Callable[..., Any], tuple[Any, ...]]]
-        self._queue = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[tuple[_Call, _Completions]] = queue.SimpleQueue()
         # Threads waiting for work with none promised to them (every thread waiting on the
         # queue is either idle or promised to an item already queued).
         self._idle = 0
         self._started = 0
+        self._sinks: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Completions]
+        self._sinks = weakref.WeakKeyDictionary()
 
-    def submit(self, fn: Callable[..., Any], *args: Any) -> Future[Any]:
-        fut: Future[Any] = Future()
+    def submit(self, call: _Call) -> None:
+        loop = call.fut.get_loop()
+        sink = self._sinks.get(loop)
+        if sink is None:
+            sink = self._sinks[loop] = _Completions(loop)
         with self._lock:
             spawn = self._idle == 0
             if spawn:
@@ -73,36 +132,48 @@ class _DaemonThreads:
                 number = self._started
             else:
                 self._idle -= 1
-        self._queue.put((fut, contextvars.copy_context(), fn, args))
+        self._queue.put((call, sink))
         if spawn:
             try:
                 threading.Thread(target=self._work, name=f"{self.name}-{number}",
                                  daemon=True).start()
             except RuntimeError as exc:  # "can't start new thread": the item is skipped
-                fut.set_exception(EnvCallError(
+                with self._lock:
+                    call.state = _Call.DROPPED
+                call.on_return()
+                call.fut.set_exception(EnvCallError(
                     f"{self.name}: could not start a thread for the env call: {error_text(exc)}"))
-        return fut
+
+    def drop(self, call: _Call) -> bool:
+        """Give up ``call`` if no thread started it yet (it never runs): True then."""
+        with self._lock:
+            if call.state != _Call.QUEUED:
+                return False
+            call.state = _Call.DROPPED
+        return True
 
     def _work(self) -> None:
         while True:
             try:
-                fut, ctx, fn, args = self._queue.get(timeout=_IDLE_EXIT_S)
+                call, sink = self._queue.get(timeout=_IDLE_EXIT_S)
             except queue.Empty:
                 with self._lock:
                     if self._idle > 0:  # nothing promised to a waiting thread: end one
                         self._idle -= 1
                         return
                 continue  # an item is promised to a waiting thread: wait on
-            if fut.done():  # its own thread could not start: another item is promised
-                continue
-            if fut.set_running_or_notify_cancel():
+            with self._lock:
+                run = call.state == _Call.QUEUED
+                if run:
+                    call.state = _Call.RUNNING
+            if run:
                 try:
-                    result = ctx.run(fn, *args)
+                    call.outcome = (call.ctx.run(call.fn, *call.args), None)
                 except BaseException as exc:  # noqa: BLE001 - handed to the caller
-                    fut.set_exception(exc)
-                else:
-                    fut.set_result(result)
-            del fut, ctx, fn, args  # hold nothing of the call while idle
+                    call.outcome = (None, exc)
+                call.on_return()  # here, not on the loop: it may have ended meanwhile
+                sink.add(call)
+            del call, sink  # hold nothing of the call while idle
             with self._lock:
                 self._idle += 1
 
@@ -169,21 +240,30 @@ class ThreadEnvWorker:
         now = time.monotonic()
         if admit:
             self._admit(now)
-        call = next(self._ids)
+        call_id = next(self._ids)
         with self._lock:
-            self._calls[call] = (tag, method, now, now + timeout_s)
-        fut = self._threads.submit(fn, *args)
-        # Leaves the count when the call returns (or is cancelled before it started).
-        fut.add_done_callback(lambda _f: self._done(call))
+            self._calls[call_id] = (tag, method, now, now + timeout_s)
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[Any] = loop.create_future()
+        # Leaves the count when the call returns (or is given up before it started).
+        call = _Call(fn, args, fut, lambda: self._done(call_id))
+        self._threads.submit(call)
+        timer = loop.call_later(timeout_s, _expire, fut)
         try:
-            return await asyncio.wait_for(asyncio.wrap_future(fut), timeout_s)
-        except TimeoutError:
+            return await fut
+        except (_Expired, asyncio.CancelledError) as exc:
+            if self._threads.drop(call):  # never started: nothing runs on
+                self._done(call_id)
+            if not isinstance(exc, _Expired):
+                raise
             with self._lock:
                 self.timed_out += 1
             raise EnvHung(
                 f"no {method} within {timeout_s}s from the env of task {tag!r} "
                 "(env_host: thread: its thread runs on, it cannot be killed)",
                 killed=False) from None
+        finally:
+            timer.cancel()
 
     async def reset(self, env_id: str, tag: str, seed: int,
                     timeout_s: float = 30.0) -> tuple[str, dict[str, Any]]:
@@ -227,6 +307,15 @@ class ThreadEnvWorker:
 
     def shutdown(self) -> None:
         self.local.shutdown()
+
+
+class _Expired(TimeoutError):
+    """A thread-hosted call past its timeout (its thread runs on)."""
+
+
+def _expire(fut: asyncio.Future[Any]) -> None:
+    if not fut.done():
+        fut.set_exception(_Expired())
 
 
 if TYPE_CHECKING:  # mypy checks the host against the env role's Protocol
