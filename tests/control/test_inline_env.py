@@ -216,6 +216,56 @@ def test_thread_host_refuses_calls_while_too_many_hang():
     assert w.stats()["live"] == 0 and w.stats()["closed"] == n + 1 and w.stats()["refused"] == 2
 
 
+@pytest.mark.timeout(60)  # a hang guard: a finished call whose hand-over is lost never returns
+def test_thread_host_hands_every_result_to_its_caller_and_counts_none_left_behind():
+    # A host thread hands finished calls to the loop in batches (one wake-up for calls
+    # that end together). Every caller gets its own result, however the calls interleave,
+    # and a call its caller gave up (cancelled, or past its timeout) leaves the count of
+    # calls in flight once it returns, or at once if no thread had started it.
+    import random
+
+    ran = []
+
+    class Echo:
+        def reset(self, *, seed=None, options=None):
+            return f"start-{seed}", {}
+
+        def step(self, action):
+            time.sleep(0.3 if action == "slow" else random.random() * 0.002)
+            ran.append(action)
+            return action, 0.0, False, False, {}
+
+    w = ThreadEnvWorker(_spec(Echo))
+
+    async def go():
+        n = 64
+        assert await asyncio.gather(*(w.reset(f"e{i}", "T", i) for i in range(n))) == [
+            (f"start-{i}", {}) for i in range(n)]
+        for _ in range(5):  # rounds of calls ending together and apart
+            out = await asyncio.gather(*(w.step(f"e{i}", f"a{i}") for i in range(n)))
+            assert [o[0] for o in out] == [f"a{i}" for i in range(n)]
+        given_up = [asyncio.ensure_future(w.step(f"e{i}", f"x{i}")) for i in range(n)]
+        await asyncio.sleep(0)
+        for task in given_up:
+            task.cancel()
+        assert all(isinstance(r, asyncio.CancelledError) for r in
+                   await asyncio.gather(*given_up, return_exceptions=True))
+        late = await asyncio.gather(*(w.step(f"e{i}", "slow", timeout_s=0.1)
+                                      for i in range(8)), return_exceptions=True)
+        assert all(isinstance(r, EnvHung) for r in late), late
+        deadline = time.monotonic() + 10
+        while w._calls and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+
+    asyncio.run(go())
+    assert not w._calls  # none left in flight: every call returned or never started
+    stats = w.stats()
+    assert stats["hung"] == 0
+    assert ran.count("slow") == 8  # a call past its timeout (started) ran to its end
+    cancelled = [a for a in ran if a.startswith("x")]
+    assert len(cancelled) == len(set(cancelled))  # a call runs at most once
+
+
 def test_thread_host_reports_a_close_that_hangs():
     release = threading.Event()
 
