@@ -266,6 +266,48 @@ def test_thread_host_hands_every_result_to_its_caller_and_counts_none_left_behin
     assert len(cancelled) == len(set(cancelled))  # a call runs at most once
 
 
+def test_thread_host_says_when_it_cannot_start_a_thread_and_goes_on(monkeypatch):
+    # A thread that cannot start ("can't start new thread": the process is out of them)
+    # fails that call with the reason, at once; the host's count of idle threads stays
+    # right (the call stays queued with no thread promised to it, and the thread that
+    # takes it takes the next one too), so calls that need two threads at once get two.
+    both = threading.Barrier(2, timeout=5)
+
+    class Echo:
+        def reset(self, *, seed=None, options=None):
+            return f"start-{seed}", {}
+
+        def step(self, action):
+            if action == "together":
+                both.wait()  # returns only while another call runs on another thread
+            return action, 0.0, False, False, {}
+
+    w = ThreadEnvWorker(_spec(Echo))
+    real_start = threading.Thread.start
+    fails = {"left": 1}
+
+    def start(self):
+        if self.name.startswith("env-thread") and fails["left"]:
+            fails["left"] -= 1
+            raise RuntimeError("can't start new thread")
+        real_start(self)
+
+    monkeypatch.setattr(threading.Thread, "start", start)
+
+    async def go():
+        with pytest.raises(EnvCallError, match="could not start a thread for the env call: "
+                                              "RuntimeError: can't start new thread"):
+            await w.reset("e0", "T", 0, timeout_s=5)
+        assert await w.reset("e1", "T", 1, timeout_s=5) == ("start-1", {})
+        assert await w.reset("e2", "T", 2, timeout_s=5) == ("start-2", {})
+        out = await asyncio.wait_for(asyncio.gather(
+            w.step("e1", "together", timeout_s=8), w.step("e2", "together", timeout_s=8)), 10)
+        assert [o[0] for o in out] == ["together", "together"]
+
+    asyncio.run(go())
+    assert not w._calls and w.stats()["hung"] == 0
+
+
 def test_thread_host_reports_a_close_that_hangs():
     release = threading.Event()
 

@@ -49,10 +49,12 @@ _IDLE_EXIT_S = 30.0  # an idle host thread ends after this long
 
 class _Call:
     """One env call handed to a host thread: what to run, the loop future that gets its
-    outcome, and its state (queued, running, or given up before it started)."""
+    outcome, and its state: queued, running, given up by its caller before a thread
+    started it (``DROPPED``: the thread promised to it takes the next item), or queued
+    without a thread promised to it (``ORPHANED``: its thread could not start)."""
 
     __slots__ = ("fn", "args", "ctx", "fut", "state", "on_return", "outcome")
-    QUEUED, RUNNING, DROPPED = 0, 1, 2
+    QUEUED, RUNNING, DROPPED, ORPHANED = 0, 1, 2, 3
 
     def __init__(self, fn: Callable[..., Any], args: tuple[Any, ...],
                  fut: asyncio.Future[Any], on_return: Callable[[], None]) -> None:
@@ -139,10 +141,14 @@ class _DaemonThreads:
                                  daemon=True).start()
             except RuntimeError as exc:  # "can't start new thread": the item is skipped
                 with self._lock:
-                    call.state = _Call.DROPPED
-                call.on_return()
-                call.fut.set_exception(EnvCallError(
-                    f"{self.name}: could not start a thread for the env call: {error_text(exc)}"))
+                    skipped = call.state == _Call.QUEUED  # (else a thread took it first)
+                    if skipped:
+                        call.state = _Call.ORPHANED
+                if skipped:
+                    call.on_return()
+                    call.fut.set_exception(EnvCallError(
+                        f"{self.name}: could not start a thread for the env call: "
+                        f"{error_text(exc)}"))
 
     def drop(self, call: _Call) -> bool:
         """Give up ``call`` if no thread started it yet (it never runs): True then."""
@@ -163,6 +169,8 @@ class _DaemonThreads:
                         return
                 continue  # an item is promised to a waiting thread: wait on
             with self._lock:
+                if call.state == _Call.ORPHANED:  # no thread was promised to it: this
+                    continue  # one's promise is to an item still queued; take it
                 run = call.state == _Call.QUEUED
                 if run:
                     call.state = _Call.RUNNING
