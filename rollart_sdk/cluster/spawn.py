@@ -43,6 +43,10 @@ class Spawner(Protocol):
 
     def close(self) -> None: ...
 
+    # In process, a sync run's one trainer thread, which the engine computes on too (the
+    # engine backends that take ``compute_executor`` are offered it); None elsewhere.
+    shared_compute: ThreadPoolExecutor | None
+
 
 @dataclass
 class _Member:
@@ -58,6 +62,8 @@ class RaySpawner:
     """Builds each role's Cluster: workers bound to their pools by the ResourceManager and
     started there as Ray actors. ``cluster`` launches and returns at once; ``ready`` waits
     for every worker of every cluster (they start concurrently)."""
+
+    shared_compute: ThreadPoolExecutor | None = None  # each worker a process of its own
 
     def __init__(self, cfg: RunConfig, plan: Any, policy: Any, namespace: str) -> None:
         import ray
@@ -149,12 +155,16 @@ class LocalSpawner:
     """Every worker as an object in this process (tests, notebooks): the same worker classes
     and control plane, no Ray. Pools are recorded as planned; nothing is reserved."""
 
-    def __init__(self, plan: Any, inline: bool = False) -> None:
+    def __init__(self, plan: Any, inline: bool = False, share_compute: bool = False) -> None:
         """``inline``: the handles call the workers' plain methods on the event loop, not
         on a thread (a run on virtual time: a thread's work would take no virtual time
-        and land at an order the wall clock decides)."""
+        and land at an order the wall clock decides). ``share_compute``: the trainer's
+        one worker thread is kept as :attr:`shared_compute`, for the engine to compute on
+        too (:func:`shares_compute`)."""
         self.plan = plan
         self.inline = inline
+        self.share_compute = share_compute and not inline
+        self.shared_compute: ThreadPoolExecutor | None = None
         self._bindings: list[dict[str, Any]] = []
         self._members: dict[str, tuple[list[_Member], dict[str, str]]] = {}
         self._threads: list[ThreadPoolExecutor] = []
@@ -186,6 +196,8 @@ class LocalSpawner:
             # and is built there (what its __init__ sets per thread, torch's thread count,
             # holds for its methods).
             own = None if self.inline or concurrency else self._own_thread(wname)
+            if own is not None and self.share_compute and cls.role == "actor_train":
+                self.shared_compute = own if len(pools) == 1 else None
             make = bound_worker_class(cls)
             obj = make(ctx, *init_args) if own is None else own.submit(
                 make, ctx, *init_args).result()
@@ -222,6 +234,25 @@ class LocalSpawner:
         for pool in self._threads:
             pool.shutdown(wait=False, cancel_futures=True)
         self._threads.clear()
+
+
+def shares_compute(cfg: RunConfig, in_process: bool) -> bool:
+    """Whether the engine computes on the trainer's thread: a sync run in one process with
+    one trainer rank, one engine (no prefill-decode split) and the in-memory transport. Engine and trainer then
+    alternate (every token is generated before the step that trains on it, by the weights
+    the step before produced), so one thread serves both, and its one OpenMP team: with a
+    second team anywhere in the process, GNU OpenMP stops spinning at the barriers of both
+    (its spin is throttled once the threads it manages outnumber the cores), which cost
+    SmolLM2's train step 40 % (docs/benchmarks.md). The engine thereby gets the trainer's
+    threads, every core, for its batched steps."""
+    from rollart_sdk.layout import IN_PROCESS_TRANSPORTS
+
+    gen = cfg.roles.actor_gen
+    return (in_process and cfg.rollout.mode == "sync" and not gen.disaggregated
+            and gen.workers == 1 and cfg.roles.actor_train.workers == 1
+            # the in-memory hand-over: a push transport's publish would wait for the
+            # engine's receive, queued behind it on the one thread
+            and cfg.transport.name in IN_PROCESS_TRANSPORTS)
 
 
 def _start_timeout_s() -> float:

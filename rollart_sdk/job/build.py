@@ -113,6 +113,8 @@ def build_job(cfg: RunConfig, lines: LineMap | None = None, run_name: str | None
         spawner.close()  # the workers already started (all clusters start at once)
         abandon(run_dir, resumed=resume is not None)
         raise
+    if spawner.shared_compute is not None:  # a sync run in process (cluster/spawn.py)
+        threads = {**threads, "engine_on_trainer_thread": True}
     chat = tasks[cfg.tasks[0].tag].prompt_format  # the scheduler's default format
 
     def rebind(worker: str) -> None:  # a restarted engine: its record counts the restart

@@ -56,10 +56,10 @@ class Runtime:
 
     def spawner(self, cfg: RunConfig, resolved: ResolvedRun, plan: ResourcePlan,
                 run_dir: RunDir, in_process: bool) -> Spawner:
-        from rollart_sdk.cluster.spawn import LocalSpawner, RaySpawner
+        from rollart_sdk.cluster.spawn import LocalSpawner, RaySpawner, shares_compute
 
-        return (LocalSpawner(plan) if in_process else
-                RaySpawner(cfg, plan, resolved.placement.create(), run_dir.path.name))
+        return (LocalSpawner(plan, share_compute=shares_compute(cfg, in_process)) if in_process
+                else RaySpawner(cfg, plan, resolved.placement.create(), run_dir.path.name))
 
     def spawn_options(self) -> dict[str, Any]:
         """Keyword arguments of :func:`~rollart_sdk.job.spawn.spawn_workers` (``offer``,

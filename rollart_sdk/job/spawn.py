@@ -86,12 +86,16 @@ def spawn_workers(cfg: RunConfig, resolved: ResolvedRun, plan: ResourcePlan,
     ) if trainer else []
     # ActorGen: roles.actor_gen.workers engines spread over the pools the tasks' generation
     # is bound to (the plan); the route table sends each task's requests to its pool's
-    # engines, or to the recorded fallback when that pool had no room.
+    # engines, or to the recorded fallback when that pool had no room. A sync run in
+    # process offers the engine the trainer's thread to compute on (``shares_compute``).
+    engine_offer = offer
+    if spawner.shared_compute is not None:
+        engine_offer = {**(offer or {}), "compute_executor": spawner.shared_compute}
     engines = spawner.cluster(
         EngineWorker, "gen",
         (resolved.engine.descriptor, resolved.engine.options, model,
          resolved.transport.descriptor, resolved.transport.options, threads["actor_gen"],
-         offer),
+         engine_offer),
         workers_per_pool=plan.role("actor_gen").workers_per_pool,
         hw_affinity=plan.hw_affinity(),
         max_restarts=ENGINE_MAX_RESTARTS, demand=plan.role("actor_gen").demand,

@@ -14,7 +14,9 @@ measured it). The rule here counts what runs at the same time on this machine:
 - in one process (``layout: inprocess``) each worker runs on a thread of its own (the
   engine's steps on the engine's), and torch's thread count is per thread (OpenMP's and
   MKL's settings are thread-local; a new thread starts from the last one set anywhere),
-  so ``rollart train`` applies the same per-role figures there. A direct
+  so ``rollart train`` applies the same per-role figures there; in a sync run with one
+  engine and one trainer rank the torch engine computes on the trainer's thread, with its
+  figure (``cluster/spawn.py::shares_compute``: one OpenMP team in the process). A direct
   ``build_job(in_process=True)`` (tests, notebooks) keeps ``ROLLART_TORCH_THREADS`` or 1
   for every worker. The ``process`` figure (the trainer's in sync mode, the shared split
   in async mode) is what ``rollart eval`` gives its one engine.

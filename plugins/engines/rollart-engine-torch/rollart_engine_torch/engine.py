@@ -18,6 +18,10 @@ One background asyncio task owns the batch. Each turn of its loop:
    torch keeps its OpenMP team, its thread count and malloc's arena per thread, and an
    engine sharing a process with a trainer (``layout: inprocess``) would otherwise pick up
    the trainer's thread count and fragment the heap (docs/benchmarks.md).
+   A sync run in one process hands the engine the trainer's thread for this
+   (``compute_executor``): engine and trainer alternate there, and one OpenMP team serves
+   both; a second team anywhere in the process makes GNU OpenMP stop spinning at every
+   barrier of both (docs/benchmarks.md, "Two OpenMP teams in one process").
 
 Commands that arrive during a step are queued and applied right after it, so the batch is
 never mutated under a running forward pass, and callers on the loop stay responsive.
@@ -57,7 +61,7 @@ import collections
 import random
 import time
 from collections.abc import Callable, Iterable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Executor, ThreadPoolExecutor
 from typing import Any, TypeVar
 
 import torch
@@ -101,7 +105,12 @@ class TorchEngine:
         batch_wait_s: float = 0.002,
         abort_memory: int = 4096,
         inline_step_s: float = 0.004,
+        compute_executor: Executor | None = None,
     ) -> None:
+        """``compute_executor``: a one-thread executor to run the steps and weight swaps
+        on instead of a thread of the engine's own (offered by a sync run in one process:
+        the trainer's thread, so that the two share one OpenMP team; the engine then
+        computes on that thread's torch threads and leaves the executor open at close)."""
         from rollart_sdk.models import load_causal_lm
 
         if model.path is None:
@@ -119,9 +128,10 @@ class TorchEngine:
             raise ValueError(f"kv_slots ({slots}) must be at least max_running ({max_running})")
         self._runner = SlotRunner(hf, slots, min(max_seq_len, limit), device)
         # One thread for every step and weight swap (they hold _step_lock: one at a time).
-        self._compute = ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine-torch",
-                                           initializer=torch.set_num_threads,
-                                           initargs=(torch.get_num_threads(),))
+        self._own_compute = compute_executor is None
+        self._compute: Executor = compute_executor or ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix="engine-torch",
+            initializer=torch.set_num_threads, initargs=(torch.get_num_threads(),))
         if eos_token_ids is None:
             eos = getattr(hf.generation_config, "eos_token_id", None)
             if eos is None:
@@ -335,7 +345,8 @@ class TorchEngine:
         self._waiting.clear()
         self._running.clear()
         self._slots.idle.clear()
-        self._compute.shutdown(wait=False)
+        if self._own_compute:
+            self._compute.shutdown(wait=False)
 
     async def _on_compute(self, fn: Callable[..., _T], *args: Any) -> _T:
         """``fn(*args)`` on the engine's compute thread."""
