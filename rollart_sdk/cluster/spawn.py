@@ -238,13 +238,13 @@ class LocalSpawner:
 
 def shares_compute(cfg: RunConfig, in_process: bool) -> bool:
     """Whether the engine computes on the trainer's thread: a sync run in one process with
-    one trainer rank, one engine (no prefill-decode split) and the in-memory transport. Engine and trainer then
-    alternate (every token is generated before the step that trains on it, by the weights
-    the step before produced), so one thread serves both, and its one OpenMP team: with a
-    second team anywhere in the process, GNU OpenMP stops spinning at the barriers of both
-    (its spin is throttled once the threads it manages outnumber the cores), which cost
-    SmolLM2's train step 40 % (docs/benchmarks.md). The engine thereby gets the trainer's
-    threads, every core, for its batched steps."""
+    one trainer rank, one engine (no prefill-decode split) and the in-memory transport.
+    Engine and trainer then alternate (every token is generated before the step that
+    trains on it, by the weights the step before produced), so one thread serves both,
+    and its one OpenMP team: with a second team anywhere in the process, GNU OpenMP stops
+    spinning at the barriers of both (its spin is throttled once the threads it manages
+    outnumber the cores), which cost SmolLM2's train step 40 % (docs/benchmarks.md). The
+    engine thereby gets the trainer's threads, every core, for its batched steps."""
     from rollart_sdk.layout import IN_PROCESS_TRANSPORTS
 
     gen = cfg.roles.actor_gen

@@ -87,6 +87,7 @@ class _Completions:
                 loop.call_soon_threadsafe(self._hand_over)
             except RuntimeError:  # the loop is closed: nobody waits for these any more
                 self.done.clear()
+                self.pending = False
 
     def _hand_over(self) -> None:  # on the loop
         self.pending = False
