@@ -238,7 +238,8 @@ class LocalSpawner:
 
 def shares_compute(cfg: RunConfig, in_process: bool) -> bool:
     """Whether the engine computes on the trainer's thread: a sync run in one process with
-    one trainer rank, one engine (no prefill-decode split) and the in-memory transport.
+    one trainer rank, one engine (no prefill-decode split), the in-memory transport and
+    no ``train.stream_groups``.
     Engine and trainer then alternate (every token is generated before the step that
     trains on it, by the weights the step before produced), so one thread serves both,
     and its one OpenMP team: with a second team anywhere in the process, GNU OpenMP stops
@@ -250,6 +251,8 @@ def shares_compute(cfg: RunConfig, in_process: bool) -> bool:
     gen = cfg.roles.actor_gen
     return (in_process and cfg.rollout.mode == "sync" and not gen.disaggregated
             and gen.workers == 1 and cfg.roles.actor_train.workers == 1
+            # train.stream_groups trains the first groups while the rollout goes on
+            and cfg.train.stream_groups is False
             # the in-memory hand-over: a push transport's publish would wait for the
             # engine's receive, queued behind it on the one thread
             and cfg.transport.name in IN_PROCESS_TRANSPORTS)

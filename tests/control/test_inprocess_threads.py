@@ -113,3 +113,25 @@ def test_a_direct_inprocess_job_keeps_the_process_thread_count(tmp_path, monkeyp
         job.close()
     assert {n for _, n in seen["train"] + seen["step"]} == {1}
     assert len({t for t, _ in seen["train"]}) == 1
+
+
+def test_the_engine_shares_the_trainers_thread_only_where_the_two_alternate(tmp_path):
+    """Sync, in process, one engine, one trainer rank, the in-memory transport, no groups
+    trained while the rollout goes on: the one case where engine and trainer never compute
+    at once (elsewhere one would queue behind the other on the shared thread)."""
+    from rollart_sdk.cluster.spawn import shares_compute
+
+    def cfg(*overrides):
+        return load_config(data=two_tasks(
+            roles={"actor_gen": {"workers": 1}}, tasks=[two_tasks()["tasks"][0]],
+            rollout={"batch_size": 8, "group_size": 4, "mode": "sync"}),
+            overrides=[f"output_dir={tmp_path}", *overrides])[0]
+
+    assert shares_compute(cfg(), in_process=True)
+    assert shares_compute(cfg("transport.name=local"), in_process=True)
+    assert not shares_compute(cfg(), in_process=False)  # on Ray: a process per worker
+    assert not shares_compute(cfg("rollout.mode=async", "rollout.alpha=1"), in_process=True)
+    assert not shares_compute(cfg("rollout.mode=one_off"), in_process=True)
+    assert not shares_compute(cfg("train.stream_groups=true"), in_process=True)
+    assert not shares_compute(cfg("roles.actor_gen.workers=2"), in_process=True)
+    assert not shares_compute(cfg("roles.actor_train.workers=2"), in_process=True)
