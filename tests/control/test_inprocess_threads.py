@@ -29,8 +29,9 @@ pytestmark = pytest.mark.timeout(600)
 
 
 def _config(tmp_path, mode="sync"):
-    # 3 cores in the plan (ray.num_cpus): sync gives the engine 2 threads, the trainer 3,
-    # neither of them torch's default on this machine nor the process's 1.
+    # 3 cores in the plan (ray.num_cpus): sync plans the engine 2 threads, the trainer 3,
+    # neither of them torch's default on this machine nor the process's 1 (in process the
+    # engine then computes on the trainer's thread, with its 3).
     return load_config(data=two_tasks(
         roles={"actor_gen": {"workers": 1}}, tasks=[two_tasks()["tasks"][0]],
         rollout={"batch_size": 8, "group_size": 4, "mode": mode},
