@@ -92,7 +92,7 @@ class EngineWorker(ActorGenWorker):
         """``offer``: what the backends may take besides their kind's arguments (a
         simulated run's ``sim`` context); they are offered this worker's ``binding`` too
         (``Descriptor.create``)."""
-        one_thread(threads)
+        one_thread(threads, compute=True)
         from collections import OrderedDict
 
         from rollart_sdk.weights import WeightStager
@@ -314,7 +314,7 @@ class TrainerWorker(ActorTrainWorker):
         """``offer``: what the backends may take besides their kind's arguments (a
         simulated run's ``sim`` context); they are offered this worker's ``binding`` too
         (``Descriptor.create``)."""
-        one_thread(threads)
+        one_thread(threads, compute=True)
         self.name = self.worker_name
         offered = {"binding": {"worker": self.name, **(self.binding or {})}, **(offer or {})}
         self.trainer = trainer.create(

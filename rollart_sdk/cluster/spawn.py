@@ -164,6 +164,12 @@ class LocalSpawner:
         self.plan = plan
         self.inline = inline
         self.share_compute = share_compute and not inline
+        if not inline:
+            # Before the workers' threads exist: they are to share the main heap
+            # (resources/memory.py; a CPU machine's tensors live in host memory).
+            from rollart_sdk.resources.memory import keep_freed_memory
+
+            keep_freed_memory(one_arena=True)
         self.shared_compute: ThreadPoolExecutor | None = None
         self._bindings: list[dict[str, Any]] = []
         self._members: dict[str, tuple[list[_Member], dict[str, str]]] = {}

@@ -126,10 +126,12 @@ def bound_worker_class(worker_cls: type) -> type:
                                             "__module__": worker_cls.__module__})
 
 
-def one_thread(threads: int | None = None) -> None:
+def one_thread(threads: int | None = None, compute: bool = False) -> None:
     """Processes share few cores: ``threads`` torch threads (the run's thread plan,
     :mod:`rollart_sdk.resources.threads`), else ``ROLLART_TORCH_THREADS``, else one
-    (oversubscription is many times slower)."""
+    (oversubscription is many times slower). ``compute``: an engine or trainer, whose
+    process keeps freed host memory for reuse on a machine without a GPU
+    (:mod:`rollart_sdk.resources.memory`)."""
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     try:
         import torch
@@ -137,3 +139,7 @@ def one_thread(threads: int | None = None) -> None:
         torch.set_num_threads(threads or int(os.environ.get("ROLLART_TORCH_THREADS", "1")))
     except ImportError:
         pass
+    if compute:
+        from rollart_sdk.resources.memory import keep_freed_memory
+
+        keep_freed_memory()

@@ -15,6 +15,7 @@ from rollart_sdk.job import spawn
 from rollart_sdk.job.run_dir import abandon
 from rollart_sdk.job.runtime import Runtime
 from rollart_sdk.job.wire import wire_control_plane
+from rollart_sdk.resources import memory
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -126,7 +127,9 @@ def build_job(cfg: RunConfig, lines: LineMap | None = None, run_name: str | None
     pipeline = wire_control_plane(cfg, workers, tasks, chat, run_dir, reports=reports,
                                   rebind=rebind, say=log)
     run_dir.write_json("plan.json", {**plan.to_json(), "threads": threads,
-                                     **({"layout": layout.to_json()} if layout else {})})
+                                     **({"layout": layout.to_json()} if layout else {}),
+                                     **({"host_memory": memory.describe()} if in_process
+                                        else {})})
     run_dir.write_json("bindings.json", spawner.bindings())
     return Job(cfg, run_dir, pipeline, workers.trainers, spawner, resume=resume, layout=layout,
                sinks=sinks, workers=workers, reports=reports)
