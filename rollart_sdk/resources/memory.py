@@ -21,9 +21,9 @@ neighbouring holes merge, then stops. A heap of another thread (an "arena") maps
 larger than 64 MiB whatever the settings, so ``one_arena`` puts every thread created
 afterwards on the main heap: an in-process run sets it before its workers' threads start.
 
-Applied where tensors live in host memory: on a machine without a GPU device, in the in-process
-layout (``LocalSpawner``) and in the engine and trainer workers of the Ray layout. On a
-GPU the tensors are in device memory (CUDA's caching allocator reuses them) and a
+Applied where tensors live in host memory: on a machine without a GPU device, in the
+in-process layout (``LocalSpawner``) and in the engine and trainer workers of the Ray
+layout. On a GPU the tensors are in device memory (CUDA's caching allocator reuses them) and a
 process's host peaks (a checkpoint read into memory) should go back to the system, so it
 is left alone. ``ROLLART_KEEP_FREED_MEMORY=0`` turns it off, ``=1`` on even with a GPU.
 Other C libraries (musl, macOS) are left alone.
@@ -35,6 +35,8 @@ import ctypes
 import glob
 import os
 import platform
+
+from rollart_sdk.errors import RollartError
 
 # mallopt parameters (malloc.h)
 M_TRIM_THRESHOLD = -1
@@ -53,8 +55,8 @@ def wanted() -> bool:
     env = os.environ.get(ENV, "").strip().lower()
     if env:
         if env not in ("0", "1", "false", "true", "no", "yes", "off", "on"):
-            raise ValueError(f"{ENV}={env!r}: use 1 (keep freed memory) or 0 (leave "
-                             "glibc's malloc as it is)")
+            raise RollartError(f"{ENV}={env!r}: use 1 (keep freed memory) or 0 (leave "
+                               "glibc's malloc as it is)")
         return env in ("1", "true", "yes", "on")
     return not gpu_visible()
 

@@ -64,7 +64,7 @@ def _probe(env_value: str | None) -> dict:
 
 
 def test_freed_blocks_are_reused_without_faulting_again_on_every_thread():
-    kept = _probe(None)  # the default on a machine without CUDA
+    kept = _probe("1")  # what a machine without a GPU device gets by default
     assert kept["applied"] and kept["describe"] == {"keep_freed": True, "one_arena": True}
     for where in ("main", "thread"):
         faults, rss = kept[where]["faults"], kept[where]["rss"]
@@ -83,11 +83,27 @@ def test_turned_off_every_round_faults_its_blocks_in_again():
         assert min(plain[where]["faults"][2:]) > PAGES // 2, (where, plain)
 
 
+def test_on_by_default_only_where_no_gpu_device_is_visible(monkeypatch):
+    from rollart_sdk.resources import memory
+
+    monkeypatch.delenv("ROLLART_KEEP_FREED_MEMORY", raising=False)
+    monkeypatch.setattr(memory.os.path, "exists", lambda p: False)
+    monkeypatch.setattr(memory.glob, "glob", lambda p: [])
+    assert memory.wanted()  # tensors in host memory
+    monkeypatch.setattr(memory.glob, "glob",
+                        lambda p: ["/dev/nvidia0"] if p.startswith("/dev/nvidia") else [])
+    assert not memory.wanted()  # a GPU's host peaks go back to the system
+    monkeypatch.setattr(memory.os.path, "exists", lambda p: p == "/dev/kfd")
+    monkeypatch.setattr(memory.glob, "glob", lambda p: [])
+    assert not memory.wanted()
+    monkeypatch.setenv("ROLLART_KEEP_FREED_MEMORY", "1")  # asked for, with a GPU
+    assert memory.wanted()
+
+
 def test_a_bad_setting_says_what_to_write(monkeypatch):
+    from rollart_sdk.errors import RollartError
     from rollart_sdk.resources.memory import wanted
 
     monkeypatch.setenv("ROLLART_KEEP_FREED_MEMORY", "sometimes")
-    with pytest.raises(ValueError, match=r"ROLLART_KEEP_FREED_MEMORY='sometimes'.*use 1"):
+    with pytest.raises(RollartError, match=r"ROLLART_KEEP_FREED_MEMORY='sometimes'.*use 1"):
         wanted()
-    monkeypatch.setenv("ROLLART_KEEP_FREED_MEMORY", "1")
-    assert wanted()
