@@ -122,6 +122,12 @@ class GenerateBatcher:
         self.calls += 1
         self.sent += len(batch)
         try:
+            if len(batch) == 1:
+                # One request: a plain call (on Ray a streaming call's stream costs
+                # about 0.9 ms more per round trip; 1.43 against 2.3 ms on an idle
+                # machine, and a wave often has one turn per engine under env latency)
+                _settle(batch[0][1], await self.worker.engine.generate(batch[0][0]))
+                return
             async for items in self.worker.engine.generate_many([r for r, _ in batch]):
                 for index, result in items:
                     _settle(batch[index][1], result)
