@@ -144,8 +144,12 @@ def _threads(cfg: RunConfig, in_process: bool, chosen: bool) -> dict[str, Any]:
     from rollart_sdk.resources.threads import thread_plan
 
     threads: dict[str, Any] = thread_plan(cfg)
+    if in_process:
+        # no burst threads in one process: a second OpenMP team there slows every team
+        # (a sync run's engine computes on the trainer's thread instead: cluster/spawn.py)
+        threads["actor_gen_burst"] = threads["actor_gen"]
     if in_process and not chosen:
-        threads.update(actor_gen=None, actor_train=None)
+        threads.update(actor_gen=None, actor_gen_burst=None, actor_train=None)
     return threads
 
 

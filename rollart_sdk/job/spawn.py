@@ -91,6 +91,10 @@ def spawn_workers(cfg: RunConfig, resolved: ResolvedRun, plan: ResourcePlan,
     engine_offer = offer
     if spawner.shared_compute is not None:
         engine_offer = {**(offer or {}), "compute_executor": spawner.shared_compute}
+    elif (threads.get("actor_gen_burst") or 0) > (threads["actor_gen"] or 0):
+        # a sync run whose engine computes on a thread of its own: every core for its
+        # long steps (resources/threads.py)
+        engine_offer = {**(offer or {}), "burst_threads": threads["actor_gen_burst"]}
     engines = spawner.cluster(
         EngineWorker, "gen",
         (resolved.engine.descriptor, resolved.engine.options, model,

@@ -7,7 +7,10 @@ measured it). The rule here counts what runs at the same time on this machine:
 - ``sync``: rollout and training alternate. While the engines generate, the control
   plane (EnvManagers, the LLMProxy: one core's worth of Python) runs beside them; while the
   trainer steps, nothing else does. Engines get ``(cores - 1) / engines`` threads each,
-  trainer ranks ``cores / ranks``.
+  trainer ranks ``cores / ranks``. An engine's long steps (``actor_gen_burst``: the step
+  before took at least the torch engine's ``burst_step_s``) take ``cores / engines``:
+  between them the control plane's work is short (SmolLM2 on Ray: generation 1.08 ->
+  0.79 s a step; a tiny model's short steps keep the one thread).
 - ``async``: engines, trainer and control plane run at once: ``cores - 1`` threads are
   split over every engine and trainer rank.
 - env and reward workers: 1 (their work is Python, not torch ops).
@@ -58,10 +61,16 @@ def thread_plan(cfg: Any, cores: int | None = None) -> dict[str, int]:
     else:
         per_engine = per_rank = max(1, (cores - control) // (engines + ranks))
         process = max(1, cores - control)
-    plan = {"actor_gen": per_engine, "actor_train": per_rank, "environment": 1, "reward": 1,
-            "process": process, "cores": cores}
+    # An engine's long steps (sync: nothing else computes while the engines generate; the
+    # control plane's Python is short work between them): every core it can share.
+    # (Not with train.stream_groups, which trains while the rollout goes on.)
+    alternate = cfg.rollout.mode == "sync" and cfg.train.stream_groups is False
+    burst = max(1, cores // engines) if alternate else per_engine
+    plan = {"actor_gen": per_engine, "actor_gen_burst": burst, "actor_train": per_rank,
+            "environment": 1, "reward": 1, "process": process, "cores": cores}
     override = os.environ.get("ROLLART_TORCH_THREADS")
     if override:
         n = max(1, int(override))
-        plan.update({k: n for k in ("actor_gen", "actor_train", "process")})
+        plan.update({k: n for k in ("actor_gen", "actor_gen_burst", "actor_train",
+                                    "process")})
     return plan

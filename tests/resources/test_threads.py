@@ -63,3 +63,21 @@ def test_two_cores_one_thread_each_and_overrides(monkeypatch):
     monkeypatch.setenv("ROLLART_TORCH_THREADS", "3")
     plan = thread_plan(_cfg("async"), cores=2)
     assert plan["actor_gen"] == plan["actor_train"] == plan["process"] == 3
+
+
+def test_an_engines_long_steps_take_every_core_only_while_nothing_else_computes(monkeypatch):
+    """``actor_gen_burst``: in sync mode the engines generate while the trainer waits,
+    so a long step may use every core (``cores / engines``); in async mode, or with
+    groups trained while the rollout goes on, the engines keep their share."""
+    monkeypatch.delenv("ROLLART_TORCH_THREADS", raising=False)
+    sync = thread_plan(_cfg("sync"), cores=8)
+    assert sync["actor_gen"] == 7 and sync["actor_gen_burst"] == 8
+    two = thread_plan(_cfg("sync", {"workers": 2}), cores=8)
+    assert two["actor_gen"] == 3 and two["actor_gen_burst"] == 4
+    asyn = thread_plan(_cfg("async"), cores=8)
+    assert asyn["actor_gen_burst"] == asyn["actor_gen"] == 3
+    streamed = _cfg("sync")
+    streamed.train.stream_groups = True
+    assert thread_plan(streamed, cores=8)["actor_gen_burst"] == 7
+    monkeypatch.setenv("ROLLART_TORCH_THREADS", "2")
+    assert thread_plan(_cfg("sync"), cores=8)["actor_gen_burst"] == 2

@@ -105,12 +105,20 @@ class TorchEngine:
         batch_wait_s: float = 0.002,
         abort_memory: int = 4096,
         inline_step_s: float = 0.004,
+        burst_step_s: float = 0.02,
         compute_executor: Executor | None = None,
+        burst_threads: int | None = None,
     ) -> None:
         """``compute_executor``: a one-thread executor to run the steps and weight swaps
         on instead of a thread of the engine's own (offered by a sync run in one process:
         the trainer's thread, so that the two share one OpenMP team; the engine then
-        computes on that thread's torch threads and leaves the executor open at close)."""
+        computes on that thread's torch threads and leaves the executor open at close).
+        ``burst_threads``: torch threads for a long step (offered by a sync run on Ray,
+        where nothing else computes while the engines generate: every core for steps
+        that last, the plan's count for short ones, whose threads would only contend
+        with the control plane); a step is long when the step before it on the compute
+        thread took at least ``burst_step_s``. Not with an explicit ``num_threads`` or
+        a ``compute_executor``."""
         from rollart_sdk.models import load_causal_lm
 
         if model.path is None:
@@ -129,6 +137,12 @@ class TorchEngine:
         self._runner = SlotRunner(hf, slots, min(max_seq_len, limit), device)
         # One thread for every step and weight swap (they hold _step_lock: one at a time).
         self._own_compute = compute_executor is None
+        self._base_threads = torch.get_num_threads()
+        self._burst = (burst_threads if burst_threads and burst_threads > self._base_threads
+                       and num_threads is None and compute_executor is None else None)
+        self._burst_s = burst_step_s
+        self._last_took: float | None = None  # the last compute-thread step's seconds
+        self._burst_steps = 0
         self._compute: Executor = compute_executor or ThreadPoolExecutor(
             max_workers=1, thread_name_prefix="engine-torch",
             initializer=torch.set_num_threads, initargs=(torch.get_num_threads(),))
@@ -322,6 +336,7 @@ class TorchEngine:
             "steps": self._counts.steps,
             "step_seconds": round(self._step_seconds, 4),
             "inline_steps": self._inline_steps,  # steps run on the loop (inline_step_s)
+            "burst_steps": self._burst_steps,  # steps on burst_threads (sync on Ray)
             "suspended": self._suspended,
             "recomputed": self._recomputed_total,
             "recompute_s": round(self._counts.recompute_s, 6),
@@ -414,9 +429,16 @@ class TorchEngine:
                         finished, took = _timed_step(self._runner, self._running,
                                                      self._version, self._counts)
                     else:
+                        threads = None
+                        if self._burst is not None:  # long steps on every core
+                            long = (self._last_took is not None
+                                    and self._last_took >= self._burst_s)
+                            threads = self._burst if long else self._base_threads
+                            self._burst_steps += long
                         finished, took = await self._on_compute(
                             _timed_step, self._runner, self._running, self._version,
-                            self._counts)
+                            self._counts, threads)
+                        self._last_took = took
                 except Exception as exc:  # noqa: BLE001 - handed to every caller
                     self._fail_running(exc)
                     continue
@@ -523,8 +545,11 @@ class TorchEngine:
 
 
 def _timed_step(runner: Any, running: list[Seq], version: int,
-                counts: StepCounts) -> tuple[list[Seq], float]:
-    """:func:`run_step` and its compute seconds (without a thread hop's waits)."""
+                counts: StepCounts, threads: int | None = None) -> tuple[list[Seq], float]:
+    """:func:`run_step` and its compute seconds (without a thread hop's waits), on
+    ``threads`` torch threads when given (the calling thread's count is set)."""
+    if threads is not None and torch.get_num_threads() != threads:
+        torch.set_num_threads(threads)
     t0 = time.perf_counter()
     finished = run_step(runner, running, version, counts)
     return finished, time.perf_counter() - t0

@@ -53,6 +53,11 @@ class TorchEngineOptions(BaseModel):
         "the engine's event loop instead of a worker thread (for a small model the thread "
         "hop costs more than the forward); 0: always a thread"
     )
+    burst_step_s: float = Field(
+        0.02, ge=0, le=60, description="in a sync run on Ray the engine may use every core "
+        "(nothing else computes while it generates): a step runs on them when the step "
+        "before it took at least this long, else on the thread plan's count"
+    )
 
     @model_validator(mode="after")
     def _slots(self) -> TorchEngineOptions:

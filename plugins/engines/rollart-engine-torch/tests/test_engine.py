@@ -191,3 +191,53 @@ def test_small_steps_run_on_the_loop_with_the_same_tokens(tiny_model, reference)
     assert inline == threaded
     prompt = [(3 * 0 + j) % 90 + 7 for j in range(40)]
     assert _max_err(inline[0][1], reference(prompt, inline[0][0])) < 1e-4
+
+
+def test_long_steps_run_on_the_burst_threads_short_ones_on_the_plans(tiny_model, reference,
+                                                                      monkeypatch):
+    """``burst_threads`` (a sync run on Ray): a step whose predecessor on the compute
+    thread took at least ``burst_step_s`` runs on that many torch threads, the others on
+    the count the engine was built with; the tokens are those of a run without it. An
+    explicit ``num_threads`` turns it off."""
+    import rollart_engine_torch.engine as engine_mod
+
+    counts: list[int] = []
+    real = engine_mod._timed_step
+
+    def spy(*args):
+        out = real(*args)
+        counts.append(torch.get_num_threads())
+        return out
+
+    monkeypatch.setattr(engine_mod, "_timed_step", spy)
+
+    async def run(**kw) -> tuple[list, dict]:
+        engine = TorchEngine(model=tiny_model, max_running=4, eos_token_ids=[],
+                             inline_step_s=0.0, **kw)
+        reqs = [_req(f"r{i}", [(3 * i + j) % 90 + 7 for j in range(40)], temperature=1.0,
+                     seed=i, max_new_tokens=6) for i in range(4)]
+        results = await asyncio.gather(*(engine.generate(r) for r in reqs))
+        stats = engine.stats()
+        await engine.shutdown()
+        return [(r.token_ids, r.logprobs) for r in results], stats
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        plain, s_plain = asyncio.run(run())
+        assert set(counts) == {1} and s_plain["burst_steps"] == 0
+        counts.clear()
+        burst, s_burst = asyncio.run(run(burst_threads=2, burst_step_s=0.0))
+        # the first step has no predecessor: the engine's own count; every later one: 2
+        assert counts[0] == 1 and set(counts[1:]) == {2} and len(counts) == s_burst["steps"]
+        assert s_burst["burst_steps"] == s_burst["steps"] - 1 > 0
+        counts.clear()
+        _, s_short = asyncio.run(run(burst_threads=2, burst_step_s=60.0))  # none that long
+        assert set(counts) == {1} and s_short["burst_steps"] == 0
+        counts.clear()
+        _, s_own = asyncio.run(run(burst_threads=2, burst_step_s=0.0, num_threads=1))
+        assert set(counts) == {1} and s_own["burst_steps"] == 0
+    finally:
+        torch.set_num_threads(before)
+    assert [t for t, _ in burst] == [t for t, _ in plain]  # the same tokens
+    assert max(_max_err(b, p) for (_, b), (_, p) in zip(burst, plain, strict=True)) < 1e-4
