@@ -9,7 +9,7 @@ measured it). The rule here counts what runs at the same time on this machine:
   trainer steps, nothing else does. Engines get ``(cores - 1) / engines`` threads each,
   trainer ranks ``cores / ranks``. An engine's long steps (``actor_gen_burst``: the step
   before took at least the torch engine's ``burst_step_s``) take ``cores / engines``:
-  between them the control plane's work is short (SmolLM2 on Ray: generation 1.08 ->
+  between them the control plane's work is short (SmolLM2 on Ray: generation 1.14 ->
   0.79 s a step; a tiny model's short steps keep the one thread).
 - ``async``: engines, trainer and control plane run at once: ``cores - 1`` threads are
   split over every engine and trainer rank.
