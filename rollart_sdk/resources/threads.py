@@ -10,7 +10,7 @@ measured it). The rule here counts what runs at the same time on this machine:
   trainer ranks ``cores / ranks``. An engine's long steps (``actor_gen_burst``: the step
   before took at least the torch engine's ``burst_step_s``) take ``cores / engines``:
   between them the control plane's work is short (SmolLM2 on Ray: generation 1.14 ->
-  0.79 s a step; a tiny model's short steps keep the one thread).
+  0.83 s a step; a tiny model's short steps keep the one thread).
 - ``async``: engines, trainer and control plane run at once: ``cores - 1`` threads are
   split over every engine and trainer rank.
 - env and reward workers: 1 (their work is Python, not torch ops).
