@@ -167,14 +167,12 @@ def test_plugin_module_imports_no_torch():
     assert out.stdout.strip() == "False"
 
 
-def test_small_steps_run_on_the_loop_with_the_same_tokens(tiny_model, reference):
-    """inline_step_s: once the engine has measured its cost per token, a step predicted
-    to be that short runs on the event loop (no thread hop); the tokens and logprobs of
-    seeded requests are the same as with every step in a thread."""
+def _four_seeded(tiny_model, **engine_kw) -> tuple[list, dict]:
+    """Four seeded requests of 40 prompt tokens and 6 new ones through a fresh engine:
+    each one's (token ids, logprobs), and the engine's stats."""
 
-    async def run(inline_s: float) -> tuple[list, dict]:
-        engine = TorchEngine(model=tiny_model, max_running=4, eos_token_ids=[],
-                             inline_step_s=inline_s)
+    async def main() -> tuple[list, dict]:
+        engine = TorchEngine(model=tiny_model, max_running=4, eos_token_ids=[], **engine_kw)
         reqs = [_req(f"r{i}", [(3 * i + j) % 90 + 7 for j in range(40)], temperature=1.0,
                      seed=i, max_new_tokens=6) for i in range(4)]
         results = await asyncio.gather(*(engine.generate(r) for r in reqs))
@@ -182,8 +180,16 @@ def test_small_steps_run_on_the_loop_with_the_same_tokens(tiny_model, reference)
         await engine.shutdown()
         return [(r.token_ids, r.logprobs) for r in results], stats
 
-    threaded, s_thread = asyncio.run(run(0.0))
-    inline, s_inline = asyncio.run(run(1.0))
+    return asyncio.run(main())
+
+
+def test_small_steps_run_on_the_loop_with_the_same_tokens(tiny_model, reference):
+    """inline_step_s: once the engine has measured its cost per token, a step predicted
+    to be that short runs on the event loop (no thread hop); the tokens and logprobs of
+    seeded requests are the same as with every step in a thread."""
+
+    threaded, s_thread = _four_seeded(tiny_model, inline_step_s=0.0)
+    inline, s_inline = _four_seeded(tiny_model, inline_step_s=1.0)
     assert s_thread["inline_steps"] == 0
     # The first step (4 x 40 prompt tokens) measures the cost in a thread; the decode
     # steps after it are predicted short and run inline.
@@ -211,31 +217,24 @@ def test_long_steps_run_on_the_burst_threads_short_ones_on_the_plans(tiny_model,
 
     monkeypatch.setattr(engine_mod, "_timed_step", spy)
 
-    async def run(**kw) -> tuple[list, dict]:
-        engine = TorchEngine(model=tiny_model, max_running=4, eos_token_ids=[],
-                             inline_step_s=0.0, **kw)
-        reqs = [_req(f"r{i}", [(3 * i + j) % 90 + 7 for j in range(40)], temperature=1.0,
-                     seed=i, max_new_tokens=6) for i in range(4)]
-        results = await asyncio.gather(*(engine.generate(r) for r in reqs))
-        stats = engine.stats()
-        await engine.shutdown()
-        return [(r.token_ids, r.logprobs) for r in results], stats
+    def run(**kw) -> tuple[list, dict]:
+        return _four_seeded(tiny_model, inline_step_s=0.0, **kw)
 
     before = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        plain, s_plain = asyncio.run(run())
+        plain, s_plain = run()
         assert set(counts) == {1} and s_plain["burst_steps"] == 0
         counts.clear()
-        burst, s_burst = asyncio.run(run(burst_threads=2, burst_step_s=0.0))
+        burst, s_burst = run(burst_threads=2, burst_step_s=0.0)
         # the first step has no predecessor: the engine's own count; every later one: 2
         assert counts[0] == 1 and set(counts[1:]) == {2} and len(counts) == s_burst["steps"]
         assert s_burst["burst_steps"] == s_burst["steps"] - 1 > 0
         counts.clear()
-        _, s_short = asyncio.run(run(burst_threads=2, burst_step_s=60.0))  # none that long
+        _, s_short = run(burst_threads=2, burst_step_s=60.0)  # none that long
         assert set(counts) == {1} and s_short["burst_steps"] == 0
         counts.clear()
-        _, s_own = asyncio.run(run(burst_threads=2, burst_step_s=0.0, num_threads=1))
+        _, s_own = run(burst_threads=2, burst_step_s=0.0, num_threads=1)
         assert set(counts) == {1} and s_own["burst_steps"] == 0
     finally:
         torch.set_num_threads(before)
