@@ -134,6 +134,46 @@ def outcome_lines(summary: dict[str, Any]) -> list[str]:
                f"{ro['waste']:.0%} of trajectories, {ro['waste_tokens']:.0%} of generated "
                f"tokens; {ro['spanning_update']} trained across a weight update; length "
                f"bias {bias}")
+    out.extend(fault_lines(summary))
+    return out
+
+
+def fault_lines(summary: dict[str, Any]) -> list[str]:
+    """What went wrong during the run and how it was handled, one line a kind, from its
+    ``summary.json`` (none when nothing did): engines that died and came back (or did
+    not), trajectories dropped and why, env calls past their timeout, side errors, env
+    closes and checkpoint saves that failed."""
+    out = []
+    rec = summary.get("engine_recovery") or {}
+    deaths, back = rec.get("deaths") or {}, rec.get("recovered") or {}
+    if deaths:
+        line = "engines: " + "; ".join(f"{w} died {n}x, came back {back.get(w, 0)}x"
+                                       for w, n in sorted(deaths.items()))
+        if rec.get("rerouted_requests"):
+            line += (f"; {rec['rerouted_requests']} requests re-sent (to another engine, "
+                     "or to the same one once back)")
+        out.append(line)
+    for w, why in sorted((rec.get("failed") or {}).items()):
+        out.append(f"engine {w} did not come back: {why}")
+    dropped = summary.get("dropped") or {}
+    if sum(dropped.values()):
+        why = ", ".join(f"{r} {n}" for r, n in sorted(dropped.items(), key=lambda x: -x[1]))
+        out.append(f"dropped: {sum(dropped.values())} of {summary.get('launched', '?')} "
+                   f"trajectories ({why}); drops.jsonl has each one's reason")
+    late = {k: sum(t.get(k, 0) for t in ((summary.get("envs") or {}).get("threads") or {})
+                   .values()) for k in ("timed_out", "refused")}
+    if any(late.values()):
+        out.append(f"env calls: {late['timed_out']} past their timeout, {late['refused']} "
+                   "refused (a host's threads all held by hung calls)")
+    side = (summary.get("side_errors") or {}).get("count", 0)
+    if side:
+        out.append(f"side errors: {side} (examples: summary.json, side_errors)")
+    closes = summary.get("env_close_errors") or {}
+    if closes:
+        out.append("env closes failed: " + ", ".join(f"{k} {v}" for k, v in closes.items()))
+    saves = summary.get("checkpoint_errors") or []
+    if saves:
+        out.append(f"checkpoint saves failed: {len(saves)} (the last: {saves[-1][:300]})")
     return out
 
 

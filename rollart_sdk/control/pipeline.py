@@ -163,7 +163,8 @@ class Pipeline:
             defer=r.defer_weight_update, log=self.log, emit=self._emit,
             trainer=trainers[0].trainer if trainers else None, events=scheduler.events)
         self.sync_lock = self.weights.lock
-        self.recovery = EngineRecovery(proxy, self.weights, rebind=rebind, emit=self._emit)
+        self.recovery = EngineRecovery(proxy, self.weights, rebind=rebind, emit=self._emit,
+                                       say=self.say)
         self.started = time.time()
         self.ended: float | None = None
         self.quota = task_quota(config)

@@ -54,12 +54,15 @@ class EngineRecovery:
     def __init__(self, proxy: LLMProxy, weights: WeightUpdates,
                  rebind: Callable[[str], None] | None = None,
                  emit: Callable[[dict[str, Any]], None] | None = None,
-                 restart_timeout_s: float = 300.0, poll_s: float = 2.0) -> None:
+                 restart_timeout_s: float = 300.0, poll_s: float = 2.0,
+                 say: Callable[[str], None] | None = None) -> None:
         self.proxy = proxy
         self.weights = weights
         self.sync_lock = weights.lock  # no weight update lands while an engine reloads
         self._rebind = rebind
         self._emit = emit or (lambda e: None)
+        self._say = say or (lambda line: None)  # one console line per death, return, loss
+        self._died_at: dict[str, float] = {}  # worker -> monotonic time of its last death
         self.restart_timeout_s = restart_timeout_s
         self.poll_s = poll_s
         self.deaths: Counter[str] = Counter()
@@ -73,7 +76,16 @@ class EngineRecovery:
         self.deaths[name] += 1
         self._emit({"trajectory": None, "tag": None, "span": "worker_died", "worker": name,
                     "t0": time.time(), "t1": time.time(), "error": why[:500]})
-        if name not in self._tasks or self._tasks[name].done():
+        recovering = name in self._tasks and not self._tasks[name].done()
+        if not recovering:
+            self._died_at[name] = time.monotonic()
+        cause = why.strip().splitlines()[0][:200] if why.strip() else "no reason given"
+        others = [w for w in self.proxy.workers if w not in self.proxy.down]
+        where = ("re-sent to the other engines" if others else
+                 "held until it is back (no other engine is up)")
+        self._say(f"engine {name} died ({cause}); its requests are {where}; waiting for "
+                  f"it to restart (up to {self.restart_timeout_s:g} s)")
+        if not recovering:
             self._tasks[name] = asyncio.ensure_future(self._recover(name))
 
     async def _recover(self, name: str) -> None:
@@ -152,12 +164,16 @@ class EngineRecovery:
             self.proxy.mark_up(name)
         self.failed.pop(name, None)
         self.recovered[name] += 1
+        took = time.monotonic() - self._died_at.get(name, time.monotonic())
+        self._say(f"engine {name} is back after {took:.1f} s, serving version {target}")
         self._emit({"trajectory": None, "tag": None, "span": "worker_rejoined", "worker": name,
                     "t0": time.time(), "t1": time.time(), "version": target,
                     "restarted": bool(state["restarted"])})
         return rebound
 
     def _lost(self, name: str) -> None:
+        self._say(f"warning: engine {name} is out for the rest of the run: "
+                  f"{self.failed[name]}")
         self._emit({"trajectory": None, "tag": None, "span": "worker_lost", "worker": name,
                     "t0": time.time(), "t1": time.time(), "error": self.failed[name]})
 

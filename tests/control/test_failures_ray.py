@@ -99,6 +99,11 @@ def test_killing_an_engine_worker_mid_run_is_survived(tmp_path):
     rec = summary["engine_recovery"]
     (victim_name,) = rec["deaths"]
     assert rec["deaths"] == {victim_name: 1} and rec["recovered"] == {victim_name: 1}, rec
+    # The console says it when it happens and once more at the end, beside Ray's own
+    # "A worker died" line.
+    assert f"engine {victim_name} died (" in out, out[-4000:]
+    assert f"engine {victim_name} is back after " in out, out[-4000:]
+    assert f"engines: {victim_name} died 1x, came back 1x" in out, out[-4000:]
     events = [json.loads(x) for x in (path / "events.jsonl").read_text().splitlines()]
     died = next(e["t0"] for e in events if e["span"] == "worker_died")
     rejoined = next(e for e in events if e["span"] == "worker_rejoined")

@@ -1,0 +1,91 @@
+"""The console's account of what went wrong in a run (`rollart_sdk/cli/train.py::
+fault_lines`): nothing for a clean run; for a run with faults, one line a kind, with the
+numbers summary.json holds. The engine-death lines are checked on a real Ray run in
+tests/control/test_failures_ray.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from control_configs import two_tasks
+
+from rollart_sdk.cli.train import fault_lines
+
+ROOT = Path(__file__).resolve().parents[2]
+
+CLEAN = {
+    "launched": 40, "trained": 40, "dropped": {}, "checkpoint_errors": [],
+    "engine_recovery": {"deaths": {}, "recovered": {}, "failed": {}, "rerouted_requests": 0,
+                        "down_at_end": {}, "reformed_rounds": []},
+    "env_close_errors": {}, "side_errors": {"count": 0, "examples": []},
+    "envs": {"pools": {}, "constructions": {}, "threads": {"env-thread": {
+        "hung": 0, "hung_peak": 0, "timed_out": 0, "refused": 0, "closed_late": 0}}},
+}
+
+
+def test_a_clean_run_has_no_fault_line():
+    assert fault_lines(CLEAN) == []
+    assert fault_lines({}) == []  # an older summary.json without these keys
+
+
+def test_each_kind_of_fault_is_one_line_with_its_numbers():
+    s = json.loads(json.dumps(CLEAN))
+    s["launched"] = 50
+    s["dropped"] = {"env_error": 7, "timeout": 3}
+    s["engine_recovery"].update(deaths={"gen-1": 2, "gen-0": 1}, recovered={"gen-1": 1},
+                                failed={"gen-0": "not restarted within 300s"},
+                                rerouted_requests=12)
+    s["envs"]["threads"]["env-thread"].update(timed_out=4, refused=1)
+    s["side_errors"]["count"] = 2
+    s["env_close_errors"] = {"FrozenLake": 3}
+    s["checkpoint_errors"] = ["checkpoint step-4 failed: OSError: disk full"]
+    lines = fault_lines(s)
+    assert lines == [
+        "engines: gen-0 died 1x, came back 0x; gen-1 died 2x, came back 1x; 12 requests "
+        "re-sent (to another engine, or to the same one once back)",
+        "engine gen-0 did not come back: not restarted within 300s",
+        "dropped: 10 of 50 trajectories (env_error 7, timeout 3); drops.jsonl has each "
+        "one's reason",
+        "env calls: 4 past their timeout, 1 refused (a host's threads all held by hung calls)",
+        "side errors: 2 (examples: summary.json, side_errors)",
+        "env closes failed: FrozenLake 3",
+        "checkpoint saves failed: 1 (the last: checkpoint step-4 failed: OSError: disk full)",
+    ]
+
+
+@pytest.mark.timeout(600)
+def test_a_run_whose_env_fails_says_how_many_trajectories_it_dropped_and_why(tmp_path):
+    task = two_tasks()["tasks"][0]
+    task["env"]["faults"] = {"step_error": 0.2}  # a step raises: the trajectory is dropped
+    config = two_tasks(name="faulty", roles={"actor_gen": {"workers": 1}}, tasks=[task],
+                       rollout={"batch_size": 8, "group_size": 4, "mode": "sync"},
+                       train={"steps": 2, "bucket_mb": 1, "save_final_model": False})
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(yaml.safe_dump(config))
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    env.pop("RAY_ADDRESS", None)
+    res = subprocess.run(
+        [sys.executable, "-m", "rollart_sdk.cli", "train", str(cfg), "--no-progress",
+         f"output_dir={tmp_path / 'runs'}"],
+        capture_output=True, text=True, env=env, cwd=ROOT, timeout=500)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    (run,) = [p for p in (tmp_path / "runs").iterdir() if p.name.startswith("faulty")]
+    summary = json.loads((run / "summary.json").read_text())
+    dropped = summary["dropped"]
+    assert sum(dropped.values()) > 0, summary  # a fifth of the steps fail: some episode did
+    line = next(x for x in res.stdout.splitlines() if x.startswith("dropped: "))
+    m = re.match(r"dropped: (\d+) of (\d+) trajectories \((.*)\); drops\.jsonl", line)
+    assert m, line
+    assert int(m.group(1)) == sum(dropped.values())
+    assert int(m.group(2)) == summary["launched"]
+    assert dict(x.rsplit(" ", 1) for x in m.group(3).split(", ")) == {
+        k: str(v) for k, v in dropped.items()}
+    assert len((run / "drops.jsonl").read_text().splitlines()) == sum(dropped.values())
+    assert "engines: " not in res.stdout  # no engine died
