@@ -33,8 +33,9 @@ LOWER = {
     "rollart_sdk/control/events.py": {"on_finish", "on_drop"},  # the readers, fixed at build
     # ``emit``: the run directory's event log (events.jsonl), written, never read back.
     "rollart_sdk/control/weight_updates.py": {"emit"},
-    # ``rebind``: the composition root's re-binding of a restarted worker (its record).
-    "rollart_sdk/control/recovery.py": {"emit", "rebind"},
+    # ``rebind``: the composition root's re-binding of a restarted worker (its record);
+    # ``say``: a line for the user's console (a death, a return), written, never read back.
+    "rollart_sdk/control/recovery.py": {"emit", "rebind", "say"},
 }
 ALLOWED_CALLABLES = LOWER
 UPPER_MODULES = ("rollart_sdk.control.scheduler", "rollart_sdk.control.pipeline")
