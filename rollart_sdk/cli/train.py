@@ -141,8 +141,9 @@ def outcome_lines(summary: dict[str, Any]) -> list[str]:
 def fault_lines(summary: dict[str, Any]) -> list[str]:
     """What went wrong during the run and how it was handled, one line a kind, from its
     ``summary.json`` (none when nothing did): engines that died and came back (or did
-    not), trajectories dropped and why, env calls past their timeout, side errors, env
-    closes and checkpoint saves that failed."""
+    not), trajectories dropped and why (not those still running when the run stopped),
+    env calls past their timeout, side errors, env closes and checkpoint saves that
+    failed."""
     out = []
     rec = summary.get("engine_recovery") or {}
     deaths, back = rec.get("deaths") or {}, rec.get("recovered") or {}
@@ -155,8 +156,10 @@ def fault_lines(summary: dict[str, Any]) -> list[str]:
         out.append(line)
     for w, why in sorted((rec.get("failed") or {}).items()):
         out.append(f"engine {w} did not come back: {why}")
-    dropped = summary.get("dropped") or {}
-    if sum(dropped.values()):
+    # Still running when the run stopped (``...run_end``): the stop, not a fault.
+    dropped = {r: n for r, n in (summary.get("dropped") or {}).items()
+               if n and not r.endswith("run_end")}
+    if dropped:
         why = ", ".join(f"{r} {n}" for r, n in sorted(dropped.items(), key=lambda x: -x[1]))
         out.append(f"dropped: {sum(dropped.values())} of {summary.get('launched', '?')} "
                    f"trajectories ({why}); drops.jsonl has each one's reason")

@@ -33,12 +33,14 @@ CLEAN = {
 def test_a_clean_run_has_no_fault_line():
     assert fault_lines(CLEAN) == []
     assert fault_lines({}) == []  # an older summary.json without these keys
+    # Trajectories still running when the run stopped are the stop, not a fault.
+    assert fault_lines({**CLEAN, "dropped": {"run_end": 30, "aborted:run_end": 2}}) == []
 
 
 def test_each_kind_of_fault_is_one_line_with_its_numbers():
     s = json.loads(json.dumps(CLEAN))
     s["launched"] = 50
-    s["dropped"] = {"env_error": 7, "timeout": 3}
+    s["dropped"] = {"env_error": 7, "timeout": 3, "run_end": 4, "aborted:run_end": 2}
     s["engine_recovery"].update(deaths={"gen-1": 2, "gen-0": 1}, recovered={"gen-1": 1},
                                 failed={"gen-0": "not restarted within 300s"},
                                 rerouted_requests=12)
@@ -79,13 +81,14 @@ def test_a_run_whose_env_fails_says_how_many_trajectories_it_dropped_and_why(tmp
     (run,) = [p for p in (tmp_path / "runs").iterdir() if p.name.startswith("faulty")]
     summary = json.loads((run / "summary.json").read_text())
     dropped = summary["dropped"]
-    assert sum(dropped.values()) > 0, summary  # a fifth of the steps fail: some episode did
+    faults = {k: v for k, v in dropped.items() if not k.endswith("run_end")}
+    assert sum(faults.values()) > 0, summary  # a fifth of the steps fail: some episode did
     line = next(x for x in res.stdout.splitlines() if x.startswith("dropped: "))
     m = re.match(r"dropped: (\d+) of (\d+) trajectories \((.*)\); drops\.jsonl", line)
     assert m, line
-    assert int(m.group(1)) == sum(dropped.values())
     assert int(m.group(2)) == summary["launched"]
+    assert int(m.group(1)) == sum(faults.values())
     assert dict(x.rsplit(" ", 1) for x in m.group(3).split(", ")) == {
-        k: str(v) for k, v in dropped.items()}
+        k: str(v) for k, v in faults.items()}
     assert len((run / "drops.jsonl").read_text().splitlines()) == sum(dropped.values())
     assert "engines: " not in res.stdout  # no engine died
