@@ -85,6 +85,17 @@ def test_non_utf8_file_is_refused(tmp_path):
     assert "not UTF-8 text (byte 0x89 at offset 0)" in one_line_error(res)
 
 
+def test_a_folder_given_as_the_config_is_named_as_one(tmp_path):
+    with pytest.raises(ConfigError, match="a folder, not a config file: give the YAML file$"):
+        load_config(tmp_path)
+    run = tmp_path / "run"  # a run directory: its resolved config.yaml is the file to give
+    run.mkdir()
+    (run / "config.yaml").write_text(BASE)
+    res = run_cli("train", str(run))
+    assert res.returncode != 0
+    assert f"a run directory's config is {run / 'config.yaml'}" in res.stdout + res.stderr
+
+
 def test_validate_checks_what_train_would_find(tmp_path):
     cfg = write(tmp_path, BASE)
     assert run_cli("validate", str(cfg)).returncode == 0

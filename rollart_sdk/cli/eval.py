@@ -79,8 +79,16 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from rollart_sdk.errors import ConfigError
     from rollart_sdk.evaluate import evaluate
 
-    cfg, lines = load_config(args.config, args.overrides)
     log = (lambda line: print(line, file=sys.stderr)) if args.json else print
+    run = Path(args.config)
+    if run.is_dir() and (run / "config.yaml").is_file():
+        # A run directory: its config, and by default its newest complete checkpoint.
+        args.config = str(run / "config.yaml")
+        if args.checkpoint is None:
+            args.checkpoint = str(run)
+            log(f"evaluating the run {run}: its config, its newest complete checkpoint "
+                "(--checkpoint picks another)")
+    cfg, lines = load_config(args.config, args.overrides)
     try:
         result = evaluate(cfg, lines, args.checkpoint, args.episodes, args.seed_offset, log=log)
     except ConfigError as exc:
@@ -112,7 +120,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
 def add_parser(sub: Any) -> None:
     p = sub.add_parser("eval", help="held-out evaluation of the config's model or a checkpoint "
                                     "(greedy, unseen env seeds; one process)")
-    p.add_argument("config")
+    p.add_argument("config", help="the run config, or a run directory (its config.yaml and, "
+                   "unless --checkpoint says otherwise, its newest complete checkpoint)")
     p.add_argument("overrides", nargs="*",
                    help="dotted overrides, e.g. eval.sampling.temperature=0.7 eval.tasks=[Retry]")
     p.add_argument("--checkpoint", metavar="DIR",

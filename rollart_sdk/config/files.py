@@ -93,6 +93,11 @@ class LineMap:
 def read_config_file(path: str | Path) -> tuple[Any, Any]:
     source = str(path)
     p = Path(path)
+    if p.is_dir():
+        hint = (f"; a run directory's config is {p / 'config.yaml'}"
+                if (p / "config.yaml").is_file() else "")
+        raise ConfigError([(source, f"a folder, not a config file: give the YAML file{hint}")],
+                          source)
     if not p.is_file():
         raise ConfigError([(source, "no such file")], source)
     raw = p.read_bytes()

@@ -97,6 +97,14 @@ def test_eval_is_deterministic_and_a_trained_checkpoint_changes_it(tmp_path):
     assert lake["turns"] < lake0["turns"]
     vs = lake["vs_baseline"]  # paired by seed with the initial weights' episodes
     assert vs["paired"] == 8 and vs["lost"] == 0 and vs["gained"] == round(8 * lake["success"])
+    # The run directory alone: its config.yaml and its newest checkpoint, the same episodes.
+    out2 = tmp_path / "from_run.json"
+    assert main(["eval", str(run_dir), "--episodes", "8", "--out", str(out2)]) == 0
+    from_run = json.loads(out2.read_text())
+    assert from_run["checkpoint"] == trained["checkpoint"]
+    for r in trained["tasks"].values():
+        r.pop("vs_baseline")  # the first command was given --baseline
+    assert outcome(from_run) == outcome(trained)
 
 
 def test_a_corrupted_checkpoint_is_refused_before_anything_starts(tmp_path):
