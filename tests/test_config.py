@@ -99,6 +99,16 @@ def test_override_syntax_errors():
 def test_override_bad_list_index(tmp_path):
     with pytest.raises(ConfigError, match="list index must be 0..0"):
         load_config(write(tmp_path, BASE), ["tasks.3.max_turns=2"])
+    with pytest.raises(ConfigError, match="list index must be 0..0"):
+        load_config(write(tmp_path, BASE), ["tasks[3].max_turns=2"])
+
+
+def test_a_list_item_is_written_either_way(tmp_path):
+    # tasks[0].x as the docs write tasks[].x, or tasks.0.x: the same override.
+    a, _ = load_config(write(tmp_path, BASE), ["tasks[0].max_turns=7"])
+    b, _ = load_config(write(tmp_path, BASE), ["tasks.0.max_turns=7"])
+    assert a.tasks[0].max_turns == b.tasks[0].max_turns == 7
+    assert parse_override("a[1][2].b=3") == (["a", "1", "2", "b"], 3)
 
 
 def test_linemap_falls_back_to_parent():

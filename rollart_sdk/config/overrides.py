@@ -3,6 +3,7 @@ is validated; each value is parsed as YAML."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import yaml
@@ -12,7 +13,8 @@ from rollart_sdk.errors import ConfigError
 
 
 def parse_override(item: str) -> tuple[list[str], Any]:
-    """``rollout.alpha=2`` -> (["rollout", "alpha"], 2); the value is parsed as YAML."""
+    """``rollout.alpha=2`` -> (["rollout", "alpha"], 2); the value is parsed as YAML. A list
+    item is ``tasks.0`` or ``tasks[0]`` (as the docs write ``tasks[].max_turns``)."""
     if "=" not in item:
         raise ConfigError([(item, "an override must look like key.path=value (e.g. rollout.alpha=2)")])
     key, _, raw = item.partition("=")
@@ -24,7 +26,7 @@ def parse_override(item: str) -> tuple[list[str], Any]:
     except yaml.YAMLError as exc:
         raise ConfigError([(key, f"override value {raw!r} is not valid YAML: {_yaml_problem(exc)}; "
                                  "write a YAML value, quoted for the shell: 'key=[1, 2]'")]) from None
-    return key.split("."), value
+    return re.sub(r"\[(\d+)\]", r".\1", key).split("."), value
 
 
 def _yaml_problem(exc: yaml.YAMLError) -> str:
