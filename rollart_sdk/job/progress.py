@@ -23,7 +23,8 @@ class StepReports:
     """What each trained step and each held-out evaluation does in the driver: its
     metrics line, its samples (``samples.jsonl``; the dropped trajectories are read from
     the finished-trajectory stream as they finish: ``finish_readers``), the metric sinks,
-    console warnings on action diagnostics, the progress display.
+    console warnings on action diagnostics and on a trained policy that is not the sampled
+    one, the progress display.
 
     Made by ``build_job`` before the control plane: the pipeline is given :meth:`step` and
     :meth:`eval` in its constructor and the run's ``RolloutEvents`` are given
@@ -34,7 +35,7 @@ class StepReports:
     def __init__(self, cfg: RunConfig, run_dir: RunDir, sinks: SinkSet | None,
                  samples: SampleLog, say: Callable[[str], None],
                  also: Callable[[StepRecord, dict[str, Any]], None] | None = None) -> None:
-        from rollart_sdk.control.diagnostics import ActionWatch
+        from rollart_sdk.control.diagnostics import ActionWatch, MismatchWatch
 
         self.cfg = cfg
         self.run_dir = run_dir
@@ -43,6 +44,7 @@ class StepReports:
         self.say = say
         self.also = also
         self.watch = ActionWatch()
+        self.mismatch = MismatchWatch()
         self.display: Any = None  # until show()
         self._said_no_signal: set[str] = set()
 
@@ -76,7 +78,7 @@ class StepReports:
             self.samples.step(rec)
             if self.sinks is not None:
                 self.sinks.step(metrics, self.samples.last)
-            for line in self.watch.check(metrics):
+            for line in (*self.watch.check(metrics), *self.mismatch.check(metrics)):
                 display.warn(line)
             display.update(metrics)
         if self.also is not None:
