@@ -189,9 +189,13 @@ class SampleBuffer:
             usable = group.usable
             if len(usable) < len(group.members):
                 # Group-preserving: training the survivors alone would bias the group
-                # toward the episodes that did not fail; drop it whole, count the rest.
+                # toward the episodes that did not fail; drop it whole, count the rest
+                # (as the stop's when only the run's end cut its other members).
+                cut = {t.dropped for t in group.members if t.dropped is not None}
+                why = ("group_incomplete:run_end" if all(r.endswith("run_end") for r in cut)
+                       else "group_incomplete")
                 for t in usable:
-                    self._drop(t, "group_incomplete")
+                    self._drop(t, why)
                 self.events.group_dropped(group.tag, group.group_id)
                 return
             if self._filtered(group):

@@ -16,6 +16,19 @@ def traj(tid, group, tag="A", version=0, dropped=None):
     return Trajectory(tid, tag, group, version, reward=1.0, dropped=dropped)
 
 
+def test_a_group_cut_only_by_the_run_end_counts_its_survivors_as_the_stops():
+    async def main():
+        buf = SampleBuffer(group_size=3)
+        for i, why in enumerate([None, "aborted:run_end", None]):
+            await buf.put(traj(f"a{i}", "g1", dropped=why))
+        for i, why in enumerate([None, "aborted:run_end", "env_step_failed: boom"]):
+            await buf.put(traj(f"b{i}", "g2", dropped=why))
+        assert buf.dropped == {"aborted:run_end": 2, "group_incomplete:run_end": 2,
+                               "env_step_failed": 1, "group_incomplete": 1}
+
+    asyncio.run(main())
+
+
 def test_groups_whole_stale_eviction_and_accounting():
     async def main():
         buf = SampleBuffer(group_size=2)
