@@ -103,6 +103,9 @@ class SampleBuffer:
         self._discarded: dict[str, list[Any]] = {}
         self.dropped_by_tag: Counter[str] = Counter()  # admission control counts on it
         self.tokens_dropped = 0  # generated tokens of dropped trajectories
+        # ... of those this session's stop cut (``*run_end``): not waste (not carried on
+        # resume: an earlier session's stop stays in tokens_dropped)
+        self.tokens_run_end = 0
         self.tokens_trained = 0  # generated tokens of trajectories handed out in batches
         # Episodes that ran to their end (trained or not), per task: [count, turns]; and
         # what they scored: [rewarded, reward sum, judged (a "success" in their info),
@@ -129,6 +132,8 @@ class SampleBuffer:
         self.dropped[t.dropped.split(": ", 1)[0]] += 1
         self.dropped_by_tag[t.tag] += 1
         self.tokens_dropped += t.generated_tokens
+        if t.dropped.split(": ", 1)[0].endswith("run_end"):
+            self.tokens_run_end += t.generated_tokens
         # Its readers (drops.jsonl) see it; a reader's error is a side error, the count stands.
         self.events.dropped(t)
 
@@ -369,6 +374,8 @@ class SampleBuffer:
             self.dropped[reason] -= 1
             self.dropped_by_tag[t.tag] -= 1
             self.tokens_dropped -= t.generated_tokens
+            if reason.endswith("run_end"):
+                self.tokens_run_end -= t.generated_tokens
             t.dropped = None
         if self.dropped[reason] <= 0:
             del self.dropped[reason]

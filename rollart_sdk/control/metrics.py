@@ -150,14 +150,15 @@ def run_rollout_summary(pipeline: Pipeline) -> dict[str, Any]:
     b = pipeline.buffer
     run_end = sum(n for k, n in b.dropped.items() if k.endswith("run_end"))
     during = sum(b.dropped.values()) - run_end
+    wasted = b.tokens_dropped - b.tokens_run_end  # the stop's are not waste, as above
     carry = summary_carry(pipeline)
     out: dict[str, Any] = {
         "launched": pipeline.scheduler.launched,
         "trained": b.trained,
         "dropped_during_run": during,
         "waste": during / (b.trained + during) if b.trained + during else 0.0,
-        "waste_tokens": (b.tokens_dropped / (b.tokens_dropped + b.tokens_trained)
-                         if b.tokens_dropped + b.tokens_trained else 0.0),
+        "waste_tokens": (wasted / (wasted + b.tokens_trained)
+                         if wasted + b.tokens_trained else 0.0),
         "spanning_update": carry["spanning_update"],
         "staleness_hist": {int(k): v for k, v in sorted(
             carry["staleness_hist"].items(), key=lambda kv: int(kv[0]))},

@@ -9,11 +9,13 @@ import pytest
 from rollart_sdk.control.buffer import SampleBuffer
 from rollart_sdk.control.handles import WorkerHandle
 from rollart_sdk.control.proxy import LLMProxy
-from rollart_sdk.types import GenerationRequest, GenerationResult, Trajectory
+from rollart_sdk.types import GenerationRequest, GenerationResult, Trajectory, Turn
 
 
 def traj(tid, group, tag="A", version=0, dropped=None):
-    return Trajectory(tid, tag, group, version, reward=1.0, dropped=dropped)
+    t = Trajectory(tid, tag, group, version, reward=1.0, dropped=dropped)
+    t.turns.append(Turn([1], [5, 6, 7], [0.0] * 3, [version] * 3))  # 3 generated tokens
+    return t
 
 
 def test_a_group_cut_only_by_the_run_end_counts_its_survivors_as_the_stops():
@@ -25,6 +27,12 @@ def test_a_group_cut_only_by_the_run_end_counts_its_survivors_as_the_stops():
             await buf.put(traj(f"b{i}", "g2", dropped=why))
         assert buf.dropped == {"aborted:run_end": 2, "group_incomplete:run_end": 2,
                                "env_step_failed": 1, "group_incomplete": 1}
+        # Tokens: 3 a trajectory; those the stop cut (g1 whole, b1) are not waste.
+        assert buf.tokens_dropped == 18 and buf.tokens_run_end == 12
+        buf.drop_untrained([traj("c0", "g3"), traj("c1", "g3")], "run_end: stopped")
+        assert buf.tokens_run_end == 18
+        buf.redeem_untrained([traj("c0", "g3"), traj("c1", "g3")], "run_end")
+        assert buf.tokens_run_end == 12 and buf.tokens_dropped == 18
 
     asyncio.run(main())
 
