@@ -2,7 +2,9 @@
 the reward curve hides (issue #38).
 
 :class:`MismatchWatch`: the trainer's log-probs of fresh tokens far from the engine's
-(the trained policy is not the sampled one). :class:`ActionWatch`: where a task's actions are constrained (``constrain_actions``), the
+(the trained policy is not the sampled one).
+
+:class:`ActionWatch`: where a task's actions are constrained (``constrain_actions``), the
 probability mass the unmasked policy puts on the allowed tokens (``allowed_mass/<task>``
 from the trainer; ``train/allowed_mass_mean`` from a trainer that does not split it by
 task). Below ``ALLOWED_MASS_WARN`` and below ``UNIFORM_FACTOR`` times the share a
