@@ -17,7 +17,7 @@ pytestmark = pytest.mark.skipif(
     platform.system() != "Linux" or platform.libc_ver()[0] != "glibc",
     reason="glibc's malloc settings")
 
-# Eight rounds of a step-like pattern: a 96 MiB and a 20 MiB tensor (one over 64 MiB,
+# Sixteen rounds of a step-like pattern: a 96 MiB and a 20 MiB tensor (one over 64 MiB,
 # which a thread's own heap always maps afresh), written, with small allocations between
 # them, then freed; on the main thread and on a thread started afterwards. Per round: the
 # minor page faults and the resident memory at its end.
@@ -32,7 +32,7 @@ def rss_mib():
 
 def rounds():
     faults, rss, kept = [], [], []
-    for _ in range(8):
+    for _ in range(16):
         before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         big = torch.empty(96 * 2**18, dtype=torch.float32).fill_(1.0)
         kept.append([0] * 50)  # something small allocated between the blocks
@@ -69,10 +69,12 @@ def test_freed_blocks_are_reused_without_faulting_again_on_every_thread():
     for where in ("main", "thread"):
         faults, rss = kept[where]["faults"], kept[where]["rss"]
         # after a few rounds (a block torch aligns to 64 bytes does not fit the hole its
-        # predecessor left until neighbouring holes merge) the same memory serves every
-        # round: nothing faults in again, and the resident memory stays where it is
-        assert max(faults[4:]) < PAGES // 20, (where, kept)
-        assert rss[-1] == rss[4], (where, kept)
+        # predecessor left until neighbouring holes merge: the last round that faulted was
+        # round 1-4 on the main thread and 3-7 on the thread in 36 probes, two at a time;
+        # a loaded CI run saw round 7 and more) the same memory serves every round:
+        # nothing faults in again, and the resident memory stays where it is
+        assert max(faults[10:]) < PAGES // 20, (where, kept)
+        assert rss[-1] == rss[10], (where, kept)
 
 
 def test_turned_off_every_round_faults_its_blocks_in_again():
