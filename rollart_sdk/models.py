@@ -392,9 +392,26 @@ def load_tokenizer(path: str | os.PathLike[str], light: bool = False) -> Any:
     pipeline asks of a tokenizer, without importing transformers)."""
     if light and is_local_tokenizer(path):
         return LocalTokenizer(path)
+    folder = Path(path)
+    how = ("a checkpoint folder needs its tokenizer beside config.json: tokenizer.json "
+           "(or tokenizer.model, or vocab.json and merges.txt) and tokenizer_config.json; "
+           "copy them from the model it was trained from")
+    if folder.is_dir() and not any((folder / f).is_file() for f in TOKENIZER_FILES):
+        raise ConfigError([("model.path", f"{folder} has no tokenizer ({', '.join(TOKENIZER_FILES)}"
+                            f" all missing): {how}")])
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+    try:
+        return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+    except (OSError, ValueError) as exc:  # transformers' words for a tokenizer it cannot build
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ConfigError([("model.path", f"the tokenizer in {folder} could not be loaded "
+                            f"({type(exc).__name__}: {first}): {how}")]) from exc
+
+
+# A folder holds a tokenizer transformers can load when it has one of these.
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "spiece.model",
+                   "tiktoken.model")
 
 
 def load_causal_lm(path: str | os.PathLike[str], dtype: str = "float32",

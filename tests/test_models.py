@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -141,6 +143,19 @@ def test_gguf_conversion_of_smollm2(tmp_path, monkeypatch):
         {k: conf[k] for k in conf if k not in ("transformers_version", "_name_or_path")}
     assert tok2.encode(ids, add_special_tokens=False) == x[0].tolist()
     assert tok2.chat_template == meta_tok.chat_template
+    # The weights copied without their tokenizer (a common slip): said as such, not as
+    # transformers' "You need to have sentencepiece or tiktoken installed".
+    bare = tmp_path / "weights-only"
+    bare.mkdir()
+    for f in ("config.json", "model.safetensors"):
+        (bare / f).symlink_to(Path(cfg.path) / f)
+    with pytest.raises(ConfigError, match=r"has no tokenizer \(tokenizer.json, .* all "
+                                          r"missing\): a checkpoint folder needs"):
+        load_tokenizer(bare)
+    shutil.copy(Path(cfg.path) / "tokenizer_config.json", bare)
+    (bare / "tokenizer.json").write_text('{"truncated": ')
+    with pytest.raises(ConfigError, match=r"the tokenizer in .* could not be loaded "):
+        load_tokenizer(bare)
 
 
 def test_trainer_checkpoint_path_and_device_errors(tmp_path):
