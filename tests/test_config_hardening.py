@@ -118,6 +118,13 @@ def test_validate_checks_what_train_would_find(tmp_path):
                                                  "num_key_value_heads": 3}))
     err = one_line_error(run_cli("validate", str(cfg), f"model={{path: {bad}}}"))
     assert "num_attention_heads 4 is not divisible by num_key_value_heads 3" in err
+    # A sound config.json without the weights beside it: refused before any worker starts.
+    (bad / "config.json").write_text(json.dumps({"hidden_size": 64, "num_attention_heads": 4}))
+    err = one_line_error(run_cli("validate", str(cfg), f"model={{path: {bad}}}"))
+    assert "has a config.json and no weights (*.safetensors, pytorch_model*.bin" in err, err
+    (bad / "model.safetensors").write_bytes(b"")  # a weight file there: that problem is gone
+    err = one_line_error(run_cli("validate", str(cfg), f"model={{path: {bad}}}"))
+    assert "no weights" not in err, err
 
 
 def test_train_refuses_a_small_context_before_starting_anything(tmp_path):

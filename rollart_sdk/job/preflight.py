@@ -81,7 +81,16 @@ def check_model(model: ModelConfig) -> Problems:
         conf = json.loads((p / "config.json").read_text())
     except (OSError, ValueError) as exc:
         return [("model.path", f"{p / 'config.json'} is not readable JSON ({exc})")]
-    return check_shape(conf, "model.path", str(p / "config.json"), "the checkpoint's config")
+    problems = check_shape(conf, "model.path", str(p / "config.json"), "the checkpoint's config")
+    if not any(next(p.glob(pattern), None) for pattern in WEIGHT_FILES):
+        problems.append(("model.path", f"{model.path!r} has a config.json and no weights "
+                         f"({', '.join(WEIGHT_FILES)}: none there); copy the checkpoint's "
+                         "weight files beside it"))
+    return problems
+
+
+# What a Hugging Face checkpoint folder keeps its weights in (one file or shards).
+WEIGHT_FILES = ("*.safetensors", "pytorch_model*.bin", "*.safetensors.index.json")
 
 
 def check_shape(conf: dict[str, Any], where: str, source: str, fix: str) -> Problems:
