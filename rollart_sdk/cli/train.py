@@ -92,6 +92,8 @@ def _run(job: Job, steps: int, args: argparse.Namespace, runtime: Runtime) -> in
             print(f"interrupted ({job.signal}) before the checkpoint was loaded; nothing "
                   f"in {job.run_dir.path} was changed")
         else:
+            for line in _faults_so_far(job):
+                print(line)
             print(f"interrupted ({job.signal}); newest checkpoint: "
                   f"{newest_checkpoint(job.run_dir.checkpoints)}")
         print(_how_to_resume(args, job, steps))
@@ -178,6 +180,15 @@ def fault_lines(summary: dict[str, Any]) -> list[str]:
     if saves:
         out.append(f"checkpoint saves failed: {len(saves)} (the last: {saves[-1][:300]})")
     return out
+
+
+def _faults_so_far(job: Job) -> list[str]:
+    """The fault lines of a stopped run, from the summary.json its stop wrote (none when
+    it could not be read)."""
+    try:
+        return fault_lines(json.loads((job.run_dir.path / "summary.json").read_text()))
+    except (OSError, ValueError):
+        return []
 
 
 def _skip_final_collection() -> None:

@@ -8,8 +8,10 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -92,3 +94,37 @@ def test_a_run_whose_env_fails_says_how_many_trajectories_it_dropped_and_why(tmp
         k: str(v) for k, v in faults.items()}
     assert len((run / "drops.jsonl").read_text().splitlines()) == sum(dropped.values())
     assert "engines: " not in res.stdout  # no engine died
+
+
+@pytest.mark.timeout(600)
+def test_a_stopped_run_says_its_faults_before_how_to_resume(tmp_path):
+    task = two_tasks()["tasks"][0]
+    task["env"]["faults"] = {"step_error": 0.2}
+    config = two_tasks(name="faulty", roles={"actor_gen": {"workers": 1}}, tasks=[task],
+                       rollout={"batch_size": 8, "group_size": 4, "mode": "sync"},
+                       train={"steps": 500, "bucket_mb": 1, "save_final_model": False})
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(yaml.safe_dump(config))
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    env.pop("RAY_ADDRESS", None)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rollart_sdk.cli", "train", str(cfg), "--no-progress",
+         f"output_dir={tmp_path / 'runs'}"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=ROOT)
+    try:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:  # two steps trained, then SIGTERM
+            found = list((tmp_path / "runs").glob("faulty-*/metrics.jsonl"))
+            if found and len(found[0].read_text().splitlines()) >= 2:
+                break
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 143, out[-3000:]
+    lines = out.splitlines()
+    dropped = next(i for i, x in enumerate(lines) if x.startswith("dropped: "))
+    stopped = next(i for i, x in enumerate(lines) if x.startswith("interrupted (SIGTERM)"))
+    assert dropped < stopped, out[-3000:]
