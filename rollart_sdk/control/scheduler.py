@@ -62,6 +62,9 @@ from rollart_sdk.control.proxy import LLMProxy
 from rollart_sdk.types import Trajectory
 
 MAX_BACKOFF_S = 2.0
+# Failed trajectories in a row of one task at which the console says so (its launches
+# then wait MAX_BACKOFF_S: 0.01 s doubled from the second failure on).
+FAILING_IN_A_ROW = 8
 # At stop, after the aborts: how long the episodes get to end by themselves (an aborted
 # generate returns at once; an env step, a reward call run on) before they are cancelled.
 # They are dropped either way (the run is ending), and one cancelled is counted as
@@ -101,6 +104,7 @@ class RolloutScheduler:
         max_member_retries: int = 3,
         admission_version: Callable[[], int] | None = None,
         events: RolloutEvents | None = None,
+        say: Callable[[str], None] | None = None,
     ) -> None:
         if max_running < group_size:
             raise ValueError(f"max_running ({max_running}) must hold a group ({group_size})")
@@ -164,6 +168,9 @@ class RolloutScheduler:
         self.max_member_retries = max_member_retries
         self._groups: dict[str, tuple[str, int, int]] = {}  # group -> (tag, env seed, retries)
         self._fails: dict[str, int] = {}  # tag -> consecutive failed trajectories
+        self._last_failure: dict[str, str] = {}  # tag -> the latest one's reason
+        self._say = say or (lambda line: None)  # a line for the user (a task failing)
+        self._said_failing: set[str] = set()
         self._not_before: dict[str, float] = {}  # tag -> monotonic time of its next launch
         self._delayed: set[asyncio.Task[None]] = set()  # re-runs waiting out a backoff
         self.retried = 0  # members re-run after a failure
@@ -391,6 +398,15 @@ class RolloutScheduler:
             self._not_before.pop(tag, None)
         elif is_failure(traj.dropped):
             k = self._fails[tag] = self._fails.get(tag, 0) + 1
+            self._last_failure[tag] = traj.dropped or ""
+            if k == FAILING_IN_A_ROW and tag not in self._said_failing:  # it slows the run
+                self._said_failing.add(tag)
+                self._say(
+                    f"warning: task {tag!r}: its last {k} trajectories failed (the latest: "
+                    f"{(traj.dropped or '')[:300]}); each of its launches now waits up to "
+                    f"{MAX_BACKOFF_S:g} s until one succeeds (drops.jsonl has every reason; "
+                    "the watchdog stops the run if it keeps failing: rollout.max_drop_rate; "
+                    "said once per task)")
             if k >= 2:
                 delay = min(MAX_BACKOFF_S, 0.01 * 2 ** min(k, 12))
                 self._not_before[tag] = time.monotonic() + delay

@@ -102,7 +102,7 @@ def wire_control_plane(cfg: RunConfig, workers: Workers, tasks: dict[str, TaskRu
         seed=cfg.seed, event_sink=run_dir.log_event, interaction=r.interaction,
         env_pools=env_pool_sizes(cfg, running),
         max_member_retries=cfg.rollout.max_member_retries,
-        admission_version=versions.admission_base, events=events,
+        admission_version=versions.admission_base, events=events, say=say,
     )
     evaluator = None
     if cfg.eval is not None and cfg.eval.every_steps:

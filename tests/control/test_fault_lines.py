@@ -128,3 +128,29 @@ def test_a_stopped_run_says_its_faults_before_how_to_resume(tmp_path):
     dropped = next(i for i, x in enumerate(lines) if x.startswith("dropped: "))
     stopped = next(i for i, x in enumerate(lines) if x.startswith("interrupted (SIGTERM)"))
     assert dropped < stopped, out[-3000:]
+
+
+@pytest.mark.timeout(600)
+def test_a_task_that_keeps_failing_is_said_when_its_launches_start_waiting(tmp_path):
+    task = two_tasks()["tasks"][0]
+    task["env"]["faults"] = {"step_error": 1.0}  # every trajectory fails
+    config = two_tasks(name="failing", roles={"actor_gen": {"workers": 1}}, tasks=[task],
+                       rollout={"batch_size": 8, "group_size": 4, "mode": "sync",
+                                "drop_window": 16},
+                       train={"steps": 1, "bucket_mb": 1, "save_final_model": False})
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(yaml.safe_dump(config))
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    env.pop("RAY_ADDRESS", None)
+    res = subprocess.run(
+        [sys.executable, "-m", "rollart_sdk.cli", "train", str(cfg), "--no-progress",
+         f"output_dir={tmp_path / 'runs'}"],
+        capture_output=True, text=True, env=env, cwd=ROOT, timeout=500)
+    out = res.stdout + res.stderr
+    assert res.returncode != 0, out[-3000:]  # the watchdog stops it: nothing can be trained
+    said = [x for x in out.splitlines() if x.startswith("warning: task 'FrozenLake': its ")]
+    assert len(said) == 1, out[-3000:]  # once per task
+    assert said[0].startswith("warning: task 'FrozenLake': its last 8 trajectories failed "
+                              "(the latest: env_step_failed: ")
+    assert "waits up to 2 s until one succeeds" in said[0]
+    assert out.index(said[0]) < out.index("error: task 'FrozenLake': ")  # before the stop
