@@ -168,7 +168,6 @@ class RolloutScheduler:
         self.max_member_retries = max_member_retries
         self._groups: dict[str, tuple[str, int, int]] = {}  # group -> (tag, env seed, retries)
         self._fails: dict[str, int] = {}  # tag -> consecutive failed trajectories
-        self._last_failure: dict[str, str] = {}  # tag -> the latest one's reason
         self._say = say or (lambda line: None)  # a line for the user (a task failing)
         self._said_failing: set[str] = set()
         self._not_before: dict[str, float] = {}  # tag -> monotonic time of its next launch
@@ -398,7 +397,6 @@ class RolloutScheduler:
             self._not_before.pop(tag, None)
         elif is_failure(traj.dropped):
             k = self._fails[tag] = self._fails.get(tag, 0) + 1
-            self._last_failure[tag] = traj.dropped or ""
             if k == FAILING_IN_A_ROW and tag not in self._said_failing:  # it slows the run
                 self._said_failing.add(tag)
                 self._say(
