@@ -45,9 +45,23 @@ def mooncake() -> Any:
 
 
 def free_port(host: str) -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
+    return free_ports(host, 1)[0]
+
+
+def free_ports(host: str, n: int) -> list[int]:
+    """``n`` distinct free ports: each socket stays bound until all are chosen (one after
+    another, the kernel may hand the same port out twice: a master once got its metrics
+    port equal to its metadata port and died with "Address already in use")."""
+    socks: list[socket.socket] = []
+    try:
+        for _ in range(n):
+            s = socket.socket()
+            socks.append(s)
+            s.bind((host, 0))
+        return [int(s.getsockname()[1]) for s in socks]
+    finally:
+        for s in socks:
+            s.close()
 
 
 def _reachable(host: str, port: int) -> bool:
@@ -64,6 +78,10 @@ def _die_with_parent() -> None:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
+class PortTaken(RuntimeError):
+    """mooncake_master could not bind a port chosen for it (taken meanwhile)."""
+
+
 @dataclass
 class Master:
     """A running ``mooncake_master`` (started here, or attached to)."""
@@ -74,11 +92,23 @@ class Master:
     log_path: str | None = None
 
     @classmethod
-    def start(cls, host: str, timeout_s: float = 60.0) -> Master:
+    def start(cls, host: str, timeout_s: float = 60.0, attempts: int = 3) -> Master:
+        """Start one on free ports; a start that lost a port to another process between
+        choosing and binding it ("Address already in use") is tried again on new ones."""
+        for attempt in range(attempts):
+            try:
+                return cls._start(host, timeout_s)
+            except PortTaken:
+                if attempt == attempts - 1:
+                    raise
+        raise AssertionError("unreachable")
+
+    @classmethod
+    def _start(cls, host: str, timeout_s: float) -> Master:
         binary = Path(mooncake().__file__).parent / "mooncake_master"
         if not binary.is_file():
             raise MooncakeUnavailable(f"transport mooncake: no mooncake_master at {binary}")
-        rpc, http, metrics = free_port(host), free_port(host), free_port(host)
+        rpc, http, metrics = free_ports(host, 3)
         fd, log_path = tempfile.mkstemp(prefix="rollart-mooncake-master-", suffix=".log")
         cmd = [
             str(binary), f"-rpc_port={rpc}", f"-rpc_address={host}",
@@ -99,7 +129,7 @@ class Master:
             if proc.poll() is not None or time.monotonic() > deadline:
                 tail = Path(log_path).read_text(errors="replace")[-2000:]
                 master.stop()
-                raise RuntimeError(
+                raise (PortTaken if "Address already in use" in tail else RuntimeError)(
                     f"transport mooncake: mooncake_master did not come up on {host} "
                     f"(exit {proc.poll()}); its log {log_path} ends with:\n{tail}"
                 )

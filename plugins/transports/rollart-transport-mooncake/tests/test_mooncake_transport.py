@@ -383,3 +383,37 @@ def test_attaches_to_a_running_master():
         receiver.close()
         sender.close()
         master.stop()
+
+
+def test_the_masters_ports_are_distinct_and_a_taken_port_is_tried_again(monkeypatch):
+    from rollart_transport_mooncake import store
+
+    # Chosen one after another, the kernel may hand a port out twice (a CI run's master
+    # got its metrics port equal to its metadata port): held until all are chosen.
+    for _ in range(20):
+        ports = store.free_ports("127.0.0.1", 3)
+        assert len(set(ports)) == 3, ports
+    # A master that lost a port meanwhile is started again on new ones, at most 3 times.
+    tries = []
+
+    def lose(host, timeout_s):
+        tries.append(host)
+        if len(tries) < 3:
+            raise store.PortTaken("mooncake_master did not come up: Address already in use")
+        return "started"
+
+    monkeypatch.setattr(store.Master, "_start", classmethod(lambda cls, h, t: lose(h, t)))
+    assert store.Master.start("127.0.0.1") == "started" and len(tries) == 3
+    tries.clear()
+    monkeypatch.setattr(store.Master, "_start", classmethod(
+        lambda cls, h, t: (_ for _ in ()).throw(store.PortTaken("taken"))))
+    with pytest.raises(store.PortTaken):
+        store.Master.start("127.0.0.1")
+    # A real master still starts and answers.
+    monkeypatch.undo()
+    master = store.Master.start("127.0.0.1")
+    try:
+        host, port = master.address.rsplit(":", 1)
+        assert store._reachable(host, int(port))
+    finally:
+        master.stop()
