@@ -396,7 +396,7 @@ def load_tokenizer(path: str | os.PathLike[str], light: bool = False) -> Any:
     how = ("a checkpoint folder needs its tokenizer beside config.json: tokenizer.json "
            "(or tokenizer.model, or vocab.json and merges.txt) and tokenizer_config.json; "
            "copy them from the model it was trained from")
-    if folder.is_dir() and not any((folder / f).is_file() for f in TOKENIZER_FILES):
+    if folder.is_dir() and not any(_tokenizer_file(f.name) for f in folder.iterdir()):
         raise ConfigError([("model.path", f"{folder} has no tokenizer ({', '.join(TOKENIZER_FILES)}"
                             f" all missing): {how}")])
     from transformers import AutoTokenizer
@@ -409,9 +409,15 @@ def load_tokenizer(path: str | os.PathLike[str], light: bool = False) -> Any:
                             f"({type(exc).__name__}: {first}): {how}")]) from exc
 
 
-# A folder holds a tokenizer transformers can load when it has one of these.
+# The usual tokenizer files; a folder with none of them, and no other file named like a
+# tokenizer or a vocabulary (``*.model``, ``*.tiktoken``, ``vocab.txt``...), has none.
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "spiece.model",
                    "tiktoken.model")
+
+
+def _tokenizer_file(name: str) -> bool:
+    return (name in TOKENIZER_FILES or "vocab" in name or name.endswith((".model", ".tiktoken"))
+            or (name.startswith("tokenizer") and name != "tokenizer_config.json"))
 
 
 def load_causal_lm(path: str | os.PathLike[str], dtype: str = "float32",
