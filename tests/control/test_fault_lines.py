@@ -1,7 +1,8 @@
 """The console's account of what went wrong in a run (`rollart_sdk/cli/train.py::
 fault_lines`): nothing for a clean run; for a run with faults, one line a kind, with the
-numbers summary.json holds. The engine-death lines are checked on a real Ray run in
-tests/control/test_failures_ray.py."""
+numbers summary.json holds, also for a run stopped by SIGTERM; and the line a task whose
+trajectories keep failing gets when its launches start backing off (the scheduler's). The
+engine-death lines are checked on a real Ray run in tests/control/test_failures_ray.py."""
 
 from __future__ import annotations
 
