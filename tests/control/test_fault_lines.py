@@ -65,21 +65,29 @@ def test_each_kind_of_fault_is_one_line_with_its_numbers():
     ]
 
 
-@pytest.mark.timeout(600)
-def test_a_run_whose_env_fails_says_how_many_trajectories_it_dropped_and_why(tmp_path):
+def faulty(name: str, step_error: float, steps: int, **rollout: int) -> dict:
+    """One task (FrozenLake) whose env steps raise with probability ``step_error``."""
     task = two_tasks()["tasks"][0]
-    task["env"]["faults"] = {"step_error": 0.2}  # a step raises: the trajectory is dropped
-    config = two_tasks(name="faulty", roles={"actor_gen": {"workers": 1}}, tasks=[task],
-                       rollout={"batch_size": 8, "group_size": 4, "mode": "sync"},
-                       train={"steps": 2, "bucket_mb": 1, "save_final_model": False})
+    task["env"]["faults"] = {"step_error": step_error}  # a step raises: the trajectory drops
+    return two_tasks(name=name, roles={"actor_gen": {"workers": 1}}, tasks=[task],
+                     rollout={"batch_size": 8, "group_size": 4, "mode": "sync", **rollout},
+                     train={"steps": steps, "bucket_mb": 1, "save_final_model": False})
+
+
+def train_command(tmp_path, config: dict) -> tuple[list[str], dict[str, str]]:
+    """``rollart train`` of ``config`` (in process) and its environment."""
     cfg = tmp_path / "c.yaml"
     cfg.write_text(yaml.safe_dump(config))
     env = dict(os.environ, OMP_NUM_THREADS="1")
     env.pop("RAY_ADDRESS", None)
-    res = subprocess.run(
-        [sys.executable, "-m", "rollart_sdk.cli", "train", str(cfg), "--no-progress",
-         f"output_dir={tmp_path / 'runs'}"],
-        capture_output=True, text=True, env=env, cwd=ROOT, timeout=500)
+    return ([sys.executable, "-m", "rollart_sdk.cli", "train", str(cfg), "--no-progress",
+             f"output_dir={tmp_path / 'runs'}"], env)
+
+
+@pytest.mark.timeout(600)
+def test_a_run_whose_env_fails_says_how_many_trajectories_it_dropped_and_why(tmp_path):
+    argv, env = train_command(tmp_path, faulty("faulty", 0.2, steps=2))
+    res = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=ROOT, timeout=500)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     (run,) = [p for p in (tmp_path / "runs").iterdir() if p.name.startswith("faulty")]
     summary = json.loads((run / "summary.json").read_text())
@@ -99,24 +107,16 @@ def test_a_run_whose_env_fails_says_how_many_trajectories_it_dropped_and_why(tmp
 
 @pytest.mark.timeout(600)
 def test_a_stopped_run_says_its_faults_before_how_to_resume(tmp_path):
-    task = two_tasks()["tasks"][0]
-    task["env"]["faults"] = {"step_error": 0.2}
-    config = two_tasks(name="faulty", roles={"actor_gen": {"workers": 1}}, tasks=[task],
-                       rollout={"batch_size": 8, "group_size": 4, "mode": "sync"},
-                       train={"steps": 500, "bucket_mb": 1, "save_final_model": False})
-    cfg = tmp_path / "c.yaml"
-    cfg.write_text(yaml.safe_dump(config))
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    env.pop("RAY_ADDRESS", None)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "rollart_sdk.cli", "train", str(cfg), "--no-progress",
-         f"output_dir={tmp_path / 'runs'}"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=ROOT)
+    argv, env = train_command(tmp_path, faulty("faulty", 0.2, steps=500))
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=env, cwd=ROOT)
     try:
         deadline = time.monotonic() + 300
-        while time.monotonic() < deadline:  # two steps trained, then SIGTERM
-            found = list((tmp_path / "runs").glob("faulty-*/metrics.jsonl"))
-            if found and len(found[0].read_text().splitlines()) >= 2:
+        while time.monotonic() < deadline:  # two steps trained and a step failed: SIGTERM
+            runs = list((tmp_path / "runs").glob("faulty-*"))
+            if (runs and (runs[0] / "metrics.jsonl").exists()
+                    and len((runs[0] / "metrics.jsonl").read_text().splitlines()) >= 2
+                    and "env_step_failed" in (runs[0] / "drops.jsonl").read_text()):
                 break
             time.sleep(0.2)
         proc.send_signal(signal.SIGTERM)
@@ -133,20 +133,9 @@ def test_a_stopped_run_says_its_faults_before_how_to_resume(tmp_path):
 
 @pytest.mark.timeout(600)
 def test_a_task_that_keeps_failing_is_said_when_its_launches_start_waiting(tmp_path):
-    task = two_tasks()["tasks"][0]
-    task["env"]["faults"] = {"step_error": 1.0}  # every trajectory fails
-    config = two_tasks(name="failing", roles={"actor_gen": {"workers": 1}}, tasks=[task],
-                       rollout={"batch_size": 8, "group_size": 4, "mode": "sync",
-                                "drop_window": 16},
-                       train={"steps": 1, "bucket_mb": 1, "save_final_model": False})
-    cfg = tmp_path / "c.yaml"
-    cfg.write_text(yaml.safe_dump(config))
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    env.pop("RAY_ADDRESS", None)
-    res = subprocess.run(
-        [sys.executable, "-m", "rollart_sdk.cli", "train", str(cfg), "--no-progress",
-         f"output_dir={tmp_path / 'runs'}"],
-        capture_output=True, text=True, env=env, cwd=ROOT, timeout=500)
+    # Every trajectory fails; the watchdog looks at the last 16.
+    argv, env = train_command(tmp_path, faulty("failing", 1.0, steps=1, drop_window=16))
+    res = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=ROOT, timeout=500)
     out = res.stdout + res.stderr
     assert res.returncode != 0, out[-3000:]  # the watchdog stops it: nothing can be trained
     said = [x for x in out.splitlines() if x.startswith("warning: task 'FrozenLake': its ")]
