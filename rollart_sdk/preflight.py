@@ -10,6 +10,7 @@ from rollart_sdk.job.preflight import (
     check_env_pools,
     check_gguf,
     check_model,
+    check_model_shape,
     check_output_dir,
     check_pd,
     check_precision,
@@ -30,7 +31,7 @@ from rollart_sdk.job.preflight import (
 
 __all__ = [
     "EnvProbe", "Preflight", "Problems", "check_actions", "check_context", "check_env_pools",
-    "check_gguf", "check_model", "check_output_dir", "check_pd", "check_precision",
+    "check_gguf", "check_model", "check_model_shape", "check_output_dir", "check_pd", "check_precision",
     "check_prefill", "check_shape", "describe_env", "env_facts", "first_observation",
     "first_observations", "option_clash_warnings", "preflight", "probe_env", "probe_envs",
     "sampling_warnings", "system_prompt", "task_formats",

@@ -21,6 +21,9 @@ What a run would otherwise find only after Ray started (or never, spinning on dr
   (:class:`Preflight`: env facts, model, tokenizer, prompt formats, action token ids);
 - for a simulated run (``clock: simulated``) the same checks against the sim's token
   ids and KV cache are :mod:`rollart_sdk.sim.preflight` (``check_sim_context``);
+- ``check_model_shape``: the model's shape against the engine's and the trainer's
+  parallelism (their options' ``model_problems``, ``rollart_sdk/backends/model_shape.py``:
+  a tensor-parallel size that does not divide the heads);
 - ``check_precision`` (warnings only): a bfloat16 / float16 ``model.dtype`` trained
   without fp32 master weights (AdamW's small updates round away, silently), or float16
   without loss scaling.
@@ -112,6 +115,11 @@ def check_gguf(model: ModelConfig) -> tuple[Problems, Any]:
     """``(problems, tokenizer)``: the config and tokenizer a GGUF file converts to, read
     from its metadata (``rollart_sdk.models.read_gguf_meta``, the calls ``convert_gguf``
     makes, without dequantising the weights)."""
+    problems, tokenizer, _ = _read_gguf(model)
+    return problems, tokenizer
+
+
+def _read_gguf(model: ModelConfig) -> tuple[Problems, Any, dict[str, Any] | None]:
     from rollart_sdk.models import read_gguf_meta
 
     src = model.gguf_path()
@@ -120,8 +128,45 @@ def check_gguf(model: ModelConfig) -> tuple[Problems, Any]:
     except Exception as exc:  # noqa: BLE001 - any reader error is this file's problem
         return [("model.gguf", f"{src}: its config or tokenizer cannot be read "
                  f"({type(exc).__name__}: {str(exc)[:300]}); give a GGUF that transformers "
-                 "reads (llama.cpp's convert script writes one)")], None
-    return check_shape(conf, "model.gguf", str(src), "the GGUF's metadata"), tokenizer
+                 "reads (llama.cpp's convert script writes one)")], None, None
+    return check_shape(conf, "model.gguf", str(src), "the GGUF's metadata"), tokenizer, conf
+
+
+def model_config(model: ModelConfig) -> dict[str, Any] | None:
+    """The model's Hugging Face config as a dict: ``config.json`` of ``model.path``, or
+    the shape of ``model.tiny`` (``models.build_tiny_checkpoint`` writes it); None for a
+    GGUF not yet converted or an unreadable folder (``check_model`` reports that)."""
+    if model.path is not None:
+        try:
+            conf = json.loads((Path(model.path) / "config.json").read_text())
+        except (OSError, ValueError):
+            return None
+        return conf if isinstance(conf, dict) else None
+    tiny = model.tiny
+    if tiny is None:
+        return None
+    return {"model_type": "llama", "hidden_size": tiny.hidden_size,
+            "num_hidden_layers": tiny.num_layers, "num_attention_heads": tiny.num_heads,
+            "num_key_value_heads": tiny.num_heads, "intermediate_size": tiny.intermediate_size,
+            "max_position_embeddings": tiny.max_position_embeddings, "hidden_act": "silu"}
+
+
+def check_model_shape(resolved: Any, conf: dict[str, Any] | None) -> Problems:
+    """The engine's and the trainer's ``model_problems`` (``rollart_sdk/backends/
+    model_shape.py``) for the model's config: a tensor-parallel size that does not
+    divide its heads, found here instead of in a worker's constructor."""
+    if conf is None:
+        return []
+    out: Problems = []
+    for kind in ("engine", "trainer"):
+        chosen = getattr(resolved, kind, None)
+        check = getattr(getattr(chosen, "options", None), "model_problems", None)
+        if chosen is None or not callable(check):
+            continue
+        for option, why in check(conf):
+            where = f"{kind}.options.{option}" if option else f"{kind}.name"
+            out.append((where, f"{kind} {chosen.descriptor.name!r}: {why}"))
+    return out
 
 
 def check_precision(cfg: RunConfig, trainer: Any) -> list[str]:
@@ -492,8 +537,9 @@ def preflight(cfg: RunConfig, resolved: Any, lines: Any = None, log: Any = print
         log(f"warning: {w}")
     probes = probe_envs(cfg, resolved.envs)
     described = {tag: p.facts for tag, p in probes.items()}
-    model, tokenizer, problems = _model_and_tokenizer(cfg, described, build_model)
+    model, tokenizer, problems, conf = _model_and_tokenizer(cfg, described, build_model)
     fail(problems)
+    fail(check_model_shape(resolved, conf))
     checked = Preflight(described, model, tokenizer)
     if tokenizer is not None:
         problems, warnings, checked.formats = check_context(cfg, probes, tokenizer)
@@ -505,10 +551,11 @@ def preflight(cfg: RunConfig, resolved: Any, lines: Any = None, log: Any = print
     return checked
 
 
-def _model_and_tokenizer(cfg: RunConfig, described: dict[str, dict[str, Any]],
-                         build_model: bool) -> tuple[ModelConfig, Any, Problems]:
-    """The model (prepared when ``build_model``) and its tokenizer; a tiny model's
-    tokenizer has the envs' action words as tokens."""
+def _model_and_tokenizer(
+    cfg: RunConfig, described: dict[str, dict[str, Any]], build_model: bool,
+) -> tuple[ModelConfig, Any, Problems, dict[str, Any] | None]:
+    """The model (prepared when ``build_model``), its tokenizer and its HF config (a
+    dict); a tiny model's tokenizer has the envs' action words as tokens."""
     from rollart_sdk.models import build_tokenizer, load_tokenizer, prepare_model
 
     extra = sorted({w for d in described.values() for w in (d["action_vocabulary"] or [])})
@@ -518,14 +565,14 @@ def _model_and_tokenizer(cfg: RunConfig, described: dict[str, dict[str, Any]],
     if build_model:
         model = prepare_model(cfg.model, Path(cfg.output_dir) / ".models", extra)
         assert model.path is not None
-        return model, load_tokenizer(model.path, light), []
+        return model, load_tokenizer(model.path, light), [], model_config(model)
     if cfg.model.tiny is not None:
-        return cfg.model, build_tokenizer(extra), []
+        return cfg.model, build_tokenizer(extra), [], model_config(cfg.model)
     if cfg.model.path is not None:
-        return cfg.model, load_tokenizer(cfg.model.path, light), []
+        return cfg.model, load_tokenizer(cfg.model.path, light), [], model_config(cfg.model)
     # a GGUF: the shape and tokenizer its conversion gives, from its metadata
-    problems, tokenizer = check_gguf(cfg.model)
-    return cfg.model, tokenizer, problems
+    problems, tokenizer, conf = _read_gguf(cfg.model)
+    return cfg.model, tokenizer, problems, conf
 
 
 def _at(where: str, lines: Any) -> str:

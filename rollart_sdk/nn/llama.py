@@ -34,6 +34,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from rollart_sdk.backends.model_shape import rope_settings
+
 SUPPORTED = ("llama", "mistral", "qwen2", "qwen3")
 _SIDE_FILES = ("generation_config.json",)
 
@@ -43,8 +45,7 @@ def unsupported_reason(cfg: dict[str, Any]) -> str | None:
     kind = cfg.get("model_type")
     if kind not in SUPPORTED:
         return f"model_type {kind!r} (supported: {', '.join(SUPPORTED)})"
-    rope = cfg.get("rope_parameters") or {}
-    if cfg.get("rope_scaling") or rope.get("rope_type", "default") != "default":
+    if rope_settings(cfg)[1] != "default":
         return "a rope_scaling / rope_type other than the default"
     if cfg.get("partial_rotary_factor", 1.0) != 1.0:
         return "partial_rotary_factor"
@@ -355,7 +356,6 @@ class NativeCausalLM(nn.Module):
 
 def _namespace(cfg: dict[str, Any]) -> SimpleNamespace:
     heads = int(cfg["num_attention_heads"])
-    rope = cfg.get("rope_parameters") or {}
     return SimpleNamespace(**{
         **cfg,
         "model_type": cfg["model_type"],
@@ -367,7 +367,7 @@ def _namespace(cfg: dict[str, Any]) -> SimpleNamespace:
         "num_key_value_heads": int(cfg.get("num_key_value_heads") or heads),
         "head_dim": int(cfg.get("head_dim") or int(cfg["hidden_size"]) // heads),
         "rms_norm_eps": float(cfg.get("rms_norm_eps", 1e-6)),
-        "rope_theta": float(rope.get("rope_theta", cfg.get("rope_theta", 10000.0))),
+        "rope_theta": rope_settings(cfg)[0],
         "attention_bias": bool(cfg.get("attention_bias", False)),
         "mlp_bias": bool(cfg.get("mlp_bias", False)),
         "pad_token_id": cfg.get("pad_token_id"),

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal
+from collections.abc import Mapping
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from rollart_sdk.backends.model_shape import tensor_parallel_problems
 
 
 class SglangEngineOptions(BaseModel):
@@ -51,6 +54,17 @@ class SglangEngineOptions(BaseModel):
     def device_demand(self) -> int:
         """Devices one engine worker needs: its tensor-parallel ranks."""
         return self.tp_size
+
+    def model_problems(self, config: Mapping[str, Any]) -> list[tuple[str, str]]:
+        """A ``tp_size`` SGLang cannot split the model's heads by
+        (``rollart_sdk/backends/model_shape.py``), a ``context_length`` beyond the model's."""
+        out = tensor_parallel_problems(config, self.tp_size, "tp_size", replicate_kv=True)
+        limit = config.get("max_position_embeddings")
+        if self.context_length is not None and isinstance(limit, int) and self.context_length > limit:
+            out.append(("context_length", f"context_length={self.context_length} exceeds the "
+                        f"model's context ({limit} tokens, max_position_embeddings); lower it "
+                        "or leave it unset"))
+        return out
 
     @model_validator(mode="after")
     def _possible(self) -> SglangEngineOptions:

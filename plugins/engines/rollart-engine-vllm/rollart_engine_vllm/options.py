@@ -2,14 +2,19 @@
 
 Impossible combinations are rejected here, so ``rollart validate`` reports them before any
 worker starts; what depends on the model itself (``max_model_len`` against the model's
-context, ``tensor_parallel_size`` against its heads) is checked when the engine starts.
+context, ``tensor_parallel_size`` against its heads) by ``model_problems``, which
+``rollart validate`` and ``rollart train`` call with the model's config
+(``rollart_sdk/backends/model_shape.py``), and again when the engine starts.
 """
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal
+from collections.abc import Mapping
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from rollart_sdk.backends.model_shape import tensor_parallel_problems
 
 
 class VllmEngineOptions(BaseModel):
@@ -64,6 +69,18 @@ class VllmEngineOptions(BaseModel):
     def device_demand(self) -> int:
         """Devices one engine worker needs: its tensor-parallel ranks."""
         return self.tensor_parallel_size
+
+    def model_problems(self, config: Mapping[str, Any]) -> list[tuple[str, str]]:
+        """What the model (its HF config) cannot be served with: a tensor-parallel size
+        vLLM cannot split its heads by, a ``max_model_len`` beyond its context."""
+        out = tensor_parallel_problems(config, self.tensor_parallel_size,
+                                       "tensor_parallel_size", replicate_kv=True)
+        limit = config.get("max_position_embeddings")
+        if self.max_model_len is not None and isinstance(limit, int) and self.max_model_len > limit:
+            out.append(("max_model_len", f"max_model_len={self.max_model_len} exceeds the "
+                        f"model's context ({limit} tokens, max_position_embeddings); lower it "
+                        "or leave it unset"))
+        return out
 
     @model_validator(mode="after")
     def _possible(self) -> VllmEngineOptions:

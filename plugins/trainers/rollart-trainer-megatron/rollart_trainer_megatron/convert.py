@@ -22,6 +22,8 @@ from typing import Any
 
 import torch
 
+from rollart_sdk.backends.model_shape import tensor_parallel_problems
+
 
 @dataclass(frozen=True)
 class Arch:
@@ -45,16 +47,12 @@ class Arch:
         kv = int(getattr(config, "num_key_value_heads", None) or heads)
         head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // heads)
         model_type = getattr(config, "model_type", "")
-        if kv % tp or heads % tp:
-            raise ValueError(
-                f"tensor_parallel_size={tp} must divide the attention heads ({heads}) and "
-                f"the key/value heads ({kv}) of the model; choose a divisor of {kv}"
-            )
-        if int(config.intermediate_size) % tp:
-            raise ValueError(
-                f"tensor_parallel_size={tp} must divide intermediate_size "
-                f"({config.intermediate_size})"
-            )
+        # The rule `rollart validate` checks first (options.py::model_problems).
+        problems = tensor_parallel_problems(config.to_dict() if hasattr(config, "to_dict")
+                                            else vars(config), tp, "tensor_parallel_size",
+                                            replicate_kv=False)
+        if problems:
+            raise ValueError("; ".join(why for _, why in problems))
         vocab = int(config.vocab_size)
         return cls(
             num_layers=int(config.num_hidden_layers),

@@ -8,11 +8,16 @@ what they mean for trainer ``torch``.
 
 from __future__ import annotations
 
-from typing import ClassVar
+from collections.abc import Mapping
+from typing import Any, ClassVar
 
 from pydantic import Field, model_validator
 
+from rollart_sdk.backends.model_shape import rope_settings, tensor_parallel_problems
 from rollart_sdk.backends.trainer_options import TrainerOptionsBase
+
+# The rope scalings Megatron's GPTModel reproduces (runtime.py::build_gpt).
+ROPE_SCALINGS = ("default", "llama3")
 
 
 class MegatronTrainerOptions(TrainerOptionsBase):
@@ -60,3 +65,30 @@ class MegatronTrainerOptions(TrainerOptionsBase):
     def workers_multiple(self) -> int:
         """Workers (ranks, one device each) per data-parallel rank: TP x PP."""
         return self.tensor_parallel_size * self.pipeline_parallel_size
+
+    def model_problems(self, config: Mapping[str, Any]) -> list[tuple[str | None, str]]:
+        """What the model (its HF config) cannot be trained with here
+        (``rollart_sdk/backends/model_shape.py``): a tensor-parallel size that does not
+        split its heads, query groups and MLP evenly, a pipeline size that does not divide
+        its layers, an activation or rope scaling Megatron's GPTModel does not reproduce.
+        ``convert.Arch.from_hf`` and ``pipeline.Stage.of`` raise on the same rules."""
+        out: list[tuple[str | None, str]] = list(tensor_parallel_problems(
+            config, self.tensor_parallel_size, "tensor_parallel_size", replicate_kv=False))
+        layers = config.get("num_hidden_layers")
+        pp = self.pipeline_parallel_size
+        if isinstance(layers, int) and layers % pp:
+            fits = [d for d in range(1, layers + 1) if layers % d == 0]
+            out.append(("pipeline_parallel_size", f"pipeline_parallel_size={pp} must divide "
+                        f"the model's {layers} layers (every stage holds the same number of "
+                        f"layers); choose one of {', '.join(map(str, fits))}"))
+        act = config.get("hidden_act", "silu")
+        if act != "silu":
+            out.append((None, f"the model's hidden_act {act!r} is not "
+                        "supported by trainer megatron (Llama / Qwen use silu); use trainer "
+                        "torch"))
+        kind = rope_settings(config)[1]
+        if kind not in ROPE_SCALINGS:
+            out.append((None, f"the model's rope_scaling type {kind!r} is "
+                        "not supported by trainer megatron (none or llama3); use trainer "
+                        "torch"))
+        return out

@@ -28,7 +28,9 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from rollart_sdk.backends.model_shape import rope_settings
 from rollart_trainer_megatron.convert import Arch
+from rollart_trainer_megatron.options import ROPE_SCALINGS
 
 _PATCHED = False
 # megatron-core warns at import about optional CUDA extensions this trainer never uses.
@@ -154,9 +156,10 @@ def build_gpt(hf: Any, arch: Arch, tp: int, pp: int, dtype: torch.dtype, cpu: bo
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 
-    rope = getattr(hf, "rope_scaling", None) or {}
-    kind = rope.get("rope_type", rope.get("type"))
-    if kind not in (None, "default", "llama3"):
+    # Both transformers layouts (rope_theta / rope_scaling, or rope_parameters): reading
+    # only `hf.rope_theta` gave transformers 5's configs base 10,000 whatever the model's.
+    theta, kind, rope = rope_settings(hf.to_dict())
+    if kind not in ROPE_SCALINGS:
         raise ValueError(f"rope_scaling type {kind!r} is not supported by trainer megatron "
                          "(supported: none, llama3)")
     if kind == "llama3" and (rope.get("low_freq_factor", 1) != 1
@@ -174,7 +177,7 @@ def build_gpt(hf: Any, arch: Arch, tp: int, pp: int, dtype: torch.dtype, cpu: bo
         parallel_output=False,  # full-vocabulary logits on every TP rank (the loss is shared)
         share_embeddings_and_output_weights=arch.tied,
         position_embedding_type="rope",
-        rotary_base=int(getattr(hf, "rope_theta", 10000)),
+        rotary_base=int(theta),
         rope_scaling=kind == "llama3",
         rope_scaling_factor=float(rope.get("factor", 8.0)),
         pre_process=pre_process,

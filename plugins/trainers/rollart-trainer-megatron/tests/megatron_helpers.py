@@ -17,10 +17,13 @@ VOCAB = 64
 
 def make_checkpoint(path: Path, kind: str = "gqa", tie: bool = False, seed: int = 0) -> Path:
     """A random 2-layer model saved as an HF folder. ``kind``: ``llama`` (MHA), ``gqa``
-    (4 query heads over 2 KV heads) or ``qwen3`` (GQA, q/k norms, explicit head_dim)."""
+    (4 query heads over 2 KV heads) or ``qwen3`` (GQA, q/k norms, explicit head_dim).
+    Rope bases as the real models' (SmolLM2 100,000, Qwen3 1,000,000), not the default
+    10,000: transformers 5 keeps them in ``rope_parameters``, and a trainer that reads
+    only ``config.rope_theta`` rotates every position by the default base."""
     common = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                   num_attention_heads=4, max_position_embeddings=128, tie_word_embeddings=tie,
-                  pad_token_id=0)
+                  pad_token_id=0, rope_theta=1e6 if kind == "qwen3" else 1e5)
     torch.manual_seed(seed)
     if kind == "qwen3":
         from transformers import Qwen3Config, Qwen3ForCausalLM

@@ -104,6 +104,43 @@ def test_the_sampled_policy_matches_the_torch_trainer(tmp_path: Path) -> None:
     assert abs(m_raw["entropy"] - m_meg["entropy"]) > 0.1
 
 
+@pytest.mark.parametrize("kind", ["gqa", "qwen3"])
+def test_the_rope_base_is_the_models(tmp_path: Path, kind: str) -> None:
+    """Megatron's log-probs are the HF model's on a checkpoint saved by transformers 5,
+    whose rope base (100,000 / 1,000,000 here, as SmolLM2's / Qwen3's) is in
+    ``rope_parameters`` and no longer ``config.rope_theta``: read from the attribute
+    alone it was the default 10,000 (SmolLM2 at TP 3: 0.26 nats per token of mismatch
+    against the engine). The query and key weights are scaled so that attention is sharp
+    and the rotation counts; the control: the same model with the default base."""
+    from transformers import AutoConfig
+
+    ckpt = make_checkpoint(tmp_path / "m", kind=kind)
+    model = AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.float32)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith(("q_proj.weight", "k_proj.weight")):
+                p.mul_(30.0)
+    model.save_pretrained(ckpt)
+    conf = AutoConfig.from_pretrained(ckpt)
+    assert not hasattr(conf, "rope_theta") and conf.rope_parameters["rope_theta"] > 1e4
+
+    def mismatch(path: Path) -> float:
+        batch = make_batch(path, n_groups=2, group_size=4, seed=3)
+        return _trainer(path).train_step(batch)["mismatch_mean"]
+
+    assert mismatch(ckpt) < 1e-5
+    conf.rope_parameters["rope_theta"] = 10000.0
+    conf.save_pretrained(ckpt)
+    wrong = tmp_path / "default-base"
+    model.config = conf
+    model.save_pretrained(wrong)
+    # behaviour log-probs of the default-base model, trained by the real base: the control
+    batch = make_batch(wrong, n_groups=2, group_size=4, seed=3)
+    conf.rope_parameters["rope_theta"] = 1e6 if kind == "qwen3" else 1e5
+    conf.save_pretrained(ckpt)
+    assert _trainer(ckpt).train_step(batch)["mismatch_mean"] > 1e-3
+
+
 def test_packing_does_not_change_the_step(tmp_path: Path) -> None:
     """One trajectory per forward vs rows of several stacked in one forward: same loss,
     same gradients."""
@@ -157,6 +194,41 @@ def test_learns_to_prefer_positive_actions(tmp_path: Path) -> None:
         assert m["behaviour_ratio_max"] >= m["behaviour_ratio_mean"]
         if m["behaviour_ratio_max"] <= 2.0:  # no weight truncated (tis_cap 2): the two agree
             assert m["tis_weight_mean"] == pytest.approx(m["behaviour_ratio_mean"], rel=1e-5)
+
+
+def test_train_refuses_a_parallel_size_the_model_does_not_split_by(tmp_path: Path) -> None:
+    """`rollart train` with TP 2 on a model of 3 heads (SmolLM2 has 9 over 3 K/V heads):
+    one config error at the option before Ray starts, no run directory (it used to be a
+    ValueError from inside the trainer actor's constructor, 15 s in); PP that does not
+    divide the layers likewise."""
+    from rollart_sdk.testing.dists import run_cli
+
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"""\
+model:
+  tiny: {{hidden_size: 36, num_heads: 3, num_layers: 3}}
+roles:
+  actor_train: {{workers: 2}}
+trainer: {{name: megatron, options: {{tensor_parallel_size: 2}}}}
+tasks:
+  - tag: FrozenLake
+    env: {{name: frozenlake}}
+    max_turns: 2
+rollout: {{batch_size: 4, group_size: 2}}
+output_dir: {tmp_path / "runs"}
+""")
+    res = run_cli("train", str(cfg), "--no-progress")
+    assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr[-3000:]
+    err = " ".join(res.stderr.split())
+    assert ("trainer.options.tensor_parallel_size (line 5): trainer 'megatron': "
+            "tensor_parallel_size=2 does not divide the model's 3 attention heads") in err, err
+    assert not (tmp_path / "runs").exists() or not [
+        p for p in (tmp_path / "runs").iterdir() if not p.name.startswith(".")]
+    res = run_cli("validate", str(cfg), "trainer.options={tensor_parallel_size: 1, "
+                  "pipeline_parallel_size: 2}")
+    err = " ".join(res.stderr.split())
+    assert res.returncode == 2 and ("pipeline_parallel_size=2 must divide the model's 3 "
+                                    "layers") in err, err
 
 
 def test_save_pretrained_copies_tokenizer_side_files(tmp_path: Path) -> None:
