@@ -87,3 +87,15 @@ def rope_settings(config: Mapping[str, Any]) -> tuple[float, str, dict[str, Any]
     theta = merged.pop("rope_theta", None) or config.get("rope_theta") or 10000.0
     kind = merged.get("rope_type", merged.get("type")) or "default"
     return float(theta), str(kind), merged
+
+
+def context_problems(config: Mapping[str, Any], length: int | None,
+                     option: str) -> list[tuple[str, str]]:
+    """An engine's context length option (``option``, value ``length``; None: unset)
+    beyond the model's ``max_position_embeddings``, which vLLM and SGLang refuse at
+    start-up."""
+    limit = config.get("max_position_embeddings")
+    if length is None or not isinstance(limit, int) or length <= limit:
+        return []
+    return [(option, f"{option}={length} exceeds the model's context ({limit} tokens, "
+             "max_position_embeddings); lower it or leave it unset")]

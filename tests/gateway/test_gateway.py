@@ -16,6 +16,8 @@ openai = pytest.importorskip("openai")
 aiohttp = pytest.importorskip("aiohttp")
 rollart_engine_torch = pytest.importorskip("rollart_engine_torch.engine")
 
+from gateway_parts import KeepingGateway, Rewards, SpyEngine  # noqa: E402
+
 from rollart_sdk.cluster.envs.hosting import inline_handle  # noqa: E402
 from rollart_sdk.config import ModelConfig, TaskConfig  # noqa: E402
 from rollart_sdk.control.agent_manager import AgentManager  # noqa: E402
@@ -26,33 +28,9 @@ from rollart_sdk.control.proxy import LLMProxy  # noqa: E402
 from rollart_sdk.gateway import AgentEnv, AgentResult, Gateway  # noqa: E402
 from rollart_sdk.models import load_tokenizer  # noqa: E402
 from rollart_sdk.registry import Descriptor, NoOptions  # noqa: E402
-from rollart_sdk.types import RewardResult, Trajectory  # noqa: E402
+from rollart_sdk.types import Trajectory  # noqa: E402
 
 pytestmark = pytest.mark.timeout(300)
-
-
-class SpyEngine:
-    """The torch engine, keeping each result it returned (what the engine generated)."""
-
-    def __init__(self, model: ModelConfig) -> None:
-        self.engine = rollart_engine_torch.TorchEngine(model=model, max_running=8,
-                                                      max_seq_len=1024)
-        self.results: list[Any] = []
-        self.prompts: list[list[int]] = []
-
-    async def generate(self, request: Any, kv: Any = None) -> Any:
-        self.prompts.append(list(request.prompt_ids))
-        result = await self.engine.generate(request)
-        self.results.append(result)
-        return result
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.engine, name)
-
-
-class Rewards:
-    async def score(self, tag: str, request: Any) -> RewardResult:
-        return RewardResult(request.trajectory_id, request.env_return)
 
 
 class ThreeTurns(AgentEnv):
@@ -265,19 +243,6 @@ class SdkAgent(AgentEnv):
                                   run_config=RunConfig(tracing_disabled=True))
         answer = str(result.final_output)
         return AgentResult(reward=float(task["answer"] in answer), answer=answer)
-
-
-class KeepingGateway(Gateway):
-    """Keeps closed episodes, to compare the recorded prompts with the agent's messages."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.kept: list[Any] = []
-
-    def close(self, episode_id: str, reason: str = "closed") -> Any:
-        ep = super().close(episode_id, reason)
-        self.kept.append(ep)
-        return ep
 
 
 def test_openai_agents_sdk_agent_is_trained_on_the_engines_tokens(model: ModelConfig) -> None:

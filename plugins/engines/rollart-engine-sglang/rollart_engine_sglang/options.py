@@ -7,7 +7,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from rollart_sdk.backends.model_shape import tensor_parallel_problems
+from rollart_sdk.backends.model_shape import context_problems, tensor_parallel_problems
 
 
 class SglangEngineOptions(BaseModel):
@@ -59,11 +59,7 @@ class SglangEngineOptions(BaseModel):
         """A ``tp_size`` SGLang cannot split the model's heads by
         (``rollart_sdk/backends/model_shape.py``), a ``context_length`` beyond the model's."""
         out = tensor_parallel_problems(config, self.tp_size, "tp_size", replicate_kv=True)
-        limit = config.get("max_position_embeddings")
-        if self.context_length is not None and isinstance(limit, int) and self.context_length > limit:
-            out.append(("context_length", f"context_length={self.context_length} exceeds the "
-                        f"model's context ({limit} tokens, max_position_embeddings); lower it "
-                        "or leave it unset"))
+        out += context_problems(config, self.context_length, "context_length")
         return out
 
     @model_validator(mode="after")

@@ -14,7 +14,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from rollart_sdk.backends.model_shape import tensor_parallel_problems
+from rollart_sdk.backends.model_shape import context_problems, tensor_parallel_problems
 
 
 class VllmEngineOptions(BaseModel):
@@ -75,11 +75,7 @@ class VllmEngineOptions(BaseModel):
         vLLM cannot split its heads by, a ``max_model_len`` beyond its context."""
         out = tensor_parallel_problems(config, self.tensor_parallel_size,
                                        "tensor_parallel_size", replicate_kv=True)
-        limit = config.get("max_position_embeddings")
-        if self.max_model_len is not None and isinstance(limit, int) and self.max_model_len > limit:
-            out.append(("max_model_len", f"max_model_len={self.max_model_len} exceeds the "
-                        f"model's context ({limit} tokens, max_position_embeddings); lower it "
-                        "or leave it unset"))
+        out += context_problems(config, self.max_model_len, "max_model_len")
         return out
 
     @model_validator(mode="after")
