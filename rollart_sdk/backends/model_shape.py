@@ -99,3 +99,34 @@ def context_problems(config: Mapping[str, Any], length: int | None,
         return []
     return [(option, f"{option}={length} exceeds the model's context ({limit} tokens, "
              "max_position_embeddings); lower it or leave it unset")]
+
+
+def architecture_problems(config: Mapping[str, Any], model_types: tuple[str, ...],
+                          rope_types: tuple[str, ...] = ("default",)) -> list[str]:
+    """What in a Llama-family HF config a plain Llama forward would compute differently
+    (each a problem; none: it computes it exactly): a ``model_type`` outside
+    ``model_types``, a rope type outside ``rope_types``, a partial rotary factor, an
+    activation other than SiLU, attention dropout, ``pretraining_tp``, sliding-window
+    attention (Mistral's, Qwen's ``use_sliding_window`` or ``layer_types``). The SDK's own
+    forward (``rollart_sdk/nn/llama.py``) and trainer ``megatron`` both check it."""
+    out = []
+    kind = config.get("model_type")
+    if kind not in model_types:
+        out.append(f"model_type {kind!r} (supported: {', '.join(model_types)})")
+    rope = rope_settings(config)[1]
+    if rope not in rope_types:
+        out.append(f"rope type {rope!r} (supported: {', '.join(rope_types)})")
+    if config.get("partial_rotary_factor", 1.0) != 1.0:
+        out.append("partial_rotary_factor")
+    if config.get("hidden_act", "silu") != "silu":
+        out.append(f"hidden_act {config.get('hidden_act')!r}")
+    if float(config.get("attention_dropout", 0.0) or 0.0) != 0.0:
+        out.append("attention_dropout")
+    if config.get("pretraining_tp", 1) != 1:
+        out.append("pretraining_tp")
+    if config.get("sliding_window") and config.get("use_sliding_window", kind == "mistral"):
+        out.append("sliding-window attention")
+    layer_types = config.get("layer_types") or []
+    if any(t != "full_attention" for t in layer_types):
+        out.append("sliding-window layers")
+    return out

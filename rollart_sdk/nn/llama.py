@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from rollart_sdk.backends.model_shape import rope_settings
+from rollart_sdk.backends.model_shape import architecture_problems, rope_settings
 
 SUPPORTED = ("llama", "mistral", "qwen2", "qwen3")
 _SIDE_FILES = ("generation_config.json",)
@@ -42,25 +42,8 @@ _SIDE_FILES = ("generation_config.json",)
 
 def unsupported_reason(cfg: dict[str, Any]) -> str | None:
     """Why this module cannot compute the checkpoint exactly (None: it can)."""
-    kind = cfg.get("model_type")
-    if kind not in SUPPORTED:
-        return f"model_type {kind!r} (supported: {', '.join(SUPPORTED)})"
-    if rope_settings(cfg)[1] != "default":
-        return "a rope_scaling / rope_type other than the default"
-    if cfg.get("partial_rotary_factor", 1.0) != 1.0:
-        return "partial_rotary_factor"
-    if cfg.get("hidden_act", "silu") != "silu":
-        return f"hidden_act {cfg.get('hidden_act')!r}"
-    if float(cfg.get("attention_dropout", 0.0) or 0.0) != 0.0:
-        return "attention_dropout"
-    if cfg.get("pretraining_tp", 1) != 1:
-        return "pretraining_tp"
-    if cfg.get("sliding_window") and cfg.get("use_sliding_window", kind == "mistral"):
-        return "sliding-window attention"
-    if kind == "qwen3" and cfg.get("layer_types") and any(
-            t != "full_attention" for t in cfg["layer_types"]):
-        return "sliding-window layers"
-    return None
+    problems = architecture_problems(cfg, SUPPORTED)
+    return problems[0] if problems else None
 
 
 class TreeGroup(Protocol):

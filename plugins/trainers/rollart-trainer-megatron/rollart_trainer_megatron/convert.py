@@ -130,9 +130,12 @@ def hf_to_megatron(hf: dict[str, torch.Tensor], arch: Arch, tp: int = 1,
                    tp_rank: int = 0) -> dict[str, torch.Tensor]:
     """The local Megatron state (parameter name -> tensor) of TP rank ``tp_rank``."""
 
+    used: set[str] = set()
+
     def need(name: str) -> torch.Tensor:
         if name not in hf:
             raise KeyError(f"the Hugging Face checkpoint has no tensor {name!r}")
+        used.add(name)
         return hf[name]
 
     def chunk(t: torch.Tensor, dim: int) -> torch.Tensor:
@@ -163,6 +166,15 @@ def hf_to_megatron(hf: dict[str, torch.Tensor], arch: Arch, tp: int = 1,
     out["decoder.final_layernorm.weight"] = need("model.norm.weight").clone()
     if not arch.tied:
         out["output_layer.weight"] = chunk(_pad_vocab(need("lm_head.weight"), arch), 0)
+    # A tensor no Megatron parameter takes would be silently left out of training and of
+    # every exported version (an o_proj or MLP bias, an extra norm): refuse the checkpoint.
+    left = sorted(n for n in set(hf) - used
+                  if not n.endswith("rotary_emb.inv_freq") and not (arch.tied and n == "lm_head.weight"))
+    if left:
+        more = f" and {len(left) - 5} more" if len(left) > 5 else ""
+        raise ValueError(f"trainer megatron has no parameter for the checkpoint's "
+                         f"{', '.join(left[:5])}{more}: its GPTModel would compute another "
+                         "model; use trainer torch")
     return out
 
 

@@ -13,10 +13,11 @@ from typing import Any, ClassVar
 
 from pydantic import Field, model_validator
 
-from rollart_sdk.backends.model_shape import rope_settings, tensor_parallel_problems
+from rollart_sdk.backends.model_shape import architecture_problems, tensor_parallel_problems
 from rollart_sdk.backends.trainer_options import TrainerOptionsBase
 
-# The rope scalings Megatron's GPTModel reproduces (runtime.py::build_gpt).
+# The models and rope scalings Megatron's GPTModel reproduces (runtime.py::build_gpt).
+MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 ROPE_SCALINGS = ("default", "llama3")
 
 
@@ -81,14 +82,14 @@ class MegatronTrainerOptions(TrainerOptionsBase):
             out.append(("pipeline_parallel_size", f"pipeline_parallel_size={pp} must divide "
                         f"the model's {layers} layers (every stage holds the same number of "
                         f"layers); choose one of {', '.join(map(str, fits))}"))
-        act = config.get("hidden_act", "silu")
-        if act != "silu":
-            out.append((None, f"the model's hidden_act {act!r} is not "
-                        "supported by trainer megatron (Llama / Qwen use silu); use trainer "
-                        "torch"))
-        kind = rope_settings(config)[1]
-        if kind not in ROPE_SCALINGS:
-            out.append((None, f"the model's rope_scaling type {kind!r} is "
-                        "not supported by trainer megatron (none or llama3); use trainer "
-                        "torch"))
+        # What Megatron's GPTModel with the local layer spec computes: a Llama-family
+        # decoder (runtime.py::build_gpt), q/k/v biases but no other linear bias.
+        unsupported = architecture_problems(config, MODEL_TYPES, ROPE_SCALINGS)
+        if config.get("mlp_bias"):
+            unsupported.append("mlp_bias (MLP biases)")
+        if config.get("attention_bias") and config.get("model_type") in ("llama", "mistral"):
+            unsupported.append("attention_bias (an o_proj bias besides the q/k/v ones)")
+        out += [(None, f"the model's {what} is not supported by trainer megatron (its "
+                 "GPTModel would compute another model); use trainer torch")
+                for what in unsupported]
         return out

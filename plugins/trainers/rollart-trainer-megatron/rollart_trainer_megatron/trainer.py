@@ -119,6 +119,10 @@ class MegatronTrainer:
                                 if self.pp > 1 and ps.is_rank_in_embedding_group() else None)
 
         self.hf_config = AutoConfig.from_pretrained(self.model_path)
+        problems = o.model_problems(self.hf_config.to_dict())  # what `validate` says first
+        if problems:
+            raise ValueError(f"trainer megatron cannot train {self.model_path}: "
+                             + "; ".join(why for _, why in problems))
         self.arch = Arch.from_hf(self.hf_config, self.tp)
         self.stage = Stage.of(self.arch, self.pp, ps.get_pipeline_model_parallel_rank())
         self._global_names = self.stage.local_to_global(self.arch)

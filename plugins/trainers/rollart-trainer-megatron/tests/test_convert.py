@@ -74,3 +74,31 @@ def test_packing_plan_respects_the_bounds() -> None:
     mbs = plan_micro_batches(lengths, pack_length=10, max_tokens=100, max_seqs=3)
     assert all(sum(len(r) for r in mb) <= 3 for mb in mbs)
     assert sorted(i for mb in mbs for r in mb for i in r) == list(range(6))
+
+
+def test_a_checkpoint_with_weights_megatron_has_no_place_for_is_refused(tmp_path: Path) -> None:
+    """A Llama with MLP biases: Megatron's local spec has none, so the biases would be
+    left out of training and of every exported version; the conversion refuses it, and
+    the options say so from the config alone (what `rollart validate` reports)."""
+    from rollart_trainer_megatron.options import MegatronTrainerOptions
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64,
+                         num_hidden_layers=2, num_attention_heads=4, mlp_bias=True)
+    LlamaForCausalLM(config).save_pretrained(tmp_path / "m")
+    hf = read_hf_weights(str(tmp_path / "m"))
+    with pytest.raises(ValueError, match=r"no parameter for the checkpoint's "
+                       r"model\.layers\.0\.mlp\.down_proj\.bias, "):
+        hf_to_megatron(hf, Arch.from_hf(AutoConfig.from_pretrained(tmp_path / "m")))
+    options = MegatronTrainerOptions()
+    (where, why), = options.model_problems(config.to_dict())
+    assert where is None and "mlp_bias" in why and "use trainer torch" in why
+    # the same rules as the SDK's own forward for what a Llama decoder does not compute
+    mistral = {"model_type": "mistral", "num_attention_heads": 4, "sliding_window": 4096}
+    assert ["sliding-window attention"] == [w.split("model's ")[1].split(" is not")[0]
+                                            for _, w in options.model_problems(mistral)]
+    llama_bias = {"model_type": "llama", "num_attention_heads": 4, "attention_bias": True}
+    assert "o_proj bias" in options.model_problems(llama_bias)[0][1]
+    qwen2 = {"model_type": "qwen2", "num_attention_heads": 4, "attention_bias": True,
+             "layer_types": ["full_attention"] * 2, "use_sliding_window": False}
+    assert options.model_problems(qwen2) == []
