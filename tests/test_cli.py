@@ -300,3 +300,28 @@ def test_the_step_line_names_rewards_and_success_rates():
     assert step_scores(m) == ("reward Arithmetic=0.69 FrozenLake=0.04  "
                               "success Arithmetic=0.00 FrozenLake=0.04")
     assert step_scores({"reward/Echo": 1.0}) == "reward Echo=1.00"  # no success reported
+
+
+def test_a_task_dump_shows_where_its_coroutine_waits():
+    """SIGUSR1's asyncio part: a suspended task's whole await chain, outermost first
+    (``Task.print_stack`` shows only its outermost frame: every run's ``_main``)."""
+    import asyncio
+
+    from rollart_sdk.cli import await_chain
+
+    async def inner() -> None:
+        await asyncio.sleep(10)
+
+    async def middle() -> None:
+        await inner()
+
+    async def main() -> list:
+        task = asyncio.create_task(middle())
+        await asyncio.sleep(0.01)
+        chain = await_chain(task.get_coro())
+        task.cancel()
+        return chain
+
+    chain = asyncio.run(main())
+    assert [name for _, _, name in chain] == ["middle", "inner", "sleep"]
+    assert chain[0][0] == __file__ and chain[-1][0].endswith("asyncio/tasks.py")

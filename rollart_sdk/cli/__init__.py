@@ -89,9 +89,25 @@ def _print_asyncio_tasks(signum: int, frame: object) -> None:
     tasks = asyncio.all_tasks(loop)
     print(f"asyncio: {len(tasks)} tasks", file=sys.stderr)
     for task in sorted(tasks, key=lambda t: t.get_name()):
-        print(f"task {task.get_name()}:", file=sys.stderr)
-        task.print_stack(limit=12, file=sys.stderr)
+        print(f"task {task.get_name()} (outermost first):", file=sys.stderr)
+        for filename, lineno, name in await_chain(task.get_coro()):
+            print(f'  File "{filename}", line {lineno} in {name}', file=sys.stderr)
     sys.stderr.flush()
+
+
+def await_chain(coro: Any, limit: int = 24) -> list[tuple[str, int, str]]:
+    """Where a task's coroutine waits: its frame, then the frame of what it awaits, and so
+    on down to the innermost coroutine (``(file, line, function)`` each). ``Task.print_stack``
+    shows only the outermost frame of a suspended task (``job/run.py::_main`` for every
+    run), which says nothing about where the run waits."""
+    out = []
+    while coro is not None and len(out) < limit:
+        frame = getattr(coro, "cr_frame", None) or getattr(coro, "gi_frame", None)
+        if frame is None:
+            break
+        out.append((frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name))
+        coro = getattr(coro, "cr_await", None) or getattr(coro, "gi_yieldfrom", None)
+    return out
 
 
 def build_parser() -> argparse.ArgumentParser:
