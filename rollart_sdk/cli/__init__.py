@@ -100,7 +100,7 @@ def await_chain(coro: Any, limit: int = 24) -> list[tuple[str, int, str]]:
     on down to the innermost coroutine (``(file, line, function)`` each). ``Task.print_stack``
     shows only the outermost frame of a suspended task (``job/run.py::_main`` for every
     run), which says nothing about where the run waits."""
-    out = []
+    out: list[tuple[str, int, str]] = []
     while coro is not None and len(out) < limit:
         frame = getattr(coro, "cr_frame", None) or getattr(coro, "gi_frame", None)
         if frame is None:
