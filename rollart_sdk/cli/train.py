@@ -158,13 +158,20 @@ def fault_lines(summary: dict[str, Any]) -> list[str]:
         out.append(line)
     for w, why in sorted((rec.get("failed") or {}).items()):
         out.append(f"engine {w} did not come back: {why}")
-    # Still running when the run stopped (``...run_end``): the stop, not a fault.
+    # Still running when the run stopped (``...run_end``): the stop, not a fault. What the
+    # staleness bound or redundant rollout's surplus decided is said apart from failures.
     dropped = {r: n for r, n in (summary.get("dropped") or {}).items()
                if n and not r.endswith("run_end")}
-    if dropped:
-        why = ", ".join(f"{r} {n}" for r, n in sorted(dropped.items(), key=lambda x: -x[1]))
-        out.append(f"dropped: {sum(dropped.values())} of {summary.get('launched', '?')} "
-                   f"trajectories ({why}); drops.jsonl has each one's reason")
+    decided = {r: n for r, n in dropped.items() if _decided(r)}
+    failed = {r: n for r, n in dropped.items() if r not in decided}
+    launched = summary.get("launched", "?")
+    if failed:
+        out.append(f"dropped: {sum(failed.values())} of {launched} trajectories "
+                   f"({_counts(failed)}); drops.jsonl has each one's reason")
+    if decided:
+        out.append(f"not trained by design: {sum(decided.values())} of {launched} "
+                   f"({_counts(decided)}: the staleness bound rollout.alpha, redundant "
+                   "rollout's surplus, the zero-variance filter)")
     late = {k: sum(t.get(k, 0) for t in ((summary.get("envs") or {}).get("threads") or {})
                    .values()) for k in ("timed_out", "refused")}
     if any(late.values()):
@@ -180,6 +187,18 @@ def fault_lines(summary: dict[str, Any]) -> list[str]:
     if saves:
         out.append(f"checkpoint saves failed: {len(saves)} (the last: {saves[-1][:300]})")
     return out
+
+
+def _decided(reason: str) -> bool:
+    """A drop the control plane decided (not a failure): stale, surplus, zero variance."""
+    from rollart_sdk.control.buffer import DECIDED_BY
+
+    return (reason in DECIDED_BY or reason.startswith("zero_variance")
+            or reason.removeprefix("group_incomplete:") in ("stale", "surplus"))
+
+
+def _counts(reasons: dict[str, int]) -> str:
+    return ", ".join(f"{r} {n}" for r, n in sorted(reasons.items(), key=lambda x: -x[1]))
 
 
 def _faults_so_far(job: Job) -> list[str]:

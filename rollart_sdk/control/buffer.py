@@ -44,6 +44,21 @@ from typing import Any
 from rollart_sdk.control.events import RolloutEvents
 from rollart_sdk.types import Trajectory
 
+# Drops that are decisions of the control plane, by what decided them (the reason's
+# first word, before ": "): the run's end, the staleness bound (rollout.alpha), the surplus
+# of redundant rollout. A group cut only by one of them drops its survivors as
+# ``group_incomplete:<that>``; cut by anything else (a failure), as ``group_incomplete``.
+DECIDED_BY = {"run_end": "run_end", "aborted:run_end": "run_end", "stale": "stale",
+              "aborted:stale": "stale", "surplus": "surplus", "aborted:surplus": "surplus"}
+
+
+def group_incomplete_reason(cut: set[str]) -> str:
+    """The reason a group's survivors are dropped with, from its members' drop reasons."""
+    causes = {DECIDED_BY.get(r.split(": ", 1)[0]) for r in cut}
+    if len(causes) == 1 and None not in causes:
+        return f"group_incomplete:{causes.pop()}"
+    return "group_incomplete"
+
 
 @dataclass
 class Group:
@@ -197,8 +212,7 @@ class SampleBuffer:
                 # toward the episodes that did not fail; drop it whole, count the rest
                 # (as the stop's when only the run's end cut its other members).
                 cut = {t.dropped for t in group.members if t.dropped is not None}
-                why = ("group_incomplete:run_end" if all(r.endswith("run_end") for r in cut)
-                       else "group_incomplete")
+                why = group_incomplete_reason(cut)
                 for t in usable:
                     self._drop(t, why)
                 self.events.group_dropped(group.tag, group.group_id)

@@ -501,3 +501,18 @@ def test_a_request_that_kills_every_engine_is_given_up_after_two_resends():
         assert proxy.candidates("default") and not proxy._admitting and not proxy._inflight
 
     asyncio.run(main())
+
+
+def test_a_group_cut_only_by_a_decision_says_which():
+    """Survivors of a group that only the staleness bound (or the run's end, or redundant
+    rollout's surplus) cut are that decision's, not a failure's; any failure among the
+    cut members makes it a plain ``group_incomplete``."""
+    from rollart_sdk.control.buffer import group_incomplete_reason
+
+    assert group_incomplete_reason({"stale", "aborted:stale"}) == "group_incomplete:stale"
+    assert group_incomplete_reason({"aborted:run_end",
+                                    "run_end: still running when the run stopped"}
+                                   ) == "group_incomplete:run_end"
+    assert group_incomplete_reason({"aborted:surplus"}) == "group_incomplete:surplus"
+    assert group_incomplete_reason({"stale", "env_step_failed: boom"}) == "group_incomplete"
+    assert group_incomplete_reason({"stale", "aborted:run_end"}) == "group_incomplete"
