@@ -97,6 +97,21 @@ def test_bad_input_is_refused(tmp_path):
     assert onto_file.returncode == 2 and "is a file" in onto_file.stderr
 
 
+def test_a_name_an_installed_plugin_registers_is_refused(tmp_path):
+    """`rollart new-plugin env guess` next to rollart-env-arithmetic (which registers env
+    `guess`): its own tests would pass and every config selecting `guess` would then
+    fail as "registered twice"; refused up front, naming the owner; --force writes it."""
+    res = run_cli("new-plugin", "env", "guess", str(tmp_path / "g"))
+    assert res.returncode == 2 and not (tmp_path / "g").exists(), res.stderr
+    err = " ".join(res.stderr.split())
+    assert "env 'guess' is already registered by rollart-env-arithmetic" in err, err
+    assert "--force" in err
+    forced = run_cli("new-plugin", "env", "guess", str(tmp_path / "g"), "--force")
+    assert forced.returncode == 0 and (tmp_path / "g" / "rollart_env_guess").is_dir()
+    # a reward of that name is free: kinds are separate namespaces
+    assert run_cli("new-plugin", "reward", "guess", str(tmp_path / "r")).returncode == 0
+
+
 def test_env_template_option_is_not_a_task_key():
     """The env template's own turn limit is not named like tasks[].max_turns."""
     from rollart_sdk.config import TaskConfig

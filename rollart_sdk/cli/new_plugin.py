@@ -128,7 +128,29 @@ def write(kind: str, name: str, directory: str | Path | None = None) -> Path:
     return root
 
 
+def taken_by(kind: str, name: str) -> str | None:
+    """The installed plugin that already registers ``kind`` ``name`` (None: the name is
+    free here). A second package with it would make every config selecting the name fail
+    ("registered twice"), after its own tests passed."""
+    from rollart_sdk.plugins import load_plugins
+
+    registry = load_plugins(strict=False).registry
+    if name not in registry.names(kind):
+        return None
+    claims = registry.conflicts.get((kind, name))
+    if claims:
+        return " and ".join(d.origin for d in claims)
+    return registry.get(kind, name).origin
+
+
 def cmd_new_plugin(args: argparse.Namespace) -> int:
+    owner = None if args.force else taken_by(args.kind, args.name)
+    if owner is not None:
+        raise RollartError(
+            f"{args.kind} {args.name!r} is already registered by {owner}, installed here: "
+            f"a second plugin with that name would make every config selecting it fail "
+            f"(\"registered twice\"). Choose another name (`rollart plugins --kind "
+            f"{args.kind}` lists the taken ones), or pass --force to write it anyway")
     root = write(args.kind, args.name, args.dir)
     dist = _names(args.kind, args.name)["dist"]
     print(f"wrote {root} (the package {dist})")
@@ -147,4 +169,6 @@ def add_parser(sub: Any) -> None:
     p.add_argument("name", help="the name configs select, e.g. 'demo' (a-z, 0-9, _)")
     p.add_argument("dir", nargs="?", default=None, metavar="DIR",
                    help="the package folder to create (new or empty; default ./rollart-KIND-NAME)")
+    p.add_argument("--force", action="store_true",
+                   help="write it even if an installed plugin already registers NAME")
     p.set_defaults(func=cmd_new_plugin)
