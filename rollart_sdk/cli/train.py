@@ -169,9 +169,12 @@ def fault_lines(summary: dict[str, Any]) -> list[str]:
         out.append(f"dropped: {sum(failed.values())} of {launched} trajectories "
                    f"({_counts(failed)}); drops.jsonl has each one's reason")
     if decided:
+        why = [what for key, what in (("stale", "the staleness bound, rollout.alpha"),
+                                      ("surplus", "redundant rollout's surplus"),
+                                      ("zero_variance", "the zero-variance filter"))
+               if any(key in r for r in decided)]
         out.append(f"not trained by design: {sum(decided.values())} of {launched} "
-                   f"({_counts(decided)}: the staleness bound rollout.alpha, redundant "
-                   "rollout's surplus, the zero-variance filter)")
+                   f"({_counts(decided)}: {'; '.join(why)})")
     late = {k: sum(t.get(k, 0) for t in ((summary.get("envs") or {}).get("threads") or {})
                    .values()) for k in ("timed_out", "refused")}
     if any(late.values()):

@@ -82,11 +82,13 @@ def test_what_the_control_plane_decided_is_not_a_failure_line():
         "dropped: 5 of 5192 trajectories (env_step_failed 3, group_incomplete 2); "
         "drops.jsonl has each one's reason",
         "not trained by design: 56 of 5192 (group_incomplete:stale 28, zero_variance 16, "
-        "stale 8, aborted:stale 4: the staleness bound rollout.alpha, redundant rollout's "
-        "surplus, the zero-variance filter)",
+        "stale 8, aborted:stale 4: the staleness bound, rollout.alpha; the zero-variance "
+        "filter)",
     ]
     only = {**CLEAN, "launched": 40, "dropped": {"stale": 2, "aborted:surplus": 1}}
-    assert [x.split(":")[0] for x in fault_lines(only)] == ["not trained by design"]
+    assert fault_lines(only) == [
+        "not trained by design: 3 of 40 (stale 2, aborted:surplus 1: the staleness bound, "
+        "rollout.alpha; redundant rollout's surplus)"]
 
 
 def faulty(name: str, step_error: float, steps: int, **rollout: int) -> dict:
