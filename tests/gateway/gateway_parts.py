@@ -49,3 +49,43 @@ class KeepingGateway(Gateway):
         ep = super().close(episode_id, reason)
         self.kept.append(ep)
         return ep
+
+
+def run_episode(model: ModelConfig, template: str, descriptor: Any, options: Any,
+                temperature: float, seed: int = 1,
+                step_timeout_s: float = 600) -> tuple[Any, SpyEngine, Any, Any]:
+    """One agent episode of env ``descriptor`` (with ``options``) on ``model`` behind a
+    :class:`KeepingGateway`, run by the AgentManager on the torch engine through the
+    LLMProxy with chat template ``template`` (its text): ``(tokenizer, engine, trajectory,
+    the closed episode)``."""
+    import asyncio
+
+    from rollart_sdk.cluster.envs.hosting import inline_handle
+    from rollart_sdk.config import TaskConfig
+    from rollart_sdk.control.agent_manager import AgentManager
+    from rollart_sdk.control.chat import ChatFormat
+    from rollart_sdk.control.env_manager import TaskRuntime
+    from rollart_sdk.control.handles import WorkerHandle
+    from rollart_sdk.control.proxy import LLMProxy
+    from rollart_sdk.models import load_tokenizer
+    from rollart_sdk.types import Trajectory
+
+    async def main() -> tuple[Any, SpyEngine, Any, Any]:
+        tok = load_tokenizer(model.path, light=True)
+        chat = ChatFormat(tok, template=template)
+        engine = SpyEngine(model, max_running=4, max_seq_len=2048)
+        proxy = LLMProxy([WorkerHandle("gen0", engine, is_ray=False)], {"default": ["gen0"]})
+        cfg = TaskConfig(tag="calc", env={"name": descriptor.name}, max_turns=6,
+                         max_context_tokens=2048, step_timeout_s=step_timeout_s,
+                         sampling={"max_new_tokens": 32, "temperature": temperature})
+        gw = KeepingGateway()
+        task = TaskRuntime(cfg, None, None, chat, gateway=gw)
+        host = inline_handle({"calc": (descriptor, options)}, on_loop=False)
+        reward = WorkerHandle("reward", Rewards(), is_ray=False)
+        mgr = AgentManager(Trajectory("traj-0", "calc", "g0", 0), seed, seed, task,
+                           task.prompt_format, proxy, host, reward, version=lambda: 0)
+        traj = await mgr.run()
+        await gw.stop()
+        return tok, engine, traj, gw.kept[0]
+
+    return asyncio.run(main())

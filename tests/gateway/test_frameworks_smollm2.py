@@ -25,17 +25,11 @@ import pytest
 openai = pytest.importorskip("openai")
 rollart_engine_torch = pytest.importorskip("rollart_engine_torch.engine")
 
-from gateway_parts import KeepingGateway, Rewards, SpyEngine  # noqa: E402
+from gateway_parts import SpyEngine, run_episode  # noqa: E402
 
-from rollart_sdk.cluster.envs.hosting import inline_handle  # noqa: E402
-from rollart_sdk.config import ModelConfig, TaskConfig  # noqa: E402
-from rollart_sdk.control.agent_manager import AgentManager  # noqa: E402
-from rollart_sdk.control.chat import ChatFormat  # noqa: E402
-from rollart_sdk.control.env_manager import TaskRuntime  # noqa: E402
-from rollart_sdk.control.handles import WorkerHandle  # noqa: E402
-from rollart_sdk.control.proxy import LLMProxy  # noqa: E402
+from rollart_sdk.config import ModelConfig  # noqa: E402
 from rollart_sdk.gateway import AgentEnv, AgentResult  # noqa: E402
-from rollart_sdk.models import load_tokenizer, prepare_model  # noqa: E402
+from rollart_sdk.models import prepare_model  # noqa: E402
 from rollart_sdk.registry import Descriptor, NoOptions  # noqa: E402
 from rollart_sdk.types import Trajectory  # noqa: E402
 
@@ -130,26 +124,7 @@ def smollm2() -> ModelConfig:
 def _run(model: ModelConfig, env_cls: type) -> tuple[Any, SpyEngine, Trajectory, Any]:
     descriptor = Descriptor(kind="env", name=env_cls.__name__, factory=env_cls,
                             options=NoOptions, summary="", plugin="test")
-
-    async def main() -> tuple[Any, SpyEngine, Trajectory, Any]:
-        tok = load_tokenizer(model.path, light=True)
-        chat = ChatFormat(tok, template=TEMPLATE.read_text())
-        engine = SpyEngine(model, max_running=4, max_seq_len=2048)
-        proxy = LLMProxy([WorkerHandle("gen0", engine, is_ray=False)], {"default": ["gen0"]})
-        cfg = TaskConfig(tag="calc", env={"name": env_cls.__name__}, max_turns=6,
-                         max_context_tokens=2048, step_timeout_s=600,
-                         sampling={"max_new_tokens": 32, "temperature": 0.3})
-        gw = KeepingGateway()
-        task = TaskRuntime(cfg, None, None, chat, gateway=gw)
-        host = inline_handle({"calc": (descriptor, NoOptions())}, on_loop=False)
-        reward = WorkerHandle("reward", Rewards(), is_ray=False)
-        mgr = AgentManager(Trajectory("traj-0", "calc", "g0", 0), 1, 1, task,
-                           task.prompt_format, proxy, host, reward, version=lambda: 0)
-        traj = await mgr.run()
-        await gw.stop()
-        return tok, engine, traj, gw.kept[0]
-
-    return asyncio.run(main())
+    return run_episode(model, TEMPLATE.read_text(), descriptor, NoOptions(), temperature=0.3)
 
 
 def _check_path(tok: Any, engine: SpyEngine, traj: Trajectory, ep: Any) -> str:

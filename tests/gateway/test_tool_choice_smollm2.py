@@ -13,7 +13,6 @@ back in the next prompt as the template renders a tool message, and the model an
 
 from __future__ import annotations
 
-import asyncio
 import importlib.util
 import json
 from pathlib import Path
@@ -25,17 +24,11 @@ openai = pytest.importorskip("openai")
 rollart_engine_torch = pytest.importorskip("rollart_engine_torch.engine")
 rollart_env_calc_agent = pytest.importorskip("rollart_env_calc_agent.env")
 
-from gateway_parts import KeepingGateway, Rewards, SpyEngine  # noqa: E402
+from gateway_parts import SpyEngine, run_episode  # noqa: E402
 
-from rollart_sdk.cluster.inline_env import inline_handle  # noqa: E402
-from rollart_sdk.config import ModelConfig, TaskConfig  # noqa: E402
-from rollart_sdk.control.agent_manager import AgentManager  # noqa: E402
-from rollart_sdk.control.chat import ChatFormat  # noqa: E402
-from rollart_sdk.control.env_manager import TaskRuntime  # noqa: E402
-from rollart_sdk.control.handles import WorkerHandle  # noqa: E402
-from rollart_sdk.control.proxy import LLMProxy  # noqa: E402
+from rollart_sdk.config import ModelConfig  # noqa: E402
 from rollart_sdk.gateway.tools import parse_hermes  # noqa: E402
-from rollart_sdk.models import load_tokenizer, prepare_model  # noqa: E402
+from rollart_sdk.models import prepare_model  # noqa: E402
 from rollart_sdk.registry import Descriptor  # noqa: E402
 from rollart_sdk.types import Trajectory  # noqa: E402
 
@@ -68,25 +61,8 @@ def _run(model: ModelConfig, seed: int) -> tuple[Any, SpyEngine, Trajectory, Any
     descriptor = Descriptor(kind="env", name="calc_agent", factory=CalcAgentEnv,
                             options=CalcAgentOptions, summary="", plugin="test")
 
-    async def main() -> tuple[Any, SpyEngine, Trajectory, Any]:
-        tok = load_tokenizer(model.path, light=True)
-        chat = ChatFormat(tok, template=TEMPLATE.read_text())
-        engine = SpyEngine(model, max_running=4, max_seq_len=2048)
-        proxy = LLMProxy([WorkerHandle("gen0", engine, is_ray=False)], {"default": ["gen0"]})
-        cfg = TaskConfig(tag="calc", env={"name": "calc_agent"}, max_turns=6,
-                         max_context_tokens=2048, step_timeout_s=900,
-                         sampling={"max_new_tokens": 32, "temperature": TEMPERATURE})
-        gw = KeepingGateway()
-        task = TaskRuntime(cfg, None, None, chat, gateway=gw)
-        host = inline_handle({"calc": (descriptor, options)}, on_loop=False)
-        reward = WorkerHandle("reward", Rewards(), is_ray=False)
-        mgr = AgentManager(Trajectory("traj-0", "calc", "g0", 0), seed, seed, task,
-                           task.prompt_format, proxy, host, reward, version=lambda: 0)
-        traj = await mgr.run()
-        await gw.stop()
-        return tok, engine, traj, gw.kept[0]
-
-    return asyncio.run(main())
+    return run_episode(model, TEMPLATE.read_text(), descriptor, options, TEMPERATURE,
+                       seed=seed, step_timeout_s=900)
 
 
 def test_required_tool_choice_completes_a_tool_round_trip_on_smollm2(
