@@ -10,6 +10,7 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from rollart_sdk.config import load_config
+from rollart_sdk.control.buffer import decided_by
 from rollart_sdk.job import ResumePoint, build_job, newest_checkpoint
 from rollart_sdk.job.runtime import Runtime
 
@@ -162,17 +163,15 @@ def fault_lines(summary: dict[str, Any]) -> list[str]:
     # staleness bound or redundant rollout's surplus decided is said apart from failures.
     dropped = {r: n for r, n in (summary.get("dropped") or {}).items()
                if n and not r.endswith("run_end")}
-    decided = {r: n for r, n in dropped.items() if _decided(r)}
+    decided = {r: n for r, n in dropped.items() if decided_by(r)}
     failed = {r: n for r, n in dropped.items() if r not in decided}
     launched = summary.get("launched", "?")
     if failed:
         out.append(f"dropped: {sum(failed.values())} of {launched} trajectories "
                    f"({_counts(failed)}); drops.jsonl has each one's reason")
     if decided:
-        why = [what for key, what in (("stale", "the staleness bound, rollout.alpha"),
-                                      ("surplus", "redundant rollout's surplus"),
-                                      ("zero_variance", "the zero-variance filter"))
-               if any(key in r for r in decided)]
+        kinds = {decided_by(r) for r in decided}
+        why = [what for kind, what in DECIDED_WHY if kind in kinds]
         out.append(f"not trained by design: {sum(decided.values())} of {launched} "
                    f"({_counts(decided)}: {'; '.join(why)})")
     late = {k: sum(t.get(k, 0) for t in ((summary.get("envs") or {}).get("threads") or {})
@@ -192,12 +191,10 @@ def fault_lines(summary: dict[str, Any]) -> list[str]:
     return out
 
 
-def _decided(reason: str) -> bool:
-    """A drop the control plane decided (not a failure): stale, surplus, zero variance."""
-    from rollart_sdk.control.buffer import DECIDED_BY
-
-    return (reason in DECIDED_BY or reason.startswith("zero_variance")
-            or reason.removeprefix("group_incomplete:") in ("stale", "surplus"))
+# What each decision of the control plane (control/buffer.py::decided_by) is, in words.
+DECIDED_WHY = (("stale", "the staleness bound, rollout.alpha"),
+               ("surplus", "redundant rollout's surplus"),
+               ("zero_variance", "the zero-variance filter"))
 
 
 def _counts(reasons: dict[str, int]) -> str:

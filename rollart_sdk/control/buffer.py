@@ -44,17 +44,24 @@ from typing import Any
 from rollart_sdk.control.events import RolloutEvents
 from rollart_sdk.types import Trajectory
 
-# Drops that are decisions of the control plane, by what decided them (the reason's
-# first word, before ": "): the run's end, the staleness bound (rollout.alpha), the surplus
-# of redundant rollout. A group cut only by one of them drops its survivors as
-# ``group_incomplete:<that>``; cut by anything else (a failure), as ``group_incomplete``.
-DECIDED_BY = {"run_end": "run_end", "aborted:run_end": "run_end", "stale": "stale",
-              "aborted:stale": "stale", "surplus": "surplus", "aborted:surplus": "surplus"}
+# Drops that are decisions of the control plane, by what decided them: the run's end, the
+# staleness bound (rollout.alpha), the surplus of redundant rollout, the zero-variance
+# filter. A group cut only by one of them drops its survivors as ``group_incomplete:<that>``;
+# cut by anything else (a failure), as ``group_incomplete``.
+DECISIONS = ("run_end", "stale", "surplus", "zero_variance")
+
+
+def decided_by(reason: str) -> str | None:
+    """The decision (one of :data:`DECISIONS`) a drop ``reason`` is, or None for a
+    failure: ``stale``, ``aborted:stale``, ``group_incomplete:stale`` are ``stale``; the
+    reason's first word (before ": ") counts."""
+    kind = reason.split(": ", 1)[0].removeprefix("aborted:").removeprefix("group_incomplete:")
+    return kind if kind in DECISIONS else None
 
 
 def group_incomplete_reason(cut: set[str]) -> str:
     """The reason a group's survivors are dropped with, from its members' drop reasons."""
-    causes = {DECIDED_BY.get(r.split(": ", 1)[0]) for r in cut}
+    causes = {decided_by(r) for r in cut}
     if len(causes) == 1 and None not in causes:
         return f"group_incomplete:{causes.pop()}"
     return "group_incomplete"

@@ -510,6 +510,8 @@ def test_a_group_cut_only_by_a_decision_says_which():
     from rollart_sdk.control.buffer import group_incomplete_reason
 
     assert group_incomplete_reason({"stale", "aborted:stale"}) == "group_incomplete:stale"
+    assert group_incomplete_reason({"zero_variance: all 8 rewards of the group are 0"}
+                                   ) == "group_incomplete:zero_variance"
     assert group_incomplete_reason({"aborted:run_end",
                                     "run_end: still running when the run stopped"}
                                    ) == "group_incomplete:run_end"
