@@ -86,6 +86,15 @@ def build_tokenizer(extra_tokens: Sequence[str] = ()) -> PreTrainedTokenizerFast
     return fast
 
 
+def tiny_shape(tiny: TinyModelConfig) -> dict[str, Any]:
+    """The Hugging Face config keys of a tiny model's shape (``build_tiny_checkpoint``'s
+    LlamaConfig; ``rollart validate`` checks backends against them before building it)."""
+    return {"hidden_size": tiny.hidden_size, "intermediate_size": tiny.intermediate_size,
+            "num_hidden_layers": tiny.num_layers, "num_attention_heads": tiny.num_heads,
+            "num_key_value_heads": tiny.num_heads,
+            "max_position_embeddings": tiny.max_position_embeddings}
+
+
 def build_tiny_checkpoint(
     tiny: TinyModelConfig, out_dir: str | os.PathLike[str], extra_tokens: Sequence[str] = ()
 ) -> str:
@@ -104,12 +113,7 @@ def build_tiny_checkpoint(
     tokenizer = build_tokenizer(extra_tokens)
     config = LlamaConfig(
         vocab_size=len(tokenizer),
-        hidden_size=tiny.hidden_size,
-        intermediate_size=tiny.intermediate_size,
-        num_hidden_layers=tiny.num_layers,
-        num_attention_heads=tiny.num_heads,
-        num_key_value_heads=tiny.num_heads,
-        max_position_embeddings=tiny.max_position_embeddings,
+        **tiny_shape(tiny),
         pad_token_id=tokenizer.pad_token_id,
         eos_token_id=tokenizer.eos_token_id,
         bos_token_id=None,

@@ -54,20 +54,19 @@ def tensor_parallel_problems(config: Mapping[str, Any], tp: int, option: str,
         return []
     heads, kv = shape
     out: list[tuple[str, str]] = []
-    name = "the model"
     if heads % tp:
-        out.append((option, f"{option}={tp} does not divide {name}'s {heads} attention heads "
+        out.append((option, f"{option}={tp} does not divide the model's {heads} attention heads "
                     f"(each rank holds heads / {option}); choose one of {_divisors(heads)}"))
     elif kv % tp and not (replicate_kv and tp % kv == 0):
         fits = [d for d in range(2, heads + 1) if heads % d == 0
                 and (kv % d == 0 or (replicate_kv and d % kv == 0))]
         rule = ("divide them or be a multiple of them" if replicate_kv else "divide them")
-        out.append((option, f"{option}={tp} does not fit {name}'s {kv} key/value heads "
+        out.append((option, f"{option}={tp} does not fit the model's {kv} key/value heads "
                     f"(it must {rule}); choose one of {', '.join(map(str, [1, *fits]))}"))
     if not replicate_kv:
         ffn = config.get("intermediate_size")
         if isinstance(ffn, int) and ffn % tp:
-            out.append((option, f"{option}={tp} does not divide {name}'s intermediate_size "
+            out.append((option, f"{option}={tp} does not divide the model's intermediate_size "
                         f"{ffn} (each rank holds a slice of the MLP)"))
     return out
 

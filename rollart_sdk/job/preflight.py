@@ -142,13 +142,11 @@ def model_config(model: ModelConfig) -> dict[str, Any] | None:
         except (OSError, ValueError):
             return None
         return conf if isinstance(conf, dict) else None
-    tiny = model.tiny
-    if tiny is None:
+    if model.tiny is None:
         return None
-    return {"model_type": "llama", "hidden_size": tiny.hidden_size,
-            "num_hidden_layers": tiny.num_layers, "num_attention_heads": tiny.num_heads,
-            "num_key_value_heads": tiny.num_heads, "intermediate_size": tiny.intermediate_size,
-            "max_position_embeddings": tiny.max_position_embeddings, "hidden_act": "silu"}
+    from rollart_sdk.models import tiny_shape
+
+    return {"model_type": "llama", "hidden_act": "silu", **tiny_shape(model.tiny)}
 
 
 def check_model_shape(resolved: Any, conf: dict[str, Any] | None) -> Problems:
