@@ -7,7 +7,7 @@ so that the core never imports torch.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import MISSING, dataclass, field, fields
 from typing import Any, Literal
 
 FinishReason = Literal["stop", "length", "abort"]
@@ -139,6 +139,11 @@ class Trajectory:
     group_id: str
     start_version: int
     turns: list[Turn] = field(default_factory=list)
+    # Earlier token sequences of the same episode, each trained as its own sample with the
+    # trajectory's reward and advantage: an agent episode whose history the agent (or the
+    # chat template) rewrote starts a new segment (rollart_sdk.gateway.episode); ``turns``
+    # is the last one. Empty for env episodes.
+    earlier_segments: list[list[Turn]] = field(default_factory=list)
     env_return: float = 0.0
     terminated: bool = False
     truncated: bool = False
@@ -152,22 +157,42 @@ class Trajectory:
     engine: str = ""  # the engine worker that served its first turn (mismatch per engine)
     timings: list[tuple[str, float, float]] = field(default_factory=list)  # (span, t0, t1)
 
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        # A checkpoint's carried trajectories pickled before a field was added: its default.
+        for f in fields(self):
+            if f.name not in state:
+                state[f.name] = f.default_factory() if f.default_factory is not MISSING \
+                    else f.default
+        self.__dict__.update(state)
+
+    @property
+    def all_turns(self) -> list[Turn]:
+        """Every turn of every segment (the earlier ones first)."""
+        return [t for seg in self.earlier_segments for t in seg] + self.turns
+
     @property
     def generated_tokens(self) -> int:
         """Tokens the engines produced for this trajectory (its rollout work)."""
-        return sum(len(t.action_ids) for t in self.turns)
+        return sum(len(t.action_ids) for t in self.all_turns)
 
     @property
     def versions(self) -> set[int]:
         """Policy versions its tokens come from (more than one: it spanned an update)."""
-        return {v for t in self.turns for v in t.versions}
+        return {v for t in self.all_turns for v in t.versions}
 
-    def to_sample(self) -> TrainSample:
+    def to_samples(self) -> list[TrainSample]:
+        """What the trainer gets: one sample per segment, the last segment first."""
+        return [self.to_sample(k) for k in range(len(self.earlier_segments) + 1)]
+
+    def to_sample(self, segment: int = 0) -> TrainSample:
+        """Segment ``segment`` flattened: 0 is ``turns``, ``k`` > 0 is
+        ``earlier_segments[k - 1]``."""
+        turns = self.turns if segment == 0 else self.earlier_segments[segment - 1]
         ids: list[int] = []
         mask: list[int] = []
         lps: list[float] = []
         vers: list[int] = []
-        for t in self.turns:
+        for t in turns:
             ids += t.obs_ids
             mask += [0] * len(t.obs_ids)
             lps += [0.0] * len(t.obs_ids)
@@ -188,6 +213,8 @@ class Trajectory:
             temperature=self.temperature,
             allowed_token_ids=self.allowed_token_ids,
             engine=self.engine,
+            trajectory_id=self.trajectory_id,
+            segment=segment,
         )
 
 
@@ -203,6 +230,11 @@ class TrainSample:
     from, ``softmax(mask(logits) / temperature)`` (:mod:`rollart_sdk.algorithms.policy`);
     the behaviour log-probs are of that policy, and trainers recompute the same one on
     every trained token (the defaults: the raw logits).
+
+    ``segment`` > 0 marks an earlier segment of trajectory ``trajectory_id`` (an agent
+    episode whose history was rewritten, :attr:`Trajectory.earlier_segments`): it takes
+    the advantage of that trajectory's segment 0, and only segment 0 counts in its group's
+    statistics (a trajectory is one member of its group however many segments it has).
     """
 
     input_ids: list[int]
@@ -217,6 +249,8 @@ class TrainSample:
     temperature: float = 1.0
     allowed_token_ids: list[int] | None = None
     engine: str = ""  # engine worker that sampled it: train/mismatch_* per engine
+    trajectory_id: str = ""
+    segment: int = 0
 
 
 @dataclass

@@ -78,12 +78,25 @@ def fill_advantages(
     ranks: group statistics computed on a shard would be wrong (a group split across
     ranks). Samples that already carry an advantage keep it; their rewards still count
     towards their group's mean and std.
+
+    A trajectory of several segments (``segment`` > 0: an agent episode whose history was
+    rewritten) is one member of its group: its segment 0 counts in the statistics and its
+    other segments take segment 0's advantage.
     """
     if not batch or all(s.advantage is not None for s in batch):
         return batch
-    rewards = torch.tensor([float(s.reward) for s in batch], dtype=torch.float64)
-    adv = grpo_advantages(rewards, [s.group_id for s in batch], eps, normalize_std)
-    for s, a in zip(batch, adv.tolist(), strict=True):
+    members = [s for s in batch if s.segment == 0]
+    rewards = torch.tensor([float(s.reward) for s in members], dtype=torch.float64)
+    adv = grpo_advantages(rewards, [s.group_id for s in members], eps, normalize_std)
+    for s, a in zip(members, adv.tolist(), strict=True):
         if s.advantage is None:
             s.advantage = float(a)
+    if len(members) < len(batch):
+        of = {s.trajectory_id: s.advantage for s in members}
+        for s in batch:
+            if s.segment and s.advantage is None:
+                if s.trajectory_id not in of:
+                    raise ValueError(f"segment {s.segment} of trajectory {s.trajectory_id!r} "
+                                     "is in the batch without its segment 0")
+                s.advantage = of[s.trajectory_id]
     return batch

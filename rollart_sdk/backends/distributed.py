@@ -91,11 +91,12 @@ def fill_advantages_across(batch: list[TrainSample], eps: float, normalize_std: 
     need = any(s.advantage is None for s in batch)
     if not all_reduce_small(torch.tensor([float(need)]), device, group, "max")[0]:
         return
-    mine = [(s.reward, s.group_id, s.advantage) for s in batch]
+    mine = [(s.reward, s.group_id, s.advantage, s.trajectory_id, s.segment) for s in batch]
     gathered: list[Any] = [None] * size
     dist.all_gather_object(gathered, mine, group=group)
-    full = [TrainSample([], [], [], [], reward=r, group_id=g, advantage=a)
-            for part in gathered for r, g, a in part]
+    full = [TrainSample([], [], [], [], reward=r, group_id=g, advantage=a, trajectory_id=t,
+                        segment=k)
+            for part in gathered for r, g, a, t, k in part]
     fill_advantages(full, eps, normalize_std)
     offset = sum(len(part) for part in gathered[:rank])
     for s, f in zip(batch, full[offset : offset + len(batch)], strict=True):

@@ -57,8 +57,22 @@ def render(row: dict[str, Any], ids: bool = False) -> str:
 
 
 def _turns(row: dict[str, Any], ids: bool) -> list[str]:
+    earlier = row.get("earlier_segments") or []
     lines = []
-    for turn in row.get("turns", []):
+    for k, seg in enumerate(earlier):
+        lines.append(f"=== segment {k + 1} of {len(earlier) + 1} (trained as its own sample) ===")
+        lines += _turn_lines(seg, ids)
+    if earlier:
+        lines.append(f"=== segment {len(earlier) + 1} of {len(earlier) + 1} (the last) ===")
+    lines += _turn_lines(row.get("turns", []), ids)
+    if not row.get("turns"):
+        lines.append("(no turns: it ended before the first action)")
+    return lines
+
+
+def _turn_lines(turns: list[dict[str, Any]], ids: bool) -> list[str]:
+    lines = []
+    for turn in turns:
         n = turn.get("turn")
         lines.append(f"--- turn {n}: observation ({len(turn.get('observation_ids', []))} "
                      "tokens) ---")
@@ -74,8 +88,6 @@ def _turns(row: dict[str, Any], ids: bool) -> list[str]:
         lines.append(turn.get("action", ""))
         if ids:
             lines.append(f"    ids {turn.get('action_ids')}")
-    if not row.get("turns"):
-        lines.append("(no turns: it ended before the first action)")
     return lines
 
 

@@ -139,6 +139,7 @@ class AgentManager(EnvManager):
         if guessed:  # the last request had n > 1 and the answer is none of its choices
             traj.info["agent_branch_guessed"] = 1
         traj.turns = list(trained.turns)
+        traj.earlier_segments = [list(seg.turns) for seg in ep.record.earlier(trained)]
         traj.env_return = float(reward)
         traj.terminated, traj.truncated = bool(terminated), bool(truncated)
         self._reward_request = RewardRequest(

@@ -194,7 +194,7 @@ class SampleBuffer:
             if traj.terminated or traj.truncated:
                 c = self.finished_turns.setdefault(traj.tag, [0, 0])
                 c[0] += 1
-                c[1] += len(traj.turns)
+                c[1] += len(traj.all_turns)
                 self._count_outcome(traj)
             gone = self._discarded.get(traj.group_id)
             if gone is not None:

@@ -101,9 +101,9 @@ def _task_metrics(m: dict[str, Any], tag: str, trajs: list[Trajectory], rec: Ste
     succ = [t.info.get("success") for t in trajs if "success" in t.info]
     if succ:
         m[f"success/{tag}"] = sum(1.0 for s in succ if s) / len(succ)
-    m[f"turns/{tag}"] = sum(len(t.turns) for t in trajs) / len(trajs)
+    m[f"turns/{tag}"] = sum(len(t.all_turns) for t in trajs) / len(trajs)
     # Share of the turns whose env judged the action invalid (envs that say so).
-    judged = [turn.invalid_action for t in trajs for turn in t.turns
+    judged = [turn.invalid_action for t in trajs for turn in t.all_turns
               if turn.invalid_action is not None]
     if judged:
         m[f"invalid_action/{tag}"] = sum(1 for j in judged if j) / len(judged)

@@ -205,7 +205,7 @@ class Pipeline:
             sent = self._parts.sent
             await self._trainer_call(self._parts.drain(), "accumulate")
         # Advantages are the trainer's (its options, over the batch on all its ranks).
-        samples: list[TrainSample] = [t.to_sample() for t in batch[sent:]]
+        samples: list[TrainSample] = [s for t in batch[sent:] for s in t.to_samples()]
         # TrainerWorker.train_step is @register("dp_split"): shard by that one rule; on
         # Ray each shard goes into the object store once and its rank gets a reference.
         shards = shard_batch(samples, self.trainers)
@@ -772,7 +772,7 @@ class Pipeline:
             in_flight=len(self.scheduler.running) + len(self.scheduler.landing) + b.held(),
             spanning=sum(1 for t in batch if len(t.versions) > 1),
             trained_turns={tag: (sum(1 for t in batch if t.tag == tag),
-                                 sum(len(t.turns) for t in batch if t.tag == tag))
+                                 sum(len(t.all_turns) for t in batch if t.tag == tag))
                            for tag in sorted({t.tag for t in batch})},
         )
         rec.staleness = dict(Counter(paper_staleness(rec, t) for t in batch))

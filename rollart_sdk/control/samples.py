@@ -31,7 +31,7 @@ from rollart_sdk.control.run_dir import dumps
 
 if TYPE_CHECKING:
     from rollart_sdk.control.pipeline import StepRecord
-    from rollart_sdk.types import Trajectory
+    from rollart_sdk.types import Trajectory, Turn
 
 MAX_INFO_CHARS = 4000  # an env info (or reward details) longer than this is cut
 
@@ -136,20 +136,24 @@ class SampleLog:
         """One trajectory as a JSON-ready dict (``rec`` None: a dropped one)."""
         decode = self._decoder(t.tag)
         info = {k: v for k, v in t.info.items() if k != "reward_details"}
-        turns = []
-        for i, turn in enumerate(t.turns):
-            row: dict[str, Any] = {
-                "turn": i + 1,
-                "observation": decode(turn.obs_ids),
-                "action": decode(turn.action_ids),
-                "observation_ids": list(turn.obs_ids),
-                "action_ids": list(turn.action_ids),
-                "versions": sorted(set(turn.versions)),
-                "env_reward": turn.env_reward,
-            }
-            if turn.invalid_action is not None:
-                row["invalid_action"] = turn.invalid_action
-            turns.append(row)
+
+        def rows(turns: list[Turn]) -> list[dict[str, Any]]:
+            out = []
+            for i, turn in enumerate(turns):
+                row: dict[str, Any] = {
+                    "turn": i + 1,
+                    "observation": decode(turn.obs_ids),
+                    "action": decode(turn.action_ids),
+                    "observation_ids": list(turn.obs_ids),
+                    "action_ids": list(turn.action_ids),
+                    "versions": sorted(set(turn.versions)),
+                    "env_reward": turn.env_reward,
+                }
+                if turn.invalid_action is not None:
+                    row["invalid_action"] = turn.invalid_action
+                out.append(row)
+            return out
+
         out: dict[str, Any] = {
             "step": step,
             "tag": t.tag,
@@ -169,8 +173,10 @@ class SampleLog:
             "constrained": t.allowed_token_ids is not None,
             "engine": t.engine,
             "info": _bounded(info),
-            "turns": turns,
+            "turns": rows(t.turns),
         }
+        if t.earlier_segments:  # an agent episode's earlier segments, each its own sample
+            out["earlier_segments"] = [rows(seg) for seg in t.earlier_segments]
         if rec is not None:
             # The paper's staleness (the engines' version when the batch's wait began minus
             # the start version) and the trainer's (the version it was trained at).

@@ -56,7 +56,7 @@ class StreamedParts:
             await before  # done; a failed part fails every later one
         while self._queue:
             groups, self._queue = self._queue, []
-            samples = [t.to_sample() for t in groups]
+            samples = [s for t in groups for s in t.to_samples()]
             t0 = time.perf_counter()
             await self._trainer.trainer.accumulate(shard_batch(samples, [self._trainer])[0])
             self._span("accumulate", self._trainer.name, t0, self.step)

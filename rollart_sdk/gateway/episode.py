@@ -205,6 +205,7 @@ class EpisodeRecord:
         self.decode = decode
         self.segments: list[Segment] = []
         self.last: list[int] = []  # the segments of the last request's choices
+        self.branched = False  # some request had n > 1
 
     def render_prompt(self, messages: list[dict[str, Any]], tools: list[Any] | None) -> str:
         """The template's render of a request (generation prompt on), or a 400."""
@@ -264,6 +265,7 @@ class EpisodeRecord:
         base = self.segments[prompt.segment].turns if prompt.segment is not None else []
         out: list[Segment] = []
         self.last = []
+        self.branched = self.branched or len(choices) > 1
         for i, choice in enumerate(choices):
             if i == 0 and prompt.segment is not None:
                 seg, index = self.segments[prompt.segment], prompt.segment
@@ -290,8 +292,8 @@ class EpisodeRecord:
         seg.generated_text = generated
 
     def trained(self, answer: str | None = None) -> tuple[Segment | None, bool]:
-        """The segment to train: the one the last request extended or started. When that
-        request had several choices, the branch whose returned text is ``answer`` (the
+        """The last segment to train: the one the last request extended or started. When
+        that request had several choices, the branch whose returned text is ``answer`` (the
         agent's final answer), else choice 0; the flag says the choice was a guess."""
         if not self.last:
             return None, False
@@ -302,3 +304,12 @@ class EpisodeRecord:
             if answer is not None and seg.turns[-1].action_text.strip() == answer.strip():
                 return seg, False
         return self.segments[self.last[0]], True
+
+    def earlier(self, last: Segment) -> list[Segment]:
+        """The segments trained before ``last`` (each its own sample): every other one when
+        no request had ``n > 1`` (then no two segments share a turn: each new segment
+        starts from a full render); none after a branch (a branch copies its segment's
+        turns, and a branch the agent did not follow is no part of its episode)."""
+        if self.branched:
+            return []
+        return [seg for seg in self.segments if seg is not last and seg.turns]

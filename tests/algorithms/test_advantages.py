@@ -67,3 +67,61 @@ def test_fill_advantages_fills_only_missing_over_whole_batch() -> None:
     assert batch[1].advantage == 5.0  # kept
     assert batch[2].advantage == pytest.approx(1.0 / math.sqrt(2.0))
     assert batch[3].advantage == pytest.approx(-1.0 / math.sqrt(2.0))
+
+
+def test_a_trajectory_of_several_segments_is_one_group_member() -> None:
+    """An agent episode trained as several samples (segments) counts once in its group's
+    statistics; its other segments take its advantage."""
+    def sample(r: float, g: str, tid: str, seg: int = 0) -> TrainSample:
+        return TrainSample([1], [1], [0.0], [0], reward=r, group_id=g, trajectory_id=tid,
+                           segment=seg)
+
+    plain = [sample(1.0, "a", "t0"), sample(0.0, "a", "t1"), sample(0.0, "a", "t2")]
+    fill_advantages(plain)
+    batch = [sample(1.0, "a", "t0"), sample(1.0, "a", "t0", 1), sample(1.0, "a", "t0", 2),
+             sample(0.0, "a", "t1"), sample(0.0, "a", "t2"), sample(0.0, "a", "t2", 1)]
+    fill_advantages(batch)
+    a0, a1, a2 = (s.advantage for s in plain)
+    assert [s.advantage for s in batch] == pytest.approx([a0, a0, a0, a1, a2, a2])
+    assert a0 == pytest.approx(2 / math.sqrt(3), rel=1e-5)  # mean 1/3, std 1/sqrt(3)
+    with pytest.raises(ValueError, match="without its segment 0"):
+        fill_advantages([sample(1.0, "a", "t0"), sample(0.0, "a", "t9", 1)])
+
+
+def _across(rank: int, init: str, out: str) -> None:
+    import json
+
+    import torch.distributed as dist
+
+    from rollart_sdk.backends.distributed import fill_advantages_across
+
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2)
+    try:
+        def sample(r: float, tid: str, seg: int = 0) -> TrainSample:
+            return TrainSample([1], [1], [0.0], [0], reward=r, group_id="a", trajectory_id=tid,
+                               segment=seg)
+
+        # Rank 1 holds t0's earlier segment, rank 0 its segment 0.
+        mine = ([sample(1.0, "t0"), sample(0.0, "t1")] if rank == 0
+                else [sample(1.0, "t0", 1), sample(0.0, "t2")])
+        fill_advantages_across(mine, 1e-6, True, torch.device("cpu"), size=2, rank=rank)
+        with open(f"{out}.{rank}", "w") as f:
+            json.dump([s.advantage for s in mine], f)
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.timeout(120)
+def test_segments_split_over_data_parallel_ranks_take_their_trajectorys_advantage(
+        tmp_path) -> None:
+    import json
+
+    import torch.multiprocessing as mp
+
+    init = f"file://{tmp_path / 'store'}"
+    mp.spawn(_across, args=(init, str(tmp_path / "adv")), nprocs=2, join=True)
+    r0 = json.loads((tmp_path / "adv.0").read_text())
+    r1 = json.loads((tmp_path / "adv.1").read_text())
+    plain = [TrainSample([1], [1], [0.0], [0], reward=r, group_id="a") for r in (1.0, 0.0, 0.0)]
+    a0, a1, a2 = (s.advantage for s in fill_advantages(plain))
+    assert r0 == pytest.approx([a0, a1]) and r1 == pytest.approx([a0, a2])

@@ -360,3 +360,18 @@ def test_a_run_whose_workers_cannot_start_leaves_no_run_directory(tmp_path, monk
         build_job(cfg, lines, in_process=True, log=lambda *a: None,
                   resume=ResumePoint.prepare(cfg, path, 4))
     assert {p.name: p.read_bytes() for p in path.iterdir() if p.is_file()} == before
+
+
+def test_trajectories_carried_by_an_older_checkpoint_load_with_the_new_fields():
+    """A checkpoint's carried trajectories are pickled; one written before a field was
+    added (``earlier_segments``) loads with that field's default and trains."""
+    import pickle
+
+    from rollart_sdk.types import Trajectory, Turn
+
+    old = Trajectory("t0", "task", "g0", 3, turns=[Turn([1, 2], [3], [-0.1], [3])], reward=1.0)
+    del old.earlier_segments  # as the older class pickled it
+    back = pickle.loads(pickle.dumps(old))
+    assert back.earlier_segments == [] and back.generated_tokens == 1
+    (sample,) = back.to_samples()
+    assert sample.input_ids == [1, 2, 3] and sample.loss_mask == [0, 0, 1]

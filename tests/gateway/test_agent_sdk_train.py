@@ -137,7 +137,8 @@ def test_agents_sdk_agent_trains_on_the_engines_tokens(tmp_path: Path,
     assert summary["layout"]["layout"] == "inprocess"  # what `rollart train` chose
     assert summary["launched"] == summary["trajectories_trained"] + sum(
         summary["dropped"].values())
-    assert len(taps.trained) == summary["trajectories_trained"] == 2 * 8
+    lasts = [x for x in taps.trained if x["segment"] == 0]  # one per trajectory
+    assert len(lasts) == summary["trajectories_trained"] == 2 * 8
 
     from transformers import AutoTokenizer
 
@@ -153,6 +154,7 @@ def test_agents_sdk_agent_trains_on_the_engines_tokens(tmp_path: Path,
 
     engine = {(tuple(p), tuple(t)): (traj, lps) for traj, p, t, lps in taps.generated}
     last_call = {traj: (tuple(p), tuple(t)) for traj, p, t, _ in taps.generated}
+    trained_calls = []
     for sample in taps.trained:
         ids, spans = sample["input_ids"], _spans(sample["loss_mask"])
         assert spans, "a trained sample without a generated token"
@@ -167,8 +169,17 @@ def test_agents_sdk_agent_trains_on_the_engines_tokens(tmp_path: Path,
             assert all(b["tools"][0]["function"]["name"] == "calculator" for b in bodies)
             assert ids[:start] in [render(b) for b in bodies], _diff(tok, ids[:start],
                                                                     [render(b) for b in bodies])
-        # The sample ends with the episode's last model call (the final answer's turn).
-        assert key == last_call[traj]
+            trained_calls.append((traj, key))
+        # The last segment ends with the episode's last model call (the final answer's
+        # turn); an earlier one (the agent's history was rendered otherwise) with another.
+        assert (key == last_call[traj]) == (sample["segment"] == 0)
+    # Every model call of a trained episode is trained, once (every segment is a sample):
+    # the random model's replies often render otherwise (special tokens it sampled, an
+    # empty reply the SDK drops), so some episodes have two segments.
+    assert any(x["segment"] > 0 for x in taps.trained)
+    trained_trajs = {t for t, _ in trained_calls}
+    assert sorted(trained_calls) == sorted(
+        (traj, (tuple(p), tuple(t))) for traj, p, t, _ in taps.generated if traj in trained_trajs)
     assert '"name": "calculator"' in tok.decode(taps.trained[0]["input_ids"])
     # Every prompt the engine got in an agent episode is the render of one of its requests.
     renders = {traj: [render(b) for b in bodies] for traj, bodies in taps.requests.items()}

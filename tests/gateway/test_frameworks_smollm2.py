@@ -148,6 +148,13 @@ def _check_path(tok: Any, engine: SpyEngine, traj: Trajectory, ep: Any) -> str:
     assert engine.prompts[-1] == sample.input_ids[:len(engine.prompts[-1])]
     trained = [t for t, m in zip(sample.input_ids, sample.loss_mask, strict=True) if m]
     assert trained == [t for r in engine.results[-n:] for t in r.token_ids]
+    # every model call is trained once: an earlier segment (smolagents retries a call
+    # that failed, with the history the failure left out) is a sample of its own
+    assert len(traj.earlier_segments) == len(ep.record.segments) - 1
+    calls = sorted(tuple(turn.action_ids) for turn in traj.all_turns)
+    assert calls == sorted(tuple(r.token_ids) for r in engine.results)
+    assert sum(sum(s.loss_mask) for s in traj.to_samples()) == sum(
+        len(r.token_ids) for r in engine.results)
     return first
 
 

@@ -132,10 +132,15 @@ def test_rewritten_history_starts_a_new_segment(model: ModelConfig) -> None:
 
     (tok, engine, _, _, _), traj = asyncio.run(main())
     assert traj.dropped is None and traj.info["agent_segments"] == 2
-    # What is trained is the last segment: its prompt is the render of the second request.
+    # Both segments are trained, each its own sample: the last (segment 0) is the render of
+    # the second request, then the first request's.
     assert len(traj.turns) == 1 and traj.turns[0].action_ids == engine.results[1].token_ids
     assert traj.turns[0].obs_ids == engine.prompts[1]
-    assert traj.to_sample().input_ids == engine.prompts[1] + engine.results[1].token_ids
+    last, first = traj.to_samples()
+    assert last.input_ids == engine.prompts[1] + engine.results[1].token_ids
+    assert first.input_ids == engine.prompts[0] + engine.results[0].token_ids
+    assert (last.segment, first.segment) == (0, 1) and first.reward == last.reward == 1.0
+    assert sum(first.loss_mask) == len(engine.results[0].token_ids)
 
 
 async def _post(url: str, token: str | None, body: bytes) -> tuple[int, dict[str, Any]]:

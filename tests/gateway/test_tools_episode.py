@@ -93,3 +93,78 @@ def test_an_episode_ending_on_n_choices_trains_the_branch_holding_the_answer() -
     assert seg is rec.segments[1] and not guessed
     seg, guessed = rec.trained("none of them")  # choice 0, flagged as a guess
     assert seg is rec.segments[0] and guessed
+
+
+def _qwen3_record() -> EpisodeRecord:
+    """Qwen 3's own chat template (tests/data/chat_templates), one char per token."""
+    from pathlib import Path
+
+    from transformers.utils.chat_template_utils import render_jinja_template
+
+    template = (Path(__file__).resolve().parents[1] / "data" / "chat_templates"
+                / "qwen3.jinja").read_text()
+
+    def render(messages, tools):
+        out, _ = render_jinja_template([messages], tools=tools, chat_template=template,
+                                       add_generation_prompt=True)
+        return str(out[0])
+
+    return EpisodeRecord(render, lambda t: [ord(c) for c in t],
+                         lambda ids: "".join(chr(i) for i in ids))
+
+
+def test_qwen3_thinking_turns_are_segments_and_every_segment_is_trained() -> None:
+    """Qwen 3's template drops the thinking of assistant turns before the last user
+    message, so the history never renders as the model wrote it: each user turn starts a
+    segment. Every segment is trained, each as its own sample of the engine's tokens."""
+    from rollart_sdk.types import Trajectory
+
+    rec = _qwen3_record()
+    messages = [{"role": "user", "content": "2 + 3?"}]
+    generated = []
+    for i, reply in enumerate(["<think>\nadd them\n</think>\n\n5", "<think>\nx2\n</think>\n\n10",
+                               "<think>\nok\n</think>\n\ndone"]):
+        prompt = rec.prompt(messages, None)
+        assert not prompt.continues  # the thinking is gone from the history
+        ids = [ord(c) for c in reply + "<|im_end|>"]
+        generated.append(ids)
+        result = GenerationResult("r", ids, [-0.5] * len(ids), [0] * len(ids), "stop")
+        rec.record(prompt, messages, [Choice(result, {"role": "assistant", "content": reply})])
+        messages = [*messages, {"role": "assistant", "content": reply},
+                    {"role": "user", "content": f"and then {i}?"}]
+    assert len(rec.segments) == 3
+    last, guessed = rec.trained("done")
+    assert last is rec.segments[2] and not guessed
+    traj = Trajectory("t", "agent", "g", 0, turns=list(last.turns), reward=1.0,
+                      earlier_segments=[list(s.turns) for s in rec.earlier(last)])
+    samples = traj.to_samples()
+    assert [s.segment for s in samples] == [0, 1, 2]
+    trained = [[i for i, m in zip(s.input_ids, s.loss_mask, strict=True) if m] for s in samples]
+    assert trained == [generated[2], generated[0], generated[1]]
+    assert traj.generated_tokens == sum(map(len, generated)) and len(traj.all_turns) == 3
+    # The last segment's prompt is the whole render, the earlier replies without thinking.
+    text = "".join(map(chr, samples[0].input_ids))
+    assert "add them" not in text and "<|im_start|>assistant\n5<|im_end|>" in text
+
+
+def test_after_a_branch_only_the_last_segment_is_trained() -> None:
+    """With n > 1 the branches copy their segment's turns: training two of them would
+    train the shared turns twice, so only the segment holding the answer is trained."""
+    rec = _record()
+    _turn(rec, [{"role": "user", "content": "hi"}], "yo")
+    m = [{"role": "user", "content": "again"}]  # a rewrite: a second segment, two choices
+    prompt = rec.prompt(m, None)
+    choices = []
+    for reply in ("a", "b"):
+        ids = [ord(ch) for ch in reply + "|"]
+        result = GenerationResult("r", ids, [-0.5] * len(ids), [0] * len(ids), "stop")
+        choices.append(Choice(result, {"role": "assistant", "content": reply}))
+    rec.record(prompt, m, choices)
+    last, _ = rec.trained("b")
+    assert last is rec.segments[2] and rec.earlier(last) == []
+    # Without the branch, the first segment is trained too.
+    rec2 = _record()
+    _turn(rec2, [{"role": "user", "content": "hi"}], "yo")
+    _turn(rec2, m, "a")
+    last2, _ = rec2.trained("a")
+    assert rec2.earlier(last2) == [rec2.segments[0]]
