@@ -211,11 +211,14 @@ def test_context_checks_skip_with_a_warning_a_task_whose_env_does_not_reset_here
     warnings: list[str] = []
     got = [(i, task.tag, obs) for i, task, obs in _first_observations(cfg, envs, warnings)]
     assert got == [(1, "b", "grid seed 0"), (3, "d", "grid seed 0")]
+    tail = ("; if it fails so on the env workers too, every episode of the task is dropped "
+            "(its context budget is not checked here)")
+    line = Broken.reset.__code__.co_firstlineno + 1  # where it raised
     assert warnings == [
-        "tasks.0: context budget not checked: the env's reset failed here "
-        "(OSError: no map file)",
-        "tasks.2: context budget not checked: the env's reset failed here "
-        "(TimeoutError: reset took longer than 0.5s)"]
+        "tasks.0: the env's reset (seed 0) failed here: OSError: no map file "
+        f"(at {__file__}:{line})" + tail,
+        "tasks.2: the env's reset (seed 0) failed here: TimeoutError: reset took longer "
+        "than 0.5s" + tail]
 
 
 def test_a_bad_value_or_override_is_named_in_one_line_not_dumped(tmp_path):
@@ -233,3 +236,33 @@ def test_a_bad_value_or_override_is_named_in_one_line_not_dumped(tmp_path):
     assert len(err.strip().splitlines()) == 2, err  # "error: ...", then the one problem
     assert "override value '[1' is not valid YAML: expected ',' or ']'" in err
     assert "at column 3" in err
+
+
+def test_an_env_that_cannot_be_built_is_a_config_error_naming_the_task(tmp_path):
+    """An env constructor that raises (options it refuses, a module it cannot import) is
+    said as a config error at the task's env, with where it raised and what to do: not
+    a traceback. The folder `rollart` runs from is importable, as under ``python -m``."""
+    (tmp_path / "my_agent.py").write_text(
+        "async def run(client, task):\n    return 1.0\n\n"
+        "def task(seed):\n    raise ValueError('no tasks.csv beside the agent')\n")
+    agent = BASE.replace("env: {name: frozenlake}", "env: {name: agent, options: "
+                         "{run: 'my_agent:RUN', tasks: 'my_agent:task'}}\n    env_host: thread")
+    cfg = write(tmp_path, agent)
+    # Run from the agent's folder: it is importable; the name it lacks is said.
+    err = one_line_error(run_cli("validate", str(cfg), cwd=tmp_path))
+    assert "tasks.0.env (line 5): building env 'agent' (rollart-builtins-envs) raised " \
+           "AttributeError: module 'my_agent' has no attribute 'RUN'" in err, err
+    assert "check its options (`rollart envs agent` lists them)" in err, err
+    # Built, but its reset raises (the task function): a warning with where it raised.
+    ok = write(tmp_path, agent.replace("my_agent:RUN", "my_agent:run"), "ok.yaml")
+    res = run_cli("validate", str(ok), cwd=tmp_path)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "tasks.0: the env's reset (seed 0) failed here: ValueError: no tasks.csv beside " \
+           f"the agent (at {tmp_path / 'my_agent.py'}:5)" in res.stdout + res.stderr
+    # From elsewhere the module is not importable: said, with the ways to make it so.
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    err = one_line_error(run_cli("validate", str(cfg), cwd=elsewhere))
+    assert "raised ModuleNotFoundError: No module named 'my_agent'; the module must be " \
+           "importable by the Python that runs rollart: run rollart from the folder that " \
+           "holds it" in err, err

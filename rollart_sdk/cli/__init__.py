@@ -5,6 +5,7 @@ runs the command."""
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import Any
 
@@ -120,7 +121,23 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def working_dir_importable() -> None:
+    """The folder ``rollart`` runs from is importable, as under ``python -m``: a config's
+    import strings (an agent's ``run: examples.agent_calc:run``) may name a module there.
+    Appended to ``sys.path`` (an installed package wins over a same-named file there), and
+    to ``PYTHONPATH`` for the processes the run starts (env workers, Ray's workers on this
+    machine)."""
+    cwd = os.getcwd()
+    if cwd not in sys.path and "" not in sys.path:
+        sys.path.append(cwd)
+    parts = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    if cwd not in parts:
+        os.environ["PYTHONPATH"] = os.pathsep.join([*parts, cwd])
+
+
 def main(argv: list[str] | None = None) -> int:
+    if argv is None:  # run as the command (tests call main(argv) and keep their own paths)
+        working_dir_importable()
     argv = list(sys.argv[1:] if argv is None else argv)
     dump_stacks_on_sigusr1()
     parser = build_parser()

@@ -186,7 +186,12 @@ class Evaluator:
             hosts = self.envs[tag]
             traj = Trajectory(trajectory_id=f"eval:{self.runs}:{tag}:{i}", tag=tag,
                               group_id=f"eval:{self.runs}:{tag}", start_version=self.version())
-            mgr = EnvManager(traj, eval_seed(i, self.cfg.seed_offset), i, self.tasks[tag],
-                             self.chat, self.proxy, hosts[i % len(hosts)], self.reward,
-                             self.version)
+            manager = EnvManager
+            if self.tasks[tag].gateway is not None:  # an agent task: the agent drives
+                from rollart_sdk.control.agent_manager import AgentManager
+
+                manager = AgentManager
+            mgr = manager(traj, eval_seed(i, self.cfg.seed_offset), i, self.tasks[tag],
+                          self.chat, self.proxy, hosts[i % len(hosts)], self.reward,
+                          self.version)
             return await mgr.run()

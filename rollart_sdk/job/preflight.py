@@ -36,12 +36,14 @@ from __future__ import annotations
 import json
 import tempfile
 import threading
+import traceback
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rollart_sdk.config import ModelConfig, RunConfig
+from rollart_sdk.errors import ConfigError
 
 if TYPE_CHECKING:
     from rollart_sdk.config.resolve import Resolved
@@ -258,8 +260,46 @@ def probe_env(resolved: Resolved, timeout: float) -> EnvProbe:
 
 
 def probe_envs(cfg: RunConfig, envs: dict[str, Any]) -> dict[str, EnvProbe]:
-    """Each task's env, built once (:func:`probe_env`, within its ``reset_timeout_s``)."""
-    return {task.tag: probe_env(envs[task.tag], task.reset_timeout_s) for task in cfg.tasks}
+    """Each task's env, built once (:func:`probe_env`, within its ``reset_timeout_s``);
+    a constructor that raises is a :class:`ConfigError` naming the task."""
+    probes, problems = probe_envs_checked(cfg, envs)
+    if problems:
+        raise ConfigError(problems)
+    return probes
+
+
+def probe_envs_checked(cfg: RunConfig, envs: dict[str, Any]) -> tuple[dict[str, EnvProbe],
+                                                                       Problems]:
+    """:func:`probe_envs`, with the tasks whose env could not be built as problems."""
+    probes: dict[str, EnvProbe] = {}
+    problems: Problems = []
+    for i, task in enumerate(cfg.tasks):
+        try:
+            probes[task.tag] = probe_env(envs[task.tag], task.reset_timeout_s)
+        except Exception as exc:  # noqa: BLE001 - a plugin's (or a user's) constructor
+            problems.append((f"tasks.{i}.env", _build_failed(envs[task.tag], exc)))
+    return probes, problems
+
+
+def raised(exc: BaseException) -> str:
+    """``Type: message (at file:line)``: an exception as one line, with the innermost
+    frame it was raised in (none for an import that failed: that frame is importlib's)."""
+    frames = [f for f in traceback.extract_tb(exc.__traceback__)
+              if not f.filename.startswith("<")]  # importlib's frozen frames
+    at = (f" (at {frames[-1].filename}:{frames[-1].lineno})"
+          if frames and not isinstance(exc, ImportError) else "")
+    return f"{type(exc).__name__}: {str(exc)[:300]}{at}"
+
+
+def _build_failed(resolved: Resolved, exc: BaseException) -> str:
+    """What building an env raised, where, and what to look at."""
+    name = resolved.descriptor.name
+    hint = (f"; check its options (`rollart envs {name}` lists them)"
+            if not isinstance(exc, ImportError) else
+            "; the module must be importable by the Python that runs rollart: run "
+            "rollart from the folder that holds it (that folder is importable), "
+            "install it, or add its folder to PYTHONPATH")
+    return f"building env {name!r} ({resolved.descriptor.plugin}) raised {raised(exc)}{hint}"
 
 
 def first_observation(env_cls: Any, options: dict[str, Any], timeout: float) -> Any:
@@ -276,8 +316,9 @@ def first_observations(cfg: RunConfig, firsts: dict[str, Any],
     for i, task in enumerate(cfg.tasks):
         obs = firsts[task.tag]
         if isinstance(obs, BaseException):
-            warnings.append(f"tasks.{i}: context budget not checked: the env's reset failed "
-                            f"here ({type(obs).__name__}: {str(obs)[:200]})")
+            warnings.append(f"tasks.{i}: the env's reset (seed 0) failed here: {raised(obs)}; "
+                            "if it fails so on the env workers too, every episode of the "
+                            "task is dropped (its context budget is not checked here)")
             continue
         yield i, task, obs
 
@@ -514,7 +555,6 @@ def preflight(cfg: RunConfig, resolved: Any, lines: Any = None, log: Any = print
     does and read its tokenizer; otherwise (``validate``) a tiny model's tokenizer is
     built alone and a GGUF's config and tokenizer are read from its metadata.
     """
-    from rollart_sdk.errors import ConfigError
 
     def fail(problems: Problems) -> None:
         if problems:
@@ -533,7 +573,8 @@ def preflight(cfg: RunConfig, resolved: Any, lines: Any = None, log: Any = print
     for w in (sampling_warnings(cfg) + check_precision(cfg, resolved.trainer)
               + option_clash_warnings(cfg, resolved)):
         log(f"warning: {w}")
-    probes = probe_envs(cfg, resolved.envs)
+    probes, problems = probe_envs_checked(cfg, resolved.envs)
+    fail(problems)
     described = {tag: p.facts for tag, p in probes.items()}
     model, tokenizer, problems, conf = _model_and_tokenizer(cfg, described, build_model)
     fail(problems)

@@ -24,8 +24,10 @@ def make_dist(site: Path, dist: str, module: str, source: str, entry: str | None
 def run_cli(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None,
             python: str | Path | None = None, timeout: float = 120):
     """Run the real `rollart` CLI in a subprocess (under ``python``, this interpreter by
-    default)."""
+    default), as the ``rollart`` command runs: ``PYTHONSAFEPATH`` keeps ``-m`` from putting
+    the working directory first on ``sys.path`` (the console script does not either)."""
     full_env = dict(os.environ)
+    full_env["PYTHONSAFEPATH"] = "1"
     full_env.update(env or {})
     return subprocess.run(
         [str(python or sys.executable), "-m", "rollart_sdk.cli", *args],
