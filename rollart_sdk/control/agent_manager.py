@@ -10,8 +10,9 @@ turn the gateway sends through :meth:`generate` - the LLMProxy, with the traject
 an HTTP 410 the agent's ``openai`` client raises, and the trajectory is dropped with
 the reason like any other.
 
-What is trained: the episode's last segment (:mod:`rollart_sdk.gateway.episode`); with
-one segment (the agent only appended to its history), every turn of the episode.
+What is trained: every segment of the episode, each as its own sample
+(:mod:`rollart_sdk.gateway.episode`; ``Trajectory.earlier_segments``), so every model call;
+after a request with ``n > 1``, the last segment only (branches share turns).
 """
 
 from __future__ import annotations

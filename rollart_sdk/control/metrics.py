@@ -109,7 +109,7 @@ def _task_metrics(m: dict[str, Any], tag: str, trajs: list[Trajectory], rec: Ste
         m[f"invalid_action/{tag}"] = sum(1 for j in judged if j) / len(judged)
     m[f"count/{tag}"] = len(trajs)
     # Agent tasks (docs/gateway.md): segments per episode (1: the agent only appended
-    # to its history; more: it rewrote it, and only the last segment was trained).
+    # to its history; more: it, or the chat template, rewrote it: each a sample).
     segs = [t.info["agent_segments"] for t in trajs if "agent_segments" in t.info]
     if segs:
         m[f"agent/segments/{tag}"] = sum(segs) / len(segs)

@@ -14,6 +14,6 @@ def rollart_register_envs(registry):
         summary="an agent written against the OpenAI API: async def run(client, task), "
                 "served by the gateway (docs/gateway.md)",
         traits={"turns": "the agent's requests (tasks[].max_turns at most)",
-                "character": "an agent program: it drives the model over HTTP; the last "
-                             "segment of its requests is trained"},
+                "character": "an agent program: it drives the model over HTTP; every model "
+                             "call is trained (each segment of its history a sample)"},
     )
