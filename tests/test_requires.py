@@ -29,5 +29,8 @@ def test_validate_warns_and_train_stops_before_ray(tmp_path):
     assert res.returncode != 0
     err = " ".join((res.stdout + res.stderr).split())
     assert "engine.name" in err and "'vllm', which is not installed in this Python" in err
+    line = next(i for i, x in enumerate((ROOT / "examples/vllm.yaml").read_text().splitlines(),
+                                        1) if x.startswith("engine:"))
+    assert f"engine.name (line {line}): engine 'vllm'" in err, err  # said once, the right line
     assert "Started a local Ray instance" not in err and "Traceback" not in err
     assert not any(tmp_path.iterdir())  # no run directory either

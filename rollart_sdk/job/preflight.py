@@ -564,9 +564,9 @@ def preflight(cfg: RunConfig, resolved: Any, lines: Any = None, log: Any = print
          + check_env_pools(cfg) + check_prefill(cfg, resolved))
     # A backend whose heavy stack is not installed: the config is right (validate warns),
     # but a run would fail only after Ray and its workers started.
-    missing = list(getattr(resolved, "missing", []))
-    if build_model:
-        fail(missing)
+    missing = list(getattr(resolved, "missing", []))  # (where, said with its line)
+    if build_model and missing:
+        raise ConfigError(missing)
     for where, why in missing:
         log(f"warning: {where}: {why}")
     fail(check_pd(cfg, resolved))
