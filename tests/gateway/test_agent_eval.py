@@ -11,7 +11,7 @@ import pytest
 
 pytest.importorskip("openai")
 
-from rollart_sdk.testing.dists import run_cli  # noqa: E402
+from rollart_sdk.testing.dists import run_cli
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.timeout(600)

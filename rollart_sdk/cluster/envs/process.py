@@ -309,25 +309,39 @@ def _serve(conn: Any) -> None:
                 _close(e, conn)
                 return
             if env is None:
-                conn.send((False, error or "the env is closed"))
+                if not _reply(conn, (False, error or "the env is closed")):
+                    return
                 continue
-            try:
-                if method == "reset":
-                    obs, info = env.reset(seed=args[0])
-                    result: Any = (text_observation(obs, "reset"), plain_info(info))
-                elif method == "step":
-                    obs, reward, term, trunc, info = env.step(args[0])
-                    result = (text_observation(obs, "step"), float(reward), bool(term),
-                              bool(trunc), plain_info(info))
-                else:
-                    raise AttributeError(f"env hosts serve reset/step/close, not {method!r}")
-            except Exception as exc:  # noqa: BLE001 - the env's error goes to the caller
-                conn.send((False, error_text(exc)))
-                continue
-            conn.send((True, result))
+            if not _reply(conn, _call(env, method, args)):
+                return  # the parent is gone (killed): the finally closes the env
     finally:
         if env is not None:
             _close(env, None)
+
+
+def _call(env: Any, method: str, args: Any) -> tuple[bool, Any]:
+    """``(True, result)`` of a reset or step, or ``(False, its error)``."""
+    try:
+        if method == "reset":
+            obs, info = env.reset(seed=args[0])
+            return True, (text_observation(obs, "reset"), plain_info(info))
+        if method == "step":
+            obs, reward, term, trunc, info = env.step(args[0])
+            return True, (text_observation(obs, "step"), float(reward), bool(term),
+                          bool(trunc), plain_info(info))
+        raise AttributeError(f"env hosts serve reset/step/close, not {method!r}")
+    except Exception as exc:  # noqa: BLE001 - the env's error goes to the caller
+        return False, error_text(exc)
+
+
+def _reply(conn: Any, answer: tuple[bool, Any]) -> bool:
+    """Send ``answer`` to the parent; False when it is gone (a killed driver: its env
+    processes end quietly, not with a traceback each on the user's terminal)."""
+    try:
+        conn.send(answer)
+    except (BrokenPipeError, EOFError, ConnectionResetError):
+        return False
+    return True
 
 
 def _close(env: Any, conn: Any) -> None:
