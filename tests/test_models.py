@@ -175,3 +175,35 @@ def test_trainer_checkpoint_path_and_device_errors(tmp_path):
         assert resolve_device("auto", 1) == torch.device("cpu")
         with pytest.raises(ValueError, match="CUDA is not available"):
             resolve_device("cuda", 1)
+
+
+def test_a_hub_id_is_the_model_in_the_local_hugging_face_cache(tmp_path):
+    """`model.path: org/name` (what a user who ran `hf download org/name` writes) is that
+    model's snapshot folder in the local Hugging Face cache, found by huggingface_hub
+    offline: `validate` and a one-step `train` use it. Not in the cache: an error that says
+    rollart downloads nothing and how to put it there."""
+    from rollart_sdk.models import build_tiny_checkpoint
+    from rollart_sdk.testing.dists import run_cli
+
+    cache = tmp_path / "hub"
+    repo = cache / "models--acme--tiny-llama"
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    build_tiny_checkpoint(TINY, repo / "snapshots" / commit, ["Left", "Right", "Up", "Down"])
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(commit)
+    config = tmp_path / "c.yaml"
+    config.write_text(
+        "model: {path: acme/tiny-llama}\n"
+        "tasks:\n  - tag: FrozenLake\n    env: {name: frozenlake}\n    max_turns: 2\n"
+        "rollout: {batch_size: 4, group_size: 2}\n"
+        f"output_dir: {tmp_path / 'runs'}\n")
+    env = {"HF_HUB_CACHE": str(cache), "HF_HUB_OFFLINE": "1"}
+    res = run_cli("train", str(config), "--steps", "1", "--no-progress", env=env, timeout=300)
+    assert res.returncode == 0, res.stdout + res.stderr
+    (run,) = [d for d in (tmp_path / "runs").iterdir() if not d.name.startswith(".")]
+    assert f"path: {repo / 'snapshots' / commit}" in (run / "config.yaml").read_text()
+    res = run_cli("validate", str(config), "model.path=acme/other", env=env)
+    assert res.returncode == 2
+    assert ("'acme/other' does not exist (as a Hugging Face Hub id it is not in the local "
+            "cache either: rollart downloads nothing; `hf download acme/other` puts it "
+            "there") in " ".join(res.stderr.split()), res.stderr

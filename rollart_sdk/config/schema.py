@@ -5,6 +5,7 @@ key and line)."""
 from __future__ import annotations
 
 import importlib.util
+import re
 from pathlib import Path
 from typing import Any, Literal
 
@@ -83,6 +84,32 @@ def _divisor_near(n: int, k: int) -> int:
     return min((d for d in range(1, n + 1) if n % d == 0), key=lambda d: (abs(d - k), d))
 
 
+_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
+
+
+def looks_like_hub_id(path: str) -> bool:
+    """``org/name``, and no such file or folder here."""
+    return bool(_HUB_ID.fullmatch(path)) and not Path(path).exists()
+
+
+def cached_hub_snapshot(path: str) -> str | None:
+    """The local Hugging Face cache's snapshot folder of Hub id ``path`` (``HF_HUB_CACHE``
+    / ``HF_HOME`` as the ``huggingface_hub`` library reads them), or None: not an id, a
+    folder here, or not in the cache. Offline: nothing is downloaded."""
+    if not looks_like_hub_id(path):
+        return None
+    try:
+        from huggingface_hub import snapshot_download
+        from huggingface_hub.errors import LocalEntryNotFoundError
+    except ImportError:
+        return None
+    try:
+        folder = snapshot_download(path, local_files_only=True)
+    except (LocalEntryNotFoundError, ValueError, OSError):
+        return None
+    return str(folder) if (Path(folder) / "config.json").is_file() else None
+
+
 class ModelConfig(_Strict):
     """Which model to train and serve. Exactly one of ``path``, ``gguf`` or ``tiny``.
 
@@ -100,6 +127,14 @@ class ModelConfig(_Strict):
     # Llama-family model (rollart_sdk/nn/llama.py: no transformers import, about 2 s less
     # start-up) when it covers the checkpoint, else transformers'; or force either.
     implementation: Literal["auto", "native", "transformers"] = "auto"
+
+    @field_validator("path")
+    @classmethod
+    def _hub_id_from_the_cache(cls, v: str | None) -> str | None:
+        """A Hugging Face Hub id (``org/name``) that is no folder here is the snapshot
+        folder of that model in the local Hugging Face cache, when it is there
+        (``hf download org/name`` puts it there). Nothing is downloaded."""
+        return None if v is None else (cached_hub_snapshot(v) or v)
 
     @model_validator(mode="after")
     def _one_source(self) -> ModelConfig:

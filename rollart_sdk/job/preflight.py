@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rollart_sdk.config import ModelConfig, RunConfig
+from rollart_sdk.config.schema import looks_like_hub_id
 from rollart_sdk.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -80,8 +81,11 @@ def check_model(model: ModelConfig) -> Problems:
     p = Path(model.path)
     if not (p / "config.json").is_file():
         what = "does not exist" if not p.exists() else "has no config.json"
-        return [("model.path", f"{model.path!r} {what}; give a Hugging Face checkpoint folder "
-                 "(config.json + weights), or model.gguf / model.tiny")]
+        hub = (f" (as a Hugging Face Hub id it is not in the local cache either: rollart "
+               f"downloads nothing; `hf download {model.path}` puts it there, then this "
+               "config finds it)" if looks_like_hub_id(model.path) else "")
+        return [("model.path", f"{model.path!r} {what}{hub}; give a Hugging Face checkpoint "
+                 "folder (config.json + weights), or model.gguf / model.tiny")]
     try:
         conf = json.loads((p / "config.json").read_text())
     except (OSError, ValueError) as exc:
