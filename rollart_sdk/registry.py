@@ -110,6 +110,17 @@ def _top_level_names(tree: Any) -> set[str]:
     return names
 
 
+def importable(module: str) -> bool:
+    """Whether ``module`` can be imported here (``find_spec``: nothing imported but a
+    dotted name's parents)."""
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
+
+
 def import_string(spec: str) -> Any:
     """Import ``"package.module:attr"`` (``attr`` may be dotted)."""
     if ":" not in spec:
@@ -146,22 +157,20 @@ class Descriptor:
     # pull in, e.g. vLLM), each with how to install it: checked before a run starts.
     requires: dict[str, str] = field(default_factory=dict, hash=False)
 
-    def missing(self) -> list[str]:
+    def missing(self, options: Any = None) -> list[str]:
         """One line per module of ``requires`` that is not importable here, with its
         install hint (located with ``importlib.util.find_spec``, nothing imported but a
-        dotted name's parents)."""
-        import importlib.util
-
-        out = []
-        for module, how in self.requires.items():
-            try:
-                found = importlib.util.find_spec(module) is not None
-            except (ImportError, ValueError):
-                found = False
-            if not found:
-                out.append(f"{self.kind} {self.name!r} needs the Python package that "
-                           f"provides {module!r}, which is not installed in this Python; "
-                           f"{how}")
+        dotted name's parents); with the backend's validated ``options``, also those its
+        options need (an options model's ``requires()``: module -> hint, e.g. trainer
+        ``torch``'s ``lora`` needs peft)."""
+        out = [f"{self.kind} {self.name!r} needs the Python package that provides "
+               f"{module!r}, which is not installed in this Python; {how}"
+               for module, how in self.requires.items() if not importable(module)]
+        wanted = getattr(options, "requires", None)
+        if callable(wanted):
+            out += [f"{self.kind} {self.name!r} with these options needs the Python package "
+                    f"that provides {module!r}, which is not installed in this Python; {how}"
+                    for module, how in wanted().items() if not importable(module)]
         return out
 
     @property

@@ -8,6 +8,8 @@ import argparse
 import json
 from typing import Any
 
+from rich.markup import escape
+
 from rollart_sdk.cli.env_catalog import describe
 
 
@@ -47,11 +49,12 @@ def cmd_envs(args: argparse.Namespace) -> int:
     console.print(table)
     if details:
         for rec in records:
-            console.print(f"\n[bold]{rec['name']}[/bold]  {rec['summary']}")
+            console.print(f"\n[bold]{escape(rec['name'])}[/bold]  {escape(rec['summary'])}")
             for opt in rec.get("options", []):
-                console.print(f"  {opt['name']} = {opt['default']!r}  [dim]{opt['description']}[/dim]")
+                console.print(f"  {escape(opt['name'])} = {escape(repr(opt['default']))}  "
+                              f"[dim]{escape(opt['description'])}[/dim]")
             if "options_error" in rec:
-                console.print(f"  [red]options: {rec['options_error']}[/red]")
+                console.print(f"  [red]options: {escape(rec['options_error'])}[/red]")
     if simulated:
         console.print(f"\nSimulated workloads (rollart sim, clock: simulated; no text "
                       f"environment): {', '.join(simulated)}")

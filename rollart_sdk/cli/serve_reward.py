@@ -58,7 +58,7 @@ def cmd_serve_reward(args: argparse.Namespace) -> int:
     plans = deployments(cfg, args.task, args)
     token = None if args.insecure else (os.environ.get(args.token_env) or None)
     for warning in check_exposure(args.host, token, args.insecure):
-        console.print(warning)
+        console.print(warning, markup=False, highlight=False)
     init_ray(address=args.address, log_to_driver=False)
     monitors = []
     try:

@@ -6,7 +6,14 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from rich.markup import escape
+
 from rollart_sdk.cli.output import console
+
+
+def _say(text: str) -> None:
+    """A line of the checks (warnings name packages like 'pkg[extra]': not markup)."""
+    console.print(text, markup=False, highlight=False)
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
@@ -31,14 +38,14 @@ def cmd_validate(args: argparse.Namespace) -> int:
         plan = plan_resources(cfg, resolved, workers=runtime.role_workers())
         # What `train` (or `sim`) checks before any worker starts: output dir, model,
         # context budgets (a simulated run's: its first prompts against the engines' KV).
-        runtime.check(cfg, resolved, plan, lines, console.print, build_model=False)
+        runtime.check(cfg, resolved, plan, lines, _say, build_model=False)
     except ConfigError as exc:
         raise ConfigError(exc.problems, source=args.config) from None
     for warning in plugins.warnings:
-        console.print(f"[yellow]warning[/yellow]: {warning}")
-    console.print(f"[green]ok[/green]: {args.config} is valid")
+        console.print(f"[yellow]warning[/yellow]: {escape(warning)}")
+    console.print(f"[green]ok[/green]: {escape(args.config)} is valid")
     for warning in plan.warnings:
-        console.print(f"[yellow]warning[/yellow]: {warning}")
+        console.print(f"[yellow]warning[/yellow]: {escape(warning)}")
     if layout is not None:
         console.print(f"  {layout.line()}")
     for kind in ("engine", "trainer", "transport", "placement"):

@@ -60,20 +60,22 @@ def resolve_run(cfg: RunConfig, registry: Registry, lines: LineMap | None = None
             problems.append((at, str(exc)))
             return None
         problems.extend((at, why) for why in desc.check_paths())
-        missing.extend((at, why) for why in desc.missing())
         if desc.process_local and not in_process:
             problems.append((at, f"{kind} {desc.name!r} works only inside one process, but "
                              "this run starts its workers as separate Ray processes; choose "
                              f"a cross-process {kind} (installed: "
                              f"{', '.join(_cross_process(registry, kind))}), or run "
                              "every worker in one process (layout: inprocess)"))
+        options = None
         try:
-            return Resolved(desc, desc.validate_options(backend.options, f"{where}.options", lines))
+            options = desc.validate_options(backend.options, f"{where}.options", lines)
         except ConfigError as exc:
             problems.extend(exc.problems)
         except PluginError as exc:
             problems.append((f"{where}.options", str(exc)))
-        return None
+        # Its heavy stack, and what its options need (trainer torch's lora: peft).
+        missing.extend((at, why) for why in desc.missing(options))
+        return None if options is None else Resolved(desc, options)
 
     engine = one("engine", cfg.engine, "engine")
     trainer = one("trainer", cfg.trainer, "trainer")

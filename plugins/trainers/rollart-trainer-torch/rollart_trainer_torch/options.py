@@ -85,6 +85,14 @@ class TorchTrainerOptions(TrainerOptionsBase):
         "train LoRA adapters instead of the full model (null: full fine-tuning); engines "
         "receive only the adapters (docs/trainers.md, LoRA)"))
 
+    def requires(self) -> dict[str, str]:
+        """Modules these options need, with how to install each (checked by `validate`
+        and `train` before anything starts: rollart_sdk.registry.Descriptor.missing)."""
+        if self.lora is None:
+            return {}
+        return {"peft": "trainer.options.lora needs peft: pip install -c constraints.txt "
+                        "'rollart-trainer-torch[lora]' (or pip install peft)"}
+
     @model_validator(mode="after")
     def _sharing_without_checkpointing(self) -> TorchTrainerOptions:
         # The prefix tree runs the shared prefix with the KV cache, which transformers
