@@ -1,6 +1,6 @@
 """What the gateway tests put around the gateway: the torch engine with a spy on what it
 got and generated, a reward that passes the agent's own on, and a gateway that keeps the
-episodes it closed (their records and counts)."""
+episodes it closed (their records and counts); the config of a whole-pipeline agent run."""
 
 from __future__ import annotations
 
@@ -89,3 +89,45 @@ def run_episode(model: ModelConfig, template: str, descriptor: Any, options: Any
         return tok, engine, traj, gw.kept[0]
 
     return asyncio.run(main())
+
+
+def agent_config(name: str, module: str, *, max_turns: int, max_new_tokens: int,
+                 rollout: dict[str, Any], train: dict[str, Any]) -> dict[str, Any]:
+    """A whole-pipeline run config (tiny model, in process) of one task whose env is the
+    built-in ``agent`` with ``module``'s ``run`` and ``task`` (a module in this folder)."""
+    return {
+        "name": name, "seed": 0,
+        "model": {"tiny": {"hidden_size": 32, "num_layers": 1, "num_heads": 2,
+                           "intermediate_size": 64, "seed": 0}},
+        "tasks": [{"tag": "calc", "env": {"name": "agent", "options": {
+            "run": f"{module}:run", "tasks": f"{module}:task"}},
+            "reward": {"name": "rule", "options": {"mode": "env_return"}},
+            "max_turns": max_turns, "max_context_tokens": 512, "step_timeout_s": 300,
+            "env_host": "thread", "sampling": {"max_new_tokens": max_new_tokens}}],
+        "engine": {"name": "torch", "options": {"max_running": 16}},
+        "trainer": {"name": "torch", "options": {"lr": 0.001, "micro_batch_size": 8}},
+        "transport": {"name": "local"},
+        "rollout": rollout,
+        "train": train,
+    }
+
+
+def run_config(config: dict[str, Any], out: Any, steps: int) -> tuple[Any, list[Any], Any]:
+    """Run ``config`` in process for ``steps`` under folder ``out``: the (closed) job, the
+    step records and the run directory."""
+    import yaml
+
+    from rollart_sdk.config import load_config
+    from rollart_sdk.job import build_job, run_job
+
+    path = out / f"{config['name']}.yaml"
+    path.write_text(yaml.safe_dump({**config, "output_dir": str(out / "runs")}))
+    cfg, lines = load_config(path)
+    job = build_job(cfg, lines, in_process=True, log=lambda *a: None)
+    try:
+        records = run_job(job, steps, progress=False)
+    finally:
+        job.close()
+    (run_dir,) = [d for d in (out / "runs").iterdir()
+                  if d.is_dir() and not d.name.startswith(".")]
+    return job, records, run_dir

@@ -12,33 +12,20 @@ from typing import Any
 
 import pytest
 import torch
-import yaml
 
 pytest.importorskip("openai")
 trainer_mod = pytest.importorskip("rollart_trainer_torch.trainer")
 
+from gateway_parts import agent_config, run_config  # noqa: E402
+
 from rollart_sdk.algorithms import grpo_advantages  # noqa: E402
-from rollart_sdk.config import load_config  # noqa: E402
-from rollart_sdk.job import build_job, run_job  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 pytestmark = pytest.mark.timeout(600)
 
-CONFIG = {
-    "name": "agent_segments", "seed": 0,
-    "model": {"tiny": {"hidden_size": 32, "num_layers": 1, "num_heads": 2,
-                       "intermediate_size": 64, "seed": 0}},
-    "tasks": [{"tag": "calc", "env": {"name": "agent", "options": {
-        "run": "_summarizing_agent:run", "tasks": "_summarizing_agent:task"}},
-        "reward": {"name": "rule", "options": {"mode": "env_return"}},
-        "max_turns": 4, "max_context_tokens": 512, "step_timeout_s": 300,
-        "env_host": "thread", "sampling": {"max_new_tokens": 5}}],
-    "engine": {"name": "torch", "options": {"max_running": 16}},
-    "trainer": {"name": "torch", "options": {"lr": 0.001, "micro_batch_size": 8}},
-    "transport": {"name": "local"},
-    "rollout": {"batch_size": 4, "group_size": 2, "mode": "sync"},
-    "train": {"steps": 2, "samples_per_task": 8},
-}
+CONFIG = agent_config("agent_segments", "_summarizing_agent", max_turns=4, max_new_tokens=5,
+                      rollout={"batch_size": 4, "group_size": 2, "mode": "sync"},
+                      train={"steps": 2, "samples_per_task": 8})
 
 
 def test_both_segments_of_a_summarising_agent_are_trained(
@@ -53,17 +40,8 @@ def test_both_segments_of_a_summarising_agent_are_trained(
         return out
 
     monkeypatch.setattr(trainer_mod.TorchTrainer, "train_step", spy)
-    path = tmp_path / "segments.yaml"
-    path.write_text(yaml.safe_dump({**CONFIG, "output_dir": str(tmp_path / "runs")}))
-    cfg, lines = load_config(path)
-    job = build_job(cfg, lines, in_process=True, log=lambda *a: None)
-    try:
-        records = run_job(job, 2, progress=False)
-    finally:
-        job.close()
+    _, records, run_dir = run_config(CONFIG, tmp_path, 2)
     assert len(records) == 2 and len(batches) == 2
-    (run_dir,) = [d for d in (tmp_path / "runs").iterdir()
-                  if d.is_dir() and not d.name.startswith(".")]
     rows = [json.loads(x) for x in (run_dir / "samples.jsonl").read_text().splitlines()]
     trained = {r["trajectory"]: r for r in rows if r["outcome"] == "trained"}
     for batch in batches:
