@@ -263,6 +263,6 @@ def test_an_env_that_cannot_be_built_is_a_config_error_naming_the_task(tmp_path)
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     err = one_line_error(run_cli("validate", str(cfg), cwd=elsewhere))
-    assert "raised ModuleNotFoundError: No module named 'my_agent'; the module must be " \
-           "importable by the Python that runs rollart: run rollart from the folder that " \
-           "holds it" in err, err
+    assert "raised ModuleNotFoundError: No module named 'my_agent'; my_agent must be " \
+           "importable by the Python that runs rollart: your own module, run rollart from " \
+           "the folder that holds it" in " ".join(err.split()), err

@@ -298,11 +298,13 @@ def raised(exc: BaseException) -> str:
 def _build_failed(resolved: Resolved, exc: BaseException) -> str:
     """What building an env raised, where, and what to look at."""
     name = resolved.descriptor.name
+    missing = getattr(exc, "name", None) if isinstance(exc, ModuleNotFoundError) else None
     hint = (f"; check its options (`rollart envs {name}` lists them)"
             if not isinstance(exc, ImportError) else
-            "; the module must be importable by the Python that runs rollart: run "
-            "rollart from the folder that holds it (that folder is importable), "
-            "install it, or add its folder to PYTHONPATH")
+            f"; {missing or 'the module'} must be importable by the Python that runs "
+            "rollart: your own module, run rollart from the folder that holds it (that "
+            "folder is importable) or add the folder to PYTHONPATH; a package, pip "
+            "install it")
     return f"building env {name!r} ({resolved.descriptor.plugin}) raised {raised(exc)}{hint}"
 
 
