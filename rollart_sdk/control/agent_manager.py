@@ -102,7 +102,8 @@ class AgentManager(EnvManager):
                      max_context_tokens=cfg.max_context_tokens,
                      stop_ids={self.chat.eos_id} if self.chat.eos_id is not None else set(),
                      decode_text=self.chat.decode,
-                     tool_parser=tool_parser(self.task.tool_parser, self._template()))
+                     tool_parser=tool_parser(self.task.tool_parser, self._template()),
+                     strict_sampling=not self.task.evaluation)
         handle = json.dumps({"base_url": ep.base_url, "api_key": ep.token,
                              "model": gw.model_name})
         try:

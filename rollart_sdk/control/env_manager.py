@@ -73,6 +73,10 @@ class TaskRuntime:
     # the model's text becomes tool calls (rollart_sdk.gateway.tools).
     gateway: Any = None
     tool_parser: str = "hermes"
+    # A held-out evaluation's runtime (control/evaluation.py): nothing it samples is trained,
+    # so an agent's requests may ask for their own temperature / top_p (ignored: the eval's
+    # sampling settings apply).
+    evaluation: bool = False
 
     def sampling(self, seed: int) -> SamplingParams:
         s = self.config.sampling

@@ -54,7 +54,8 @@ def eval_runtime(task: TaskRuntime, cfg: EvalConfig) -> TaskRuntime:
     sampling = task.config.sampling.model_copy(update={
         "temperature": s.temperature, "top_p": s.top_p, "top_k": s.top_k,
         "max_new_tokens": s.max_new_tokens or task.config.sampling.max_new_tokens})
-    return replace(task, config=task.config.model_copy(update={"sampling": sampling}))
+    return replace(task, config=task.config.model_copy(update={"sampling": sampling}),
+                   evaluation=True)
 
 
 def mean_ci(xs: list[float]) -> tuple[float | None, list[float] | None]:

@@ -59,14 +59,14 @@ def _stop(body: dict[str, Any]) -> list[str]:
     return list(stops)
 
 
-def _same_policy(body: dict[str, Any], task: SamplingParams) -> None:
+def _same_policy(body: dict[str, Any], task: SamplingParams, strict: bool = True) -> None:
     for key, mine in (("temperature", task.temperature), ("top_p", task.top_p)):
         value = body.get(key)
         if value is None:
             continue
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise GatewayError(400, f"{key} must be a number, got {value!r}", param=key)
-        if abs(float(value) - mine) > 1e-9:
+        if strict and abs(float(value) - mine) > 1e-9:
             raise GatewayError(400, f"{key}={value} differs from the task's sampling "
                                f"({key}={mine}, tasks[].sampling.{key}): the trainer learns "
                                f"that policy; leave {key} unset or send {mine}", param=key)
@@ -79,9 +79,11 @@ def _same_policy(body: dict[str, Any], task: SamplingParams) -> None:
 
 
 def request_params(body: dict[str, Any], task: SamplingParams, episode_seed: int,
-                   request_index: int) -> RequestParams:
-    """The request's sampling, or a 400 naming the field that cannot be honoured."""
-    _same_policy(body, task)
+                   request_index: int, strict: bool = True) -> RequestParams:
+    """The request's sampling, or a 400 naming the field that cannot be honoured;
+    ``strict`` False (an evaluation: nothing is trained) takes any temperature / top_p
+    and samples with the task's."""
+    _same_policy(body, task, strict)
     n = _positive_int(body, "n", MAX_N) or 1
     new = task.max_new_tokens
     for key in ("max_completion_tokens", "max_tokens"):

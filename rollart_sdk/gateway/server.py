@@ -89,6 +89,9 @@ class Episode:
     stop_ids: set[int]
     decode_text: Callable[[list[int]], str]  # special tokens skipped
     tool_parser: ToolParser = parse_hermes
+    # A request's temperature / top_p must be the task's (the trainer learns that policy);
+    # False in an evaluation: they are ignored and the eval's sampling applies.
+    strict_sampling: bool = True
     base_url: str = ""
     ended: str | None = None  # why it takes no more requests
     requests: int = 0
@@ -324,7 +327,8 @@ class Gateway:
             raise GatewayError(400, f"the prompt has {len(prompt.ids)} tokens, the task's "
                                f"context is {ep.max_context_tokens} (tasks[]."
                                "max_context_tokens)", "context_length_exceeded", "messages")
-        params = request_params(body, ep.sampling, ep.sampling.seed or 0, ep.requests)
+        params = request_params(body, ep.sampling, ep.sampling.seed or 0, ep.requests,
+                                strict=ep.strict_sampling)
         ep.requests += 1
         choices = []
         for i in range(params.n):
