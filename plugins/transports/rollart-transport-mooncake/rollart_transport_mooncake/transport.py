@@ -481,10 +481,12 @@ class MooncakeTransport:
         returns keeps its buffers (and its client) referenced for the process's lifetime:
         freeing memory Mooncake may still write into would corrupt the heap."""
         for record in [a for a in self._abandoned if a.future.done()]:
-            self._abandoned.remove(record)
             for b in record.buffers:
                 mc.unregister(record.client, b)
             self.abandoned_released += 1
+            # Off the list last: a reader of abandoned_transfers (no lock) that sees it
+            # gone sees its buffers released.
+            self._abandoned.remove(record)
             exc = record.future.exception()
             log.info("transport mooncake: the abandoned get of version %d returned after "
                      "%.0fs (%s); its %.1f MiB of staging buffers are released",
