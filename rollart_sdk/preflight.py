@@ -1,8 +1,17 @@
 """Moved to :mod:`rollart_sdk.job.preflight` (the checks the composition root runs before
-any worker starts); this path re-exports it for one release (CHANGELOG.md)."""
+any worker starts) and :mod:`rollart_sdk.job.env_probe` (the envs built for them); this
+path re-exports them for one release (CHANGELOG.md)."""
 
-from rollart_sdk.job.preflight import (
+from rollart_sdk.job.env_probe import (
     EnvProbe,
+    describe_env,
+    env_facts,
+    first_observation,
+    first_observations,
+    probe_env,
+    probe_envs,
+)
+from rollart_sdk.job.preflight import (
     Preflight,
     Problems,
     check_actions,
@@ -16,14 +25,8 @@ from rollart_sdk.job.preflight import (
     check_precision,
     check_prefill,
     check_shape,
-    describe_env,
-    env_facts,
-    first_observation,
-    first_observations,
     option_clash_warnings,
     preflight,
-    probe_env,
-    probe_envs,
     sampling_warnings,
     system_prompt,
     task_formats,

@@ -405,7 +405,8 @@ def test_preflight_reports_a_bad_template_and_a_non_text_observation_per_task() 
     from types import SimpleNamespace
 
     from rollart_sdk.config import TaskConfig
-    from rollart_sdk.job.preflight import check_context, probe_envs
+    from rollart_sdk.job.env_probe import probe_envs
+    from rollart_sdk.job.preflight import check_context
 
     class Text:
         def reset(self, seed: int) -> tuple[Any, dict]:

@@ -187,7 +187,7 @@ def test_context_checks_skip_with_a_warning_a_task_whose_env_does_not_reset_here
     still checked."""
     from types import SimpleNamespace
 
-    from rollart_sdk.job.preflight import _first_observations
+    from rollart_sdk.job.env_probe import built_first_observations
 
     class Ok:
         def reset(self, seed):
@@ -209,7 +209,7 @@ def test_context_checks_skip_with_a_warning_a_task_whose_env_does_not_reset_here
     cfg = SimpleNamespace(tasks=[SimpleNamespace(tag=t, reset_timeout_s=0.5) for t in tags])
     envs = dict(zip(tags, [res(Broken), res(Ok), res(Hangs), res(Ok)], strict=True))
     warnings: list[str] = []
-    got = [(i, task.tag, obs) for i, task, obs in _first_observations(cfg, envs, warnings)]
+    got = [(i, task.tag, obs) for i, task, obs in built_first_observations(cfg, envs, warnings)]
     assert got == [(1, "b", "grid seed 0"), (3, "d", "grid seed 0")]
     tail = ("; if it fails so on the env workers too, every episode of the task is dropped "
             "(its context budget is not checked here)")

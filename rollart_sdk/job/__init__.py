@@ -6,6 +6,8 @@ One module per responsibility:
   preflight -> task runtimes -> run directory -> workers -> control plane) and ``Job``;
 - :mod:`~rollart_sdk.job.preflight`: every check that can refuse the config, run before
   the first worker starts (output dir, model, envs probed once, context budgets);
+- :mod:`~rollart_sdk.job.env_probe`: each task's env built once for those checks (its
+  facts and first observation; a constructor that raises, said where);
 - :mod:`~rollart_sdk.job.runtime`: how the workers run (``Runtime``: for real; the
   simulator's ``rollart_sdk.sim.job.SimRuntime``: on virtual time);
 - :mod:`~rollart_sdk.job.spawn`: the role workers, through a spawner

@@ -13,13 +13,8 @@ from typing import Any
 
 from rollart_sdk.config import RunConfig
 from rollart_sdk.errors import ConfigError
-from rollart_sdk.job.preflight import (
-    Problems,
-    _at,
-    _first_observations,
-    check_env_pools,
-    check_output_dir,
-)
+from rollart_sdk.job.env_probe import Problems, built_first_observations
+from rollart_sdk.job.preflight import _at, check_env_pools, check_output_dir
 from rollart_sdk.sim.backends import SimFormat
 from rollart_sdk.sim.costs import resolve_hardware
 from rollart_sdk.sim.engine import SimEngine
@@ -52,7 +47,7 @@ def check_sim_context(cfg: RunConfig, resolved: Any, plan: Any) -> tuple[Problem
             problems.append((f"pools ({pool})", str(exc)))
             continue
         capacity[pool] = int(engine.capacity)
-    for i, task, obs in _first_observations(cfg, resolved.envs, warnings):
+    for i, task, obs in built_first_observations(cfg, resolved.envs, warnings):
         ids = len(fmt.first_prompt(str(obs)))
         budget = max(1, task.max_context_tokens // block)
         if ids >= budget:
