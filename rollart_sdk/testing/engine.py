@@ -67,6 +67,7 @@ def check_engine(
     reference_logprobs: ReferenceLogprobs | None = None,
     update_buckets: Callable[[int], Iterable[WeightBucket]] | None = None,
     reference_logits: ReferenceLogits | None = None,
+    updated_logits: ReferenceLogits | None = None,
     **kwargs: Any,
 ) -> dict[str, Any]:
     """Synchronous wrapper around :func:`check_engine_async` (runs its own event loop)."""
@@ -77,6 +78,7 @@ def check_engine(
             reference_logprobs=reference_logprobs,
             update_buckets=update_buckets,
             reference_logits=reference_logits,
+            updated_logits=updated_logits,
             **kwargs,
         )
     )
@@ -95,6 +97,7 @@ async def check_engine_async(
     seeded_determinism: bool = True,
     reference_logits: ReferenceLogits | None = None,
     only: Iterable[str] | None = None,
+    updated_logits: ReferenceLogits | None = None,
 ) -> dict[str, Any]:
     """Run every check on one engine; return ``{"passed": [...], "skipped": [...]}``.
 
@@ -106,7 +109,11 @@ async def check_engine_async(
     full-vocabulary logprob of each token and checks ``logprobs`` alone. Without either
     the logprob checks are skipped.
     ``update_buckets(version)`` gives weights to load (ideally different from the initial
-    ones); without it the update check is skipped. ``long_tokens`` is the length of the
+    ones); without it the update check is skipped. ``updated_logits``: the teacher-forced
+    logits of the weights ``update_buckets`` gives (the model the engine should serve
+    after the update); with it the update check also compares the log-probs of new
+    requests with them, which catches an update that is accepted but not (or not all)
+    loaded: a tensor name the engine skips, a tied embedding. ``long_tokens`` is the length of the
     requests used to observe abort/suspend/update mid-flight: the engine must allow
     prompt + ``long_tokens`` tokens; they exclude ``eos_token_ids`` (via
     ``allowed_token_ids``) so they cannot stop early. ``timeout_s`` bounds each check.
@@ -139,7 +146,8 @@ async def check_engine_async(
         ("stop_and_allowed", kit.check_stop_and_allowed, True),
         ("abort", kit.check_abort, True),
         ("suspend_resume", kit.check_suspend_resume, True),
-        ("update", lambda: kit.check_update(update_buckets), update_buckets is not None),
+        ("update", lambda: kit.check_update(update_buckets, updated_logits),
+         update_buckets is not None),
     ]
     assert [name for name, _, _ in checks] == list(CHECKS)
     try:
@@ -275,7 +283,7 @@ class _Kit:
             await self._compare(sampling, None, logits)
 
     async def _compare(self, sampling: dict[str, Any], reference: ReferenceLogprobs | None,
-                       logits: ReferenceLogits | None) -> None:
+                       logits: ReferenceLogits | None, after_update: bool = False) -> None:
         req = self.req(**sampling)
         res = await self.engine.generate(req)
         prompt, tokens = list(req.prompt_ids), list(res.token_ids)
@@ -293,6 +301,10 @@ class _Kit:
         assert len(ref) == len(tokens), "the reference returned a wrong length"
         worst = max((abs(a - b) for a, b in zip(res.logprobs, ref, strict=True)), default=0.0)
         assert worst <= self.tol, (
+            "after load_weights, the served weights are not the loaded ones (a tensor the "
+            f"engine skipped or loaded wrong, a tied embedding?): logprobs with {sampling} "
+            f"differ from a teacher-forced pass of the loaded weights by {worst:.2e} "
+            f"(> {self.tol})" if after_update else
             f"logprobs with {sampling} differ from a teacher-forced forward pass by "
             f"{worst:.2e} (> {self.tol}); report the log-prob of the sampled policy, "
             "log_softmax(mask(logits) / temperature)[token] of the serving weights (greedy: "
@@ -386,7 +398,8 @@ class _Kit:
             "suspend must keep requests, not abort them"
         )
 
-    async def check_update(self, update_buckets: Callable[[int], Iterable[WeightBucket]] | None) -> None:
+    async def check_update(self, update_buckets: Callable[[int], Iterable[WeightBucket]] | None,
+                           updated_logits: ReferenceLogits | None = None) -> None:
         assert update_buckets is not None
         old = self.engine.version
         before = self.engine.stats()["tokens_generated"]
@@ -416,6 +429,25 @@ class _Kit:
         )
         after = await self.engine.generate(self.req(temperature=0.0, max_new_tokens=3))
         assert set(after.versions) == {old + 1}, "new requests must use the new version"
+        if updated_logits is not None:  # the new version's values, not only its number
+            for sampling in ({"temperature": 0.0}, {"temperature": 1.0, "seed": 11},
+                             {"temperature": 0.7, "seed": 12}):
+                await self._compare({"max_new_tokens": 12, **sampling}, None, updated_logits,
+                                    after_update=True)
+
+
+def perturbed_weights(model: Any, seed: int = 0, scale: float = 0.1) -> dict[str, torch.Tensor]:
+    """A "next version" of ``model`` for the update check on a real checkpoint: every
+    parameter plus Gaussian noise of ``scale`` times its own spread, applied in place (so
+    ``model`` is then the reference of the new version: :func:`teacher_forced_logits`),
+    returned as its ``state_dict`` copy, the names a trainer exports (a tied
+    ``lm_head.weight`` included)."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            spread = p.float().std().clamp(min=1e-3) if p.numel() > 1 else torch.tensor(1e-3)
+            p.add_((torch.randn(p.shape, generator=gen) * scale * spread).to(p.dtype))
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
 def teacher_forced_logits(model: Any) -> ReferenceLogits:

@@ -50,5 +50,6 @@ fi
 vpy="$venv/bin/python"
 echo "sglang venv ready in $(( $(date +%s) - t0 )) s: $("$vpy" -c 'from importlib.metadata import version as v; print("sglang", v("sglang"), "torch", v("torch"))')"
 ROLLART_SGLANG_REAL=1 PYTHONPATH="$kit" "$vpy" -m pytest -q -x \
-  "$here/tests/test_conformance.py" "$here/tests/test_collective.py" -p no:cacheprovider \
+  "$here/tests/test_conformance.py" "$here/tests/test_collective.py" \
+  "$here/tests/test_smollm2.py" -p no:cacheprovider \
   --timeout 900 "$@"

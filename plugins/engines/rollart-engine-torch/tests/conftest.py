@@ -25,15 +25,29 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> ModelConfig:
 
 
 @pytest.fixture(scope="session")
-def other_weights(tmp_path_factory: pytest.TempPathFactory) -> dict[str, torch.Tensor]:
-    """Weights of the same architecture, different seed: a 'new policy version'."""
-    other = prepare_model(
-        ModelConfig(tiny=TINY.model_copy(update={"seed": 1})),
-        tmp_path_factory.mktemp("models2"),
-        ACTIONS,
-    )
+def other_model(tmp_path_factory: pytest.TempPathFactory) -> ModelConfig:
+    """The same architecture, another seed: a 'new policy version'."""
+    other = prepare_model(ModelConfig(tiny=TINY.model_copy(update={"seed": 1})),
+                          tmp_path_factory.mktemp("models2"), ACTIONS)
     assert other.path is not None
-    return {k: v.clone() for k, v in load_causal_lm(other.path).state_dict().items()}
+    return other
+
+
+@pytest.fixture(scope="session")
+def other_weights(other_model: ModelConfig) -> dict[str, torch.Tensor]:
+    """The new version's weights, as a trainer exports them."""
+    assert other_model.path is not None
+    return {k: v.clone() for k, v in load_causal_lm(other_model.path).state_dict().items()}
+
+
+@pytest.fixture(scope="session")
+def other_logits(other_model: ModelConfig):
+    """Teacher-forced logits of the new version (transformers' forward): what the engine
+    must serve once it loaded ``other_weights``."""
+    from rollart_sdk.testing.engine import teacher_forced_logits
+
+    assert other_model.path is not None
+    return teacher_forced_logits(load_causal_lm(other_model.path, implementation="transformers"))
 
 
 @pytest.fixture(scope="session")
