@@ -16,6 +16,7 @@ from rollart_sdk.weights import (
     plan_manifest,
     split_buckets,
     verify,
+    without_aliases,
 )
 
 
@@ -170,3 +171,22 @@ def test_check_complete_catches_missing_duplicate_stale_and_foreign_buckets():
     other = WeightBucket(5, 2, {"q": buckets[2].tensors["d"]}, buckets[2].checksum)
     with pytest.raises(WeightSyncError, match="names differ"):
         check_complete(manifest, [buckets[0], buckets[1], other])
+
+
+def test_without_aliases_drops_a_tied_name_and_keeps_distinct_views() -> None:
+    """A tied embedding (one tensor, two names) goes once, under its first name; views of
+    one storage that are different tensors (another offset or shape), equal values in
+    separate tensors, and objects that are not tensors all stay."""
+    embed = torch.randn(6, 4)
+    fused = torch.randn(4, 4)
+    state = {
+        "model.embed_tokens.weight": embed,
+        "q": fused[:2],
+        "k": fused[2:],  # same storage, other offset
+        "copy": embed.clone(),  # equal values, own storage
+        "lm_head.weight": embed,  # tied
+        "meta": "not a tensor",
+    }
+    got = dict(without_aliases(state.items()))
+    assert list(got) == ["model.embed_tokens.weight", "q", "k", "copy", "meta"]
+    assert got["model.embed_tokens.weight"] is embed

@@ -51,6 +51,7 @@ import torch
 from rollart_sdk.algorithms.policy import policy_logprob
 from rollart_sdk.interfaces import InferenceEngine
 from rollart_sdk.types import GenerationRequest, GenerationResult, SamplingParams, WeightBucket
+from rollart_sdk.weights.buckets import without_aliases
 
 ReferenceLogprobs = Callable[[list[int], list[int]], list[float]]
 # Teacher-forced logits [len(token_ids), vocab] at the positions that predict each token.
@@ -440,14 +441,15 @@ def perturbed_weights(model: Any, seed: int = 0, scale: float = 0.1) -> dict[str
     """A "next version" of ``model`` for the update check on a real checkpoint: every
     parameter plus Gaussian noise of ``scale`` times its own spread, applied in place (so
     ``model`` is then the reference of the new version: :func:`teacher_forced_logits`),
-    returned as its ``state_dict`` copy, the names a trainer exports (a tied
-    ``lm_head.weight`` included)."""
+    returned as a copy of its ``state_dict`` as a trainer exports it: a tied embedding
+    once, as ``model.embed_tokens.weight`` (:func:`rollart_sdk.weights.without_aliases`),
+    so the engine must tie ``lm_head`` to it again."""
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for p in model.parameters():
             spread = p.float().std().clamp(min=1e-3) if p.numel() > 1 else torch.tensor(1e-3)
             p.add_((torch.randn(p.shape, generator=gen) * scale * spread).to(p.dtype))
-    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+    return {k: v.detach().clone() for k, v in without_aliases(model.state_dict().items())}
 
 
 def teacher_forced_logits(model: Any) -> ReferenceLogits:

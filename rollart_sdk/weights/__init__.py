@@ -23,6 +23,7 @@ from rollart_sdk.weights.buckets import (
     plan_manifest,
     split_buckets,
     verify,
+    without_aliases,
 )
 from rollart_sdk.weights.local import LocalTransport, LocalTransportOptions
 from rollart_sdk.weights.staging import WeightLoader, WeightStager
@@ -42,4 +43,5 @@ __all__ = [
     "plan_manifest",
     "split_buckets",
     "verify",
+    "without_aliases",
 ]

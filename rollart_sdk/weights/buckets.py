@@ -83,6 +83,28 @@ def checksum_algorithm(expected: str) -> str:
     return algorithm if sep else "sha256"
 
 
+def without_aliases(named_tensors: Iterable[tuple[str, Any]]) -> Iterator[tuple[str, Any]]:
+    """``named_tensors`` less every tensor that is a view of one already given (same
+    storage, offset, shape and strides): a ``state_dict`` of a model with tied word
+    embeddings (SmolLM2, Qwen3 up to 4B, Llama 3.2) lists the embedding twice, as
+    ``model.embed_tokens.weight`` and ``lm_head.weight``, and an update would carry it
+    twice (17 % of SmolLM2-135M's bytes, a fifth of Qwen3-0.6B's). The receiving model
+    ties them again: loading the embedding sets both (the engines' loaders skip a tied
+    checkpoint's ``lm_head.weight`` anyway)."""
+    seen: set[tuple[Any, ...]] = set()
+    for name, tensor in named_tensors:
+        try:
+            key = (tensor.device, tensor.untyped_storage().data_ptr(), tensor.storage_offset(),
+                   tuple(tensor.shape), tuple(tensor.stride()), tensor.dtype)
+        except (AttributeError, RuntimeError):  # not a strided torch tensor: keep it
+            yield name, tensor
+            continue
+        if key[1] and key in seen:
+            continue
+        seen.add(key)
+        yield name, tensor
+
+
 def split_buckets(
     named_tensors: Iterable[tuple[str, Any]], bucket_bytes: int, version: int
 ) -> Iterator[WeightBucket]:

@@ -3,9 +3,9 @@
 an fp32 HF folder with tied word embeddings) and served by the real SGLang 0.5.23 CPU
 engine (ci.sh part 2). Its log-probs must be the sampled policy's against a teacher-forced
 pass of the same checkpoint in transformers (so the importance ratio of a SmolLM2 run
-starts at 1), and after an update with every tensor perturbed (the trainer's names, the
-tied ``lm_head.weight`` among them) new requests must be served by exactly the loaded
-weights: the kit's ``updated_logits``.
+starts at 1), and after an update with every tensor perturbed (as the trainer sends it:
+the tied embedding once, so the engine must tie ``lm_head`` to it again) new requests
+must be served by exactly the loaded weights: the kit's ``updated_logits``.
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ def test_smollm2_serves_the_sampled_policy_and_exactly_the_loaded_update(tmp_pat
     reference = teacher_forced_logits(base)
     updated = load_causal_lm(model.path, implementation="transformers")
     state = perturbed_weights(updated)
-    assert "lm_head.weight" in state and updated.config.tie_word_embeddings
+    assert "lm_head.weight" not in state and updated.config.tie_word_embeddings
     report = check_engine(
         lambda: SglangEngine(model=model, device="cpu", context_length=1024,
                              max_total_tokens=8192),

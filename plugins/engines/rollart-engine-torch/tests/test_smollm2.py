@@ -3,8 +3,9 @@
 an fp32 HF folder with tied word embeddings). The engine runs the SDK's own forward
 (``rollart_sdk/nn/llama.py``); its log-probs must be the sampled policy's against
 transformers' teacher-forced pass of the same checkpoint, and after an update with every
-tensor perturbed (the trainer's names, the tied ``lm_head.weight`` among them) new requests
-must be served by exactly the loaded weights (the kit's ``updated_logits``).
+tensor perturbed (as the trainer sends it: the tied embedding once, so the engine must
+tie ``lm_head`` to it again) new requests must be served by exactly the loaded weights
+(the kit's ``updated_logits``).
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ def test_smollm2_serves_the_sampled_policy_and_exactly_the_loaded_update(tmp_pat
     )
     updated = load_causal_lm(model.path, implementation="transformers")
     state = perturbed_weights(updated)
-    assert "lm_head.weight" in state and updated.config.tie_word_embeddings
+    assert "lm_head.weight" not in state and updated.config.tie_word_embeddings
     report = check_engine(
         lambda: TorchEngine(model=model, max_running=8, max_seq_len=512),
         tokenizer_vocab_size=len(tok),

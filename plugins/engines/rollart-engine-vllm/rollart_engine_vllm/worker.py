@@ -13,6 +13,14 @@ methods through ``AsyncLLM.collective_rpc`` (one call per bucket, on every TP ra
    msgspec, which turns tensors into nested lists;
 3. ``rollart_finish_update``: ``finalize_layerwise_reload`` re-applies the kernel layout.
 
+A tied embedding (SmolLM2, Qwen3 up to 4B, Llama 3.2) comes once, as
+``model.embed_tokens.weight`` (the trainer sends no alias:
+``rollart_sdk.weights.without_aliases``). vLLM ties ``lm_head`` to the embedding, but the
+layer-wise reload tracks each layer on its own: ``lm_head`` received nothing, so the
+reload put its old values back ("ParallelLMHead: Failed to load weights") and the model
+served new embeddings with the old output layer (1.2 nats off on SmolLM2). The
+embedding is therefore loaded under ``lm_head.weight`` too (:func:`with_tied_head`).
+
 The collective path (a push transport such as ``nccl``; ``rollart_sdk.weights.direct``):
 the worker joins the trainer's weight-update group itself, so the tensors never pass
 through ``collective_rpc``:
@@ -59,6 +67,18 @@ def quiet_rotary_reload() -> None:
         log.addFilter(RotaryReloadFilter())
 
 
+EMBED, HEAD = "model.embed_tokens.weight", "lm_head.weight"
+
+
+def with_tied_head(tensors: dict[str, Any], model: Any) -> dict[str, Any]:
+    """``tensors`` plus ``lm_head.weight`` = the embedding when ``model`` ties them and the
+    bucket holds the embedding but not the head (see the module docstring)."""
+    tied = bool(getattr(getattr(model, "config", None), "tie_word_embeddings", False))
+    if tied and EMBED in tensors and HEAD not in tensors:
+        return {**tensors, HEAD: tensors[EMBED]}
+    return tensors
+
+
 class RollartWorkerExtension:
     """Mixed into vLLM's worker (``self.model_runner`` is the worker's model runner)."""
 
@@ -77,7 +97,8 @@ class RollartWorkerExtension:
         from safetensors.torch import load
 
         tensors = load(bytes(payload))
-        self._rollart_model().load_weights(weights=list(tensors.items()))
+        model = self._rollart_model()
+        model.load_weights(weights=list(with_tied_head(tensors, model).items()))
         self._rollart_loaded = getattr(self, "_rollart_loaded", 0) + len(tensors)
         return len(tensors)
 
@@ -134,7 +155,7 @@ class RollartWorkerExtension:
         try:
             model = self._rollart_model()
             for tensors in ready[1]:
-                model.load_weights(weights=list(tensors.items()))
+                model.load_weights(weights=list(with_tied_head(tensors, model).items()))
                 self._rollart_loaded += len(tensors)
         finally:
             loaded = self.rollart_finish_update()

@@ -55,7 +55,7 @@ from rollart_sdk.config import ModelConfig
 from rollart_sdk.interfaces import check_train_sample
 from rollart_sdk.models import hf_checkpoint_path, load_causal_lm, resolve_device
 from rollart_sdk.types import TrainSample, WeightBucket
-from rollart_sdk.weights import split_buckets
+from rollart_sdk.weights import split_buckets, without_aliases
 from rollart_trainer_torch import checkpoint, lora
 from rollart_trainer_torch.adamw import LeanAdamW
 from rollart_trainer_torch.options import TorchTrainerOptions
@@ -366,10 +366,12 @@ class TorchTrainer:
         """This version's weights as checksummed buckets (CPU copies, taken lazily bucket
         by bucket, so a later step cannot change a bucket already handed out), in
         ``model.dtype``: with master weights, the fp32 masters rounded (what the model
-        runs)."""
+        runs). A tied embedding goes once, as ``model.embed_tokens.weight``."""
         if self._lora is not None:  # LoRA: the adapter only (rollart_sdk.weights.lora)
             return split_buckets(lora.export_tensors(self.model), bucket_bytes, self._version)
-        named = ((k, v.detach().to("cpu", copy=True)) for k, v in self.model.state_dict().items())
+        # a tied embedding once (the engines tie it again)
+        named = ((k, v.detach().to("cpu", copy=True))
+                 for k, v in without_aliases(self.model.state_dict().items()))
         return split_buckets(named, bucket_bytes, self._version)
 
     def save_checkpoint(self, path: str) -> None:

@@ -47,6 +47,19 @@ def test_conformance_kit(tmp_path: Path, tie: bool) -> None:
     assert m["entropy"] > 0
 
 
+def test_a_tied_embedding_is_exported_once(tmp_path: Path) -> None:
+    """SmolLM2's layout: ``lm_head.weight`` is the embedding. The update carries it once,
+    as ``model.embed_tokens.weight`` (a fifth fewer bytes on SmolLM2); an untied model
+    exports both."""
+    for tie in (True, False):
+        path = make_tiny_checkpoint(tmp_path / f"model-{tie}", tie=tie)
+        trainer = _trainer(path)
+        names = [n for b in trainer.export_weights(1 << 30) for n in b.tensors]
+        assert "model.embed_tokens.weight" in names
+        assert ("lm_head.weight" in names) is (not tie)
+        assert len(names) == len(set(names)) == len(trainer.model.state_dict()) - tie
+
+
 @pytest.mark.parametrize("anchor", ["proximal", "behaviour"])
 def test_learns_to_prefer_positive_actions(ckpt: Path, anchor: str) -> None:
     """Same prompt, two actions: reward 1 vs 0. A few steps (on the now stale batch)
