@@ -257,9 +257,7 @@ def _restore_optimizer(trainer: Any, moments: dict[str, dict[str, torch.Tensor]]
 
 def save_pretrained(trainer: Any, path: str) -> None:
     """Gather the HF state dict (every rank takes part), rank 0 writes the folder."""
-    tensors = dict(trainer.hf_tensors())
-    if trainer.arch.tied:
-        tensors.pop("lm_head.weight", None)  # HF re-ties it on load
+    tensors = dict(trainer.hf_tensors())  # a tied head is not among them: HF re-ties it
     if trainer.rank == 0:
         out = Path(path)
         out.mkdir(parents=True, exist_ok=True)

@@ -183,9 +183,9 @@ def megatron_to_hf(name: str, shards: list[torch.Tensor],  # noqa: C901 - one br
     """HF tensors of Megatron parameter ``name``, from its shards on TP ranks 0..tp-1
     (a replicated parameter: any one rank's copy, or all of them)."""
     if name == "embedding.word_embeddings.weight":
+        # tied: the head is this tensor, sent once (rollart_sdk.weights.without_aliases);
+        # engines and HF's loader tie lm_head to it again
         yield "model.embed_tokens.weight", torch.cat(shards)[: arch.vocab]
-        if arch.tied:  # HF state dicts list the tied head too (same tensor)
-            yield "lm_head.weight", torch.cat(shards)[: arch.vocab]
         return
     if name == "output_layer.weight":
         yield "lm_head.weight", torch.cat(shards)[: arch.vocab]
