@@ -39,8 +39,8 @@ ROOT = Path(__file__).resolve().parents[2] / "rollart_sdk"
 SCANNED = [*sorted((ROOT / "control").rglob("*.py")), ROOT / "weights" / "sync.py",
            ROOT / "evaluate.py", *sorted((ROOT / "job").rglob("*.py")),
            *sorted((ROOT / "cli").rglob("*.py"))]
-# Not a worker call: preflight closes the env *plugin* it built in the driver to check it.
-NOT_WORKER_CALLS = {("rollart_sdk/job/preflight.py", "getattr(env, 'close', None)")}
+# Not a worker call: env_probe closes the env *plugin* it built in the driver to check it.
+NOT_WORKER_CALLS = {("rollart_sdk/job/env_probe.py", "getattr(env, 'close', None)")}
 PAIRS = [(EngineHost, EngineClient), (TrainerHost, TrainerClient), (EnvHost, EnvClient),
          (RewardHost, RewardClient)]
 IMPLEMENTATIONS = [(EngineHost, EngineWorker), (TrainerHost, TrainerWorker),
