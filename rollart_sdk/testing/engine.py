@@ -51,7 +51,7 @@ import torch
 from rollart_sdk.algorithms.policy import policy_logprob
 from rollart_sdk.interfaces import InferenceEngine
 from rollart_sdk.types import GenerationRequest, GenerationResult, SamplingParams, WeightBucket
-from rollart_sdk.weights.buckets import without_aliases
+from rollart_sdk.weights.buckets import split_buckets, without_aliases
 
 ReferenceLogprobs = Callable[[list[int], list[int]], list[float]]
 # Teacher-forced logits [len(token_ids), vocab] at the positions that predict each token.
@@ -450,6 +450,31 @@ def perturbed_weights(model: Any, seed: int = 0, scale: float = 0.1) -> dict[str
             spread = p.float().std().clamp(min=1e-3) if p.numel() > 1 else torch.tensor(1e-3)
             p.add_((torch.randn(p.shape, generator=gen) * scale * spread).to(p.dtype))
     return {k: v.detach().clone() for k, v in without_aliases(model.state_dict().items())}
+
+
+def pretrained_checks(model_path: str, bucket_bytes: int = 64 << 20,
+                      prompt: str = "Compute 3+8. Answer with the number.") -> dict[str, Any]:
+    """:func:`check_engine` keyword arguments for a real checkpoint folder (a run's
+    prepared model: SmolLM2 from its GGUF, say): its tokenizer's size and end token, the
+    chat-templated ``prompt``, transformers' teacher-forced logits as the reference, and
+    a next version (:func:`perturbed_weights`, the tied embedding once as the trainers
+    send it) as ``update_buckets`` with its own logits as ``updated_logits``."""
+    from rollart_sdk.models import load_causal_lm, load_tokenizer
+
+    tok = load_tokenizer(model_path)
+    text = tok.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
+                                   add_generation_prompt=True)
+    updated = load_causal_lm(model_path, implementation="transformers")
+    state = perturbed_weights(updated)
+    return {
+        "tokenizer_vocab_size": len(tok),
+        "prompt_ids": tok.encode(text, add_special_tokens=False),
+        "eos_token_ids": [tok.eos_token_id],
+        "reference_logits": teacher_forced_logits(
+            load_causal_lm(model_path, implementation="transformers")),
+        "update_buckets": lambda v: split_buckets(state.items(), bucket_bytes, v),
+        "updated_logits": teacher_forced_logits(updated),
+    }
 
 
 def teacher_forced_logits(model: Any) -> ReferenceLogits:

@@ -17,9 +17,8 @@ import pytest
 from rollart_engine_sglang.engine import SglangEngine
 
 from rollart_sdk.config import ModelConfig
-from rollart_sdk.models import load_causal_lm, load_tokenizer, prepare_model
-from rollart_sdk.testing.engine import check_engine, perturbed_weights, teacher_forced_logits
-from rollart_sdk.weights import split_buckets
+from rollart_sdk.models import prepare_model
+from rollart_sdk.testing.engine import check_engine, pretrained_checks
 
 # conftest.py registers the stand-in as this module unless the real SGLang is used.
 REAL_SGLANG = "rollart_sglang_contract" not in sys.modules
@@ -38,28 +37,12 @@ pytestmark = [
 def test_smollm2_serves_the_sampled_policy_and_exactly_the_loaded_update(tmp_path_factory):
     model = prepare_model(ModelConfig(gguf=SMOLLM), tmp_path_factory.mktemp("models"))
     assert model.path is not None
-    tok = load_tokenizer(model.path)
-    text = tok.apply_chat_template(
-        [{"role": "user", "content": "Compute 3+8. Answer with the number."}],
-        tokenize=False, add_generation_prompt=True,
-    )
-    base = load_causal_lm(model.path, implementation="transformers")
-    reference = teacher_forced_logits(base)
-    updated = load_causal_lm(model.path, implementation="transformers")
-    state = perturbed_weights(updated)
-    assert "lm_head.weight" not in state and updated.config.tie_word_embeddings
     report = check_engine(
         lambda: SglangEngine(model=model, device="cpu", context_length=1024,
                              max_total_tokens=8192),
-        tokenizer_vocab_size=len(tok),
-        reference_logits=reference,
-        update_buckets=lambda v: split_buckets(state.items(), 64 << 20, v),
-        updated_logits=teacher_forced_logits(updated),
-        prompt_ids=tok.encode(text, add_special_tokens=False),
-        eos_token_ids=[tok.eos_token_id],
-        long_tokens=200,
-        timeout_s=300.0,
+        long_tokens=200, timeout_s=300.0,
         only=("generate", "logprobs", "sampled_policy", "update"),
+        **pretrained_checks(model.path),
     )
     assert report["passed"] == ["generate", "logprobs", "sampled_policy", "update"]
     assert report["stats"]["recomputed"] >= 1

