@@ -114,9 +114,9 @@ async def check_engine_async(
     logits of the weights ``update_buckets`` gives (the model the engine should serve
     after the update); with it the update check also compares the log-probs of new
     requests with them, which catches an update that is accepted but not (or not all)
-    loaded: a tensor name the engine skips, a tied embedding. ``long_tokens`` is the length of the
-    requests used to observe abort/suspend/update mid-flight: the engine must allow
-    prompt + ``long_tokens`` tokens; they exclude ``eos_token_ids`` (via
+    loaded: a tensor name the engine skips, a tied embedding.
+    ``long_tokens`` is the length of the requests used to observe abort/suspend/update
+    mid-flight: the engine must allow prompt + ``long_tokens`` tokens; they exclude ``eos_token_ids`` (via
     ``allowed_token_ids``) so they cannot stop early. ``timeout_s`` bounds each check.
     ``seeded_determinism=False`` skips (and reports as skipped) the same-seed check, for
     an engine that documents that it cannot honour per-request seeds. ``only`` runs just

@@ -89,8 +89,8 @@ def without_aliases(named_tensors: Iterable[tuple[str, Any]]) -> Iterator[tuple[
     embeddings (SmolLM2, Qwen3 up to 4B, Llama 3.2) lists the embedding twice, as
     ``model.embed_tokens.weight`` and ``lm_head.weight``, and an update would carry it
     twice (17 % of SmolLM2-135M's bytes, a fifth of Qwen3-0.6B's). The receiving model
-    ties them again: loading the embedding sets both (the engines' loaders skip a tied
-    checkpoint's ``lm_head.weight`` anyway)."""
+    ties them again: loading the embedding sets both (an engine whose loader needs the
+    head's name too adds it on its side, as vLLM's worker does: ``with_tied_head``)."""
     seen: set[tuple[Any, ...]] = set()
     for name, tensor in named_tensors:
         try:
