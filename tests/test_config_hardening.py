@@ -266,3 +266,19 @@ def test_an_env_that_cannot_be_built_is_a_config_error_naming_the_task(tmp_path)
     assert "raised ModuleNotFoundError: No module named 'my_agent'; my_agent must be " \
            "importable by the Python that runs rollart: your own module, run rollart from " \
            "the folder that holds it" in " ".join(err.split()), err
+
+
+def test_a_check_env_whose_close_raises_is_said_not_swallowed(caplog):
+    """The env built for the checks is closed after them; a close that raises does not
+    stop the checks, and the warning says what raised where."""
+    import logging
+
+    from rollart_sdk.job.env_probe import _close_quietly
+
+    class Env:
+        def close(self):
+            raise OSError("socket gone")
+
+    with caplog.at_level(logging.WARNING):
+        _close_quietly(Env())
+    assert "closing the env Env built for the checks raised OSError: socket gone (at " in caplog.text

@@ -14,6 +14,7 @@ by the task's ``reset_timeout_s``.
 
 from __future__ import annotations
 
+import logging
 import threading
 import traceback
 from collections.abc import Iterator
@@ -25,6 +26,8 @@ from rollart_sdk.errors import ConfigError
 
 if TYPE_CHECKING:
     from rollart_sdk.config.resolve import Resolved
+
+log = logging.getLogger(__name__)
 
 Problems = list[tuple[str, str]]
 
@@ -60,12 +63,15 @@ def _bounded(work: Any, timeout: float, name: str) -> Any:
 
 
 def _close_quietly(env: Any) -> None:
+    """Close the env built for the checks; a close that raises does not stop the checks
+    (the run's own envs report theirs) but is said, with where it raised."""
     close = getattr(env, "close", None)
     if callable(close):
         try:
             close()
-        except Exception:  # noqa: BLE001 - the check's env only; train reports its own
-            pass
+        except Exception as exc:  # noqa: BLE001 - the check's env only
+            log.warning("closing the env %s built for the checks raised %s",
+                        type(env).__name__, raised(exc))
 
 
 def _reset_then_close(env: Any) -> Any:
