@@ -56,6 +56,19 @@ def test_intervals():
     assert mean_ci([1.0]) == (1.0, None)
     m, (lo, hi) = mean_ci([0.0, 1.0, 0.0, 1.0])
     assert m == 0.5 and lo < 0.5 < hi
+    # 0/1 rewards: Wilson's interval, inside [0, 1] (the normal approximation gave
+    # [-0.24, 0.74] for one success in four)
+    m, ci = mean_ci([1.0, 0.0, 0.0, 0.0])
+    assert m == 0.25 and ci == wilson(1, 4) and 0.0 < ci[0] < 0.05 and 0.65 < ci[1] < 0.7
+    # other rewards: a bootstrap, within the values' range, the same on every call
+    xs = [-1.0, 0.5, 0.5, 2.0, 0.5]
+    m, (lo, hi) = mean_ci(xs)
+    assert -1.0 <= lo < m < hi <= 2.0 and mean_ci(xs) == (m, [lo, hi])
+    assert mean_ci([0.5, 0.5, 0.5]) == (0.5, [0.5, 0.5])
+    many = [float(i % 7) for i in range(700)]  # the normal interval, once n is large
+    m, (lo, hi) = mean_ci(many)
+    sd = (sum((x - m) ** 2 for x in many) / 699) ** 0.5
+    assert (hi - lo) / 2 == pytest.approx(1.96 * sd / 700 ** 0.5, rel=0.1)
     assert sign_test(12, 3) == pytest.approx(0.03515625) and sign_test(0, 0) == 1.0
     before = [{"seed": s, "success": s < 2} for s in range(4)]
     after = [{"seed": s, "success": s != 1} for s in reversed(range(4))]  # order does not matter
