@@ -141,7 +141,10 @@ class AgentManager(EnvManager):
         if guessed:  # the last request had n > 1 and the answer is none of its choices
             traj.info["agent_branch_guessed"] = 1
         traj.turns = list(trained.turns)
-        traj.earlier_segments = [list(seg.turns) for seg in ep.record.earlier(trained)]
+        traj.earlier_segments = ep.record.earlier(trained)
+        untrained = ep.record.untrained(trained)
+        if untrained:  # choices of an n > 1 request the agent did not follow
+            traj.info["agent_branches_untrained"] = untrained
         traj.env_return = float(reward)
         traj.terminated, traj.truncated = bool(terminated), bool(truncated)
         self._reward_request = RewardRequest(

@@ -115,6 +115,9 @@ def _task_metrics(m: dict[str, Any], tag: str, trajs: list[Trajectory], rec: Ste
         m[f"agent/segments/{tag}"] = sum(segs) / len(segs)
         m[f"agent/requests/{tag}"] = sum(t.info.get("agent_requests", 0)
                                         for t in trajs) / len(trajs)
+        # Choices of n > 1 requests that the agent did not follow (not trained).
+        m[f"agent/branches_untrained/{tag}"] = sum(
+            t.info.get("agent_branches_untrained", 0) for t in trajs) / len(trajs)
         # Replies parsed as tool calls, and prompt tokens the gateway wrote to force one
         # (tool_choice "required" / a named function; never trained), per episode.
         for key, name in (("gateway_tool_call_replies", "tool_calls"),

@@ -148,6 +148,9 @@ class Segment:
     reply: dict[str, Any] = field(default_factory=dict)  # the reply returned to them
     text: str = ""  # the last prompt's render (text), then the generated text
     generated_text: str = ""
+    # Set while the last request that recorded into it had several choices (n > 1): a
+    # branch, followed only once a later request extends it (EpisodeRecord.earlier).
+    branch: bool = False
 
     @property
     def generated_tokens(self) -> int:
@@ -194,8 +197,9 @@ class EpisodeRecord:
     ``tool_choice`` forces, :mod:`~rollart_sdk.gateway.forcing`; None: not available).
 
     A request with ``n > 1`` records each choice on its own branch: choice 0 extends the
-    segment, choice ``i`` a copy of it (the earlier turns, then its own). A later request
-    extends whichever branch it sends back."""
+    segment, choice ``i`` a copy of it (the earlier turns, the same ``Turn`` objects, then
+    its own). A later request extends whichever branch it sends back; that branch is
+    followed, its siblings are not (:meth:`earlier`, :meth:`untrained`)."""
 
     def __init__(self, render: Render, encode: Callable[[str], list[int]],
                  decode: Callable[[list[int]], str], render_turn: Render | None = None) -> None:
@@ -205,7 +209,6 @@ class EpisodeRecord:
         self.decode = decode
         self.segments: list[Segment] = []
         self.last: list[int] = []  # the segments of the last request's choices
-        self.branched = False  # some request had n > 1
 
     def render_prompt(self, messages: list[dict[str, Any]], tools: list[Any] | None) -> str:
         """The template's render of a request (generation prompt on), or a 400."""
@@ -262,10 +265,11 @@ class EpisodeRecord:
                choices: list[Choice]) -> list[Segment]:
         """Add the turn(s) the engine answered, one branch per choice; ``messages`` is None
         for a raw prompt."""
-        base = self.segments[prompt.segment].turns if prompt.segment is not None else []
+        # The turns before this request (a copy: choice 0 extends the segment in place,
+        # and the other choices must not see its turn).
+        base = list(self.segments[prompt.segment].turns) if prompt.segment is not None else []
         out: list[Segment] = []
         self.last = []
-        self.branched = self.branched or len(choices) > 1
         for i, choice in enumerate(choices):
             if i == 0 and prompt.segment is not None:
                 seg, index = self.segments[prompt.segment], prompt.segment
@@ -273,6 +277,7 @@ class EpisodeRecord:
                 seg, index = Segment(turns=list(base)), len(self.segments)
                 self.segments.append(seg)
             self._add(seg, prompt, messages, choice)
+            seg.branch = len(choices) > 1
             self.last.append(index)
             out.append(seg)
         return out
@@ -305,11 +310,32 @@ class EpisodeRecord:
                 return seg, False
         return self.segments[self.last[0]], True
 
-    def earlier(self, last: Segment) -> list[Segment]:
-        """The segments trained before ``last`` (each its own sample): every other one when
-        no request had ``n > 1`` (then no two segments share a turn: each new segment
-        starts from a full render); none after a branch (a branch copies its segment's
-        turns, and a branch the agent did not follow is no part of its episode)."""
-        if self.branched:
-            return []
-        return [seg for seg in self.segments if seg is not last and seg.turns]
+    def earlier(self, last: Segment) -> list[list[Turn]]:
+        """The turns of each segment trained before ``last`` (each its own sample), in
+        the order the segments started: every segment the agent followed, that is every
+        one but the branches (choices of a request with ``n > 1``) that no later request
+        extended. A branch copies its segment's turns (the same ``Turn`` objects); a turn
+        that ``last`` or an earlier sample already trains is context here (its tokens
+        kept, none trained), and a segment with nothing left to train is left out, so no
+        token is trained twice."""
+        seen = {id(t) for t in last.turns}
+        out: list[list[Turn]] = []
+        for seg in self.segments:
+            if seg is last or seg.branch or not seg.turns:
+                continue
+            turns = [_as_context(t) if id(t) in seen else t for t in seg.turns]
+            seen.update(id(t) for t in seg.turns)
+            if any(t.action_ids for t in turns):
+                out.append(turns)
+        return out
+
+    def untrained(self, last: Segment) -> int:
+        """Branches not trained: choices of a request with ``n > 1`` that no later
+        request extended, other than ``last`` (the agent did not follow them)."""
+        return sum(1 for seg in self.segments if seg.branch and seg is not last)
+
+
+def _as_context(turn: Turn) -> Turn:
+    """``turn`` as context only: its prompt and sampled tokens, nothing to train."""
+    return Turn(obs_ids=list(turn.obs_ids) + list(turn.action_ids), action_ids=[],
+                logprobs=[], versions=[], action_text="")

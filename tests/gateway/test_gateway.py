@@ -82,10 +82,11 @@ def _parts(model: ModelConfig, env_cls: type, gateway: Gateway, max_turns: int =
     return tok, engine, proxy, task, host
 
 
-def _manager(parts: Any, tid: str = "traj-0") -> AgentManager:
+def _manager(parts: Any, tid: str = "traj-0", sample_seed: int = 7) -> AgentManager:
     tok, engine, proxy, task, host = parts
     reward = WorkerHandle("reward", Rewards(), is_ray=False)
-    return AgentManager(Trajectory(tid, "agent", "g0", 0), 3, 7, task, task.prompt_format,
+    return AgentManager(Trajectory(tid, "agent", "g0", 0), 3, sample_seed, task,
+                        task.prompt_format,
                         proxy, host, reward, version=lambda: 0)
 
 
@@ -149,6 +150,64 @@ async def _post(url: str, token: str | None, body: bytes) -> tuple[int, dict[str
         headers["authorization"] = f"Bearer {token}"
     async with aiohttp.ClientSession() as s, s.post(url, data=body, headers=headers) as r:
         return r.status, await r.json()
+
+
+class FollowsSecondChoice(AgentEnv):
+    """One turn, then two choices; goes on from the second, then starts over once
+    (``/v1/completions``: a prompt that extends a turn's text continues its segment)."""
+
+    def task(self, seed: int) -> Any:
+        return "q"
+
+    async def run(self, client: Any, task: Any) -> AgentResult:
+        async def complete(prompt: str, **kw: Any) -> Any:
+            return await client.completions.create(model=self.model, prompt=prompt,
+                                                   max_tokens=4, **kw)
+
+        text = "start:"
+        text += (await complete(text)).choices[0].text + " pick:"
+        both = await complete(text, n=2, temperature=1.0)
+        text += both.choices[1].text + " go:"
+        second = await complete(text)
+        last = await complete("so:" + second.choices[0].text)
+        return AgentResult(reward=1.0, answer=last.choices[0].text)
+
+
+def test_a_followed_branch_is_trained_as_sampled_and_the_other_counted(
+        model: ModelConfig) -> None:
+    """n = 2 on a running episode, through the real client: the trained samples are
+    the contexts the engine sampled in (the followed choice right after the turn before
+    it; before the fix the first choice's turn sat between them, trained), the segment
+    before the rewrite is trained too, the other choice is counted as untrained."""
+    async def main() -> Any:
+        gw = Gateway()
+        parts = _parts(model, FollowsSecondChoice, gw)
+        traj = await _manager(parts, sample_seed=1).run()
+        await gw.stop()
+        return parts, traj
+
+    (tok, engine, _, _, _), traj = asyncio.run(main())
+    # Sampling seed 1: no choice holds a special token (the tiny model's <unk> is dropped
+    # from the returned text, so the agent's next prompt would not extend the branch).
+    assert all(i > 5 for r in engine.results for i in r.token_ids)
+    assert traj.dropped is None, traj.dropped
+    assert traj.info["agent_branches_untrained"] == 1 and traj.info["agent_segments"] == 3
+    last, followed = traj.to_samples()
+    assert last.input_ids == engine.prompts[-1] + engine.results[-1].token_ids
+    # The followed branch's sample: the second request's prompt (which holds the second
+    # choice as the agent sent it back) plus its answer; the second choice's own tokens
+    # are trained and the first choice's appear nowhere.
+    second_prompt, second = engine.prompts[-2], engine.results[-2]
+    assert followed.input_ids == second_prompt + second.token_ids
+    opening, choices = engine.results[0], engine.results[1:-2]
+    assert len(choices) == 2
+    picked = next(r for r in choices
+                  if followed.input_ids[len(engine.prompts[1]):][:len(r.token_ids)]
+                  == r.token_ids)
+    trained = [i for i, k in zip(followed.input_ids, followed.loss_mask, strict=True) if k]
+    assert trained == opening.token_ids + picked.token_ids + second.token_ids
+    assert sum(last.loss_mask) + sum(followed.loss_mask) == (
+        len(engine.results[-1].token_ids) + len(trained))
 
 
 def test_refusals_are_clear_4xx_and_record_nothing(model: ModelConfig) -> None:

@@ -136,7 +136,7 @@ def test_qwen3_thinking_turns_are_segments_and_every_segment_is_trained() -> Non
     last, guessed = rec.trained("done")
     assert last is rec.segments[2] and not guessed
     traj = Trajectory("t", "agent", "g", 0, turns=list(last.turns), reward=1.0,
-                      earlier_segments=[list(s.turns) for s in rec.earlier(last)])
+                      earlier_segments=rec.earlier(last))
     samples = traj.to_samples()
     assert [s.segment for s in samples] == [0, 1, 2]
     trained = [[i for i, m in zip(s.input_ids, s.loss_mask, strict=True) if m] for s in samples]
@@ -147,24 +147,76 @@ def test_qwen3_thinking_turns_are_segments_and_every_segment_is_trained() -> Non
     assert "add them" not in text and "<|im_start|>assistant\n5<|im_end|>" in text
 
 
-def test_after_a_branch_only_the_last_segment_is_trained() -> None:
-    """With n > 1 the branches copy their segment's turns: training two of them would
-    train the shared turns twice, so only the segment holding the answer is trained."""
-    rec = _record()
-    _turn(rec, [{"role": "user", "content": "hi"}], "yo")
-    m = [{"role": "user", "content": "again"}]  # a rewrite: a second segment, two choices
-    prompt = rec.prompt(m, None)
+def _choices(record: EpisodeRecord, messages, replies):
+    """One request with ``len(replies)`` choices (n > 1)."""
+    prompt = record.prompt(messages, None)
     choices = []
-    for reply in ("a", "b"):
+    for reply in replies:
         ids = [ord(ch) for ch in reply + "|"]
         result = GenerationResult("r", ids, [-0.5] * len(ids), [0] * len(ids), "stop")
         choices.append(Choice(result, {"role": "assistant", "content": reply}))
-    rec.record(prompt, m, choices)
-    last, _ = rec.trained("b")
-    assert last is rec.segments[2] and rec.earlier(last) == []
-    # Without the branch, the first segment is trained too.
+    return record.record(prompt, messages, choices)
+
+
+def _trained_text(turn_lists) -> list[str]:
+    """The trained (sampled) text of each turn list, as a sample would train it."""
+    return ["".join(chr(i) for t in turns for i in t.action_ids) for turns in turn_lists]
+
+
+def test_a_branched_episode_trains_every_followed_segment_and_counts_the_rest() -> None:
+    """A segment before the branch, the branch the agent followed and the one it ended on
+    are trained; the choice it did not follow is counted, not trained."""
+    rec = _record()
+    _turn(rec, [{"role": "user", "content": "hi"}], "yo")  # segment 0
+    m = [{"role": "user", "content": "again"}]  # a rewrite: segment 1, two choices
+    _choices(rec, m, ["a", "b"])  # choice "a" extends segment 1, "b" is segment 2
+    # The agent goes on from "b" (its reply sent back): segment 2 is followed.
+    _turn(rec, [*m, {"role": "assistant", "content": "b"}, {"role": "user", "content": "go"}],
+          "c")
+    _turn(rec, [{"role": "user", "content": "sum up"}], "done")  # a rewrite: segment 3
+    last, guessed = rec.trained("done")
+    assert last is rec.segments[3] and not guessed
+    assert _trained_text(rec.earlier(last)) == ["yo|", "b|c|"]
+    assert rec.untrained(last) == 1  # "a"
+    # Ending on the branch: the sibling is not trained, the segment before it is.
     rec2 = _record()
     _turn(rec2, [{"role": "user", "content": "hi"}], "yo")
-    _turn(rec2, m, "a")
-    last2, _ = rec2.trained("a")
-    assert rec2.earlier(last2) == [rec2.segments[0]]
+    _choices(rec2, m, ["a", "b"])
+    last2, _ = rec2.trained("b")
+    assert last2 is rec2.segments[2] and _trained_text(rec2.earlier(last2)) == ["yo|"]
+    assert rec2.untrained(last2) == 1
+    # Without a branch every segment is trained, nothing counted.
+    rec3 = _record()
+    _turn(rec3, [{"role": "user", "content": "hi"}], "yo")
+    _turn(rec3, m, "a")
+    last3, _ = rec3.trained("a")
+    assert rec3.earlier(last3) == [rec3.segments[0].turns] and rec3.untrained(last3) == 0
+
+
+def test_two_followed_branches_train_their_shared_turns_once() -> None:
+    """An agent that explores both choices (a tree search): each branch is trained, and
+    the turn they share (copied into the second at the branch) is context in the earlier
+    sample, never trained twice."""
+    from rollart_sdk.types import Trajectory
+
+    rec = _record()
+    m1 = [{"role": "user", "content": "hi"}]
+    _turn(rec, m1, "yo")
+    m2 = [*m1, {"role": "assistant", "content": "yo"}, {"role": "user", "content": "pick"}]
+    _choices(rec, m2, ["a", "b"])  # segment 0 = yo, a; segment 1 = yo (shared), b
+    for reply, nxt in (("a", "x"), ("b", "y")):  # both followed
+        _turn(rec, [*m2, {"role": "assistant", "content": reply},
+                    {"role": "user", "content": "on"}], nxt)
+    assert len(rec.segments) == 2 and rec.segments[0].turns[0] is rec.segments[1].turns[0]
+    last, _ = rec.trained("y")
+    assert last is rec.segments[1] and rec.untrained(last) == 0
+    earlier = rec.earlier(last)
+    assert _trained_text(earlier) == ["a|x|"]
+    traj = Trajectory("t", "agent", "g", 0, turns=list(last.turns), reward=1.0,
+                      earlier_segments=earlier)
+    first, second = traj.to_samples()
+    trained = lambda s: "".join(chr(i) for i, k in zip(s.input_ids, s.loss_mask,  # noqa: E731
+                                                        strict=True) if k)
+    assert trained(first) == "yo|b|y|" and trained(second) == "a|x|"
+    # The shared turn is still in the earlier sample's prompt, in its place.
+    assert "".join(map(chr, second.input_ids)).startswith("<user>hi|<assistant>yo|<user>pick|")
