@@ -2,7 +2,11 @@
 
 The trainer recomputes the log-probs of the task's policy (``tasks[].sampling``), so a
 request may not change that policy: ``temperature`` / ``top_p`` equal to the task's (or
-unset) are accepted, others refused (400); penalties and ``logit_bias`` likewise. What
+unset) are accepted, others refused (400); penalties and ``logit_bias`` likewise, and the
+engines' own extensions (``top_k``, ``min_p``, ``repetition_penalty``, sent through the
+client's ``extra_body``). Constrained output (``response_format`` other than text, vLLM's
+``guided_*``, ``structured_outputs``) is refused: the engines sample without a grammar, so
+the reply would not be bound to the schema the agent relies on. What
 does not change the policy is mapped: ``max_tokens`` / ``max_completion_tokens`` (capped
 by the task's ``max_new_tokens``), ``seed`` (mixed with the episode's seed, so that the
 members of a GRPO group still differ), ``n`` (up to :data:`MAX_N` choices, each recorded
@@ -23,7 +27,11 @@ MAX_N = 8  # choices per request
 MAX_STOP = 4  # stop sequences per request (OpenAI's own limit)
 # Fields that would change the sampled policy: accepted only at their neutral value.
 _NEUTRAL: dict[str, tuple[Any, ...]] = {"presence_penalty": (0, 0.0), "frequency_penalty": (0, 0.0),
-            "logit_bias": ({},), "best_of": (1,), "echo": (False,), "suffix": ("",)}
+            "logit_bias": ({},), "best_of": (1,), "echo": (False,), "suffix": ("",),
+            "repetition_penalty": (1, 1.0), "min_p": (0, 0.0)}
+# Fields that ask for constrained output (OpenAI's and vLLM's / SGLang's extensions).
+_CONSTRAINED = ("guided_json", "guided_regex", "guided_choice", "guided_grammar",
+                "structured_outputs", "regex", "json_schema", "ebnf")
 
 
 @dataclass
@@ -70,12 +78,41 @@ def _same_policy(body: dict[str, Any], task: SamplingParams, strict: bool = True
             raise GatewayError(400, f"{key}={value} differs from the task's sampling "
                                f"({key}={mine}, tasks[].sampling.{key}): the trainer learns "
                                f"that policy; leave {key} unset or send {mine}", param=key)
+    top_k = body.get("top_k")
+    if top_k is not None:
+        if isinstance(top_k, bool) or not isinstance(top_k, int):
+            raise GatewayError(400, f"top_k must be an integer, got {top_k!r}", param="top_k")
+        off = top_k <= 0 and task.top_k <= 0  # -1 and 0 both mean "off"
+        if strict and not off and top_k != task.top_k:
+            raise GatewayError(400, f"top_k={top_k} differs from the task's sampling "
+                               f"(top_k={task.top_k}, tasks[].sampling.top_k): the trainer "
+                               f"learns that policy; leave top_k unset", param="top_k")
+    _unconstrained(body)
     for key, neutral in _NEUTRAL.items():
         value = body.get(key)
         if value is not None and value not in neutral:
             raise GatewayError(400, f"{key}={value!r} is not supported by the rollart "
                                f"gateway (it would change the trained policy); leave {key} "
                                "unset", param=key)
+
+
+def _unconstrained(body: dict[str, Any]) -> None:
+    """A 400 for a request that asks for output bound to a schema or grammar."""
+    fmt = body.get("response_format")
+    if fmt is not None and not (isinstance(fmt, dict) and fmt.get("type") == "text"):
+        kind = fmt.get("type") if isinstance(fmt, dict) else fmt
+        raise GatewayError(400, f"response_format {kind!r} is not supported by the rollart "
+                           "gateway: the engines sample without a grammar, so the reply "
+                           "would not be bound to it (and a constrained policy is not the "
+                           "one the trainer learns); leave response_format unset and ask "
+                           "for the format in the prompt (parse and validate it in the "
+                           "agent)", param="response_format")
+    for key in _CONSTRAINED:
+        if body.get(key) is not None:
+            raise GatewayError(400, f"{key} (constrained decoding) is not supported by the "
+                               "rollart gateway: the engines sample without a grammar; "
+                               f"leave {key} unset and ask for the format in the prompt",
+                               param=key)
 
 
 def request_params(body: dict[str, Any], task: SamplingParams, episode_seed: int,

@@ -178,19 +178,27 @@ def test_sampling_fields_are_mapped_or_refused_naming_the_field(model: ModelConf
             bad: list[dict[str, Any]] = [
                 {"temperature": 0.2}, {"top_p": 0.5}, {"presence_penalty": 1.0},
                 {"logit_bias": {"5": 10}}, {"n": 9}, {"stop": ["a", "b", "c", "d", "e"]},
-                {"max_tokens": 0}, {"max_completion_tokens": -3}]
-            for fields in bad:
+                {"max_tokens": 0}, {"max_completion_tokens": -3},
+                {"response_format": {"type": "json_object"}},
+                {"response_format": {"type": "json_schema", "json_schema": {
+                    "name": "answer", "schema": {"type": "object"}}}}]
+            # The engines' own fields, as a client sends them (extra_body).
+            extra: list[dict[str, Any]] = [{"top_k": 5}, {"repetition_penalty": 1.2},
+                                           {"min_p": 0.1}, {"guided_json": {"type": "object"}}]
+            for fields in bad + [{"extra_body": e} for e in extra]:
                 with pytest.raises(openai.BadRequestError) as info:
                     await s.client.chat.completions.create(model="policy", messages=USER,
                                                            **fields)
-                errors[next(iter(fields))] = info.value
+                named = fields.get("extra_body", fields)
+                errors[next(iter(named))] = info.value
             with pytest.raises(openai.BadRequestError, match="prompt") as info:
                 await s.client.completions.create(model="policy", prompt=["a", "b"])
             assert s.ep.requests == 0 and not s.ep.record.segments and not s.results
             # The task's own values, a seed, and a token limit are taken.
             ok = await s.client.chat.completions.create(
                 model="policy", messages=USER, temperature=1.0, top_p=1, seed=4,
-                max_completion_tokens=3, stop="zzz")
+                max_completion_tokens=3, stop="zzz", response_format={"type": "text"},
+                extra_body={"top_k": -1, "repetition_penalty": 1.0})
             return s, errors, ok
 
     s, errors, ok = asyncio.run(main())
@@ -198,6 +206,8 @@ def test_sampling_fields_are_mapped_or_refused_naming_the_field(model: ModelConf
         assert exc.status_code == 400 and field in exc.message, (field, exc.message)
         assert exc.body["param"] == field
     assert "tasks[].sampling.temperature" in errors["temperature"].message
+    assert "ask for the format in the prompt" in errors["response_format"].message
+    assert "tasks[].sampling.top_k" in errors["top_k"].message
     assert len(s.results[0].token_ids) <= 3 and ok.usage.completion_tokens <= 3
 
 
