@@ -51,16 +51,18 @@ class AgentManager(EnvManager):
         strings = takes_string_arguments(self._template())
 
         def render(messages: list[dict[str, Any]], tools: list[Any] | None,
-                   generation: bool = True) -> str:
+                   generation: bool = True, template_kwargs: dict[str, Any] | None = None
+                   ) -> str:
             extra = {"tools": tools} if tools else {}
             return str(tok.apply_chat_template(for_template(messages, strings), tokenize=False,
-                                               add_generation_prompt=generation, **kwargs,
+                                               add_generation_prompt=generation,
+                                               **{**kwargs, **(template_kwargs or {})},
                                                **extra))
 
         return EpisodeRecord(render,
                              lambda text: list(tok(text, add_special_tokens=False)["input_ids"]),
                              lambda ids: str(tok.decode(ids, skip_special_tokens=False)),
-                             lambda messages, tools: render(messages, tools, False))
+                             lambda messages, tools, **kw: render(messages, tools, False, **kw))
 
     async def generate(self, prompt_ids: list[int], sampling: SamplingParams) -> GenerationResult:
         """One of the agent's turns, through the LLMProxy; :class:`EpisodeEnded` when the

@@ -157,7 +157,8 @@ class Segment:
         return sum(len(t.action_ids) for t in self.turns)
 
 
-Render = Callable[[list[dict[str, Any]], list[dict[str, Any]] | None], str]
+# (messages, tools) -> text; also called with template_kwargs= (a request's chat_template_kwargs)
+Render = Callable[..., str]
 Generate = Callable[[list[int], SamplingParams], Awaitable[GenerationResult]]
 
 
@@ -190,7 +191,8 @@ class Choice:
 class EpisodeRecord:
     """The token record of one episode: segments of turns, built request by request.
 
-    ``render(messages, tools)`` is the chat template's text with the generation prompt;
+    ``render(messages, tools)`` is the chat template's text with the generation prompt
+    (with ``template_kwargs=`` when a request sends ``chat_template_kwargs``);
     ``encode(text)`` its ids (no special tokens added: templates write their own);
     ``decode(ids)`` the text of ids, special tokens kept; ``render_turn(messages, tools)``
     the template's text without the generation prompt (for the tool-call opener that
@@ -210,9 +212,13 @@ class EpisodeRecord:
         self.segments: list[Segment] = []
         self.last: list[int] = []  # the segments of the last request's choices
 
-    def render_prompt(self, messages: list[dict[str, Any]], tools: list[Any] | None) -> str:
-        """The template's render of a request (generation prompt on), or a 400."""
+    def render_prompt(self, messages: list[dict[str, Any]], tools: list[Any] | None,
+                      template_kwargs: dict[str, Any] | None = None) -> str:
+        """The template's render of a request (generation prompt on), or a 400;
+        ``template_kwargs``: the request's ``chat_template_kwargs`` (over the task's)."""
         try:
+            if template_kwargs:
+                return self.render(messages, tools, template_kwargs=template_kwargs)
             return self.render(messages, tools)
         except Exception as exc:  # noqa: BLE001 - a template's raise_exception, a bad tool
             raise GatewayError(400, f"the model's chat template cannot render these messages "

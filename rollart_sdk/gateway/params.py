@@ -164,3 +164,28 @@ def cut_at_stop(result: GenerationResult, decode: Callable[[list[int]], str],
                                    result.worker)
             return cut, text[:min(hits)]
     return result, None
+
+
+# Template variables a request may not set: the gateway's own arguments to the render.
+_RENDER_ARGS = frozenset({"messages", "conversation", "tools", "documents", "chat_template",
+                          "add_generation_prompt", "continue_final_message", "tokenize",
+                          "return_dict"})
+
+
+def chat_template_kwargs(body: dict[str, Any]) -> dict[str, Any] | None:
+    """A chat request's ``chat_template_kwargs`` (vLLM's and SGLang's field, sent through
+    the client's ``extra_body``: ``{"enable_thinking": false}`` for Qwen 3): extra
+    variables for the template's render of this request, over the task's
+    ``chat_template_kwargs``. They change the prompt (never trained), not the policy."""
+    kw = body.get("chat_template_kwargs")
+    if kw is None:
+        return None
+    if not isinstance(kw, dict) or not all(isinstance(k, str) for k in kw):
+        raise GatewayError(400, "chat_template_kwargs must be an object of template "
+                           f"variables, got {kw!r}", param="chat_template_kwargs")
+    taken = sorted(set(kw) & _RENDER_ARGS)
+    if taken:
+        raise GatewayError(400, f"chat_template_kwargs may not set {taken}: the gateway "
+                           "passes those to the template itself (send messages and tools "
+                           "as the request's fields)", param="chat_template_kwargs")
+    return dict(kw)

@@ -20,6 +20,7 @@ Response bodies: :mod:`~rollart_sdk.gateway.responses`.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import secrets
 import socket
@@ -43,7 +44,12 @@ from rollart_sdk.gateway.forcing import (
     parser_name,
     template_opener,
 )
-from rollart_sdk.gateway.params import choice_sampling, cut_at_stop, request_params
+from rollart_sdk.gateway.params import (
+    chat_template_kwargs,
+    choice_sampling,
+    cut_at_stop,
+    request_params,
+)
 from rollart_sdk.gateway.responses import (
     chat_chunks,
     chat_response,
@@ -285,10 +291,11 @@ class Gateway:
         messages = normalize_messages(body.get("messages"))
         tools = body.get("tools") or None
         choice = parse_tool_choice(body, tools)
+        template_kwargs = chat_template_kwargs(body)
         async with ep.lock:  # one turn at a time: each continues the one before
             self._check(ep, body)
-            text = ep.record.render_prompt(messages, tools)
-            forced = self._forced(ep, choice, messages, tools, text)
+            text = ep.record.render_prompt(messages, tools, template_kwargs)
+            forced = self._forced(ep, choice, messages, tools, text, template_kwargs)
             prompt = ep.record.prompt(messages, tools, forced, text)
             choices = await self._generate(ep, body, prompt)
             if forced:
@@ -347,7 +354,8 @@ class Gateway:
         return choices
 
     def _forced(self, ep: Episode, choice: ToolChoice, messages: list[dict[str, Any]],
-                tools: list[Any] | None, text: str) -> str:
+                tools: list[Any] | None, text: str,
+                template_kwargs: dict[str, Any] | None = None) -> str:
         """The opening of a tool call that ``tool_choice`` forces, appended to the prompt
         (:mod:`~rollart_sdk.gateway.forcing`); "" when nothing is forced."""
         if not choice.forces:
@@ -360,8 +368,11 @@ class Gateway:
                                "llama3_json or mistral)", param="tool_choice")
         assert name is not None
         opener = None
-        if ep.record.render_turn is not None:
-            opener = template_opener(ep.record.render_turn, text, messages, tools, name)
+        render_turn = ep.record.render_turn
+        if render_turn is not None:
+            if template_kwargs:
+                render_turn = functools.partial(render_turn, template_kwargs=template_kwargs)
+            opener = template_opener(render_turn, text, messages, tools, name)
         if opener is None:  # the template does not write calls the parser reads
             ep.counts["forced_opener_from_parser"] += 1
             opener = OPENERS[name]

@@ -70,9 +70,10 @@ def _descriptor(cls: type) -> Descriptor:
                       summary="", plugin="test")
 
 
-def _parts(model: ModelConfig, env_cls: type, gateway: Gateway, max_turns: int = 5) -> Any:
+def _parts(model: ModelConfig, env_cls: type, gateway: Gateway, max_turns: int = 5,
+           template: str | None = None) -> Any:
     tok = load_tokenizer(model.path, light=True)
-    chat = ChatFormat(tok)
+    chat = ChatFormat(tok, template=template)
     engine = SpyEngine(model)
     proxy = LLMProxy([WorkerHandle("gen0", engine, is_ray=False)], {"default": ["gen0"]})
     cfg = TaskConfig(tag="agent", env={"name": env_cls.__name__}, max_turns=max_turns,
@@ -142,6 +143,57 @@ def test_rewritten_history_starts_a_new_segment(model: ModelConfig) -> None:
     assert first.input_ids == engine.prompts[0] + engine.results[0].token_ids
     assert (last.segment, first.segment) == (0, 1) and first.reward == last.reward == 1.0
     assert sum(first.loss_mask) == len(engine.results[0].token_ids)
+
+
+class ThinksOnce(AgentEnv):
+    """Qwen 3's switch per request (vLLM's and SGLang's ``chat_template_kwargs``): the
+    first request without thinking, the second with the template's default."""
+
+    def task(self, seed: int) -> Any:
+        return "q"
+
+    async def run(self, client: Any, task: Any) -> float:
+        messages = [{"role": "user", "content": "hi"}]
+        off = await client.chat.completions.create(
+            model=self.model, messages=messages, max_tokens=3,
+            extra_body={"chat_template_kwargs": {"enable_thinking": False}})
+        messages += [{"role": "assistant", "content": off.choices[0].message.content},
+                     {"role": "user", "content": "more"}]
+        await client.chat.completions.create(model=self.model, messages=messages,
+                                             max_tokens=3)
+        refused = 0
+        for bad in ({"tools": []}, ["enable_thinking"]):
+            try:
+                await client.chat.completions.create(
+                    model=self.model, messages=messages, max_tokens=3,
+                    extra_body={"chat_template_kwargs": bad})
+            except Exception as exc:  # noqa: BLE001 - the refusal is what is tested
+                refused += "400" in str(exc) and "chat_template_kwargs" in str(exc)
+        return float(refused)
+
+
+def test_a_requests_chat_template_kwargs_reach_the_render(model: ModelConfig) -> None:
+    """``extra_body={"chat_template_kwargs": {"enable_thinking": False}}`` renders that
+    request with Qwen 3's empty think block (as vLLM does), the next request without it;
+    variables the gateway sets itself, or a non-object, are a 400."""
+    from pathlib import Path
+
+    qwen3 = (Path(__file__).resolve().parents[1] / "data" / "chat_templates"
+             / "qwen3.jinja").read_text()
+
+    async def main() -> Any:
+        gw = Gateway()
+        parts = _parts(model, ThinksOnce, gw, template=qwen3)
+        traj = await _manager(parts).run()
+        await gw.stop()
+        return parts, traj
+
+    (tok, engine, _, _, _), traj = asyncio.run(main())
+    assert traj.dropped is None, traj.dropped
+    assert traj.reward == 2.0  # both bad kwargs refused
+    first, second = (tok.decode(p, skip_special_tokens=False) for p in engine.prompts)
+    assert first.endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
+    assert second.endswith("<|im_start|>assistant\n") and "more" in second
 
 
 async def _post(url: str, token: str | None, body: bytes) -> tuple[int, dict[str, Any]]:
