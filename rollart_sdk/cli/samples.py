@@ -79,6 +79,10 @@ def _turn_lines(turns: list[dict[str, Any]], ids: bool) -> list[str]:
         lines.append(turn.get("observation", ""))
         if ids:
             lines.append(f"    ids {turn.get('observation_ids')}")
+        if not turn.get("action_ids"):  # a turn another sample trains (gateway branches)
+            lines.append(f"--- turn {n}: no action: context here, trained in another "
+                         "sample ---")
+            continue
         meta = [f"{len(turn.get('action_ids', []))} tokens",
                 f"version {','.join(str(v) for v in turn.get('versions', []))}",
                 f"env reward {_num(turn.get('env_reward'))}"]

@@ -211,3 +211,21 @@ def test_a_policy_with_its_mass_outside_the_actions_is_warned_about_at_once(tmp_
     # the real thresholds, at the first step's line, once
     assert err.count("warning: task FrozenLake: at step 1 the policy puts") == 1, err
     assert err.count("warning: task FrozenLake") == 1
+
+
+def test_a_context_only_turn_is_printed_as_such():
+    """A gateway branch's shared turn is context in one sample (trained in another):
+    `rollart samples` says so instead of printing an empty action."""
+    from rollart_sdk.cli.samples import render
+
+    row = {"step": 1, "tag": "agent", "trajectory": "t", "outcome": "trained", "reward": 1.0,
+           "earlier_segments": [[
+               {"turn": 1, "observation": "<user>hi", "observation_ids": [1, 2, 3],
+                "action": "", "action_ids": []},
+               {"turn": 2, "observation": "<user>pick", "observation_ids": [4],
+                "action": "a", "action_ids": [5], "versions": [0], "env_reward": 0.0}]],
+           "turns": [{"turn": 1, "observation": "<user>hi", "observation_ids": [1],
+                      "action": "yo", "action_ids": [6], "versions": [0], "env_reward": 0.0}]}
+    out = render(row)
+    assert "--- turn 1: no action: context here, trained in another sample ---" in out
+    assert out.count("--- turn 1: action") == 1 and "--- turn 2: action (1 tokens" in out
