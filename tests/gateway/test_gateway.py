@@ -392,6 +392,46 @@ def test_openai_agents_sdk_agent_is_trained_on_the_engines_tokens(model: ModelCo
     assert tok.decode(engine.prompts[-1], skip_special_tokens=False) == rendered
 
 
+class SdkStructuredAgent(AgentEnv):
+    """The Agents SDK with an ``output_type``: it asks for ``response_format``
+    ``json_schema``, which the engines cannot enforce."""
+
+    def task(self, seed: int) -> Any:
+        return "What is 2 + 3?"
+
+    async def run(self, client: Any, task: Any) -> AgentResult:
+        from agents import Agent, OpenAIChatCompletionsModel, RunConfig, Runner
+        from pydantic import BaseModel
+
+        class Answer(BaseModel):
+            value: int
+
+        agent = Agent(name="calc", instructions="Answer.", output_type=Answer,
+                      model=OpenAIChatCompletionsModel(model=self.model, openai_client=client))
+        result = await Runner.run(agent, task, max_turns=2,
+                                  run_config=RunConfig(tracing_disabled=True))
+        return AgentResult(reward=1.0, answer=str(result.final_output))
+
+
+def test_an_agents_sdk_output_type_is_refused_and_the_episode_dropped_saying_why(
+        model: ModelConfig) -> None:
+    """Structured output would come back unconstrained (the engines sample without a
+    grammar): the gateway refuses the request (400), nothing reaches the engine, and the
+    episode is dropped with the gateway's reason, not trained on free text."""
+    async def main() -> Any:
+        gw = Gateway()
+        parts = _parts(model, SdkStructuredAgent, gw)
+        traj = await _manager(parts).run()
+        await gw.stop()
+        return parts, traj
+
+    (_, engine, _, _, _), traj = asyncio.run(main())
+    assert traj.dropped is not None and "response_format 'json_schema'" in traj.dropped, (
+        traj.dropped)
+    assert "ask for the format in the prompt" in traj.dropped
+    assert not engine.prompts and traj.info.get("gateway_refused_400") == 1
+
+
 def test_streaming_and_logprobs_carry_the_engines_answer(model: ModelConfig) -> None:
     async def main() -> Any:
         gw = Gateway()
