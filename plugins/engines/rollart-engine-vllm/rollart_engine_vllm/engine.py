@@ -58,6 +58,7 @@ from rollart_sdk.backends.engine_adapter import (
     eos_ids,
     submission_seed,
 )
+from rollart_sdk.backends.model_shape import context_problems, tensor_parallel_problems
 from rollart_sdk.config import ModelConfig
 from rollart_sdk.errors import RollartError
 from rollart_sdk.types import FinishReason, GenerationRequest, WeightBucket, WeightManifest
@@ -131,20 +132,17 @@ class VllmEngine(EngineAdapter[AdapterRequest]):
             _threads_env(cpu_threads)
         import transformers
 
+        # The checks `rollart validate` runs (VllmEngineOptions.model_problems), again for
+        # an engine built without the options (a script, the kit).
         hf = transformers.AutoConfig.from_pretrained(model.path)
-        limit = int(getattr(hf, "max_position_embeddings", 0) or 0)
-        if max_model_len is not None and limit and max_model_len > limit:
-            raise RollartError(
-                f"engine.options.max_model_len={max_model_len} exceeds the model's context "
-                f"({limit} tokens, max_position_embeddings in {model.path}/config.json); "
-                "lower it or leave it unset"
-            )
-        heads = int(getattr(hf, "num_attention_heads", 1) or 1)
-        if heads % tensor_parallel_size:
-            raise RollartError(
-                f"engine.options.tensor_parallel_size={tensor_parallel_size} does not divide "
-                f"the model's {heads} attention heads; choose a divisor of {heads}"
-            )
+        config = hf.to_dict()
+        limit = int(config.get("max_position_embeddings") or 0)
+        problems = tensor_parallel_problems(config, tensor_parallel_size,
+                                            "tensor_parallel_size", replicate_kv=True)
+        problems += context_problems(config, max_model_len, "max_model_len")
+        if problems:
+            raise RollartError("; ".join(f"engine.options.{why} ({model.path}/config.json)"
+                                         for _, why in problems))
         self._shapes = checkpoint_shapes(model.path)
         self._checkpoint = model.path
         self._tp = tensor_parallel_size

@@ -238,3 +238,24 @@ def test_weight_stager_with_pull_and_push_transports(module_engine, loop, other_
     report = loop.run_until_complete(asyncio.wait_for(run(), 120))
     assert report.version == version and engine.version == version
     assert report.nbytes == sum(b.nbytes for b in buckets)
+
+
+def test_an_engine_built_without_validate_checks_the_model_first(tiny_model):
+    """The constructor runs the checks `rollart validate` does (VllmEngineOptions.
+    model_problems) before vLLM starts: the tiny model has 2 attention heads and 2 K/V
+    heads and a context of max_position_embeddings."""
+    import json
+    from pathlib import Path
+
+    from rollart_engine_vllm.engine import VllmEngine
+
+    from rollart_sdk.errors import RollartError
+
+    limit = json.loads((Path(tiny_model.path) / "config.json").read_text())[
+        "max_position_embeddings"]
+    with pytest.raises(RollartError, match=r"tensor_parallel_size=3 does not divide the "
+                       r"model's 2 attention heads.*choose one of"):
+        VllmEngine(model=tiny_model, tensor_parallel_size=3)
+    with pytest.raises(RollartError, match=rf"max_model_len={limit + 1} exceeds the "
+                       rf"model's context \({limit} tokens"):
+        VllmEngine(model=tiny_model, max_model_len=limit + 1)
