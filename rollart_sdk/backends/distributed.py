@@ -13,6 +13,7 @@ import torch
 import torch.distributed as dist
 
 from rollart_sdk.algorithms import fill_advantages
+from rollart_sdk.algorithms.advantages import Estimator
 from rollart_sdk.types import TrainSample
 
 
@@ -80,24 +81,27 @@ def all_reduce_flat(tensors: list[torch.Tensor], group: Any = None) -> None:
 
 def fill_advantages_across(batch: list[TrainSample], eps: float, normalize_std: bool,
                            device: torch.device, *, size: int, rank: int,
-                           group: Any = None) -> None:
-    """GRPO advantages (:func:`~rollart_sdk.algorithms.fill_advantages`) for the samples
-    without one, over the batch of all ``size`` ranks of ``group`` (this one ``rank``):
-    rewards are gathered, so a group split over ranks is normalised as a whole. Every
+                           group: Any = None, estimator: Estimator = "grpo") -> None:
+    """Advantages (:func:`~rollart_sdk.algorithms.fill_advantages`, ``estimator``) for
+    the samples without one, over the batch of all ``size`` ranks of ``group`` (this one
+    ``rank``): rewards (and trained-token counts) are gathered, so a group split over
+    ranks is normalised as a whole, and a batch whitening sees the whole batch. Every
     rank takes part in the same collectives, needed or not (lockstep)."""
     if size == 1:
-        fill_advantages(batch, eps, normalize_std)
+        fill_advantages(batch, eps, normalize_std, estimator)
         return
     need = any(s.advantage is None for s in batch)
     if not all_reduce_small(torch.tensor([float(need)]), device, group, "max")[0]:
         return
-    mine = [(s.reward, s.group_id, s.advantage, s.trajectory_id, s.segment) for s in batch]
+    mine = [(s.reward, s.group_id, s.advantage, s.trajectory_id, s.segment, sum(s.loss_mask))
+            for s in batch]
     gathered: list[Any] = [None] * size
     dist.all_gather_object(gathered, mine, group=group)
+    rows = [row for part in gathered for row in part]
     full = [TrainSample([], [], [], [], reward=r, group_id=g, advantage=a, trajectory_id=t,
                         segment=k)
-            for part in gathered for r, g, a, t, k in part]
-    fill_advantages(full, eps, normalize_std)
+            for r, g, a, t, k, _ in rows]
+    fill_advantages(full, eps, normalize_std, estimator, tokens=[row[5] for row in rows])
     offset = sum(len(part) for part in gathered[:rank])
     for s, f in zip(batch, full[offset : offset + len(batch)], strict=True):
         s.advantage = f.advantage

@@ -52,10 +52,17 @@ class TrainerOptionsBase(PrecisionOptions, LRScheduleOptions):
     kl_coef: float = Field(0.0, ge=0, description=(
         "weight of the KL penalty to the initial model; 0 = no reference model is loaded"))
     kl_kind: Literal["k1", "k2", "k3"] = Field("k3", description="KL estimator (Schulman's k1/k2/k3)")
-    # Advantages (when samples arrive without one): GRPO over the whole batch.
+    # Advantages (when samples arrive without one), over the whole batch.
+    adv_estimator: Literal["grpo", "rloo", "reinforce_pp_baseline"] = Field(
+        "grpo", description=(
+            "grpo: the reward minus its group's mean, over the group's std (adv_normalize_std); "
+            "rloo: minus the mean of the group's other members (RLOO); reinforce_pp_baseline: "
+            "minus the group mean, then whitened over the batch's trained tokens "
+            "(REINFORCE++-baseline, as verl computes it). rollart_sdk/algorithms/advantages.py"))
     adv_eps: float = Field(1e-6, ge=0, description="epsilon in the GRPO std normalisation")
     adv_normalize_std: bool = Field(True, description=(
-        "divide advantages by the group std (GRPO); false = centre only (Dr. GRPO)"))
+        "grpo only: divide advantages by the group std (GRPO); false = centre only (Dr. "
+        "GRPO)"))
     # Runtime
     seed: int = Field(0, description="torch / python RNG seed of the trainer")
     device: str = Field("auto", description="auto (CUDA if present), cpu, cuda or cuda:N")

@@ -338,7 +338,7 @@ class MegatronTrainer:
         """GRPO advantages for samples without one, over the batch of *all* replicas."""
         fill_advantages_across(batch, self.options.adv_eps, self.options.adv_normalize_std,
                                self.device, size=self.dp, rank=self.dp_rank,
-                               group=self.dp_group)
+                               group=self.dp_group, estimator=self.options.adv_estimator)
 
     def _reduce_grads(self) -> None:
         """Sum gradients over the DP group (flat, one collective); sum the q/k-norm

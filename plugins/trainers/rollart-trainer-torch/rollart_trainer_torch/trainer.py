@@ -540,7 +540,8 @@ class TorchTrainer:
     def _fill_advantages(self, batch: list[TrainSample]) -> None:
         """GRPO advantages for samples without one, over the batch on *all* ranks."""
         fill_advantages_across(batch, self.options.adv_eps, self.options.adv_normalize_std,
-                               self.device, size=self.world_size, rank=self.rank)
+                               self.device, size=self.world_size, rank=self.rank,
+                               estimator=self.options.adv_estimator)
 
     def _micro_batches(self, batch: list[TrainSample]) -> tuple[list[list[TrainSample]], bool]:
         """The micro-batches, and whether they run as prefix trees.
