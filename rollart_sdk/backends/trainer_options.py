@@ -79,3 +79,12 @@ class TrainerOptionsBase(PrecisionOptions, LRScheduleOptions):
         if not all(0.0 <= b < 1.0 for b in self.betas):
             raise ValueError(f"betas must each be in [0, 1), got {list(self.betas)}")
         return self
+
+    @model_validator(mode="after")
+    def _std_for_grpo(self) -> TrainerOptionsBase:
+        if not self.adv_normalize_std and self.adv_estimator != "grpo":
+            raise ValueError(
+                f"adv_normalize_std: false is GRPO's switch (Dr. GRPO); adv_estimator "
+                f"{self.adv_estimator!r} never divides by the group std: leave "
+                "adv_normalize_std unset, or use adv_estimator: grpo")
+        return self

@@ -230,3 +230,12 @@ def test_a_batch_whitening_over_data_parallel_ranks_sees_every_ranks_tokens(tmp_
                                  ["a"] * 3, estimator="reinforce_pp_baseline",
                                  tokens=[5, 5, 1]).tolist()
     assert r0 == pytest.approx([a0, a1]) and r1 == pytest.approx([a0, a2])
+
+
+def test_a_grpo_only_option_with_another_estimator_is_an_error() -> None:
+    from rollart_sdk.backends.trainer_options import TrainerOptionsBase
+
+    with pytest.raises(ValueError, match="adv_normalize_std: false is GRPO's switch"):
+        TrainerOptionsBase(adv_estimator="rloo", adv_normalize_std=False)
+    assert TrainerOptionsBase(adv_estimator="rloo").adv_estimator == "rloo"
+    assert not TrainerOptionsBase(adv_normalize_std=False).adv_normalize_std
