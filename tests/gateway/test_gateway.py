@@ -91,15 +91,21 @@ def _manager(parts: Any, tid: str = "traj-0", sample_seed: int = 7) -> AgentMana
                         proxy, host, reward, version=lambda: 0)
 
 
-def test_three_turn_agent_is_one_trajectory_of_the_engines_tokens(model: ModelConfig) -> None:
-    async def main() -> Any:
+def _episode(model: ModelConfig, env_cls: type, template: str | None = None,
+             sample_seed: int = 7) -> tuple[Any, Trajectory]:
+    """One episode of ``env_cls`` behind a fresh gateway: ``(_parts(...), trajectory)``."""
+    async def main() -> tuple[Any, Trajectory]:
         gw = Gateway()
-        parts = _parts(model, ThreeTurns, gw)
-        traj = await _manager(parts).run()
+        parts = _parts(model, env_cls, gw, template=template)
+        traj = await _manager(parts, sample_seed=sample_seed).run()
         await gw.stop()
         return parts, traj
 
-    (tok, engine, _, _, _), traj = asyncio.run(main())
+    return asyncio.run(main())
+
+
+def test_three_turn_agent_is_one_trajectory_of_the_engines_tokens(model: ModelConfig) -> None:
+    (tok, engine, _, _, _), traj = _episode(model, ThreeTurns)
     assert traj.dropped is None, traj.dropped
     assert traj.info["agent_segments"] == 1 and traj.info["agent_requests"] == 3
     assert len(traj.turns) == 3 and traj.reward == 0.5
@@ -125,14 +131,7 @@ def test_three_turn_agent_is_one_trajectory_of_the_engines_tokens(model: ModelCo
 
 
 def test_rewritten_history_starts_a_new_segment(model: ModelConfig) -> None:
-    async def main() -> Any:
-        gw = Gateway()
-        parts = _parts(model, Rewrites, gw)
-        traj = await _manager(parts).run()
-        await gw.stop()
-        return parts, traj
-
-    (tok, engine, _, _, _), traj = asyncio.run(main())
+    (tok, engine, _, _, _), traj = _episode(model, Rewrites)
     assert traj.dropped is None and traj.info["agent_segments"] == 2
     # Both segments are trained, each its own sample: the last (segment 0) is the render of
     # the second request, then the first request's.
@@ -181,14 +180,7 @@ def test_a_requests_chat_template_kwargs_reach_the_render(model: ModelConfig) ->
     qwen3 = (Path(__file__).resolve().parents[1] / "data" / "chat_templates"
              / "qwen3.jinja").read_text()
 
-    async def main() -> Any:
-        gw = Gateway()
-        parts = _parts(model, ThinksOnce, gw, template=qwen3)
-        traj = await _manager(parts).run()
-        await gw.stop()
-        return parts, traj
-
-    (tok, engine, _, _, _), traj = asyncio.run(main())
+    (tok, engine, _, _, _), traj = _episode(model, ThinksOnce, template=qwen3)
     assert traj.dropped is None, traj.dropped
     assert traj.reward == 2.0  # both bad kwargs refused
     first, second = (tok.decode(p, skip_special_tokens=False) for p in engine.prompts)
@@ -231,14 +223,7 @@ def test_a_followed_branch_is_trained_as_sampled_and_the_other_counted(
     the contexts the engine sampled in (the followed choice right after the turn before
     it; before the fix the first choice's turn sat between them, trained), the segment
     before the rewrite is trained too, the other choice is counted as untrained."""
-    async def main() -> Any:
-        gw = Gateway()
-        parts = _parts(model, FollowsSecondChoice, gw)
-        traj = await _manager(parts, sample_seed=1).run()
-        await gw.stop()
-        return parts, traj
-
-    (tok, engine, _, _, _), traj = asyncio.run(main())
+    (tok, engine, _, _, _), traj = _episode(model, FollowsSecondChoice, sample_seed=1)
     # Sampling seed 1: no choice holds a special token (the tiny model's <unk> is dropped
     # from the returned text, so the agent's next prompt would not extend the branch).
     assert all(i > 5 for r in engine.results for i in r.token_ids)
@@ -418,14 +403,7 @@ def test_an_agents_sdk_output_type_is_refused_and_the_episode_dropped_saying_why
     """Structured output would come back unconstrained (the engines sample without a
     grammar): the gateway refuses the request (400), nothing reaches the engine, and the
     episode is dropped with the gateway's reason, not trained on free text."""
-    async def main() -> Any:
-        gw = Gateway()
-        parts = _parts(model, SdkStructuredAgent, gw)
-        traj = await _manager(parts).run()
-        await gw.stop()
-        return parts, traj
-
-    (_, engine, _, _, _), traj = asyncio.run(main())
+    (_, engine, _, _, _), traj = _episode(model, SdkStructuredAgent)
     assert traj.dropped is not None and "response_format 'json_schema'" in traj.dropped, (
         traj.dropped)
     assert "ask for the format in the prompt" in traj.dropped
