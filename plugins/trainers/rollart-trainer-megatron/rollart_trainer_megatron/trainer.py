@@ -335,7 +335,8 @@ class MegatronTrainer:
         return [s for part in parts for s in part]
 
     def _fill_advantages(self, batch: list[TrainSample]) -> None:
-        """GRPO advantages for samples without one, over the batch of *all* replicas."""
+        """Advantages (`adv_estimator`) for samples without one, over the batch of *all*
+        replicas."""
         fill_advantages_across(batch, self.options.adv_eps, self.options.adv_normalize_std,
                                self.device, size=self.dp, rank=self.dp_rank,
                                group=self.dp_group, estimator=self.options.adv_estimator)

@@ -538,7 +538,7 @@ class TorchTrainer:
             all_reduce_flat(bucket)
 
     def _fill_advantages(self, batch: list[TrainSample]) -> None:
-        """GRPO advantages for samples without one, over the batch on *all* ranks."""
+        """Advantages (`adv_estimator`) for samples without one, over the batch on *all* ranks."""
         fill_advantages_across(batch, self.options.adv_eps, self.options.adv_normalize_std,
                                self.device, size=self.world_size, rank=self.rank,
                                estimator=self.options.adv_estimator)
