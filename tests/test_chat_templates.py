@@ -345,6 +345,23 @@ def test_validate_and_train_refuse_a_template_before_anything_starts(tmp_path: P
     res = run_cli("validate", str(cfg), f"tasks.0.chat_template={tmp_path / 'none.jinja'}")
     assert res.returncode == 2 and "tasks.0.chat_template" in res.stderr
     assert "none.jinja' cannot be read (No such file or directory)" in res.stderr
+    # A relative path is read from the working directory; one that exists from the
+    # config's folder or above (the examples' paths are from the repository root) is
+    # named, with the folder to run from.
+    project = tmp_path / "project"
+    (project / "configs").mkdir(parents=True)
+    (project / "templates").mkdir()
+    (project / "templates" / "qwen3.jinja").write_text((DATA / "qwen3.jinja").read_text())
+    moved = project / "configs" / "c.yaml"
+    moved.write_text(cfg.read_text())
+    res = run_cli("validate", str(moved), "tasks.0.chat_template=templates/qwen3.jinja",
+                  cwd=tmp_path)
+    assert res.returncode == 2 and (
+        f"(a relative path is read from the working directory, {tmp_path}; it is "
+        f"{project / 'templates' / 'qwen3.jinja'}: run from {project}, or give that path)"
+        in res.stderr), res.stderr
+    assert run_cli("validate", str(moved), "tasks.0.chat_template=templates/qwen3.jinja",
+                   cwd=project).returncode == 0
     ok = run_cli("validate", str(cfg), f"tasks.0.chat_template={DATA / 'qwen3.jinja'}",
                  "tasks.0.chat_template_kwargs={enable_thinking: false}")
     assert ok.returncode == 0, ok.stderr

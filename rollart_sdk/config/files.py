@@ -34,6 +34,7 @@ class LineMap:
         # Dotted key -> the command-line override that set it (``key=value``): an error
         # at or under that key cites the override, not the YAML line of the key.
         self.overrides: dict[str, str] = {}
+        self.source: str | None = None  # the config file (load_config), for path hints
 
     @classmethod
     def from_yaml(cls, text: str) -> LineMap:

@@ -35,6 +35,7 @@ def load_config(
         if path is None:
             raise ValueError("give a path or data")
         data, lines = read_config_file(path)
+        lines.source = source
         if data is None:
             data = {}
         if not isinstance(data, dict):

@@ -399,7 +399,8 @@ def preflight(cfg: RunConfig, resolved: Any, lines: Any = None, log: Any = print
 
     def fail(problems: Problems) -> None:
         if problems:
-            raise ConfigError([(_at(w, lines), m) for w, m in problems])
+            raise ConfigError([(_at(w, lines), m + _path_hint(cfg, w, lines))
+                               for w, m in problems])
 
     fail((check_output_dir(cfg.output_dir) if output_dir else []) + check_model(cfg.model)
          + check_env_pools(cfg) + check_prefill(cfg, resolved))
@@ -453,6 +454,28 @@ def _model_and_tokenizer(
     # a GGUF: the shape and tokenizer its conversion gives, from its metadata
     problems, tokenizer, conf = _read_gguf(cfg.model)
     return cfg.model, tokenizer, problems, conf
+
+
+def _path_hint(cfg: RunConfig, where: str, lines: Any) -> str:
+    """For a problem with a relative file path in the config (a task's ``chat_template``,
+    ``model.path``, ``model.gguf``): paths are read from the working directory, and when
+    the path exists from the config file's folder or one of the two above it (the
+    examples name theirs from the repository root), where it is."""
+    path: str | None = None
+    if where.startswith("tasks.") and where.endswith(".chat_template"):
+        path = cfg.tasks[int(where.split(".")[1])].chat_template
+    elif where == "model.path":
+        path = cfg.model.path
+    elif where == "model.gguf" and cfg.model.gguf and not cfg.model.gguf.startswith("package:"):
+        path = cfg.model.gguf
+    if not path or Path(path).expanduser().is_absolute():
+        return ""
+    source = getattr(lines, "source", None)
+    hint = f" (a relative path is read from the working directory, {Path.cwd()}"
+    for base in list(Path(source).resolve().parents)[:3] if source else []:
+        if (base / path).exists():
+            return f"{hint}; it is {base / path}: run from {base}, or give that path)"
+    return hint + ")"
 
 
 def _at(where: str, lines: Any) -> str:
