@@ -468,14 +468,15 @@ def _path_hint(cfg: RunConfig, where: str, lines: Any) -> str:
         path = cfg.model.path
     elif where == "model.gguf" and cfg.model.gguf and not cfg.model.gguf.startswith("package:"):
         path = cfg.model.gguf
-    if not path or Path(path).expanduser().is_absolute():
-        return ""
+    if not path or Path(path).expanduser().is_absolute() or Path(path).exists():
+        return ""  # found here: the problem is not where it is
     source = getattr(lines, "source", None)
     hint = f" (a relative path is read from the working directory, {Path.cwd()}"
     for base in list(Path(source).resolve().parents)[:3] if source else []:
         if (base / path).exists():
             return f"{hint}; it is {base / path}: run from {base}, or give that path)"
-    return hint + ")"
+    # model.path may be a Hub id, which that note would only confuse
+    return hint + ")" if where.endswith(".chat_template") else ""
 
 
 def _at(where: str, lines: Any) -> str:
