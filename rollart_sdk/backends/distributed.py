@@ -93,8 +93,9 @@ def fill_advantages_across(batch: list[TrainSample], eps: float, normalize_std: 
     need = any(s.advantage is None for s in batch)
     if not all_reduce_small(torch.tensor([float(need)]), device, group, "max")[0]:
         return
-    mine = [(s.reward, s.group_id, s.advantage, s.trajectory_id, s.segment, sum(s.loss_mask))
-            for s in batch]
+    whiten = estimator == "reinforce_pp_baseline"  # the only one that needs token counts
+    mine = [(s.reward, s.group_id, s.advantage, s.trajectory_id, s.segment,
+             sum(s.loss_mask) if whiten else 0) for s in batch]
     gathered: list[Any] = [None] * size
     dist.all_gather_object(gathered, mine, group=group)
     rows = [row for part in gathered for row in part]
