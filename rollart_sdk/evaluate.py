@@ -153,6 +153,7 @@ async def _run(cfg: RunConfig, ecfg: EvalConfig, workers: Any, tasks: Any, chat:
                ckpt: Path | None) -> dict[str, Any]:
     from concurrent.futures import ThreadPoolExecutor
 
+    from rollart_sdk.cluster.handles import EngineClient
     from rollart_sdk.control.evaluation import EVAL_SEED_BASE, Evaluator
     from rollart_sdk.control.proxy import LLMProxy
     from rollart_sdk.control.versions import PolicyVersions
@@ -163,12 +164,20 @@ async def _run(cfg: RunConfig, ecfg: EvalConfig, workers: Any, tasks: Any, chat:
     proxy = LLMProxy(workers.engines, workers.routes, prefill_workers=workers.prefill)
     versions = PolicyVersions()
     version = 0
-    if ckpt is not None:
-        version = await _load_weights(workers, ckpt, int(cfg.train.bucket_mb * 2**20),
-                                      versions, proxy)
-    evaluator = Evaluator.build(cfg, ecfg, tasks, chat, proxy, workers.envs, workers.reward,
-                                versions.serving)
-    results = await evaluator.run()
+    try:
+        if ckpt is not None:
+            version = await _load_weights(workers, ckpt, int(cfg.train.bucket_mb * 2**20),
+                                          versions, proxy)
+        evaluator = Evaluator.build(cfg, ecfg, tasks, chat, proxy, workers.envs,
+                                    workers.reward, versions.serving)
+        results = await evaluator.run()
+    finally:
+        # Stop the engines here, on the loop (vLLM's and SGLang's engine cores, the LoRA
+        # folders): left to the interpreter's exit, vLLM's AsyncLLM.__del__ printed a
+        # TypeError traceback after every `rollart eval` on it.
+        await asyncio.gather(*(EngineClient(h).shutdown()
+                               for h in workers.engines + workers.prefill),
+                             return_exceptions=True)
     first = EVAL_SEED_BASE + ecfg.seed_offset
     return {"version": version, "episodes": ecfg.episodes,
             "seeds": [first, first + ecfg.episodes - 1],

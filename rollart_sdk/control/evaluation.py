@@ -65,9 +65,10 @@ BOOTSTRAP_DRAWS = 2000
 BOOTSTRAP_MAX_N = 400  # more values: the normal interval (it fits by then, and costs O(n))
 
 
-def mean_ci(xs: list[float]) -> tuple[float | None, list[float] | None]:
+def mean_ci(xs: list[float], counts: bool = False) -> tuple[float | None, list[float] | None]:
     """Mean and a 95 % interval for it (None with fewer than 2 values): Wilson's when every
-    value is 0 or 1 (a success-like reward), else the 2.5 and 97.5 percentiles of
+    value is 0 or 1 (a success-like reward; not for ``counts``, e.g. turns, where all ones
+    is no proportion), else the 2.5 and 97.5 percentiles of
     :data:`BOOTSTRAP_DRAWS` resampled means (a fixed seed: the same episodes give the same
     interval). Neither reaches outside what the values can be, as ``mean +- 1.96 sd /
     sqrt(n)`` does with few episodes; above :data:`BOOTSTRAP_MAX_N` values it is that
@@ -78,7 +79,7 @@ def mean_ci(xs: list[float]) -> tuple[float | None, list[float] | None]:
     m = sum(xs) / n
     if n < 2:
         return m, None
-    if all(x in (0.0, 1.0) for x in xs):
+    if not counts and all(x in (0.0, 1.0) for x in xs):
         return m, wilson(round(sum(xs)), n)
     if min(xs) == max(xs):
         return m, [m, m]
@@ -105,7 +106,7 @@ def summarize(trajs: list[Trajectory]) -> dict[str, Any]:
     done = [t for t in trajs if t.dropped is None]
     succ = [bool(t.info["success"]) for t in done if "success" in t.info]
     reward, reward_ci = mean_ci([float(t.reward or 0.0) for t in done])
-    turns, turns_ci = mean_ci([float(len(t.turns)) for t in done])
+    turns, turns_ci = mean_ci([float(len(t.turns)) for t in done], counts=True)
     drops: dict[str, int] = {}
     for t in trajs:
         if t.dropped is not None:

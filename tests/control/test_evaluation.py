@@ -77,6 +77,25 @@ def test_intervals():
                                      "sign_test_p": 1.0}
 
 
+def test_turns_are_counts_not_a_proportion():
+    """A single-turn task's turns are all 1: the interval is [1, 1], not Wilson's
+    [0.51, 1] for four successes in four (what `rollart eval` printed on 7 Dec)."""
+    from rollart_sdk.control.evaluation import summarize
+    from rollart_sdk.types import Trajectory, Turn
+
+    def traj(i, turns, reward):
+        t = Trajectory(f"t{i}", "Arithmetic", "g", 0, reward=reward, info={"success": reward > 0})
+        t.turns = [Turn([1], [2], [0.0], [0]) for _ in range(turns)]
+        return t
+
+    one = summarize([traj(i, 1, float(i % 2)) for i in range(4)])
+    assert one["turns"] == 1.0 and one["turns_ci"] == [1.0, 1.0]
+    assert one["reward_ci"] == wilson(2, 4) == one["success_ci"]  # 0/1 rewards stay Wilson's
+    mixed = summarize([traj(i, 1 + (i == 0), 1.0) for i in range(4)])
+    lo, hi = mixed["turns_ci"]
+    assert mixed["turns"] == 1.25 and 1.0 <= lo < 1.25 < hi <= 2.0
+
+
 def test_eval_is_deterministic_and_a_trained_checkpoint_changes_it(tmp_path):
     cfg, lines = config(tmp_path, "rollout.mode=sync")
     quiet = lambda *a: None  # noqa: E731
