@@ -1,8 +1,9 @@
 """Bring your own agent: an OpenAI-compatible gateway in front of the run's engines.
 
 - :class:`~rollart_sdk.gateway.server.Gateway`: ``/v1/chat/completions``,
-  ``/v1/completions`` and ``/v1/models`` on 127.0.0.1, one base URL and bearer token per
-  episode;
+  ``/v1/responses``, ``/v1/completions`` and ``/v1/models`` on 127.0.0.1, one base URL and
+  bearer token per episode;
+- :mod:`~rollart_sdk.gateway.responses_api`: the Responses API as a chat turn;
 - :mod:`~rollart_sdk.gateway.episode`: how requests become token-exact trajectories
   (segments when an agent rewrites its history, branches for ``n > 1``);
 - :mod:`~rollart_sdk.gateway.params`: a request's sampling fields, mapped or refused;

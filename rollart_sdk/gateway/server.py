@@ -1,5 +1,5 @@
-"""The OpenAI-compatible HTTP gateway: ``/v1/chat/completions``, ``/v1/completions`` and
-``/v1/models``.
+"""The OpenAI-compatible HTTP gateway: ``/v1/chat/completions``, ``/v1/responses``
+(:mod:`~rollart_sdk.gateway.responses_api`), ``/v1/completions`` and ``/v1/models``.
 
 Served by Starlette on uvicorn, on the control plane's event loop (where the LLMProxy
 lives), bound to 127.0.0.1. Each episode is opened by its EnvManager
@@ -58,6 +58,13 @@ from rollart_sdk.gateway.responses import (
     text_chunks,
     text_response,
 )
+from rollart_sdk.gateway.responses_api import (
+    chat_request,
+    reply_message,
+    response_object,
+    sse_events,
+    stream_events,
+)
 from rollart_sdk.gateway.tools import ToolParser, parse_hermes, parse_none
 from rollart_sdk.types import GenerationResult, SamplingParams
 
@@ -103,6 +110,9 @@ class Episode:
     requests: int = 0
     counts: Counter[str] = field(default_factory=Counter)  # refusals, malformed tool calls
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    # /v1/responses: each response's conversation (without its instructions), for a later
+    # request's previous_response_id; kept while the episode runs (at most max_turns).
+    conversations: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
 
 
 def _error(status: int, message: str, code: str = "invalid_request_error",
@@ -190,6 +200,8 @@ class Gateway:
             Route("/e/{episode}/v1/models", self._models, methods=["GET"]),
             Route("/v1/chat/completions", self._chat, methods=["POST"]),
             Route("/e/{episode}/v1/chat/completions", self._chat, methods=["POST"]),
+            Route("/v1/responses", self._responses, methods=["POST"]),
+            Route("/e/{episode}/v1/responses", self._responses, methods=["POST"]),
             Route("/v1/completions", self._completions, methods=["POST"]),
             Route("/e/{episode}/v1/completions", self._completions, methods=["POST"]),
         ])
@@ -245,13 +257,17 @@ class Gateway:
         return body
 
     async def _chat(self, request: Any) -> Any:
-        return await self._serve(request, self.complete, chat_chunks)
+        return await self._serve(request, self.complete, _chunked(chat_chunks))
 
     async def _completions(self, request: Any) -> Any:
-        return await self._serve(request, self.complete_text, text_chunks)
+        return await self._serve(request, self.complete_text, _chunked(text_chunks))
+
+    async def _responses(self, request: Any) -> Any:
+        return await self._serve(request, self.respond,
+                                 lambda response, body: sse_events(stream_events(response)))
 
     async def _serve(self, request: Any, complete: Callable[..., Awaitable[dict[str, Any]]],
-                     chunks: Callable[[dict[str, Any], bool], list[dict[str, Any]]]) -> Any:
+                     stream: Callable[[dict[str, Any], dict[str, Any]], Any]) -> Any:
         from starlette.responses import JSONResponse
 
         ep: Episode | None = None
@@ -260,8 +276,7 @@ class Gateway:
             body = await self._body(request)
             answer = await complete(ep, body)
             if body.get("stream"):
-                usage = bool((body.get("stream_options") or {}).get("include_usage"))
-                return sse(chunks(answer, usage))
+                return stream(answer, body)
             return JSONResponse(answer)
         except GatewayError as exc:
             if ep is not None:
@@ -308,6 +323,24 @@ class Gateway:
                 Choice(c.result, normalize_messages([c.reply])[0]) for c in choices])
         return chat_response(self.model_name, prompt, choices, ep.decode_text,
                              ep.record.decode, bool(body.get("logprobs")))
+
+    async def respond(self, ep: Episode, body: dict[str, Any]) -> dict[str, Any]:
+        """One ``/v1/responses`` request: translated into a chat turn, served as one
+        (:meth:`complete`), answered as a ``response`` (:mod:`.responses_api`)."""
+        previous = None
+        prev_id = body.get("previous_response_id")
+        if prev_id is not None:
+            previous = ep.conversations.get(prev_id) if isinstance(prev_id, str) else None
+            if previous is None:
+                raise GatewayError(400, f"previous response {prev_id!r} is not one of this "
+                                   "episode's responses (the gateway keeps an episode's "
+                                   "responses while it runs)", "previous_response_not_found",
+                                   "previous_response_id")
+        chat, conversation = chat_request(body, previous)
+        answer = await self.complete(ep, chat)
+        response = response_object(body, answer, f"resp_{secrets.token_hex(16)}")
+        ep.conversations[response["id"]] = [*conversation, reply_message(response)]
+        return response
 
     async def complete_text(self, ep: Episode, body: dict[str, Any]) -> dict[str, Any]:
         """One ``/v1/completions`` request: the prompt as text or token ids, recorded like
@@ -405,3 +438,13 @@ class Gateway:
             reply["tool_calls"] = calls
             ep.counts["tool_call_replies"] += 1
         return reply
+
+
+def _chunked(chunks: Callable[[dict[str, Any], bool], list[dict[str, Any]]]
+             ) -> Callable[[dict[str, Any], dict[str, Any]], Any]:
+    """A chat or text answer streamed as its chunks (usage last when ``stream_options``
+    asks for it)."""
+    def stream(answer: dict[str, Any], body: dict[str, Any]) -> Any:
+        usage = bool((body.get("stream_options") or {}).get("include_usage"))
+        return sse(chunks(answer, usage))
+    return stream

@@ -53,11 +53,12 @@ def smollm2() -> ModelConfig:
     return prepare_model(ModelConfig(gguf=SMOLLM), ROOT / "runs" / ".models")
 
 
-def _run(model: ModelConfig, seed: int) -> tuple[Any, SpyEngine, Trajectory, Any]:
+def _run(model: ModelConfig, seed: int, api: str = "chat_completions", follow_ups: int = 0
+         ) -> tuple[Any, SpyEngine, Trajectory, Any]:
     from rollart_env_calc_agent.env import CalcAgentEnv, CalcAgentOptions
 
-    options = CalcAgentOptions(high=9, ops=["+"], follow_ups=0, max_tokens=32,
-                               tool_choice="required")
+    options = CalcAgentOptions(high=9, ops=["+"], follow_ups=follow_ups, max_tokens=32,
+                               tool_choice="required", api=api)
     descriptor = Descriptor(kind="env", name="calc_agent", factory=CalcAgentEnv,
                             options=CalcAgentOptions, summary="", plugin="test")
 
@@ -118,3 +119,24 @@ def test_required_tool_choice_completes_a_tool_round_trip_on_smollm2(
         at = len(engine.prompts[0])
         assert sample.input_ids[at - len(forced_ids):at] == forced_ids
         assert sample.loss_mask[at - len(forced_ids):at] == [0] * len(forced_ids)
+
+
+def test_the_agents_sdks_responses_model_gets_the_same_turns_as_its_chat_model(
+        smollm2: ModelConfig) -> None:
+    """The Agents SDK's default model speaks the Responses API (``/v1/responses``): the
+    same agent on ``OpenAIResponsesModel`` and on ``OpenAIChatCompletionsModel``, same
+    seeds, gets the same prompts token for token (forced call opening, tool output, the
+    follow-up question), samples the same tokens and is trained the same."""
+    assert importlib.util.find_spec("agents") is not None, (
+        "openai-agents is not installed; bash scripts/install.sh --dev installs it")
+    chat = _run(smollm2, seed=SEED, follow_ups=1)
+    resp = _run(smollm2, seed=SEED, api="responses", follow_ups=1)
+    (_, e1, t1, ep1), (_, e2, t2, ep2) = chat, resp
+    assert t2.dropped is None and not [k for k in t2.info if k.startswith("gateway_refused")]
+    assert len(e2.prompts) >= 3 and ep2.counts["tool_call_replies"] >= 1  # a tool round trip
+    assert e2.prompts == e1.prompts
+    assert [r.token_ids for r in e2.results] == [r.token_ids for r in e1.results]
+    assert [s.input_ids for s in t2.to_samples()] == [s.input_ids for s in t1.to_samples()]
+    assert [s.loss_mask for s in t2.to_samples()] == [s.loss_mask for s in t1.to_samples()]
+    assert t2.info == t1.info and dict(ep2.counts) == dict(ep1.counts)
+

@@ -2,8 +2,9 @@
 
 The agent is the Agents SDK itself, unmodified (``pip install openai-agents``): an
 ``Agent`` with one function tool, ``calculator(expression)``, on an
-``OpenAIChatCompletionsModel`` over the episode's ``openai.AsyncOpenAI`` client (the
-gateway serves it from the run's engines, docs/gateway.md). The task is an arithmetic
+``OpenAIChatCompletionsModel`` (option ``api: chat_completions``) or the SDK's default
+``OpenAIResponsesModel`` (``api: responses``) over the episode's ``openai.AsyncOpenAI``
+client (the gateway serves both APIs from the run's engines, docs/gateway.md). The task is an arithmetic
 question (``a op b``); the reward is 1 when the last number of the agent's final answer is
 the right result, else 0. When the final answer is not a bare number, the agent is asked
 again (``follow_ups`` times) with the conversation so far: the request extends the
@@ -32,6 +33,7 @@ _BIN = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
 _NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
 _BARE = re.compile(r"\s*-?\d+(?:\.\d+)?\s*\.?\s*")  # a reply that is a number only
 TOOL_CHOICES = ("auto", "required", "none", "calculator")
+APIS = ("chat_completions", "responses")
 MAX_DIGITS = 30  # the calculator refuses results longer than this (e.g. 9*9*...)
 
 
@@ -52,6 +54,9 @@ class CalcAgentOptions(BaseModel):
                                "(model calls of one Runner.run)")
     max_tokens: int | None = Field(None, ge=1, description="max_tokens of each request; "
                                    "None: the task's sampling.max_new_tokens")
+    api: str = Field("chat_completions", description="the OpenAI API the Agent's model "
+                     "speaks: chat_completions (OpenAIChatCompletionsModel) or responses "
+                     "(OpenAIResponsesModel, the Agents SDK's default)")
     tool_parser: str = Field("auto", description="how the model's text becomes tool calls: "
                              "auto (from the chat template), hermes, llama3_json, mistral")
     tool_choice: str | None = Field(None, description="the Agent's ModelSettings.tool_choice: "
@@ -66,6 +71,13 @@ class CalcAgentOptions(BaseModel):
         if v is not None and v not in TOOL_CHOICES:
             raise ValueError(f"tool_choice must be one of {', '.join(TOOL_CHOICES)} (or "
                              f"unset), got {v!r}")
+        return v
+
+    @field_validator("api")
+    @classmethod
+    def _api(cls, v: str) -> str:
+        if v not in APIS:
+            raise ValueError(f"api must be one of {', '.join(APIS)}, got {v!r}")
         return v
 
     @field_validator("ops")
@@ -140,9 +152,17 @@ class CalcAgentEnv(AgentEnv):
         return {"question": f"What is {a} {op} {b}?", "answer": str(OPS[op](a, b))}
 
     async def run(self, client: Any, task: Any) -> AgentResult:
-        from agents import ModelSettings, OpenAIChatCompletionsModel, RunConfig, Runner
+        from agents import (
+            ModelSettings,
+            OpenAIChatCompletionsModel,
+            OpenAIResponsesModel,
+            RunConfig,
+            Runner,
+        )
 
-        agent = self._agent(OpenAIChatCompletionsModel(model=self.model, openai_client=client),
+        kind = OpenAIResponsesModel if self.options.api == "responses" \
+            else OpenAIChatCompletionsModel
+        agent = self._agent(kind(model=self.model, openai_client=client),
                             ModelSettings(max_tokens=self.options.max_tokens,
                                           tool_choice=self.options.tool_choice))
         config = RunConfig(tracing_disabled=True)
