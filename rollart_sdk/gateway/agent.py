@@ -59,7 +59,13 @@ class AgentEnv:
     Class attributes: ``system_prompt`` (unused by the gateway: an agent sends its own),
     ``tool_parser`` (how generated text becomes ``tool_calls``: ``auto``, the default,
     chooses from the model's chat template; or ``hermes``, ``llama3_json``, ``mistral``,
-    ``none``)."""
+    ``none``).
+
+    An exception out of ``run`` drops the episode with its reason, unless
+    :meth:`on_error` scores it: override that for the failures the *model* causes (the
+    Agents SDK's ``ModelBehaviorError`` for a reply cut by the token limit or a call to
+    an unknown tool, its ``MaxTurnsExceeded``), so that the policy is trained on them with
+    a low reward instead of never seeing them."""
 
     is_agent = True  # what the control plane looks for
     tool_parser = "auto"
@@ -71,6 +77,12 @@ class AgentEnv:
 
     async def run(self, client: Any, task: Any) -> AgentResult | float | str:
         raise NotImplementedError("an AgentEnv implements async run(client, task)")
+
+    def on_error(self, exc: Exception) -> AgentResult | None:
+        """The episode's result when ``run`` raised ``exc``: None (the default) drops the
+        episode with the exception as its reason; an ``AgentResult`` scores it (its turns
+        are trained; ``info["agent_error"]`` names the exception)."""
+        return None
 
     # ------------------------------------------------------------------ env protocol
     def reset(self, *, seed: int | None = None,
@@ -90,7 +102,14 @@ class AgentEnv:
             raise ValueError("an AgentEnv is stepped once, with its episode's handle (JSON "
                              "base_url, api_key, model) by the control plane") from None
         self.model = handle.get("model", self.model)
-        result = _result(asyncio.run(self._run(base_url, api_key)))
+        try:
+            result = _result(asyncio.run(self._run(base_url, api_key)))
+        except Exception as exc:
+            scored = self.on_error(exc)
+            if scored is None:
+                raise
+            result = scored
+            result.info.setdefault("agent_error", f"{type(exc).__name__}: {exc}"[:500])
         if result.reward is not None and not math.isfinite(result.reward):
             raise ValueError(f"the agent returned reward {result.reward}; return a finite one")
         info = {"task": self._task, **result.info}

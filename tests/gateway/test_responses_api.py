@@ -202,3 +202,30 @@ def test_openai_client_responses_continue_the_segment_and_carry_the_engines_answ
     assert events[-1].response.usage.output_tokens == len(engine.results[-1].token_ids)
     assert ep.counts["refused_400"] == 1
 
+
+
+def test_a_reply_cut_by_the_token_limit_is_trained_with_reward_0_not_dropped(
+        model: ModelConfig) -> None:
+    """The Agents SDK's Responses model raises ``ModelBehaviorError`` on an incomplete
+    response (a reply cut by ``max_output_tokens``, as OpenAI and vLLM report it). Env
+    ``calc_agent`` scores that 0 through ``AgentEnv.on_error``: the episode is trained on,
+    its cut reply included, instead of dropped (a failure of the model's own that the
+    policy would never learn from)."""
+    from pathlib import Path
+
+    from gateway_parts import run_episode
+
+    pytest.importorskip("agents")
+    from rollart_env_calc_agent.env import CalcAgentEnv, CalcAgentOptions
+
+    template = (Path(__file__).resolve().parents[2] / "examples" / "templates"
+                / "tiny_tools.jinja").read_text()
+    descriptor = Descriptor(kind="env", name="calc_agent", factory=CalcAgentEnv,
+                            options=CalcAgentOptions, summary="", plugin="test")
+    options = CalcAgentOptions(api="responses", max_tokens=3, follow_ups=0)
+    tok, engine, traj, ep = run_episode(model, template, descriptor, options, 1.0)
+    assert traj.dropped is None and traj.reward == 0.0
+    assert traj.info["agent_error"].startswith("ModelBehaviorError: Responses stream ended "
+                                               "with terminal event `response.incomplete`")
+    assert len(engine.results) == 1 and engine.results[0].finish_reason == "length"
+    assert traj.turns[-1].action_ids == engine.results[0].token_ids  # the cut reply, trained

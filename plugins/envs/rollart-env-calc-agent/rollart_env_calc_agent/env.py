@@ -181,6 +181,17 @@ class CalcAgentEnv(AgentEnv):
         return AgentResult(reward=float(correct), answer=answer,
                            info={"calculator_calls": calls, "follow_ups": asked})
 
+    def on_error(self, exc: Exception) -> AgentResult | None:
+        """The model's own failures score 0 and are trained: a reply the SDK refuses
+        (``ModelBehaviorError``: cut by the token limit on the Responses API, a call to a
+        tool the agent does not have) or tool calls past ``sdk_max_turns``. Anything else
+        (the gateway ended the episode, a refused request) drops the episode."""
+        from agents.exceptions import MaxTurnsExceeded, ModelBehaviorError
+
+        if isinstance(exc, (ModelBehaviorError, MaxTurnsExceeded)):
+            return AgentResult(reward=0.0, answer="")
+        return None
+
     def _agent(self, model: Any, settings: Any) -> Any:
         from agents import Agent, function_tool
 
