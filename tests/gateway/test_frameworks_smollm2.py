@@ -1,6 +1,7 @@
 """Two more agent frameworks, unmodified from PyPI, behind the real gateway on a real model:
 smolagents' ``ToolCallingAgent`` over its ``OpenAIServerModel`` and LangGraph's prebuilt
-ReAct agent over LangChain's ``ChatOpenAI``, each with a calculator tool, given only the
+ReAct agent over LangChain's ``ChatOpenAI`` (on chat completions, and on the Responses API
+with ``use_responses_api=True``), each with a calculator tool, given only the
 episode client's base URL and key (what docs/gateway.md tells a user to pass). The
 model is SmolLM2-135M-Instruct with its tools template; the AgentManager runs them on the
 torch engine through the LLMProxy (the control plane's own path; a spy keeps what the
@@ -85,6 +86,7 @@ class LangGraphCalc(AgentEnv):
     """LangGraph's prebuilt ReAct agent over LangChain's ChatOpenAI (async)."""
 
     calls: list[str] = []
+    responses_api = False  # ChatOpenAI(use_responses_api=...): /v1/responses
 
     def task(self, seed: int) -> Any:
         return {"question": QUESTION, "answer": "7"}
@@ -106,14 +108,23 @@ class LangGraphCalc(AgentEnv):
             return calculate(expression)
 
         llm = ChatOpenAI(model=self.model, base_url=str(client.base_url),
-                         api_key=client.api_key, max_tokens=32, temperature=0.3)
+                         api_key=client.api_key, max_tokens=32, temperature=0.3,
+                         use_responses_api=self.responses_api)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             agent = create_react_agent(llm, [calculator])
         out = await agent.ainvoke({"messages": [("user", task["question"])]},
                                   {"recursion_limit": 5})
-        text = str(out["messages"][-1].content)
+        content = out["messages"][-1].content  # the Responses API's: a list of parts
+        text = content if isinstance(content, str) else "".join(
+            p.get("text", "") for p in content if isinstance(p, dict))
         return AgentResult(reward=float("7" in text), answer=text)
+
+
+class LangGraphResponsesCalc(LangGraphCalc):
+    """The same agent with LangChain's Responses API client (``use_responses_api``)."""
+
+    responses_api = True
 
 
 @pytest.fixture(scope="module")
@@ -176,3 +187,12 @@ def test_langgraph_react_agent(smollm2: ModelConfig) -> None:
     assert ep.counts["forced_tool_choice"] == 0
     assert first.endswith("<|im_start|>user\n" + QUESTION + "<|im_end|>\n"
                           "<|im_start|>assistant\n"), first[-200:]
+
+
+def test_langgraph_react_agent_on_the_responses_api(smollm2: ModelConfig) -> None:
+    tok, engine, traj, ep = _run(smollm2, LangGraphResponsesCalc)
+    first = _check_path(tok, engine, traj, ep)
+    assert ep.conversations, "the requests went to /v1/responses"
+    assert first.endswith("<|im_start|>user\n" + QUESTION + "<|im_end|>\n"
+                          "<|im_start|>assistant\n"), first[-200:]
+
