@@ -53,7 +53,8 @@ class KeepingGateway(Gateway):
 
 def run_episode(model: ModelConfig, template: str, descriptor: Any, options: Any,
                 temperature: float, seed: int = 1,
-                step_timeout_s: float = 600) -> tuple[Any, SpyEngine, Any, Any]:
+                step_timeout_s: float = 600, max_turns: int = 6
+                ) -> tuple[Any, SpyEngine, Any, Any]:
     """One agent episode of env ``descriptor`` (with ``options``) on ``model`` behind a
     :class:`KeepingGateway`, run by the AgentManager on the torch engine through the
     LLMProxy with chat template ``template`` (its text): ``(tokenizer, engine, trajectory,
@@ -75,7 +76,7 @@ def run_episode(model: ModelConfig, template: str, descriptor: Any, options: Any
         chat = ChatFormat(tok, template=template)
         engine = SpyEngine(model, max_running=4, max_seq_len=2048)
         proxy = LLMProxy([WorkerHandle("gen0", engine, is_ray=False)], {"default": ["gen0"]})
-        cfg = TaskConfig(tag="calc", env={"name": descriptor.name}, max_turns=6,
+        cfg = TaskConfig(tag="calc", env={"name": descriptor.name}, max_turns=max_turns,
                          max_context_tokens=2048, step_timeout_s=step_timeout_s,
                          sampling={"max_new_tokens": 32, "temperature": temperature})
         gw = KeepingGateway()

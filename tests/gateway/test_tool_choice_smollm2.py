@@ -53,8 +53,8 @@ def smollm2() -> ModelConfig:
     return prepare_model(ModelConfig(gguf=SMOLLM), ROOT / "runs" / ".models")
 
 
-def _run(model: ModelConfig, seed: int, api: str = "chat_completions", follow_ups: int = 0
-         ) -> tuple[Any, SpyEngine, Trajectory, Any]:
+def _run(model: ModelConfig, seed: int, api: str = "chat_completions", follow_ups: int = 0,
+         max_turns: int = 6) -> tuple[Any, SpyEngine, Trajectory, Any]:
     from rollart_env_calc_agent.env import CalcAgentEnv, CalcAgentOptions
 
     options = CalcAgentOptions(high=9, ops=["+"], follow_ups=follow_ups, max_tokens=32,
@@ -63,7 +63,7 @@ def _run(model: ModelConfig, seed: int, api: str = "chat_completions", follow_up
                             options=CalcAgentOptions, summary="", plugin="test")
 
     return run_episode(model, TEMPLATE.read_text(), descriptor, options, TEMPERATURE,
-                       seed=seed, step_timeout_s=900)
+                       seed=seed, step_timeout_s=900, max_turns=max_turns)
 
 
 def test_required_tool_choice_completes_a_tool_round_trip_on_smollm2(
@@ -139,4 +139,17 @@ def test_the_agents_sdks_responses_model_gets_the_same_turns_as_its_chat_model(
     assert [s.input_ids for s in t2.to_samples()] == [s.input_ids for s in t1.to_samples()]
     assert [s.loss_mask for s in t2.to_samples()] == [s.loss_mask for s in t1.to_samples()]
     assert t2.info == t1.info and dict(ep2.counts) == dict(ep1.counts)
+
+
+def test_an_agent_past_the_tasks_turns_is_trained_with_reward_0(smollm2: ModelConfig) -> None:
+    """``max_turns: 1``: the forced call is the episode's one request; the SDK's next
+    request (with the tool's output) is refused 400 ``max_turns_exceeded``, which the
+    agent gets as ``openai.BadRequestError``. ``calc_agent.on_error`` scores that 0: the
+    episode's turn is trained, not dropped."""
+    tok, engine, traj, ep = _run(smollm2, seed=SEED, max_turns=1)
+    assert ep.counts["refused_400"] == 1 and len(engine.results) == 1
+    assert traj.dropped is None and traj.reward == 0.0
+    assert traj.info["agent_error"].startswith("BadRequestError"), traj.info
+    assert "max_turns" in traj.info["agent_error"]
+    assert [t.action_ids for t in traj.turns] == [engine.results[0].token_ids]
 

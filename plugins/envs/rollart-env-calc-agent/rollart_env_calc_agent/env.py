@@ -34,6 +34,8 @@ _NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
 _BARE = re.compile(r"\s*-?\d+(?:\.\d+)?\s*\.?\s*")  # a reply that is a number only
 TOOL_CHOICES = ("auto", "required", "none", "calculator")
 APIS = ("chat_completions", "responses")
+# The gateway's refusals for an episode that ran past the task's limits: the model's doing.
+MODEL_LIMITS = ("max_turns_exceeded", "context_length_exceeded")
 MAX_DIGITS = 30  # the calculator refuses results longer than this (e.g. 9*9*...)
 
 
@@ -184,11 +186,15 @@ class CalcAgentEnv(AgentEnv):
     def on_error(self, exc: Exception) -> AgentResult | None:
         """The model's own failures score 0 and are trained: a reply the SDK refuses
         (``ModelBehaviorError``: cut by the token limit on the Responses API, a call to a
-        tool the agent does not have) or tool calls past ``sdk_max_turns``. Anything else
-        (the gateway ended the episode, a refused request) drops the episode."""
+        tool the agent does not have), model calls past ``sdk_max_turns``, or past what
+        the task allows (the gateway's 400 ``max_turns_exceeded`` /
+        ``context_length_exceeded``). Anything else (the gateway ended the episode,
+        another refused request) drops the episode."""
+        import openai
         from agents.exceptions import MaxTurnsExceeded, ModelBehaviorError
 
-        if isinstance(exc, (ModelBehaviorError, MaxTurnsExceeded)):
+        if isinstance(exc, (ModelBehaviorError, MaxTurnsExceeded)) or (
+                isinstance(exc, openai.BadRequestError) and exc.code in MODEL_LIMITS):
             return AgentResult(reward=0.0, answer="")
         return None
 
