@@ -88,10 +88,31 @@ class PlacementError(RollartError):
     """No pool can host a worker."""
 
 
+class EngineDeadError(RollartError):
+    """An engine backend's own engine is gone inside a live worker (vLLM's engine core
+    process killed, e.g. by the OOM killer): the worker cannot serve again. An engine
+    plugin raises it (or an exception of the same name, as vLLM's own
+    ``EngineDeadError``) from its calls; the engine worker then exits its process so that
+    Ray restarts it, and the control plane treats it as a dead worker."""
+
+
+class EngineLostError(EngineDeadError):
+    """:class:`EngineDeadError` of a worker that nothing restarts (in the driver's
+    process, not a Ray actor): EngineRecovery gives it up at once."""
+
+
+def is_engine_dead(exc: BaseException) -> bool:
+    """True for an exception that says the worker's engine backend is dead
+    (:class:`EngineDeadError`, or vLLM's exception of that name), also as Ray's
+    ``RayTaskError`` subclass of it."""
+    return any(c.__name__ == "EngineDeadError" for c in type(exc).__mro__)
+
+
 def is_worker_death(exc: BaseException) -> bool:
-    """True for Ray's errors that mean the worker's process is gone (or restarting), and
-    for an engine restarted but not reloaded yet (``EngineRestartedError``: Ray raises it
-    as a ``RayTaskError`` subclass of it)."""
+    """True for Ray's errors that mean the worker's process is gone (or restarting), for
+    an engine restarted but not reloaded yet (``EngineRestartedError``: Ray raises it
+    as a ``RayTaskError`` subclass of it), and for an engine whose backend died inside
+    it (:func:`is_engine_dead`: its process exits and is restarted)."""
     names = {c.__name__ for c in type(exc).__mro__}
     return bool(names & {"RayActorError", "ActorDiedError", "ActorUnavailableError",
-                         "EngineRestartedError"})
+                         "EngineRestartedError", "EngineDeadError"})

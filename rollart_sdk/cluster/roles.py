@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import os
 import sys
 import time
-from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, Any
+from collections.abc import AsyncIterator, Awaitable
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from rollart_sdk.cluster.envs.process import EnvWorker
 
@@ -64,7 +65,21 @@ class EngineRestartedError(RuntimeError):
     worker, so EngineRecovery reloads it before it serves again."""
 
 
+T = TypeVar("T")
 HOLD_RESTARTED_ENV = "ROLLART_HOLD_RESTARTED"  # restart_state: rehearse a long restart
+EXIT_DELAY_S = 0.5  # a worker whose engine died exits this long after the first error
+
+
+def _in_ray_actor() -> bool:
+    """True in a Ray actor's process (a Ray worker, not the driver)."""
+    ray = sys.modules.get("ray")
+    if ray is None:
+        return False
+    try:
+        return bool(ray.is_initialized()
+                    and ray.get_runtime_context().worker.mode == ray.WORKER_MODE)
+    except Exception:  # noqa: BLE001 - no Ray runtime here
+        return False
 
 
 def _was_restarted() -> bool:
@@ -112,8 +127,53 @@ class EngineWorker(ActorGenWorker):
         # A restarted process holds the model's initial weights: it serves nothing (and
         # takes part in no weight update) until EngineRecovery called reload().
         self.restarted = _was_restarted()
+        self.dead: str | None = None  # why its engine died (then the process exits)
+        self.restarts = False  # ... and Ray restarts it (a Ray actor's process)
+
+    async def _engine_call(self, call: Awaitable[T]) -> T:
+        """``call`` into the engine backend, its death raised as rollart's
+        ``EngineDeadError`` (and this process exiting: :meth:`_exit_if_dead`)."""
+        try:
+            return await call
+        except Exception as exc:
+            dead = self._exit_if_dead(exc)
+            if dead is None:
+                raise
+            raise dead from None
+
+    def _exit_if_dead(self, exc: BaseException) -> Exception | None:
+        """When the engine backend died inside this worker (:func:`is_engine_dead`): the
+        error to raise instead (rollart's ``EngineDeadError``, which every caller can
+        unpickle and the proxy reads as a worker death); in a Ray actor the process
+        exits shortly after (the callers get the error first) so that Ray restarts it
+        and EngineRecovery reloads it. In process nothing restarts it: the proxy takes it
+        out of the routes. None for any other error."""
+        from rollart_sdk.errors import is_engine_dead
+
+        if not is_engine_dead(exc):
+            return None
+        why = f"{type(exc).__name__}: {str(exc)[:300]}"
+        if self.dead is None:
+            # From now on this process answers nothing but its death (_serving), so that
+            # EngineRecovery waits for the restarted one instead of reloading this one.
+            self.dead = why
+            self.restarts = _in_ray_actor()
+            if self.restarts:
+                print(f"engine worker {self.name}: its engine is dead ({why}); exiting this "
+                      "process so that Ray restarts it", file=sys.stderr, flush=True)
+                asyncio.get_running_loop().call_later(EXIT_DELAY_S, os._exit, 1)
+        return self._dead_error()
+
+    def _dead_error(self) -> Exception:
+        from rollart_sdk.errors import EngineDeadError, EngineLostError
+
+        cls = EngineDeadError if self.restarts else EngineLostError
+        return cls(f"{self.name}: its engine is dead ({self.dead})"
+                   + ("" if self.restarts else "; nothing restarts a worker in process"))
 
     def _serving(self) -> None:
+        if self.dead is not None:
+            raise self._dead_error()
         if self.restarted:
             raise EngineRestartedError(f"{self.name} was restarted and has not reloaded the "
                                        "weights every engine serves yet")
@@ -133,9 +193,9 @@ class EngineWorker(ActorGenWorker):
         try:
             handoff, failed = await self._handoff(kv) if kv else (None, None)
             if handoff is None:
-                result = await self.engine.generate(request)
+                result = await self._engine_call(self.engine.generate(request))
             else:
-                result = await self.engine.generate(request, kv=handoff)
+                result = await self._engine_call(self.engine.generate(request, kv=handoff))
         finally:
             self._started.discard(rid)
         result.worker = self.name
@@ -221,11 +281,11 @@ class EngineWorker(ActorGenWorker):
 
     @register("execute_all")
     async def suspend(self) -> None:
-        await self.engine.suspend()
+        await self._engine_call(self.engine.suspend())
 
     @register("execute_all")
     async def resume(self) -> None:
-        await self.engine.resume()
+        await self._engine_call(self.engine.resume())
 
     @register("execute_all")
     async def stage_weights(self, manifest: WeightManifest) -> None:
@@ -237,13 +297,15 @@ class EngineWorker(ActorGenWorker):
     async def commit_weights(self) -> WeightUpdateReport:
         """At the suspend point: finish the receive and swap (step 3 + 5 of the protocol)."""
         self._serving()
-        return await self.stager.commit(self.engine)
+        return await self._engine_call(self.stager.commit(self.engine))
 
     async def reload(self, manifest: WeightManifest | None,
                      staged: WeightManifest | None = None) -> int:
         """After a restart (EngineRecovery): load ``manifest`` (the version every other
         engine serves; None: the initial weights, version 0), start receiving ``staged``
         (published, not loaded yet) if any, then serve again. Returns the version loaded."""
+        if self.dead is not None:
+            self._serving()  # raises: a dead engine is reloaded in its restarted process
         if manifest is not None:
             self.stager.start(manifest)
             report = await self.stager.commit(self.engine)
@@ -281,8 +343,8 @@ class EngineWorker(ActorGenWorker):
         Rehearsing a long restart (tests, drills): while the file named by the environment
         variable ``ROLLART_HOLD_RESTARTED`` exists, a restarted process says it is not
         ready (EngineRecovery asks again, up to ``restart_timeout_s``)."""
-        import os
-
+        if self.dead is not None:  # about to exit: not the process to reload
+            self._serving()
         hold = os.environ.get(HOLD_RESTARTED_ENV)
         if self.restarted and hold and os.path.exists(hold):
             raise EngineRestartedError(f"{self.name} is held back while {hold} exists "

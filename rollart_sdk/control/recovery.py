@@ -128,6 +128,10 @@ class EngineRecovery:
                 state = await wait_for(worker.engine.restart_state(), 10)
                 break
             except Exception as exc:  # noqa: BLE001 - still restarting; give up at the deadline
+                if any(c.__name__ == "EngineLostError" for c in type(exc).__mro__):
+                    self.failed[name] = f"{type(exc).__name__}: {exc}"[:500]
+                    self._lost(name)  # its engine died where nothing restarts it
+                    return rebound
                 if time.monotonic() > deadline:
                     self.failed[name] = f"not restarted within {self.restart_timeout_s:g}s: " \
                                         f"{type(exc).__name__}: {exc}"[:500]

@@ -200,3 +200,53 @@ def test_summary_asks_every_engine_and_names_the_one_that_failed():
     assert stats["gen-0"] == {"engine_version": "4", "tokens_generated": 7}
     assert set(stats["gen-1"]) == {"error"} and len(stats["gen-1"]["error"]) == 500
     assert [e.asked for e in engines] == [["weights_status", "stats"]] * 2
+
+
+class EngineDeadError(RuntimeError):
+    """Stands in for vLLM's ``EngineDeadError`` (its engine core process is gone), which
+    an engine backend raises from a live worker (matched by class name)."""
+
+
+def test_an_engine_whose_backend_died_is_taken_out_not_retried(tmp_path, monkeypatch):
+    """The backend's own engine dies inside a live worker (vLLM's engine core killed): the
+    worker answers every later call with rollart's ``EngineDeadError`` (a worker death
+    to the proxy), so its requests go to the other engine, and EngineRecovery does not
+    reload it in place. On Ray the process exits and is restarted (the vLLM suite's
+    ``test_engine_core_killed.py`` kills a real engine core); in one process nothing
+    restarts it: it stays out, and the run completes with everything accounted for."""
+    import json
+
+    from rollart_sdk.errors import EngineDeadError as Dead
+    from rollart_sdk.errors import is_engine_dead
+
+    job, _ = build(tmp_path, monkeypatch, steps=6)
+    worker = job.pipeline.proxy.workers["gen-1"].target
+    backend = worker.engine.generate
+    died: list[int] = []
+
+    async def generate(request, **kw):
+        if died or job.pipeline.engine_version >= 2:
+            died.append(job.pipeline.engine_version)
+            raise EngineDeadError("EngineCore encountered an issue")
+        return await backend(request, **kw)
+
+    worker.engine.generate = generate
+    try:
+        records = run_job(job, 6, progress=False)
+    finally:
+        job.close()
+    assert len(records) == 6 and died
+    assert worker.dead is not None and "EngineCore encountered an issue" in worker.dead
+    for call in (lambda: worker.generate(None), lambda: worker.restart_state(),
+                 lambda: worker.reload(None), lambda: worker.commit_weights()):
+        with pytest.raises(Dead) as err:
+            asyncio.run(call())
+        assert is_worker_death(err.value) and is_engine_dead(err.value)
+    p = job.pipeline
+    rec = p.recovery.summary()
+    assert rec["deaths"] == {"gen-1": 1} and rec["recovered"] == {}, rec
+    assert rec["failed"]["gen-1"].startswith("EngineLostError"), rec  # given up at once
+    assert p.proxy.rerouted >= 1 and "gen-1" in p.proxy.down
+    summary = json.loads((job.run_dir.path / "summary.json").read_text())
+    assert accounted(summary), summary
+    assert not [r for r in summary["dropped"] if r.startswith("generate_failed")], summary

@@ -68,6 +68,43 @@ from rollart_sdk.weights.lora import CheckpointBase, is_adapter_name
 from .lora_native import AdapterSlots, NativeUpdate, split_buckets, write_adapter
 
 EXTENSION = "rollart_engine_vllm.worker.RollartWorkerExtension"
+DEAD_POLL_S = 0.5  # how often a call into the engine core checks that the core is alive
+
+
+class CoreGuard:
+    """``AsyncLLM`` with every coroutine method bounded by the engine core's life: a call
+    that is waiting when the core dies (``kill -9``, the OOM killer) raises vLLM's
+    ``EngineDeadError`` within :data:`DEAD_POLL_S` instead of waiting for ever (vLLM 0.32
+    leaves a pending ``collective_rpc`` or ``pause_generation`` unresolved). The engine
+    worker reads that error as its engine's death and restarts
+    (``rollart_sdk.errors.is_engine_dead``). Everything else passes through."""
+
+    def __init__(self, llm: Any) -> None:
+        self.llm = llm
+
+    def __getattr__(self, name: str) -> Any:
+        import inspect
+
+        attr = getattr(self.llm, name)
+        if not inspect.iscoroutinefunction(attr):
+            return attr
+
+        async def guarded(*args: Any, **kwargs: Any) -> Any:
+            if self.llm.errored:
+                raise self.llm.dead_error
+            task = asyncio.ensure_future(attr(*args, **kwargs))
+            try:
+                while True:
+                    done, _ = await asyncio.wait({task}, timeout=DEAD_POLL_S)
+                    if done:
+                        return task.result()
+                    if self.llm.errored:
+                        raise self.llm.dead_error
+            finally:
+                if not task.done():
+                    task.cancel()
+
+        return guarded
 
 
 def _threads_env(cpu_threads: int | None) -> None:
@@ -180,7 +217,7 @@ class VllmEngine(EngineAdapter[AdapterRequest]):
             # a seeded request's prefill is split across steps: no chunked prefill on CPU.
             kwargs["enable_chunked_prefill"] = False
             kwargs["max_num_batched_tokens"] = max(int(max_model_len or limit or 2048), 2048)
-        self._llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**kwargs))
+        self._llm: Any = CoreGuard(AsyncLLM.from_engine_args(AsyncEngineArgs(**kwargs)))
         self.max_model_len = int(self._llm.model_config.max_model_len)
         self.vocab_size = int(self._llm.model_config.get_vocab_size())
         self.block_size = int(self._llm.vllm_config.cache_config.block_size or 0)
