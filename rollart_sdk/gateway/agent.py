@@ -137,6 +137,10 @@ class ImportedAgentOptions(BaseModel):
         description="'module:function' (seed -> task), or a list of tasks (task seed % len)")
     tool_parser: str = Field("auto", description="auto (from the chat template), hermes, "
                              "llama3_json, mistral or none")
+    error_rewards: dict[str, float] = Field(
+        default_factory=dict, description="exceptions (class names, e.g. the Agents SDK's "
+        "ModelBehaviorError, MaxTurnsExceeded) that score the episode with this reward "
+        "(trained on) instead of dropping it: the model's own failures")
 
     @field_validator("tool_parser")
     @classmethod
@@ -144,6 +148,14 @@ class ImportedAgentOptions(BaseModel):
         from rollart_sdk.gateway.tools import tool_parser
 
         tool_parser(v)  # ValueError naming the choices
+        return v
+
+    @field_validator("error_rewards")
+    @classmethod
+    def _finite(cls, v: dict[str, float]) -> dict[str, float]:
+        bad = {k: r for k, r in v.items() if not math.isfinite(r)}
+        if bad:
+            raise ValueError(f"error_rewards must be finite rewards, got {bad}")
         return v
 
     @field_validator("tasks")
@@ -159,9 +171,11 @@ class ImportedAgent(AgentEnv):
     be importable where the task's envs live: the env workers share this machine's
     PYTHONPATH)."""
 
-    def __init__(self, run: str, tasks: str | list[Any], tool_parser: str = "auto") -> None:
+    def __init__(self, run: str, tasks: str | list[Any], tool_parser: str = "auto",
+                 error_rewards: dict[str, float] | None = None) -> None:
         from rollart_sdk.registry import import_string
 
+        self.error_rewards = dict(error_rewards or {})
         self._fn = import_string(run)
         if not callable(self._fn):
             raise TypeError(f"run {run!r} is not a function; give 'module:function'")
@@ -176,3 +190,10 @@ class ImportedAgent(AgentEnv):
     async def run(self, client: Any, task: Any) -> AgentResult | float | str:
         result: AgentResult | float | str = await self._fn(client, task)
         return result
+
+    def on_error(self, exc: Exception) -> AgentResult | None:
+        """``error_rewards``' reward for an exception of a class it names (or a subclass)."""
+        for cls in type(exc).__mro__:
+            if cls.__name__ in self.error_rewards:
+                return AgentResult(reward=self.error_rewards[cls.__name__])
+        return None

@@ -229,3 +229,29 @@ def test_a_reply_cut_by_the_token_limit_is_trained_with_reward_0_not_dropped(
                                                "with terminal event `response.incomplete`")
     assert len(engine.results) == 1 and engine.results[0].finish_reason == "length"
     assert traj.turns[-1].action_ids == engine.results[0].token_ids  # the cut reply, trained
+
+
+@pytest.mark.parametrize("scored", [True, False])
+def test_the_agent_envs_error_rewards_score_a_named_exception(model: ModelConfig,
+                                                              scored: bool) -> None:
+    """Env ``agent`` (a plain function): ``error_rewards`` names the exceptions that score
+    the episode (trained, its one turn included) instead of dropping it."""
+    from gateway_parts import run_episode
+
+    from rollart_sdk.gateway.agent import ImportedAgent, ImportedAgentOptions
+
+    options = ImportedAgentOptions(run="_error_agent:run", tasks="_error_agent:task",
+                                   error_rewards={"ModelBehaviorError": -0.5} if scored else {})
+    descriptor = Descriptor(kind="env", name="agent", factory=ImportedAgent,
+                            options=ImportedAgentOptions, summary="", plugin="test")
+    tok, engine, traj, ep = run_episode(model, None, descriptor, options, 1.0)
+    assert len(engine.results) == 1
+    if scored:
+        assert traj.dropped is None and traj.reward == -0.5
+        assert traj.info["agent_error"] == ("ModelBehaviorError: the reply was cut by the "
+                                            "token limit")
+        assert traj.turns[0].action_ids == engine.results[0].token_ids
+    else:
+        assert traj.dropped is not None and "ModelBehaviorError" in traj.dropped
+    with pytest.raises(ValueError, match="finite"):
+        ImportedAgentOptions(run="m:f", tasks="m:t", error_rewards={"E": float("nan")})
