@@ -207,6 +207,31 @@ def test_shutdown_stops_the_engine_even_when_a_submission_never_ends(caplog) -> 
     asyncio.run(main())
 
 
+def test_shutdown_stops_the_engine_when_its_core_is_dead() -> None:
+    """An engine whose core died (vLLM's ``EngineDeadError`` on every call): the abort at
+    shutdown raises, and the engine is still stopped (``_close``: vLLM's processes and
+    the LoRA folders), the error reported."""
+
+    class EngineDeadError(RuntimeError):
+        pass
+
+    class Dead(ScriptedEngine):
+        async def _abort_submission(self, sub_id: str) -> None:
+            raise EngineDeadError("EngineCore encountered an issue")
+
+    async def main() -> None:
+        eng = Dead(max_model_len=1_000_000)
+        task = asyncio.create_task(eng.generate(req("running", n=100_000)))
+        await until(lambda: eng.submissions)
+        with pytest.raises(EngineDeadError):
+            await asyncio.wait_for(eng.shutdown(), 10)
+        assert eng.closed
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+    asyncio.run(main())
+
+
 def test_abort_running_and_held_requests() -> None:
     async def main() -> None:
         eng = ScriptedEngine()

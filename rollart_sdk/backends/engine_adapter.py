@@ -343,9 +343,9 @@ class EngineAdapter(Generic[R]):
         if self._closed:
             return
         self._closed = True
-        for st in list(self._reqs.values()):
-            await self.abort(st.request.request_id)
         try:
+            for st in list(self._reqs.values()):
+                await self.abort(st.request.request_id)
             await self.resume()
             await self._wait_finished(list(self._reqs.values()), timeout=self.SHUTDOWN_WAIT_S)
         except TimeoutError:  # a submission that does not end: stop the engine anyway
