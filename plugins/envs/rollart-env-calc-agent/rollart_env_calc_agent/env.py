@@ -4,12 +4,13 @@ The agent is the Agents SDK itself, unmodified (``pip install openai-agents``): 
 ``Agent`` with one function tool, ``calculator(expression)``, on an
 ``OpenAIChatCompletionsModel`` (option ``api: chat_completions``) or the SDK's default
 ``OpenAIResponsesModel`` (``api: responses``) over the episode's ``openai.AsyncOpenAI``
-client (the gateway serves both APIs from the run's engines, docs/gateway.md). The task is an arithmetic
-question (``a op b``); the reward is 1 when the last number of the agent's final answer is
-the right result, else 0. When the final answer is not a bare number, the agent is asked
-again (``follow_ups`` times) with the conversation so far: the request extends the
-previous one, so the gateway continues the same segment (when the chat template renders
-the model's reply as the model wrote it).
+client (the gateway serves both APIs from the run's engines, docs/gateway.md). The task
+is an arithmetic question (``a op b``); the reward is 1 when the last number of the
+agent's final answer is the right result, else 0. When the final answer is not a bare
+number, the agent is asked again (``follow_ups`` times) with the conversation so far: the
+request extends the previous one, so the gateway continues the same segment (when the
+chat template renders the model's reply as the model wrote it). The model's own failures
+(a reply the SDK refuses, too many turns) score 0 and are trained (``on_error``).
 """
 
 from __future__ import annotations
