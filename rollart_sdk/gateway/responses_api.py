@@ -189,10 +189,9 @@ def _text_format(text: Any) -> None:
                            "instructions", param="text.verbosity")
 
 
-def chat_request(body: dict[str, Any], previous: list[dict[str, Any]] | None
-                 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """``(the chat request, its conversation without the instructions)`` of a Responses
-    request; ``previous`` is the conversation of ``previous_response_id`` (None: none)."""
+def _check_fields(body: dict[str, Any]) -> None:
+    """A 400 naming the first field of ``body`` the gateway cannot honour or that is
+    malformed (the fields besides input, instructions and tools)."""
     for key, why in _REFUSED.items():
         if body.get(key) not in (None, False):
             raise GatewayError(400, f"{key}: {why}", param=key)
@@ -209,6 +208,20 @@ def chat_request(body: dict[str, Any], previous: list[dict[str, Any]] | None
         raise GatewayError(400, f"top_logprobs={top!r}: the rollart gateway returns the "
                            "sampled token's log-prob only; leave top_logprobs unset",
                            param="top_logprobs")
+    if body.get("truncation") not in (None, "auto", "disabled"):
+        raise GatewayError(400, f"truncation must be 'auto' or 'disabled', got "
+                           f"{body['truncation']!r}", param="truncation")
+    metadata = body.get("metadata")
+    if metadata is not None and not (isinstance(metadata, dict) and all(
+            isinstance(k, str) and isinstance(v, str) for k, v in metadata.items())):
+        raise GatewayError(400, "metadata must be an object of strings", param="metadata")
+
+
+def chat_request(body: dict[str, Any], previous: list[dict[str, Any]] | None
+                 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """``(the chat request, its conversation without the instructions)`` of a Responses
+    request; ``previous`` is the conversation of ``previous_response_id`` (None: none)."""
+    _check_fields(body)
     if "input" not in body:
         raise GatewayError(400, "input is required (a string or a list of input items)",
                            param="input")
@@ -226,7 +239,7 @@ def chat_request(body: dict[str, Any], previous: list[dict[str, Any]] | None
         chat["tool_choice"] = choice
     if body.get("max_output_tokens") is not None:
         chat["max_completion_tokens"] = body["max_output_tokens"]
-    if LOGPROBS in include:
+    if LOGPROBS in (body.get("include") or []):
         chat["logprobs"] = True
     return chat, conversation
 
@@ -269,7 +282,7 @@ def response_object(body: dict[str, Any], answer: dict[str, Any], response_id: s
         "output": output, "error": None,
         "incomplete_details": {"reason": "max_output_tokens"} if cut else None,
         "instructions": body.get("instructions"), "metadata": body.get("metadata") or {},
-        "parallel_tool_calls": body.get("parallel_tool_calls", True),
+        "parallel_tool_calls": body.get("parallel_tool_calls") is not False,
         "temperature": body.get("temperature"), "top_p": body.get("top_p"),
         "max_output_tokens": body.get("max_output_tokens"),
         "previous_response_id": body.get("previous_response_id"),

@@ -95,6 +95,8 @@ def test_input_items_become_the_chat_messages_an_agent_would_send() -> None:
     ({"input": [{"type": "reasoning", "summary": []}]}, "input[0]", "'reasoning'"),
     ({"input": [{"type": "function_call_output", "output": "5"}]}, "input[0]", "call_id"),
     ({"tool_choice": {"type": "allowed_tools", "tools": []}}, "tool_choice", "'required'"),
+    ({"truncation": "middle"}, "truncation", "'auto' or 'disabled'"),
+    ({"metadata": {"run": 1}}, "metadata", "object of strings"),
 ])
 def test_what_cannot_be_honoured_is_a_400_naming_the_field(body: dict[str, Any], param: str,
                                                            says: str) -> None:
