@@ -338,6 +338,8 @@ class Gateway:
                                    "previous_response_id")
         chat, conversation = chat_request(body, previous)
         answer = await self.complete(ep, chat)
+        if previous is not None:
+            ep.counts["responses_chained"] += 1
         response = response_object(body, answer, f"resp_{secrets.token_hex(16)}")
         ep.conversations[response["id"]] = [*conversation, reply_message(response)]
         return response

@@ -122,23 +122,44 @@ def test_required_tool_choice_completes_a_tool_round_trip_on_smollm2(
 
 
 def test_the_agents_sdks_responses_model_gets_the_same_turns_as_its_chat_model(
-        smollm2: ModelConfig) -> None:
+        smollm2: ModelConfig, monkeypatch: pytest.MonkeyPatch) -> None:
     """The Agents SDK's default model speaks the Responses API (``/v1/responses``): the
     same agent on ``OpenAIResponsesModel`` and on ``OpenAIChatCompletionsModel``, same
     seeds, gets the same prompts token for token (forced call opening, tool output, the
-    follow-up question), samples the same tokens and is trained the same."""
+    follow-up question), samples the same tokens and is trained the same; so does it
+    with the SDK's response chaining (``auto_previous_response_id``: each request sends
+    only the new items and the previous response's id, the gateway keeps the rest)."""
     assert importlib.util.find_spec("agents") is not None, (
         "openai-agents is not installed; bash scripts/install.sh --dev installs it")
+    import agents
+
     chat = _run(smollm2, seed=SEED, follow_ups=1)
     resp = _run(smollm2, seed=SEED, api="responses", follow_ups=1)
-    (_, e1, t1, ep1), (_, e2, t2, ep2) = chat, resp
-    assert t2.dropped is None and not [k for k in t2.info if k.startswith("gateway_refused")]
-    assert len(e2.prompts) >= 3 and ep2.counts["tool_call_replies"] >= 1  # a tool round trip
-    assert e2.prompts == e1.prompts
-    assert [r.token_ids for r in e2.results] == [r.token_ids for r in e1.results]
-    assert [s.input_ids for s in t2.to_samples()] == [s.input_ids for s in t1.to_samples()]
-    assert [s.loss_mask for s in t2.to_samples()] == [s.loss_mask for s in t1.to_samples()]
-    assert t2.info == t1.info and dict(ep2.counts) == dict(ep1.counts)
+    run = agents.Runner.run
+
+    async def chained(*args: Any, **kwargs: Any) -> Any:
+        return await run(*args, auto_previous_response_id=True, **kwargs)
+
+    monkeypatch.setattr(agents.Runner, "run", chained)
+    linked = _run(smollm2, seed=SEED, api="responses", follow_ups=1)
+    (_, e1, t1, ep1) = chat
+    assert len(e1.prompts) >= 3 and ep1.counts["tool_call_replies"] >= 1  # a tool round trip
+    for _, e2, t2, ep2 in (resp, linked):
+        assert t2.dropped is None
+        assert not [k for k in t2.info if k.startswith("gateway_refused")]
+        assert e2.prompts == e1.prompts
+        assert [r.token_ids for r in e2.results] == [r.token_ids for r in e1.results]
+        assert [s.input_ids for s in t2.to_samples()] == [s.input_ids for s in t1.to_samples()]
+        assert [s.loss_mask for s in t2.to_samples()] == [s.loss_mask for s in t1.to_samples()]
+        assert _unchained(ep2.counts) == dict(ep1.counts)
+        assert _unchained(t2.info) == t1.info
+    # chained: every request of a Runner.run but its first (the follow-up starts a run)
+    assert linked[3].counts["responses_chained"] == len(e1.prompts) - 2 >= 1
+    assert "responses_chained" not in resp[3].counts
+
+
+def _unchained(counts: Any) -> dict[str, Any]:
+    return {k: v for k, v in dict(counts).items() if not k.endswith("responses_chained")}
 
 
 def test_an_agent_past_the_tasks_turns_is_trained_with_reward_0(smollm2: ModelConfig) -> None:
