@@ -104,8 +104,16 @@ class EngineLostError(EngineDeadError):
 def is_engine_dead(exc: BaseException) -> bool:
     """True for an exception that says the worker's engine backend is dead
     (:class:`EngineDeadError`, or vLLM's exception of that name), also as Ray's
-    ``RayTaskError`` subclass of it."""
-    return any(c.__name__ == "EngineDeadError" for c in type(exc).__mro__)
+    ``RayTaskError`` subclass of it, or raised from one (a ``WeightSyncError`` whose
+    ``load_weights`` met the dead engine)."""
+    seen: set[int] = set()
+    at: BaseException | None = exc
+    while at is not None and id(at) not in seen:
+        if any(c.__name__ == "EngineDeadError" for c in type(at).__mro__):
+            return True
+        seen.add(id(at))
+        at = at.__cause__ or at.__context__
+    return False
 
 
 def is_worker_death(exc: BaseException) -> bool:

@@ -250,3 +250,23 @@ def test_an_engine_whose_backend_died_is_taken_out_not_retried(tmp_path, monkeyp
     summary = json.loads((job.run_dir.path / "summary.json").read_text())
     assert accounted(summary), summary
     assert not [r for r in summary["dropped"] if r.startswith("generate_failed")], summary
+
+
+def test_an_error_raised_from_an_engine_death_is_one():
+    """The stager wraps a failed ``load_weights`` in ``WeightSyncError`` (raised from the
+    engine's error): a core killed during a weight swap is still an engine death."""
+    from rollart_sdk.errors import is_engine_dead
+    from rollart_sdk.weights.buckets import WeightSyncError
+
+    def wrapped(cause):
+        try:
+            try:
+                raise cause
+            except Exception as exc:
+                raise WeightSyncError(2, f"engine.load_weights raised {exc}") from exc
+        except WeightSyncError as err:
+            return err
+
+    assert is_engine_dead(wrapped(EngineDeadError("EngineCore encountered an issue")))
+    assert not is_engine_dead(wrapped(RuntimeError("shape mismatch")))
+    assert not is_engine_dead(WeightSyncError(2, "a bucket's checksum"))
