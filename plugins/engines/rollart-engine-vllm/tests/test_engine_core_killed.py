@@ -40,7 +40,7 @@ engine: {name: vllm, options: {max_num_seqs: 16, max_model_len: 256, cpu_kv_cach
 trainer: {name: torch, options: {lr: 0.001, micro_batch_size: 8}}
 transport: {name: ray}
 rollout: {batch_size: 8, group_size: 4, mode: sync}
-train: {steps: 8, save_final_model: false}
+train: {steps: 30, save_final_model: false}
 """
 
 
@@ -90,6 +90,6 @@ def test_a_killed_engine_core_restarts_its_worker_and_the_run_goes_on(tmp_path: 
     summary = json.loads((metrics.parent / "summary.json").read_text())
     recovery = summary["engine_recovery"]
     assert recovery["deaths"] == {"gen-0": 1} and recovery["recovered"] == {"gen-0": 1}
-    assert summary["steps"] == 8 and summary["trained"] == 8 * 8, summary
+    assert summary["steps"] == 30 and summary["trained"] == 30 * 8, summary
     assert not [r for r in summary["dropped"] if r.startswith("generate_failed")], summary
     assert "its engine is dead" in out and "is back after" in out
