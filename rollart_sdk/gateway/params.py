@@ -96,17 +96,22 @@ def _same_policy(body: dict[str, Any], task: SamplingParams, strict: bool = True
                                "unset", param=key)
 
 
-def _unconstrained(body: dict[str, Any]) -> None:
-    """A 400 for a request that asks for output bound to a schema or grammar."""
-    fmt = body.get("response_format")
+def text_only(fmt: Any, param: str) -> None:
+    """A 400 unless the output format ``fmt`` (chat's ``response_format``, the Responses
+    API's ``text.format``, named ``param``) is unset or plain text."""
     if fmt is not None and not (isinstance(fmt, dict) and fmt.get("type") == "text"):
         kind = fmt.get("type") if isinstance(fmt, dict) else fmt
-        raise GatewayError(400, f"response_format {kind!r} is not supported by the rollart "
+        raise GatewayError(400, f"{param} {kind!r} is not supported by the rollart "
                            "gateway: the engines sample without a grammar, so the reply "
                            "would not be bound to it (and a constrained policy is not the "
-                           "one the trainer learns); leave response_format unset and ask "
-                           "for the format in the prompt (parse and validate it in the "
-                           "agent)", param="response_format")
+                           f"one the trainer learns); leave {param} unset and ask for the "
+                           "format in the prompt (parse and validate it in the agent; an "
+                           "Agents SDK agent: no output_type)", param=param)
+
+
+def _unconstrained(body: dict[str, Any]) -> None:
+    """A 400 for a request that asks for output bound to a schema or grammar."""
+    text_only(body.get("response_format"), "response_format")
     for key in _CONSTRAINED:
         if body.get(key) is not None:
             raise GatewayError(400, f"{key} (constrained decoding) is not supported by the "

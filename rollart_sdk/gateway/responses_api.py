@@ -28,6 +28,7 @@ import uuid
 from typing import Any
 
 from rollart_sdk.gateway.episode import GatewayError
+from rollart_sdk.gateway.params import text_only
 
 # Fields a chat request takes as they are (the engines' extensions among them, sent
 # through the client's ``extra_body``; the chat path checks them).
@@ -174,15 +175,7 @@ def _text_format(text: Any) -> None:
     if not isinstance(text, dict):
         raise GatewayError(400, "text must be an object ({'format': {'type': 'text'}})",
                            param="text")
-    fmt = text.get("format")
-    if fmt is not None and not (isinstance(fmt, dict) and fmt.get("type") == "text"):
-        kind = fmt.get("type") if isinstance(fmt, dict) else fmt
-        raise GatewayError(400, f"text.format {kind!r} is not supported by the rollart "
-                           "gateway: the engines sample without a grammar, so the reply "
-                           "would not be bound to it (and a constrained policy is not the "
-                           "one the trainer learns); leave it unset and ask for the format "
-                           "in the prompt (an Agents SDK agent: no output_type)",
-                           param="text.format")
+    text_only(text.get("format"), "text.format")
     if text.get("verbosity") is not None:
         raise GatewayError(400, "text.verbosity is not served by the rollart gateway (the "
                            "engines sample the task's policy); ask for brevity in the "
